@@ -1,0 +1,45 @@
+"""Backend registry, filled from the ``collage_mlir.backends`` entry-point group.
+
+Installing a package that declares an entry point in that group adds a backend; the compiler
+never names concrete backends.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.metadata import entry_points
+
+from ..errors import CollageError
+from .base import Backend, BackendInfo, BackendKind, RegionArtifact, Tolerance
+
+__all__ = ["Backend", "BackendInfo", "BackendKind", "RegionArtifact", "Tolerance", "registry", "get_backend",
+           "DEFAULT_BACKEND"]
+
+GROUP = "collage_mlir.backends"
+DEFAULT_BACKEND = "iree-cpu"
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, BackendInfo]:
+    """Every registered backend by name; one that fails to load is listed with its problem."""
+    infos: dict[str, BackendInfo] = {}
+    for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+        try:
+            backend = ep.load()()
+        except Exception as exc:  # a broken plug-in must not take the compiler down
+            infos[ep.name] = BackendInfo(ep.name, None, f"failed to load {ep.value}: {exc}")
+            continue
+        infos[ep.name] = BackendInfo(ep.name, backend, backend.available())
+    return infos
+
+
+def get_backend(name: str, *, where: str | None = None) -> Backend:
+    """The usable backend called ``name``, or a CollageError naming the known ones."""
+    info = registry().get(name)
+    if info is None:
+        known = ", ".join(sorted(registry())) or "none (is collage-mlir installed with `pip install -e .`?)"
+        raise CollageError(f"unknown backend '{name}'; known backends: {known}", where=where)
+    if info.backend is None or info.problem:
+        hint = f" ({info.backend.install_hint})" if info.backend and info.backend.install_hint else ""
+        raise CollageError(f"backend '{name}' is unavailable: {info.problem}{hint}", where=where)
+    return info.backend

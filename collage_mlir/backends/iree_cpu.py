@@ -1,0 +1,39 @@
+"""`iree-cpu`: IREE llvm-cpu codegen for the host CPU. Takes every tensor op; the default backend."""
+
+from __future__ import annotations
+
+from ..graph import Graph
+from ..ir import ir
+from .base import Backend, BackendKind
+from .patterns import OpPattern
+
+# Ops of these dialects compute on tensors and can be outlined into a region function. Others
+# (check.*, util.* globals, hal.*) keep their place in the program and stay on the default backend.
+COMPUTE_DIALECTS = ("stablehlo", "chlo", "arith", "math", "tensor", "linalg", "tosa")
+
+
+def is_compute_op(op: ir.Operation) -> str | None:
+    if op.name.split(".", 1)[0] not in COMPUTE_DIALECTS:
+        return f"{op.name} is not a tensor compute op"
+    if not op.results:
+        return f"{op.name} has no results"
+    return None
+
+
+class IreeCpuBackend(Backend):
+    name = "iree-cpu"
+    kind = BackendKind.CODEGEN
+    patterns = (OpPattern("any-compute-op", None, (is_compute_op,)),)
+
+    def version(self) -> str:
+        from iree.compiler import version
+
+        return version.VERSION
+
+    def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
+        # Codegen takes any convex set of compute ops, not only single-op pattern matches.
+        for i in sorted(ids):
+            why = is_compute_op(graph.nodes[i].op)
+            if why:
+                return why
+        return None

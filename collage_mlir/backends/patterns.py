@@ -1,0 +1,98 @@
+"""Op patterns as data: an anchor op with constraints, then optional fused followers (epilogue).
+
+``conv2d`` + ``bias`` + ``relu`` reads: a convolution meeting the anchor constraints, optionally
+followed by its only user being a bias add, optionally followed by a relu. Every prefix of the chain
+is a candidate region. Producers a follower needs (a bias's ``broadcast_in_dim``) join the region
+when they have no other user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..dialects.collage import op_id
+from ..graph import Graph, producer
+from ..ir import ir
+
+#: A constraint on one op, returning None when satisfied, else a short reason.
+Constraint = Callable[[ir.Operation], "str | None"]
+#: A constraint on a follower: (follower op, the chain value it consumes) -> reason or None.
+FollowerConstraint = Callable[[ir.Operation, ir.Value], "str | None"]
+
+
+@dataclass(frozen=True)
+class Follower:
+    """An optional op fused after the chain: ``op`` consuming the chain's value."""
+
+    name: str
+    op: str
+    when: FollowerConstraint
+    absorb: tuple[str, ...] = ()  # producer op names of the follower's other operands that join the region
+
+
+@dataclass(frozen=True)
+class OpPattern:
+    name: str
+    anchor: str | None  # op name, or None for "any op"
+    when: tuple[Constraint, ...] = ()
+    followers: tuple[Follower, ...] = ()
+
+    def describe(self) -> str:
+        chain = [self.anchor or "*"] + [f"[{f.name}]" for f in self.followers]
+        return " → ".join(chain)
+
+    def rejects(self, op: ir.Operation) -> str | None:
+        """None when ``op`` can anchor this pattern, else why not."""
+        if self.anchor is not None and op.name != self.anchor:
+            return f"not {self.anchor}"
+        for check in self.when:
+            why = check(op)
+            if why:
+                return why
+        return None
+
+
+def _single_user(value: ir.Value) -> ir.Operation | None:
+    users = {id(u.owner.operation): u.owner.operation for u in value.uses}
+    return next(iter(users.values())) if len(users) == 1 and len(list(value.uses)) == 1 else None
+
+
+def match(pattern: OpPattern, graph: Graph, anchor: int) -> list[frozenset[int]]:
+    """All chain prefixes of ``pattern`` anchored at op ``anchor`` (empty when the anchor fails)."""
+    node = graph.nodes[anchor]
+    if pattern.rejects(node.op):
+        return []
+    ids = {anchor}
+    found = [frozenset(ids)]
+    current = node.op
+    for follower in pattern.followers:
+        if len(current.results) != 1:
+            break
+        user = _single_user(current.results[0])
+        if user is None or user.name != follower.op or follower.when(user, current.results[0]):
+            continue
+        uid = op_id(user)
+        if uid is None or uid not in graph.nodes:
+            break
+        extra = set()
+        for operand in user.operands:
+            p = producer(operand)
+            if p is not None and p.name in follower.absorb and _single_user(p.results[0]) is not None:
+                pid = op_id(p)
+                if pid is not None:
+                    extra.add(pid)
+        ids |= {uid} | extra
+        found.append(frozenset(ids))
+        current = user
+    return [f for f in found if graph.is_convex(f)]
+
+
+def match_all(patterns: tuple[OpPattern, ...], graph: Graph) -> list[tuple[str, frozenset[int]]]:
+    """Every (pattern name, region) of ``patterns`` in ``graph``, deduplicated, in op order."""
+    out: dict[frozenset[int], str] = {}
+    for oid in graph.topological_order():
+        for pattern in patterns:
+            for region in match(pattern, graph, oid):
+                out.setdefault(region, pattern.name)
+    return [(name, region) for region, name in out.items()]

@@ -1,0 +1,1 @@
+"""The `collage` vocabulary (discardable attributes) and thin StableHLO accessors."""

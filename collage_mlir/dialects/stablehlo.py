@@ -1,0 +1,137 @@
+"""Thin read-only accessors for StableHLO ops, which have no Python op classes in IREE's bindings."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import ir
+
+
+def tensor_type(value: ir.Value) -> tuple[tuple[int, ...], str] | None:
+    """(shape, element type) of a statically shaped tensor value, else None."""
+    t = value.type
+    if not isinstance(t, ir.RankedTensorType):
+        return None
+    if not t.has_static_shape:
+        return None
+    return tuple(t.shape), str(t.element_type)
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"-?\d+", text)]
+
+
+def _array_attr(op: ir.Operation, name: str, default: list[int]) -> list[int]:
+    if name not in op.attributes:
+        return default
+    text = str(op.attributes[name])
+    return _int_list(text.split(":", 1)[1]) if text.startswith("array<") else _int_list(text)
+
+
+def dense_values(attr: ir.Attribute, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A `dense<...>` attribute as a numpy array (None for dense_resource or unsupported types)."""
+    if not isinstance(attr, ir.DenseElementsAttr):
+        return None
+    dense = attr
+    if dense.is_splat:
+        splat = dense.get_splat_value()
+        if isinstance(splat, (ir.FloatAttr, ir.IntegerAttr)):
+            return np.full(shape, splat.value)
+        return None
+    try:
+        return np.array(attr)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def constant_value(op: ir.Operation) -> np.ndarray | None:
+    """The value of a `stablehlo.constant`/`arith.constant` with a dense attribute, else None."""
+    op = op.operation
+    if op.name not in ("stablehlo.constant", "arith.constant") or "value" not in op.attributes:
+        return None
+    tt = tensor_type(op.results[0])
+    if tt is None:
+        return None
+    return dense_values(op.attributes["value"], tt[0])
+
+
+@dataclass(frozen=True)
+class ConvInfo:
+    """`stablehlo.convolution` attributes in plain Python."""
+
+    lhs_layout: str  # e.g. "bf01"
+    rhs_layout: str  # e.g. "oi01"
+    out_layout: str
+    strides: list[int]
+    padding: list[tuple[int, int]]
+    lhs_dilation: list[int]
+    rhs_dilation: list[int]
+    feature_groups: int
+    batch_groups: int
+
+    @property
+    def spatial_rank(self) -> int:
+        return len(self.strides)
+
+
+def conv_info(op: ir.Operation) -> ConvInfo:
+    op = op.operation
+    dims = str(op.attributes["dimension_numbers"])
+    m = re.search(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]", dims)
+    if m is None:
+        raise ValueError(f"unrecognised convolution dimension numbers {dims}")
+    lhs, rhs, out = ("".join(p.strip() for p in g.split(",")) for g in m.groups())
+    nsp = sum(c.isdigit() for c in lhs)
+    pad = _int_list(str(op.attributes["padding"]).split(":")[0]) if "padding" in op.attributes else []
+    if len(pad) == 1:  # splat dense<k>
+        pad = pad * (2 * nsp)
+    pad = pad or [0] * (2 * nsp)
+    ones = [1] * nsp
+    return ConvInfo(
+        lhs_layout=lhs,
+        rhs_layout=rhs,
+        out_layout=out,
+        strides=_array_attr(op, "window_strides", ones),
+        padding=[(pad[2 * i], pad[2 * i + 1]) for i in range(nsp)],
+        lhs_dilation=_array_attr(op, "lhs_dilation", ones),
+        rhs_dilation=_array_attr(op, "rhs_dilation", ones),
+        feature_groups=ir.IntegerAttr(op.attributes["feature_group_count"]).value,
+        batch_groups=ir.IntegerAttr(op.attributes["batch_group_count"]).value,
+    )
+
+
+@dataclass(frozen=True)
+class DotInfo:
+    """`stablehlo.dot_general` dimension numbers."""
+
+    lhs_batch: list[int]
+    rhs_batch: list[int]
+    lhs_contract: list[int]
+    rhs_contract: list[int]
+
+
+def dot_info(op: ir.Operation) -> DotInfo:
+    op = op.operation
+    text = str(op.attributes["dot_dimension_numbers"])
+
+    def dims(key: str) -> list[int]:
+        m = re.search(key + r"\s*=\s*\[([^\]]*)\]", text)
+        return _int_list(m.group(1)) if m else []
+
+    return DotInfo(
+        dims("lhs_batching_dimensions"),
+        dims("rhs_batching_dimensions"),
+        dims("lhs_contracting_dimensions"),
+        dims("rhs_contracting_dimensions"),
+    )
+
+
+def broadcast_dims(op: ir.Operation) -> list[int]:
+    return _array_attr(op.operation, "broadcast_dimensions", [])
+
+
+def permutation(op: ir.Operation) -> list[int]:
+    return _array_attr(op.operation, "permutation", [])

@@ -1,0 +1,144 @@
+"""Dataflow view over a module's public functions: op ids, edges, topological order, convexity.
+
+A *region* is a set of op ids of one function. It is convex when no path leaves the set and
+comes back into it, which is what lets it be outlined into one function call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import networkx as nx
+
+from .dialects import collage
+from .ir import ir
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One top-level op of a public function."""
+
+    id: int
+    name: str
+    func: str
+    op: ir.Operation
+
+    @property
+    def location(self) -> str:
+        return str(self.op.location)
+
+
+def module_block(module: ir.Module | ir.Operation) -> ir.Block:
+    """The body block of a module given as ir.Module or as its builtin.module operation."""
+    return module.operation.regions[0].blocks[0]
+
+
+def public_funcs(module: ir.Module | ir.Operation) -> Iterator[ir.Operation]:
+    for op in module_block(module).operations:
+        if collage.is_public_func(op):
+            yield op.operation
+
+
+def body_ops(func: ir.Operation) -> Iterator[ir.Operation]:
+    """Top-level ops of a function body, without the terminator."""
+    block = func.regions[0].blocks[0]
+    for op in block.operations:
+        op = op.operation
+        if op.name != "func.return":
+            yield op
+
+
+def nested_ops(op: ir.Operation) -> list[ir.Operation]:
+    """``op`` and every op inside its regions."""
+    found: list[ir.Operation] = []
+
+    def visit(o: ir.Operation) -> ir.WalkResult:
+        found.append(o.operation)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return found
+
+
+def external_operands(ops: Iterable[ir.Operation]) -> list[ir.Value]:
+    """Values used by ``ops`` (or ops nested inside them) that none of them defines, in first-use order."""
+    ops = list(ops)
+    inside = set()
+    for op in ops:
+        for o in nested_ops(op):
+            inside.add(o)
+    seen: list[ir.Value] = []
+    for op in ops:
+        for o in nested_ops(op):
+            for v in o.operands:
+                owner = v.owner
+                if isinstance(owner, ir.Block):
+                    owner = owner.owner
+                if owner.operation in inside or any(v == s for s in seen):
+                    continue
+                seen.append(v)
+    return seen
+
+
+def producer(value: ir.Value) -> ir.Operation | None:
+    """The op that defines ``value``, or None for a block argument."""
+    owner = value.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+class Graph:
+    """Op ids → nodes, with the dataflow edges between them (networkx DiGraph, one per module)."""
+
+    def __init__(self, module: ir.Module | ir.Operation):
+        self.module = module
+        self.nodes: dict[int, OpNode] = {}
+        self.dag = nx.DiGraph()
+        for func in public_funcs(module):
+            fname = collage.symbol_name(func)
+            for op in body_ops(func):
+                oid = collage.op_id(op)
+                if oid is None:
+                    continue
+                self.nodes[oid] = OpNode(oid, op.name, fname, op)
+                self.dag.add_node(oid)
+        for oid, node in self.nodes.items():
+            for v in external_operands([node.op]):
+                p = producer(v)
+                pid = collage.op_id(p) if p is not None else None
+                if pid is not None and pid in self.nodes:
+                    self.dag.add_edge(pid, oid)
+        self._order = {oid: i for i, oid in enumerate(nx.lexicographical_topological_sort(self.dag))}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def topological_order(self) -> list[int]:
+        """Op ids in a deterministic topological order (ties broken by id)."""
+        return sorted(self._order, key=self._order.__getitem__)
+
+    def users(self, oid: int) -> list[int]:
+        return sorted(self.dag.successors(oid))
+
+    def producers(self, oid: int) -> list[int]:
+        return sorted(self.dag.predecessors(oid))
+
+    def is_convex(self, ids: Iterable[int]) -> bool:
+        """True when the ops are in one function and no dataflow path leaves the set and re-enters it."""
+        region = set(ids)
+        if not region or len({self.nodes[i].func for i in region}) > 1:
+            return False
+        outside_successors = {s for i in region for s in self.dag.successors(i)} - region
+        reached = set(outside_successors)
+        frontier = list(outside_successors)
+        hi = max(self._order[i] for i in region)
+        while frontier:
+            n = frontier.pop()
+            if n in region:
+                return False
+            for s in self.dag.successors(n):
+                # Nodes past the region's last op in topological order cannot lead back into it.
+                if s not in reached and self._order[s] <= hi:
+                    reached.add(s)
+                    frontier.append(s)
+        return True

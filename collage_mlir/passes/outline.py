@@ -1,0 +1,127 @@
+"""`collage-outline`: moves each tagged region into a private ``func.func`` carrying
+``collage.backend`` and ``collage.region``, called by ``func.call`` where the region was.
+
+Region inputs become arguments, except small constants, which are cloned into the function so a
+backend sees their values (a relu's zero, a broadcast shape); values used after the region become
+results. Ops that sat between the region's ops but consume its results move after the call, which
+convexity makes legal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dialects import collage
+from ..dialects import stablehlo as sh
+from ..errors import CollageError
+from ..graph import body_ops, external_operands, module_block, nested_ops, producer, public_funcs
+from ..ir import ir
+from . import ModulePass
+
+#: Constants up to this many elements (or any splat) are cloned into regions instead of passed in.
+SINK_MAX_ELEMENTS = 64
+
+
+def _is_small_constant(op: ir.Operation | None) -> bool:
+    if op is None or op.name not in ("stablehlo.constant", "arith.constant"):
+        return False
+    value = op.attributes["value"] if "value" in op.attributes else None
+    if isinstance(value, ir.DenseElementsAttr) and value.is_splat:
+        return True
+    tt = sh.tensor_type(op.results[0])
+    return tt is not None and int(np.prod(tt[0], dtype=np.int64)) <= SINK_MAX_ELEMENTS and \
+        sh.constant_value(op) is not None
+
+
+def _index_of(values: list[ir.Value], v: ir.Value) -> int:
+    return next(i for i, known in enumerate(values) if known == v)
+
+
+def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str) -> ir.Operation:
+    """Outlines ``ops`` (one region, in block order) of ``func``; returns the new private function."""
+    from iree.compiler.dialects import func as func_d
+
+    module_body = func.parent.regions[0].blocks[0]
+    inside = {o for op in ops for o in nested_ops(op)}
+    inputs = external_operands(ops)
+    sunk = [v for v in inputs if _is_small_constant(producer(v))]
+    args = [v for v in inputs if not any(v == s for s in sunk)]
+    outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
+    loc = ops[0].location
+
+    with loc, ir.InsertionPoint(ops[-1]):
+        call = func_d.CallOp([v.type for v in outputs], ir.FlatSymbolRefAttr.get(region), args).operation
+    ops[-1].move_before(call)
+    for k, v in enumerate(outputs):
+        for use in list(v.uses):
+            owner = use.owner.operation
+            if owner not in inside:
+                owner.operands[use.operand_number] = call.results[k]
+
+    # Ops between the region's ops that consume its results must now follow the call.
+    block_ops = [o.operation for o in func.regions[0].blocks[0].operations]
+    first, last = block_ops.index(ops[0]), block_ops.index(call)
+    tainted = list(call.results)
+    prev = call
+    for o in block_ops[first:last]:
+        if o in inside:
+            continue
+        if any(any(x == t for t in tainted) for x in external_operands([o])):
+            o.move_after(prev)
+            prev = o
+            tainted.extend(o.results)
+
+    with loc, ir.InsertionPoint(module_body):
+        fn = func_d.FuncOp(region, ir.FunctionType.get([v.type for v in args], [v.type for v in outputs]),
+                           visibility="private")
+        entry = fn.add_entry_block()
+    fn = fn.operation
+    collage.set_str_attr(fn, collage.BACKEND, backend)
+    collage.set_str_attr(fn, collage.REGION, region)
+
+    mapping: list[tuple[ir.Value, ir.Value]] = list(zip(args, entry.arguments))
+    for v in sunk:
+        clone = producer(v).clone(ip=ir.InsertionPoint(entry))
+        mapping.append((v, clone.results[0]))
+    for op in ops:
+        entry.append(op)
+    for op in ops:
+        for o in nested_ops(op):
+            for i, operand in enumerate(o.operands):
+                for old, new in mapping:
+                    if operand == old:
+                        o.operands[i] = new
+                        break
+    with loc, ir.InsertionPoint(entry):
+        func_d.ReturnOp(outputs)
+    for v in sunk:  # drop constants whose every use moved into regions
+        p = producer(v)
+        if p is not None and not list(p.results[0].uses):
+            p.erase()
+    return fn
+
+
+@dataclass
+class OutlinePass(ModulePass):
+    name = "collage-outline"
+    summary = "Outline each collage.region into a private function called by func.call"
+
+    def run(self, module: ir.Module | ir.Operation) -> None:
+        with module.operation.context:
+            taken = {collage.symbol_name(op) for op in module_block(module).operations
+                     if "sym_name" in op.operation.attributes}
+            for func in list(public_funcs(module)):
+                regions: dict[str, list[ir.Operation]] = {}
+                for op in body_ops(func):
+                    name = collage.str_attr(op, collage.REGION)
+                    if name is not None:
+                        regions.setdefault(name, []).append(op)
+                for name, ops in regions.items():
+                    if name in taken:
+                        raise CollageError(f"region name '{name}' clashes with an existing symbol; rename the "
+                                           "region in the plan", where=str(ops[0].location))
+                    backend = collage.str_attr(ops[0], collage.BACKEND) or ""
+                    outline_region(func, ops, name, backend)
+                    taken.add(name)

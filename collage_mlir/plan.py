@@ -1,0 +1,118 @@
+"""The placement plan: named regions (sets of op ids) → backend; JSON, versioned.
+
+    {"format": "collage-plan", "version": 1, "default_backend": "iree-cpu",
+     "regions": [{"name": "r0", "backend": "onednn", "ops": [3, 4, 5]}]}
+
+Ops no region names stay on the default backend. ``validate`` checks a plan against a module's
+graph and raises one CollageError line for the first problem found.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .backends import DEFAULT_BACKEND, get_backend
+from .errors import CollageError
+from .graph import Graph
+
+FORMAT = "collage-plan"
+VERSION = 1
+_REGION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    backend: str
+    ops: frozenset[int]
+
+
+@dataclass
+class Plan:
+    regions: list[Region] = field(default_factory=list)
+    default_backend: str = DEFAULT_BACKEND
+    source: str = "<plan>"
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "default_backend": self.default_backend,
+            "regions": [{"name": r.name, "backend": r.backend, "ops": sorted(r.ops)} for r in self.regions],
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    def backend_of(self) -> dict[int, tuple[str, str]]:
+        """op id → (region name, backend)."""
+        return {i: (r.name, r.backend) for r in self.regions for i in r.ops}
+
+    @classmethod
+    def from_json(cls, data: object, source: str = "<plan>") -> "Plan":
+        """Parses the JSON document; shape errors raise one CollageError line naming ``source``."""
+        def bad(msg: str) -> CollageError:
+            return CollageError(msg + "; see `collage plan --help` for the format", where=source)
+
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise bad(f"not a collage plan (expected \"format\": \"{FORMAT}\")")
+        if data.get("version") != VERSION:
+            raise bad(f"unsupported plan version {data.get('version')!r} (this collage reads {VERSION})")
+        regions = []
+        for k, r in enumerate(data.get("regions", [])):
+            if not isinstance(r, dict) or not {"name", "backend", "ops"} <= r.keys():
+                raise bad(f"regions[{k}] needs \"name\", \"backend\" and \"ops\"")
+            if not isinstance(r["name"], str) or not _REGION_NAME.match(r["name"]):
+                raise bad(f"regions[{k}]: region name {r['name']!r} must be an identifier")
+            ops = r["ops"]
+            if not isinstance(ops, list) or not ops or not all(isinstance(i, int) for i in ops):
+                raise bad(f"region '{r['name']}': \"ops\" must be a non-empty list of op ids")
+            regions.append(Region(r["name"], str(r["backend"]), frozenset(ops)))
+        return cls(regions, str(data.get("default_backend", DEFAULT_BACKEND)), source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise CollageError(f"cannot read plan: {exc.strerror}", where=str(path)) from None
+        except json.JSONDecodeError as exc:
+            raise CollageError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                               where=str(path)) from None
+        return cls.from_json(data, str(path))
+
+    def validate(self, graph: Graph) -> None:
+        """Raises CollageError for an unknown op id or backend, an op the backend cannot take, a
+        non-convex region, overlapping or duplicate regions."""
+        get_backend(self.default_backend, where=self.source)
+        owner: dict[int, str] = {}
+        names: set[str] = set()
+        for r in self.regions:
+            where = f"{self.source}: region '{r.name}'"
+            if r.name in names:
+                raise CollageError("duplicate region name", where=where)
+            names.add(r.name)
+            backend = get_backend(r.backend, where=where)
+            for i in sorted(r.ops):
+                if i not in graph.nodes:
+                    raise CollageError(f"unknown op id {i} (the module has ids {_id_range(graph)}); "
+                                       "run `collage-opt --collage-number-ops` to see them", where=where)
+                if i in owner:
+                    raise CollageError(f"op {i} is also in region '{owner[i]}'; regions must not overlap",
+                                       where=where)
+                owner[i] = r.name
+            if not graph.is_convex(r.ops):
+                raise CollageError("ops are not a convex set of one function (a path leaves the region and "
+                                   "comes back); split it", where=where)
+            why = backend.accepts(graph, r.ops)
+            if why:
+                first = graph.nodes[min(r.ops)]
+                raise CollageError(f"backend '{r.backend}' cannot take it at {first.location}: {why}",
+                                   where=where)
+
+
+def _id_range(graph: Graph) -> str:
+    return f"{min(graph.nodes)}..{max(graph.nodes)}" if graph.nodes else "none"

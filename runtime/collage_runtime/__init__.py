@@ -1,0 +1,14 @@
+"""The deployable runtime: loads an artifact directory written by ``collage compile`` and runs it.
+
+Needs only iree-base-runtime and the backends' own libraries (never the compiler or torch-mlir).
+One IREE VM context holds the compiled module and a ``collage_rt`` module serving library regions.
+
+    prog = collage_runtime.load("out/")
+    (y,) = prog.invoke("main", x)
+"""
+
+from __future__ import annotations
+
+from .program import Program, load
+
+__all__ = ["Program", "load"]

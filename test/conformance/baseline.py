@@ -1,0 +1,202 @@
+"""Baseline: run IREE's e2e StableHLO conformance files with plain IREE.
+
+Each file is compiled with ``iree.compiler`` (llvm-cpu, host CPU) and every
+exported function taking no arguments is invoked on ``local-task`` with the
+Python ``check`` module from :mod:`check_module`.
+
+Usage::
+
+    python test/conformance/baseline.py FILE [--json]   # one file
+    python test/conformance/baseline.py --all [--md OUT] # sweep, one subprocess per file
+
+Files under ``iree-e2e/models/`` verify printed output with FileCheck (their
+``// RUN:`` lines); for them we only report "compiles + runs" and skip
+functions that need arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CONFORMANCE = Path("/work/shared/conformance/iree-e2e")
+COMPILE_ARGS = dict(target_backends=["llvm-cpu"], input_type="stablehlo",
+                    extra_args=["--iree-llvmcpu-target-cpu=host"])
+_JSON_MARK = "@@BASELINE_JSON@@"
+
+
+def _rel(path: Path) -> str:
+    """Path relative to the conformance root when possible."""
+    try:
+        return str(path.resolve().relative_to(CONFORMANCE))
+    except ValueError:
+        return str(path)
+
+
+def _first_error(text: str, limit: int = 300) -> str:
+    """First ``error:`` line of compiler output (or its head)."""
+    for line in text.splitlines():
+        if "error:" in line:
+            return line.strip()[:limit]
+    return text.strip()[:limit]
+
+
+def _cconv(fn: Any) -> str:
+    """Calling convention of a VmFunction, parsed from its repr, e.g. ``0v_v``."""
+    m = re.search(r"\((\w*)\)", repr(fn))
+    return m.group(1) if m else ""
+
+
+def run_file(path: str | Path) -> dict:
+    """Compile and run one conformance file in this process.
+
+    Returns ``{"file", "kind": "check"|"model", "compiled", "error",
+    "functions": {name: {"status": "pass"|"fail"|"skip", "checks", "message"}}}``.
+    """
+    import iree.compiler.tools as ireec
+    import iree.runtime as rt
+
+    sys.path.insert(0, str(HERE))
+    from check_module import CheckLog, create_check_module
+
+    path = Path(path)
+    kind = "model" if path.parent.name == "models" else "check"
+    result: dict[str, Any] = {"file": _rel(path), "kind": kind, "compiled": False,
+                              "error": None, "functions": {}}
+    try:
+        vmfb = ireec.compile_file(str(path), **COMPILE_ARGS)
+    except ireec.CompilerToolError as e:
+        result["error"] = "compile: " + _first_error(str(e))
+        return result
+    result["compiled"] = True
+
+    config = rt.Config("local-task")
+    log = CheckLog()
+    check = create_check_module(config.device, log)
+    main = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
+    ctx = None
+    try:
+        ctx = rt.SystemContext(vm_modules=(*config.default_vm_modules, check, main), config=config)
+        entry = ctx.modules[main.name]
+        for name in main.function_names:
+            if name.startswith("__"):
+                continue
+            cconv = _cconv(main.lookup_function(name))
+            rec: dict[str, Any] = {"status": "pass", "checks": 0, "message": ""}
+            result["functions"][name] = rec
+            if not cconv.startswith("0v"):
+                rec.update(status="skip", message=f"needs arguments ({cconv})")
+                continue
+            mark = log.mark()
+            try:
+                entry[name]()
+            except Exception as e:  # check failure or runtime error
+                rec["status"] = "fail"
+                rec["message"] = str(e).splitlines()[0][:500]
+            rec["checks"], failures = log.since(mark)
+            if failures:
+                rec["status"], rec["message"] = "fail", " | ".join(failures)[:1000]
+            elif kind == "check" and rec["status"] == "pass" and rec["checks"] == 0:
+                rec["message"] = "no checks"
+    except Exception as e:
+        result["error"] = "runtime: " + str(e).splitlines()[0][:500]
+    finally:
+        del ctx, main, check
+        gc.collect()
+    return result
+
+
+def run_subprocess(path: Path, timeout: float = 900) -> dict:
+    """Run :func:`run_file` in a fresh interpreter so crashes stay contained."""
+    t0 = time.time()
+    try:
+        p = subprocess.run([sys.executable, __file__, str(path), "--json"],
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"file": _rel(path), "kind": "?", "compiled": None,
+                "error": f"timeout after {timeout:.0f}s", "functions": {}}
+    for line in p.stdout.splitlines():
+        if line.startswith(_JSON_MARK):
+            res = json.loads(line[len(_JSON_MARK):])
+            break
+    else:
+        tail = [l for l in p.stderr.splitlines() if "leaked" not in l][-3:]
+        res = {"file": _rel(path), "kind": "?", "compiled": None,
+               "error": f"crashed (rc={p.returncode}): " + " / ".join(tail)[:400], "functions": {}}
+    res["seconds"] = round(time.time() - t0, 1)
+    return res
+
+
+def _counts(res: dict) -> tuple[int, int, int]:
+    """(passed, failed, skipped) function counts of one result."""
+    st = [f["status"] for f in res["functions"].values()]
+    return st.count("pass"), st.count("fail"), st.count("skip")
+
+
+def report(results: list[dict], command: str) -> str:
+    """Markdown table + totals + failure list for a sweep."""
+    lines = [f"Command: `{command}`", "",
+             "| file | compiled | pass | fail | skip | checks | note |",
+             "|---|---|---|---|---|---|---|"]
+    tot = dict(files=0, compiled=0, clean=0, p=0, f=0, s=0, checks=0)
+    for r in results:
+        p, f, s = _counts(r)
+        checks = sum(fn["checks"] for fn in r["functions"].values())
+        note = r["error"] or ("no checks" if r["kind"] == "check" and r["compiled"] and not checks
+                              else "FileCheck model: compiles + runs only" if r["kind"] == "model" else "")
+        lines.append(f"| {r['file']} | {'yes' if r['compiled'] else 'NO'} | {p} | {f} | {s} | "
+                     f"{checks} | {note.replace('|', '/')} |")
+        tot["files"] += 1
+        tot["compiled"] += bool(r["compiled"])
+        tot["clean"] += bool(r["compiled"]) and not r["error"] and f == 0
+        tot["p"] += p; tot["f"] += f; tot["s"] += s; tot["checks"] += checks
+    lines += ["", f"**Totals:** {tot['files']} files, {tot['compiled']} compiled, "
+              f"{tot['clean']} fully passing; functions: {tot['p']} passed, {tot['f']} failed, "
+              f"{tot['s']} skipped; {tot['checks']} checks executed.", "", "Failures:", ""]
+    for r in results:
+        if r["error"]:
+            lines.append(f"- `{r['file']}`: {r['error']}")
+        for name, fn in r["functions"].items():
+            if fn["status"] == "fail":
+                lines.append(f"- `{r['file']}` @{name}: {fn['message'].splitlines()[0]}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file", nargs="?", help="one .mlir conformance file")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    ap.add_argument("--all", action="store_true", help="sweep every file under iree-e2e/")
+    ap.add_argument("--md", help="also write the sweep report to this file")
+    args = ap.parse_args()
+    if args.all:
+        results = []
+        for path in sorted(CONFORMANCE.rglob("*.mlir")):
+            results.append(run_subprocess(path))
+            p, f, s = _counts(results[-1])
+            print(f"{_rel(path):55s} {'ok ' if results[-1]['compiled'] else 'ERR'} "
+                  f"pass={p} fail={f} skip={s} {results[-1]['error'] or ''}", file=sys.stderr)
+        text = report(results, "python test/conformance/baseline.py --all")
+        print(text)
+        if args.md:
+            Path(args.md).write_text(text)
+        return
+    if not args.file:
+        ap.error("give FILE or --all")
+    res = run_file(args.file)
+    if args.json:
+        print(_JSON_MARK + json.dumps(res), flush=True)
+    else:
+        print(json.dumps(res, indent=2), flush=True)
+
+
+if __name__ == "__main__":
+    main()
