@@ -98,7 +98,7 @@ def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, bac
         func_d.ReturnOp(outputs)
     for v in sunk:  # drop constants whose every use moved into regions
         p = producer(v)
-        if p is not None and not list(p.results[0].uses):
+        if p is not None and not list(p.results[0].uses) and collage.REGION not in p.attributes:
             p.erase()
     return fn
 

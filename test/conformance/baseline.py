@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 CONFORMANCE = Path("/work/shared/conformance/iree-e2e")
 COMPILE_ARGS = dict(target_backends=["llvm-cpu"], input_type="stablehlo",
@@ -55,11 +57,27 @@ def _cconv(fn: Any) -> str:
     return m.group(1) if m else ""
 
 
+def _summary(value: Any, limit: int = 8) -> str:
+    """iree-run-mlir style ``2x3xf32=[...]`` summary of a returned value."""
+    try:
+        a = np.asarray(value.to_host() if hasattr(value, "to_host") else value)
+    except Exception:  # noqa: BLE001 - non-tensor results (lists, refs)
+        return repr(value)[:80]
+    flat = a.reshape(-1)
+    vals = " ".join(f"{v:g}" if a.dtype.kind == "f" else str(v) for v in flat[:limit])
+    more = " ..." if flat.size > limit else ""
+    prefix = {"f": "f", "i": "i", "u": "ui", "c": "complex"}.get(a.dtype.kind)
+    dt = "i1" if a.dtype.kind == "b" else f"{prefix}{a.dtype.itemsize * 8}" if prefix else str(a.dtype)
+    return "".join(f"{d}x" for d in a.shape) + f"{dt}={vals}{more}"
+
+
 def run_file(path: str | Path) -> dict:
     """Compile and run one conformance file in this process.
 
-    Returns ``{"file", "kind": "check"|"model", "compiled", "error",
-    "functions": {name: {"status": "pass"|"fail"|"skip", "checks", "message"}}}``.
+    Returns ``{"file", "kind": "check"|"filecheck", "compiled", "error",
+    "functions": {name: {"status": "pass"|"fail"|"skip", "checks", "message",
+    "outputs"}}}``; ``outputs`` summarises returned values (``"f32=3"``) so
+    FileCheck-style files can at least be compared between builds.
     """
     import iree.compiler.tools as ireec
     import iree.runtime as rt
@@ -68,7 +86,9 @@ def run_file(path: str | Path) -> dict:
     from check_module import CheckLog, create_check_module
 
     path = Path(path)
-    kind = "model" if path.parent.name == "models" else "check"
+    text = path.read_text()
+    filecheck = path.parent.name == "models" or ("FileCheck" in text and "check.expect" not in text)
+    kind = "filecheck" if filecheck else "check"
     result: dict[str, Any] = {"file": _rel(path), "kind": kind, "compiled": False,
                               "error": None, "functions": {}}
     try:
@@ -90,14 +110,16 @@ def run_file(path: str | Path) -> dict:
             if name.startswith("__"):
                 continue
             cconv = _cconv(main.lookup_function(name))
-            rec: dict[str, Any] = {"status": "pass", "checks": 0, "message": ""}
+            rec: dict[str, Any] = {"status": "pass", "checks": 0, "message": "", "outputs": []}
             result["functions"][name] = rec
             if not cconv.startswith("0v"):
                 rec.update(status="skip", message=f"needs arguments ({cconv})")
                 continue
             mark = log.mark()
             try:
-                entry[name]()
+                out = entry[name]()
+                outs = out if isinstance(out, (tuple, list)) else () if out is None else (out,)
+                rec["outputs"] = [_summary(o) for o in outs]
             except Exception as e:  # check failure or runtime error
                 rec["status"] = "fail"
                 rec["message"] = str(e).splitlines()[0][:500]
@@ -151,7 +173,10 @@ def report(results: list[dict], command: str) -> str:
         p, f, s = _counts(r)
         checks = sum(fn["checks"] for fn in r["functions"].values())
         note = r["error"] or ("no checks" if r["kind"] == "check" and r["compiled"] and not checks
-                              else "FileCheck model: compiles + runs only" if r["kind"] == "model" else "")
+                              else "FileCheck file: compiles + runs only" if r["kind"] == "filecheck"
+                              else "")
+        skips = [f"@{n}: {fn['message']}" for n, fn in r["functions"].items() if fn["status"] == "skip"]
+        note = "; ".join([note, *skips]) if note and skips else note or "; ".join(skips)
         lines.append(f"| {r['file']} | {'yes' if r['compiled'] else 'NO'} | {p} | {f} | {s} | "
                      f"{checks} | {note.replace('|', '/')} |")
         tot["files"] += 1

@@ -1,0 +1,95 @@
+"""Compile driver: module + plan → artifact directory (IREE module, region artifacts, manifest).
+
+    number ops → resolve + validate plan → assign → outline → lower (build regions) → iree-compile
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .backends import registry
+from .errors import CollageError
+from .graph import Graph
+from .ir import ir
+from .passes.assign import AssignPass
+from .passes.lower import LowerPass
+from .passes.number_ops import NumberOpsPass
+from .passes.outline import OutlinePass
+from .plan import Plan
+from .search import resolve_plan
+
+MODULE_FILE = "main.vmfb"
+MANIFEST_FILE = "manifest.json"
+DEFAULT_IREE_ARGS = ("--iree-llvmcpu-target-cpu=host",)
+
+
+@dataclass
+class CompileResult:
+    out_dir: Path
+    plan: Plan
+    manifest: dict
+
+
+def partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path | None) -> tuple[Plan, list[dict]]:
+    """Runs the collage passes on ``module`` in place; returns the plan used and the built regions."""
+    NumberOpsPass().run(module)
+    resolved = resolve_plan(plan, Graph(module))
+    AssignPass(resolved).run(module)
+    OutlinePass().run(module)
+    lower = LowerPass(str(artifact_dir) if artifact_dir else "")
+    lower.run(module)
+    return resolved, lower.built
+
+
+def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs) -> bytes:
+    """Compiles the partitioned module for the host CPU with IREE; errors become one CollageError."""
+    from iree.compiler import tools
+
+    data = module.operation.get_asm(binary=True)
+    kwargs = {"target_backends": ["llvm-cpu"], "input_type": "auto"} | iree_kwargs
+    extra = list(DEFAULT_IREE_ARGS) + list(kwargs.pop("extra_args", [])) + list(iree_args)
+    try:
+        return tools.compile_str(data, extra_args=extra, **kwargs)
+    except tools.CompilerToolError as exc:
+        lines = [ln for ln in str(exc).splitlines() if "error:" in ln]
+        raise CollageError("IREE compilation failed: " + (lines[0].strip() if lines else " ".join(str(exc).split())[:400]))
+
+
+def compile_module(module: ir.Module, plan: "str | Plan", out_dir: str | Path, *, source: str = "<module>",
+                   iree_args: Sequence[str] = (), **iree_kwargs) -> CompileResult:
+    """Partitions ``module`` by ``plan`` and writes the artifact directory ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source_hash = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()
+    resolved, regions = partition(module, plan, out)
+    vmfb = iree_compile(module, iree_args, **iree_kwargs)
+    (out / MODULE_FILE).write_bytes(vmfb)
+    manifest = {
+        "format": "collage-artifact",
+        "version": 1,
+        "source": source,
+        "source_sha256": source_hash,
+        "module": MODULE_FILE,
+        "module_sha256": hashlib.sha256(vmfb).hexdigest(),
+        "versions": {
+            "collage-mlir": __version__,
+            "python": sys.version.split()[0],
+            **{name: info.backend.version() for name, info in registry().items() if info.backend and not info.problem},
+        },
+        "iree_args": list(DEFAULT_IREE_ARGS) + list(iree_args),
+        "plan": resolved.to_json(),
+        "regions": regions,
+    }
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+    return CompileResult(out, resolved, manifest)
+
+
+def check_artifact_dir(out_dir: str | Path) -> None:
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise CollageError("output path exists and is not a directory", where=str(out_dir))

@@ -1,0 +1,35 @@
+"""Placement search: candidate enumeration and plan construction (random, preference-ordered)."""
+
+from __future__ import annotations
+
+from ..backends import registry
+from ..errors import CollageError
+from ..graph import Graph
+from ..plan import Plan
+
+
+def available_backends() -> list:
+    """Every registered backend that is usable here, in name order."""
+    return [i.backend for i in registry().values() if i.backend is not None and not i.problem]
+
+
+def resolve_plan(spec: "str | Plan", graph: Graph) -> Plan:
+    """A plan from ``default``, ``random:SEED``, ``prefer:B1,B2`` or a plan JSON file path."""
+    from .simple_plans import preferred_plan, random_plan
+
+    if isinstance(spec, Plan):
+        return spec
+    if spec == "default":
+        return Plan(source="default")
+    kind, _, arg = spec.partition(":")
+    if kind == "random" and arg:
+        try:
+            seed = int(arg)
+        except ValueError:
+            raise CollageError(f"random plan seed must be an integer, got '{arg}'", where="--plan") from None
+        return random_plan(graph, available_backends(), seed)
+    if kind == "prefer" and arg:
+        from ..backends import get_backend
+
+        return preferred_plan(graph, [get_backend(n.strip(), where="--plan") for n in arg.split(",")])
+    return Plan.load(spec)
