@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 import networkx as nx
 
 from .dialects import collage
-from .ir import ir
+from .ir import ir, location_text
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class OpNode:
 
     @property
     def location(self) -> str:
-        return str(self.op.location)
+        return location_text(self.op.location)
 
 
 def module_block(module: ir.Module | ir.Operation) -> ir.Block:

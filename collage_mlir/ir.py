@@ -3,6 +3,7 @@ linalg, flow, hal, util and check. Every other module imports ``ir`` from here."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from iree.compiler import ir, passmanager  # noqa: F401  (re-exported)
@@ -10,7 +11,10 @@ from iree.compiler import rewrite  # noqa: F401  (re-exported)
 
 from .errors import CollageError
 
-__all__ = ["ir", "passmanager", "rewrite", "new_context", "parse_module", "load_module", "diagnostics_text"]
+__all__ = ["ir", "passmanager", "rewrite", "new_context", "parse_module", "load_module", "diagnostics_text",
+           "location_text"]
+
+_FILE_LOC = re.compile(r'loc\("([^"]*)":(\d+):(\d+)(?: to [^)]*)?\)')
 
 
 def new_context() -> ir.Context:
@@ -18,12 +22,21 @@ def new_context() -> ir.Context:
     return ir.Context()
 
 
-def diagnostics_text(exc: Exception) -> str:
+def location_text(loc: object, source: str | None = None) -> str:
+    """``loc("f.mlir":3:7)`` → ``f.mlir:3:7`` (``source`` replaces the name ``-`` of parsed strings)."""
+    def fmt(m: re.Match) -> str:
+        name = source if (m.group(1) in ("-", "") and source) else m.group(1)
+        return f"{name}:{m.group(2)}:{m.group(3)}"
+
+    return _FILE_LOC.sub(fmt, str(loc))
+
+
+def diagnostics_text(exc: Exception, source: str | None = None) -> str:
     """Flattens an MLIRError (with its diagnostics and locations) into one line."""
     diags = getattr(exc, "error_diagnostics", None)
     if diags:
-        return "; ".join(f"{d.location}: {d.message}" for d in diags)
-    return " ".join(str(exc).split())
+        return "; ".join(f"{location_text(d.location, source)}: {d.message}" for d in diags)
+    return location_text(" ".join(str(exc).split()), source)
 
 
 def parse_module(source: str | bytes, context: ir.Context, *, where: str = "<input>") -> ir.Module:
@@ -32,16 +45,16 @@ def parse_module(source: str | bytes, context: ir.Context, *, where: str = "<inp
         with context:
             return ir.Module.parse(source)
     except ir.MLIRError as exc:
-        raise CollageError(f"cannot parse MLIR: {diagnostics_text(exc)}", where=where) from None
+        raise CollageError(f"cannot parse MLIR: {diagnostics_text(exc, where)}") from None
 
 
 def load_module(path: str | Path, context: ir.Context) -> ir.Module:
     """Reads a ``.mlir`` (text) or ``.mlirbc`` (bytecode) file into ``context``."""
     path = Path(path)
+    if not path.is_file():
+        raise CollageError("no such file; give a .mlir (text) or .mlirbc (bytecode) StableHLO module", where=str(path))
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CollageError(f"cannot read file: {exc.strerror}", where=str(path)) from None
-    # MLIR bytecode starts with the magic "ML\xefR"; everything else is text.
-    source: str | bytes = data if data.startswith(b"ML\xefR") else data.decode("utf-8", "replace")
-    return parse_module(source, context, where=str(path))
+        with context:  # parseFile keeps the file name in every location
+            return ir.Module.parseFile(str(path))
+    except ir.MLIRError as exc:
+        raise CollageError(f"cannot parse MLIR: {diagnostics_text(exc, str(path))}") from None

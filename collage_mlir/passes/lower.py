@@ -13,7 +13,7 @@ from pathlib import Path
 from ..backends import BackendKind, get_backend
 from ..dialects import collage
 from ..graph import module_block
-from ..ir import ir
+from ..ir import ir, location_text
 from . import ModulePass
 
 
@@ -40,7 +40,7 @@ class LowerPass(ModulePass):
                 backend_name = collage.str_attr(fn, collage.BACKEND) if fn.name == "func.func" else None
                 if backend_name is None or len(fn.regions[0].blocks) == 0:
                     continue
-                backend = get_backend(backend_name, where=str(fn.location))
+                backend = get_backend(backend_name, where=location_text(fn.location))
                 if backend.kind == BackendKind.CODEGEN:
                     continue
                 region = collage.str_attr(fn, collage.REGION)

@@ -17,7 +17,7 @@ from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..graph import body_ops, external_operands, module_block, nested_ops, producer, public_funcs
-from ..ir import ir
+from ..ir import ir, location_text
 from . import ModulePass
 
 #: Constants up to this many elements (or any splat) are cloned into regions instead of passed in.
@@ -121,7 +121,7 @@ class OutlinePass(ModulePass):
                 for name, ops in regions.items():
                     if name in taken:
                         raise CollageError(f"region name '{name}' clashes with an existing symbol; rename the "
-                                           "region in the plan", where=str(ops[0].location))
+                                           "region in the plan", where=location_text(ops[0].location))
                     backend = collage.str_attr(ops[0], collage.BACKEND) or ""
                     outline_region(func, ops, name, backend)
                     taken.add(name)

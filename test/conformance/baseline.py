@@ -57,6 +57,16 @@ def _cconv(fn: Any) -> str:
     return m.group(1) if m else ""
 
 
+def _kind(path: Path) -> str:
+    """``filecheck`` for models/ and RUN/FileCheck files without check ops, else ``check``."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "check"
+    filecheck = path.parent.name == "models" or ("FileCheck" in text and "check.expect" not in text)
+    return "filecheck" if filecheck else "check"
+
+
 def _summary(value: Any, limit: int = 8) -> str:
     """iree-run-mlir style ``2x3xf32=[...]`` summary of a returned value."""
     try:
@@ -86,9 +96,7 @@ def run_file(path: str | Path) -> dict:
     from check_module import CheckLog, create_check_module
 
     path = Path(path)
-    text = path.read_text()
-    filecheck = path.parent.name == "models" or ("FileCheck" in text and "check.expect" not in text)
-    kind = "filecheck" if filecheck else "check"
+    kind = _kind(path)
     result: dict[str, Any] = {"file": _rel(path), "kind": kind, "compiled": False,
                               "error": None, "functions": {}}
     try:
@@ -143,7 +151,7 @@ def run_subprocess(path: Path, timeout: float = 900) -> dict:
         p = subprocess.run([sys.executable, __file__, str(path), "--json"],
                            capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"file": _rel(path), "kind": "?", "compiled": None,
+        return {"file": _rel(path), "kind": _kind(path), "compiled": None,
                 "error": f"timeout after {timeout:.0f}s", "functions": {}}
     for line in p.stdout.splitlines():
         if line.startswith(_JSON_MARK):
@@ -151,7 +159,7 @@ def run_subprocess(path: Path, timeout: float = 900) -> dict:
             break
     else:
         tail = [l for l in p.stderr.splitlines() if "leaked" not in l][-3:]
-        res = {"file": _rel(path), "kind": "?", "compiled": None,
+        res = {"file": _rel(path), "kind": _kind(path), "compiled": None,
                "error": f"crashed (rc={p.returncode}): " + " / ".join(tail)[:400], "functions": {}}
     res["seconds"] = round(time.time() - t0, 1)
     return res
@@ -184,8 +192,14 @@ def report(results: list[dict], command: str) -> str:
         tot["clean"] += bool(r["compiled"]) and not r["error"] and f == 0
         tot["p"] += p; tot["f"] += f; tot["s"] += s; tot["checks"] += checks
     lines += ["", f"**Totals:** {tot['files']} files, {tot['compiled']} compiled, "
-              f"{tot['clean']} fully passing; functions: {tot['p']} passed, {tot['f']} failed, "
-              f"{tot['s']} skipped; {tot['checks']} checks executed.", "", "Failures:", ""]
+              f"{tot['clean']} without failures; functions: {tot['p']} passed, {tot['f']} failed, "
+              f"{tot['s']} skipped; {tot['checks']} checks executed."]
+    for kind in ("check", "filecheck"):
+        rs = [r for r in results if r["kind"] == kind]
+        p, f, s = (sum(_counts(r)[i] for r in rs) for i in range(3))
+        lines.append(f"- {kind} files: {len(rs)}, compiled {sum(bool(r['compiled']) for r in rs)}; "
+                     f"functions {p} passed, {f} failed, {s} skipped")
+    lines += ["", "Failures:", ""]
     for r in results:
         if r["error"]:
             lines.append(f"- `{r['file']}`: {r['error']}")

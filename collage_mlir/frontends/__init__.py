@@ -1,0 +1,16 @@
+"""Frontends: bring a model into IREE's MLIR context as StableHLO (or Linalg, passed through)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..ir import load_module  # noqa: F401  (the .mlir / .mlirbc frontend)
+
+
+def cache_dir() -> Path:
+    """The user's collage cache directory (``$COLLAGE_CACHE_DIR`` or ``$XDG_CACHE_HOME/collage-mlir``)."""
+    if os.environ.get("COLLAGE_CACHE_DIR"):
+        return Path(os.environ["COLLAGE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "collage-mlir"

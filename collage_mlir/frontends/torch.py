@@ -1,0 +1,63 @@
+"""PyTorch frontend: ``nn.Module`` + example inputs → StableHLO through torch-mlir's fx importer.
+
+torch-mlir has its own MLIR build, so its module is handed to IREE's context as bytecode. Imports are
+cached on disk, keyed by a hash of the model (structure and weights), the input signature and the
+torch / torch-mlir versions: importing a big model is slow, re-importing it is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from importlib.metadata import version
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import CollageError
+from ..ir import ir, parse_module
+from . import cache_dir
+
+
+def model_key(model, example_inputs: Sequence) -> str:
+    """Hash of the model's code path, structure, weights, input signature and importer versions."""
+    import torch
+
+    h = hashlib.sha256()
+    h.update(f"{type(model).__module__}.{type(model).__qualname__}\n{model!r}\n".encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().contiguous().cpu()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    for x in example_inputs:
+        h.update(f"in:{tuple(x.shape)}:{x.dtype}\n".encode())
+    h.update(f"torch={torch.__version__} torch-mlir={version('torch-mlir')}".encode())
+    return h.hexdigest()[:32]
+
+
+def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_name: str = "main",
+                 cache: Path | None | bool = True) -> ir.Module:
+    """Imports ``model`` (in eval mode) as StableHLO into ``context``; ``cache=False`` disables the cache."""
+    try:
+        import torch
+        from torch_mlir import fx
+    except ImportError as exc:
+        raise CollageError(f"the torch frontend needs torch and torch-mlir ({exc}); "
+                           "run `pip install torch==2.13.0 'collage-mlir[torch]'`") from None
+    model = model.eval()
+    path = None
+    if cache is not False:
+        root = Path(cache) if isinstance(cache, (str, Path)) else cache_dir() / "torch"
+        path = root / f"{model_key(model, example_inputs)}-{func_name}.mlirbc"
+        if path.exists():
+            return parse_module(path.read_bytes(), context, where=str(path))
+    with torch.no_grad():
+        imported = fx.export_and_import(model, *example_inputs, output_type="stablehlo", func_name=func_name)
+    buf = io.BytesIO()
+    imported.operation.write_bytecode(buf)
+    data = buf.getvalue()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    return parse_module(data, context, where=f"torch:{type(model).__name__}")

@@ -1,0 +1,146 @@
+"""The `collage` CLI: compile, run, demo, backends.
+
+    collage compile model.mlir --plan default|random:SEED|prefer:B1,B2|PLAN.json -o out/ [--iree-...]
+    collage run out/ [--function main] --input x.npy ... [--output-dir DIR]
+    collage demo
+    collage backends
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CollageError
+from . import exit_quietly, run_tool
+
+
+def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
+    from ..artifact import check_artifact_dir, compile_module
+    from ..ir import load_module, new_context
+
+    check_artifact_dir(args.output)
+    module = load_module(args.model, new_context())
+    result = compile_module(module, args.plan, args.output, source=str(args.model), iree_args=passthrough)
+    regions = result.manifest["regions"]
+    print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")
+    return 0
+
+
+def _load_program(out_dir: str):
+    import collage_runtime
+    from collage_runtime.program import ArtifactError
+
+    try:
+        return collage_runtime.load(out_dir)
+    except ArtifactError as exc:
+        raise CollageError(str(exc)) from None
+
+
+def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
+    inputs = []
+    for path in args.input:
+        try:
+            inputs.append(np.load(path, allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise CollageError(f"cannot read input array: {exc}; inputs are .npy files", where=path) from None
+    program = _load_program(args.artifact)
+    try:
+        outputs = _invoke(program, args.function, inputs)
+    finally:
+        program.close()
+    if args.output_dir:
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for k, arr in enumerate(outputs):
+            np.save(out / f"out_{k}.npy", arr)
+        print(f"wrote {len(outputs)} outputs to {out}")
+    else:
+        for k, arr in enumerate(outputs):
+            print(f"out_{k}: {arr.dtype}{list(arr.shape)} {np.array2string(arr.ravel()[:8], precision=5)}")
+    return 0
+
+
+def _invoke(program, function: str, inputs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    from collage_runtime.program import ArtifactError
+
+    try:
+        return program.invoke(function, *inputs)
+    except ArtifactError as exc:
+        raise CollageError(str(exc)) from None
+    except (RuntimeError, ValueError) as exc:
+        raise CollageError(f"running '{function}' failed: {' '.join(str(exc).split())[:300]} "
+                           "(check the number, shapes and dtypes of --input arrays)", where=program.root.name) from None
+
+
+def _cmd_backends(args: argparse.Namespace, _: list[str]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..backends import registry
+
+    table = Table(title="collage backends")
+    for col in ("backend", "device", "kind", "patterns", "version", "status"):
+        table.add_column(col)
+    for name, info in registry().items():
+        b = info.backend
+        if b is None:
+            table.add_row(name, "?", "?", "", "", f"[red]{info.problem}")
+            continue
+        patterns = "\n".join(f"{p.name}: {p.describe()}" for p in b.patterns)
+        status = f"[red]unavailable: {info.problem} ({b.install_hint})" if info.problem else "[green]ok"
+        table.add_row(name, b.device, b.kind.value, patterns, "" if info.problem else b.version(), status)
+    Console().print(table)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace, _: list[str]) -> int:
+    from .demo import run_demo
+
+    return run_demo(Path(args.out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="collage", description="Place model regions on the fastest backends.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="partition a model by a plan and build an artifact directory",
+                       epilog="Unknown --iree-* flags are passed through to iree-compile.")
+    c.add_argument("model", help="StableHLO module (.mlir text or .mlirbc bytecode)")
+    c.add_argument("--plan", default="default",
+                   help="default | random:SEED | prefer:BACKEND[,BACKEND] | PLAN.json (default: default)")
+    c.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    r = sub.add_parser("run", help="run a compiled artifact on .npy inputs")
+    r.add_argument("artifact", help="artifact directory written by `collage compile`")
+    r.add_argument("--function", default="main")
+    r.add_argument("--input", action="append", default=[], help=".npy file, once per argument, in order")
+    r.add_argument("--output-dir", help="write out_0.npy, out_1.npy, ... here")
+    d = sub.add_parser("demo", help="compile a small CNN with a plan mixing two backends and check it")
+    d.add_argument("--out", default="collage-demo", help="artifact directory (default: ./collage-demo)")
+    sub.add_parser("backends", help="list the registered backends")
+    return p
+
+
+COMMANDS = {"compile": _cmd_compile, "run": _cmd_run, "backends": _cmd_backends, "demo": _cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    passthrough = [u for u in unknown if u.startswith("--iree-")]
+    rest = [u for u in unknown if not u.startswith("--iree-")]
+    if rest or (passthrough and args.cmd != "compile"):
+        parser.error(f"unrecognized arguments: {' '.join(rest or passthrough)}")
+    return run_tool("collage", lambda: COMMANDS[args.cmd](args, passthrough))
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    exit_quietly(main())
+
+
+if __name__ == "__main__":
+    entry()
