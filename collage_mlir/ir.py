@@ -14,6 +14,8 @@ from .errors import CollageError
 __all__ = ["ir", "passmanager", "rewrite", "new_context", "parse_module", "load_module", "diagnostics_text",
            "location_text"]
 
+# Source names of modules parsed from strings, by context, so their "-" locations name the input.
+_SOURCES: dict[int, str] = {}
 _FILE_LOC = re.compile(r'loc\("([^"]*)":(\d+):(\d+)(?: to [^)]*)?\)')
 
 
@@ -24,6 +26,9 @@ def new_context() -> ir.Context:
 
 def location_text(loc: object, source: str | None = None) -> str:
     """``loc("f.mlir":3:7)`` → ``f.mlir:3:7`` (``source`` replaces the name ``-`` of parsed strings)."""
+    if source is None and isinstance(loc, ir.Location):
+        source = _SOURCES.get(id(loc.context))
+
     def fmt(m: re.Match) -> str:
         name = source if (m.group(1) in ("-", "") and source) else m.group(1)
         return f"{name}:{m.group(2)}:{m.group(3)}"
@@ -41,6 +46,7 @@ def diagnostics_text(exc: Exception, source: str | None = None) -> str:
 
 def parse_module(source: str | bytes, context: ir.Context, *, where: str = "<input>") -> ir.Module:
     """Parses MLIR text or bytecode; a syntax error becomes one CollageError line with its location."""
+    _SOURCES[id(context)] = where
     try:
         with context:
             return ir.Module.parse(source)

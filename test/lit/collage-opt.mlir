@@ -1,0 +1,28 @@
+// RUN: collage-opt %s --pass-pipeline="builtin.module(collage-number-ops,canonicalize)" | filecheck %s
+// RUN: collage-opt %s --collage-number-ops --canonicalize -o %t && filecheck %s < %t
+// RUN: cat %s | collage-opt - --collage-number-ops | filecheck %s --check-prefix=STDIN
+// RUN: not collage-opt %s --no-such-pass 2>&1 | filecheck %s --check-prefix=BADPASS
+// RUN: not collage-opt %s --collage-assign="colour=red" 2>&1 | filecheck %s --check-prefix=BADOPT
+// RUN: not collage-opt %S/Inputs/missing.mlir 2>&1 | filecheck %s --check-prefix=MISSING
+// RUN: not collage-opt %S/Inputs/syntax-error.mlir 2>&1 | filecheck %s --check-prefix=SYNTAX
+
+// Collage passes and upstream passes mix in one pipeline: ids survive canonicalization, which erases
+// the dead add (id 2).
+// CHECK-LABEL: func.func @fold
+// CHECK-NEXT: stablehlo.constant {collage.id = 0 : i64}
+// CHECK-NEXT: stablehlo.negate %arg0 {collage.id = 1 : i64}
+// CHECK-NEXT: stablehlo.add %0, %cst {collage.id = 3 : i64}
+// CHECK-NEXT: return
+// STDIN: stablehlo.add %arg0, %cst {collage.id = 2 : i64}
+func.func @fold(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %z = stablehlo.constant dense<0.0> : tensor<4xf32>
+  %0 = stablehlo.negate %a : tensor<4xf32>
+  %1 = stablehlo.add %a, %z : tensor<4xf32>
+  %2 = stablehlo.add %0, %z : tensor<4xf32>
+  return %2 : tensor<4xf32>
+}
+
+// BADPASS: collage-opt: error: collage-opt: unknown pass or bad pipeline element 'no-such-pass'
+// BADOPT: collage-opt: error: collage-opt: unknown option 'colour=red' for --collage-assign (options: plan)
+// MISSING: collage-opt: error: {{.*}}missing.mlir: no such file
+// SYNTAX: collage-opt: error: cannot parse MLIR: {{.*}}syntax-error.mlir:3:26: use of undeclared SSA value name

@@ -1,0 +1,52 @@
+// RUN: collage-opt %S/Inputs/mlp.mlir --collage-number-ops --collage-assign="plan=%S/Inputs/mlp-plan.json" --collage-outline | filecheck %s
+// RUN: collage-opt %s --split-input-file --collage-outline | filecheck %s --check-prefix=ORDER
+
+// Each region becomes a private function called where it was; the small zero constant is cloned
+// into the region (a backend must see it is a relu), weights stay arguments.
+// CHECK-LABEL: func.func @main
+// CHECK-NEXT: %[[L1:.*]] = call @layer1(%arg0, %arg1, %arg2) : (tensor<2x8xf32>, tensor<8x16xf32>, tensor<16xf32>) -> tensor<2x16xf32>
+// CHECK-NEXT: %[[D:.*]] = stablehlo.dot_general %[[L1]], %arg3
+// CHECK-NEXT: %[[A:.*]] = call @act(%[[D]])
+// CHECK-NEXT: return %[[A]]
+// CHECK-LABEL: func.func private @layer1
+// CHECK-SAME: attributes {collage.backend = "onednn", collage.region = "layer1"}
+// CHECK-NEXT: stablehlo.constant {{.*}}dense<0.000000e+00>
+// CHECK-NEXT: stablehlo.dot_general %arg0, %arg1
+// CHECK: stablehlo.maximum
+// CHECK-NEXT: return
+// CHECK-LABEL: func.func private @act
+// CHECK-SAME: collage.backend = "iree-cpu"
+// CHECK-NEXT: stablehlo.tanh %arg0
+
+// An op sitting between a region's ops that uses the region's first result moves after the call.
+// ORDER-LABEL: func.func @between
+// ORDER-NEXT: %[[R:.*]]:2 = call @r(%arg0) : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+// ORDER-NEXT: %[[M:.*]] = stablehlo.multiply %[[R]]#0, %[[R]]#0
+// ORDER-NEXT: %[[S:.*]] = stablehlo.add %[[M]], %[[R]]#1
+// ORDER-NEXT: return %[[S]]
+// ORDER-LABEL: func.func private @r(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+// ORDER-NEXT: stablehlo.negate %arg0
+// ORDER-NEXT: stablehlo.exponential %arg0
+func.func @between(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.negate %a {collage.backend = "iree-cpu", collage.region = "r"} : tensor<4xf32>
+  %1 = stablehlo.multiply %0, %0 : tensor<4xf32>
+  %2 = stablehlo.exponential %a {collage.backend = "iree-cpu", collage.region = "r"} : tensor<4xf32>
+  %3 = stablehlo.add %1, %2 : tensor<4xf32>
+  return %3 : tensor<4xf32>
+}
+
+// -----
+
+// Regions in two public functions; a region name clashing with a symbol is an error.
+// ORDER-LABEL: func.func @f
+// ORDER-NEXT: call @rf(%arg0)
+// ORDER-LABEL: func.func @g
+// ORDER-NEXT: call @rg(%arg0)
+func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.abs %a {collage.backend = "iree-cpu", collage.region = "rf"} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+func.func @g(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.floor %a {collage.backend = "iree-cpu", collage.region = "rg"} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
