@@ -46,6 +46,11 @@ class Program:
         self._functions = getattr(self._context.modules, self._main.name)
 
     @property
+    def vm_module(self) -> rt.VmModule:
+        """The compiled IREE module (for its function signatures)."""
+        return self._main
+
+    @property
     def functions(self) -> list[str]:
         """Public functions of the compiled module."""
         return [f for f in self._main.function_names if not f.startswith("__")]

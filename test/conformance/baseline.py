@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import re
 import subprocess
 import sys
@@ -29,7 +30,8 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-CONFORMANCE = Path("/work/shared/conformance/iree-e2e")
+# CI clones the repo with shared/ beside it; COLLAGE_CONFORMANCE_DIR overrides.
+CONFORMANCE = Path(os.environ.get("COLLAGE_CONFORMANCE_DIR", HERE.parents[2] / "shared" / "conformance" / "iree-e2e"))
 COMPILE_ARGS = dict(target_backends=["llvm-cpu"], input_type="stablehlo",
                     extra_args=["--iree-llvmcpu-target-cpu=host"])
 _JSON_MARK = "@@BASELINE_JSON@@"
@@ -110,38 +112,47 @@ def run_file(path: str | Path) -> dict:
     log = CheckLog()
     check = create_check_module(config.device, log)
     main = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
-    ctx = None
+    ctx = entry = None
     try:
         ctx = rt.SystemContext(vm_modules=(*config.default_vm_modules, check, main), config=config)
         entry = ctx.modules[main.name]
-        for name in main.function_names:
-            if name.startswith("__"):
-                continue
-            cconv = _cconv(main.lookup_function(name))
-            rec: dict[str, Any] = {"status": "pass", "checks": 0, "message": "", "outputs": []}
-            result["functions"][name] = rec
-            if not cconv.startswith("0v"):
-                rec.update(status="skip", message=f"needs arguments ({cconv})")
-                continue
-            mark = log.mark()
-            try:
-                out = entry[name]()
-                outs = out if isinstance(out, (tuple, list)) else () if out is None else (out,)
-                rec["outputs"] = [_summary(o) for o in outs]
-            except Exception as e:  # check failure or runtime error
-                rec["status"] = "fail"
-                rec["message"] = str(e).splitlines()[0][:500]
-            rec["checks"], failures = log.since(mark)
-            if failures:
-                rec["status"], rec["message"] = "fail", " | ".join(failures)[:1000]
-            elif kind == "check" and rec["status"] == "pass" and rec["checks"] == 0:
-                rec["message"] = "no checks"
+        result["functions"] = run_functions(main, lambda name: entry[name](), log, kind)
     except Exception as e:
         result["error"] = "runtime: " + str(e).splitlines()[0][:500]
     finally:
-        del ctx, main, check
+        del entry, ctx, main, check
         gc.collect()
     return result
+
+
+def run_functions(main: Any, call: Any, log: Any, kind: str) -> dict:
+    """Invokes every zero-argument export of VM module ``main`` through ``call(name)``; per function
+    ``{"status": "pass"|"fail"|"skip", "checks", "message", "outputs"}``."""
+    functions: dict[str, dict] = {}
+    for name in main.function_names:
+        if name.startswith("__"):
+            continue
+        cconv = _cconv(main.lookup_function(name))
+        rec: dict[str, Any] = {"status": "pass", "checks": 0, "message": "", "outputs": []}
+        functions[name] = rec
+        if not cconv.startswith("0v"):
+            rec.update(status="skip", message=f"needs arguments ({cconv})")
+            continue
+        mark = log.mark()
+        try:
+            out = call(name)
+            outs = out if isinstance(out, (tuple, list)) else () if out is None else (out,)
+            rec["outputs"] = [_summary(o) for o in outs]
+            del out, outs
+        except Exception as e:  # check failure or runtime error
+            rec["status"] = "fail"
+            rec["message"] = str(e).splitlines()[0][:500]
+        rec["checks"], failures = log.since(mark)
+        if failures:
+            rec["status"], rec["message"] = "fail", " | ".join(failures)[:1000]
+        elif kind == "check" and rec["status"] == "pass" and rec["checks"] == 0:
+            rec["message"] = "no checks"
+    return functions
 
 
 def run_subprocess(path: Path, timeout: float = 900) -> dict:

@@ -1,0 +1,90 @@
+"""Run one IREE e2e conformance file through collage with several plans and compare with IREE alone.
+
+    python test/conformance/collage_run.py FILE [--plans default,random:0,random:1] [--json]
+
+For every plan: ``collage_mlir.artifact.compile_module`` builds the artifact, ``collage_runtime``
+loads it with the Python ``check`` module, and every zero-argument function runs. A function passes
+when its checks pass (check files) or when its printed outputs equal IREE alone's (FileCheck files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from baseline import _JSON_MARK, _kind, _rel, run_file, run_functions  # noqa: E402
+from check_module import CheckLog, create_check_module  # noqa: E402
+
+DEFAULT_PLANS = ("default", "random:0", "random:1")
+
+
+def run_with_plan(path: Path, plan: str, kind: str) -> dict:
+    """``{"compiled", "error", "regions": {backend: count}, "functions": {...}}`` for one plan."""
+    import collage_runtime
+    from collage_mlir.artifact import compile_module
+    from collage_mlir.errors import CollageError
+    from collage_mlir.ir import load_module, new_context
+
+    rec: dict = {"compiled": False, "error": None, "regions": {}, "functions": {}}
+    with tempfile.TemporaryDirectory() as out:
+        try:
+            result = compile_module(load_module(path, new_context()), plan, out)
+        except CollageError as exc:
+            rec["error"] = str(exc)
+            return rec
+        rec["compiled"] = True
+        for r in result.plan.regions:
+            rec["regions"][r.backend] = rec["regions"].get(r.backend, 0) + 1
+        log = CheckLog()
+        prog = collage_runtime.load(out, extra_modules=[lambda device: create_check_module(device, log)])
+        try:
+            rec["functions"] = run_functions(prog.vm_module, lambda name: prog.invoke(name), log, kind)
+        finally:
+            prog.close()
+    return rec
+
+
+def run(path: str | Path, plans: tuple[str, ...] = DEFAULT_PLANS) -> dict:
+    """IREE alone, then each plan; ``mismatches`` lists every function that passes alone but not with a plan."""
+    path = Path(path)
+    kind = _kind(path)
+    base = run_file(path)
+    res = {"file": _rel(path), "kind": kind, "baseline": base, "plans": {}, "mismatches": []}
+    if not base["compiled"]:
+        return res
+    for plan in plans:
+        rec = run_with_plan(path, plan, kind)
+        res["plans"][plan] = rec
+        for name, ref in base["functions"].items():
+            if ref["status"] != "pass":
+                continue
+            got = rec["functions"].get(name)
+            if got is None or got["status"] != "pass":
+                why = rec["error"] or (got or {}).get("message", "missing")
+                res["mismatches"].append(f"{plan} {name}: {why}")
+            elif kind == "filecheck" and got["outputs"] != ref["outputs"]:
+                res["mismatches"].append(f"{plan} {name}: outputs {got['outputs']} != IREE alone {ref['outputs']}")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("--plans", default=",".join(DEFAULT_PLANS))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    res = run(args.file, tuple(args.plans.split(",")))
+    if args.json:
+        print(_JSON_MARK + json.dumps(res), flush=True)
+    else:
+        print(json.dumps(res, indent=2), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""IREE's e2e StableHLO tests pass through collage with the default plan and random plans, on every
+function IREE alone passes. Each file runs in its own process (a crash costs one file, not the run).
+
+The inputs live in ../shared/conformance/iree-e2e (COLLAGE_CONFORMANCE_DIR overrides); see
+test/conformance/BASELINE.md for what IREE alone passes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CONFORMANCE_DIR = Path(__file__).resolve().parents[1] / "conformance"
+sys.path.insert(0, str(CONFORMANCE_DIR))
+from baseline import _JSON_MARK, CONFORMANCE  # noqa: E402
+
+FILES = sorted(CONFORMANCE.rglob("*.mlir")) if CONFORMANCE.is_dir() else []
+PLANS = "default,random:0,random:1"
+
+
+@pytest.mark.skipif(not FILES, reason=f"conformance inputs not found at {CONFORMANCE}")
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(CONFORMANCE)) for p in FILES])
+def test_conformance_file(path):
+    proc = subprocess.run([sys.executable, str(CONFORMANCE_DIR / "collage_run.py"), str(path), "--plans", PLANS,
+                           "--json"], capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_JSON_MARK)]
+    assert lines, f"runner crashed (rc={proc.returncode}): {proc.stderr[-2000:]}"
+    res = json.loads(lines[-1][len(_JSON_MARK):])
+    assert not res["mismatches"], "\n".join(res["mismatches"])
+    if res["baseline"]["compiled"]:
+        assert all(p["compiled"] for p in res["plans"].values()), {k: p["error"] for k, p in res["plans"].items()}

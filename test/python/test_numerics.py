@@ -1,0 +1,68 @@
+"""Partitioned programs equal IREE alone: a small CNN and an MLP, default plan and 5 random plans.
+
+Tolerance: fp32, rtol 1e-5 / atol 1e-6 unless a backend in the plan documents a looser one
+(onednn: rtol 1e-4, atol 1e-5, from reordered reductions).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collage_runtime
+from collage_mlir.artifact import compile_module
+from collage_mlir.backends import get_backend
+from collage_mlir.frontends.torch import import_torch
+from collage_mlir.ir import new_context
+
+from models import mlp, small_cnn
+
+MODELS = {"cnn": (small_cnn, (2, 3, 16, 16)), "mlp": (mlp, (4, 32))}
+PLANS = ["default"] + [f"random:{seed}" for seed in range(5)]
+
+
+@pytest.fixture(scope="module")
+def reference(torch, tmp_path_factory):
+    """Per model: (example input, IREE-alone output)."""
+    refs = {}
+    for name, (build, shape) in MODELS.items():
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(7))
+        out = tmp_path_factory.mktemp(f"{name}-ref")
+        compile_module(import_torch(build(), [x], new_context()), "default", out)
+        with collage_runtime.load(out) as prog:
+            (y,) = prog.invoke("main", x.numpy())
+        with torch.no_grad():
+            np.testing.assert_allclose(y, build()(x).numpy(), rtol=1e-4, atol=1e-5)  # sanity: IREE == torch
+        refs[name] = (x, y)
+    return refs
+
+
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_plan_matches_iree_alone(model, plan, reference, tmp_path):
+    build, _ = MODELS[model]
+    x, y_ref = reference[model]
+    result = compile_module(import_torch(build(), [x], new_context()), plan, tmp_path)
+    backends = {r.backend for r in result.plan.regions} | {"iree-cpu"}
+    rtol = max(get_backend(b).tolerance.rtol for b in backends)
+    atol = max(get_backend(b).tolerance.atol for b in backends)
+    with collage_runtime.load(tmp_path) as prog:
+        (y,) = prog.invoke("main", x.numpy())
+    np.testing.assert_allclose(y, y_ref, rtol=rtol, atol=atol)
+    if plan != "default":
+        assert result.plan.regions, "a random plan places at least one region"
+
+
+def test_random_plans_mix_backends(reference):
+    """Across the 5 seeds, both backends get regions and onednn runs real library regions."""
+    from collage_mlir.graph import Graph
+    from collage_mlir.passes.number_ops import NumberOpsPass
+    from collage_mlir.search import resolve_plan
+
+    x, _ = reference["cnn"]
+    module = import_torch(small_cnn(), [x], new_context())
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    used = {r.backend for seed in range(5) for r in resolve_plan(f"random:{seed}", graph).regions}
+    assert used == {"iree-cpu", "onednn"}
+    assert resolve_plan("random:3", graph).to_json() == resolve_plan("random:3", graph).to_json()
