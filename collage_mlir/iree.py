@@ -1,0 +1,31 @@
+"""IREE compile integration: ``compile_file`` / ``compile_str`` mirroring ``iree.compiler``'s, with a plan.
+
+    from collage_mlir.iree import compile_file
+    compile_file("model.mlir", plan="random:3", output_dir="out", extra_args=["--iree-opt-level=O3"])
+
+Unlike IREE's, the result is an artifact directory (IREE module + region artifacts + manifest),
+since library regions live beside the module; the function returns its manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .artifact import compile_module
+from .ir import load_module, new_context, parse_module
+from .plan import Plan
+
+
+def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str | Plan" = "default",
+                 **iree_kwargs) -> dict:
+    """Compiles a StableHLO file with ``plan``; ``iree_kwargs`` go to ``iree.compiler.tools.compile_str``
+    (``extra_args``, ``target_backends``, ...). Returns the artifact manifest."""
+    module = load_module(input_file, new_context())
+    return compile_module(module, plan, output_dir, source=str(input_file), **iree_kwargs).manifest
+
+
+def compile_str(input_str: str | bytes, *, output_dir: str | Path, plan: "str | Plan" = "default",
+                **iree_kwargs) -> dict:
+    """Like ``compile_file`` for MLIR text or bytecode held in memory."""
+    module = parse_module(input_str, new_context())
+    return compile_module(module, plan, output_dir, **iree_kwargs).manifest
