@@ -1,6 +1,7 @@
 """Run one IREE e2e conformance file through collage with several plans and compare with IREE alone.
 
     python test/conformance/collage_run.py FILE [--plans default,random:0,random:1] [--json]
+    python test/conformance/collage_run.py --all [--md OUT]     # sweep, one process per file, summary
 
 For every plan: ``collage_mlir.artifact.compile_module`` builds the artifact, ``collage_runtime``
 loads it with the Python ``check`` module, and every zero-argument function runs. A function passes
@@ -18,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from baseline import _JSON_MARK, _kind, _rel, run_file, run_functions  # noqa: E402
+from baseline import _JSON_MARK, CONFORMANCE, _kind, _rel, run_file, run_functions  # noqa: E402
 from check_module import CheckLog, create_check_module  # noqa: E402
 
 DEFAULT_PLANS = ("default", "random:0", "random:1")
@@ -73,12 +74,58 @@ def run(path: str | Path, plans: tuple[str, ...] = DEFAULT_PLANS) -> dict:
     return res
 
 
+def run_subprocess(path: Path, plans: str) -> dict:
+    """``run`` in a fresh interpreter, so a crash costs one file."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, __file__, str(path), "--plans", plans, "--json"], capture_output=True,
+                          text=True, timeout=600)
+    for line in proc.stdout.splitlines():
+        if line.startswith(_JSON_MARK):
+            return json.loads(line[len(_JSON_MARK):])
+    tail = " / ".join(ln for ln in proc.stderr.splitlines() if "leaked" not in ln)[-400:]
+    return {"file": _rel(path), "kind": _kind(path), "baseline": {"compiled": None, "functions": {}}, "plans": {},
+            "mismatches": [f"crashed (rc={proc.returncode}): {tail}"]}
+
+
+def sweep(plans: str) -> str:
+    """Runs every conformance file; returns a markdown summary (counts per plan, regions per backend)."""
+    results = [run_subprocess(p, plans) for p in sorted(CONFORMANCE.rglob("*.mlir"))]
+    names = plans.split(",")
+    alone = sum(1 for r in results for f in r["baseline"]["functions"].values() if f["status"] == "pass")
+    lines = [f"Command: `python test/conformance/collage_run.py --all --plans {plans}`", "",
+             f"Files: {len(results)}; compiled by IREE alone: {sum(1 for r in results if r['baseline']['compiled'])}; "
+             f"functions IREE alone passes: {alone}", "",
+             "| plan | functions passing | mismatches vs IREE alone | regions placed (by backend) |", "|---|---|---|---|"]
+    for plan in names:
+        ok = sum(1 for r in results for f in r["plans"].get(plan, {}).get("functions", {}).values()
+                 if f["status"] == "pass")
+        bad = sum(1 for r in results for m in r["mismatches"] if m.startswith(plan + " "))
+        regions: dict[str, int] = {}
+        for r in results:
+            for b, n in r["plans"].get(plan, {}).get("regions", {}).items():
+                regions[b] = regions.get(b, 0) + n
+        lines.append(f"| {plan} | {ok} | {bad} | {', '.join(f'{b}: {n}' for b, n in sorted(regions.items())) or '-'} |")
+    problems = [f"- {r['file']}: {m}" for r in results for m in r["mismatches"]]
+    return "\n".join(lines + ["", "Mismatches:" if problems else "No mismatches.", *problems]) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("file")
+    ap.add_argument("file", nargs="?")
     ap.add_argument("--plans", default=",".join(DEFAULT_PLANS))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--all", action="store_true", help="sweep every conformance file")
+    ap.add_argument("--md", help="with --all: also write the summary here")
     args = ap.parse_args()
+    if args.all:
+        text = sweep(args.plans)
+        print(text)
+        if args.md:
+            Path(args.md).write_text(text)
+        return
+    if not args.file:
+        ap.error("give FILE or --all")
     res = run(args.file, tuple(args.plans.split(",")))
     if args.json:
         print(_JSON_MARK + json.dumps(res), flush=True)

@@ -1,0 +1,111 @@
+"""The `collage` CLI and the Python API end to end: compile, run, passthrough flags, several public
+functions, zero-argument functions, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import collage_runtime
+from collage_mlir.iree import compile_file, compile_str
+
+LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
+
+TWO_FUNCS = """
+func.func @scale(%x: tensor<3x4xf32>, %w: tensor<4x2xf32>) -> tensor<3x2xf32> {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x2xf32>) -> tensor<3x2xf32>
+  return %0 : tensor<3x2xf32>
+}
+func.func @constant() -> tensor<2xi32> {
+  %0 = stablehlo.constant dense<[4, 2]> : tensor<2xi32>
+  %1 = stablehlo.add %0, %0 : tensor<2xi32>
+  return %1 : tensor<2xi32>
+}
+"""
+
+
+def collage(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_compile_and_run_cli(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in [(2, 8), (8, 16), (16,), (16, 4)]]
+    paths = []
+    for k, a in enumerate(arrays):
+        paths += ["--input", str(tmp_path / f"in{k}.npy")]
+        np.save(tmp_path / f"in{k}.npy", a)
+    outs = {}
+    for plan in ("default", str(LIT_INPUTS / "mlp-plan.json")):
+        art = tmp_path / Path(plan).stem
+        r = collage("compile", str(LIT_INPUTS / "mlp.mlir"), "--plan", plan, "-o", str(art), "--iree-opt-level=O2")
+        assert r.returncode == 0, r.stderr
+        r = collage("run", str(art), *paths, "--output-dir", str(art / "results"))
+        assert r.returncode == 0, r.stderr
+        outs[plan] = np.load(art / "results" / "out_0.npy")
+    x, w1, b1, w2 = arrays
+    expected = np.tanh(np.maximum(x @ w1 + b1, 0) @ w2)
+    for y in outs.values():
+        np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_iree_flags_pass_through(tmp_path):
+    r = collage("compile", str(LIT_INPUTS / "mlp.mlir"), "-o", str(tmp_path), "--iree-no-such-flag=1")
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "IREE compilation failed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_several_functions_and_no_arguments(tmp_path):
+    manifest = compile_str(TWO_FUNCS, output_dir=tmp_path, plan="random:1")
+    assert manifest["format"] == "collage-artifact"
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    w = np.ones((4, 2), np.float32)
+    with collage_runtime.load(tmp_path) as prog:
+        assert sorted(prog.functions) == ["constant", "scale"]
+        (y,) = prog.invoke("scale", x, w)
+        (c,) = prog.invoke("constant")
+    np.testing.assert_allclose(y, x @ w, rtol=1e-5)
+    np.testing.assert_array_equal(c, [8, 4])
+
+
+def test_compile_file_api_places_library_region(tmp_path):
+    manifest = compile_file(LIT_INPUTS / "mlp.mlir", output_dir=tmp_path, plan=str(LIT_INPUTS / "mlp-plan.json"))
+    (region,) = manifest["regions"]
+    assert region["backend"] == "onednn" and (tmp_path / region["artifact"]).is_file()
+    assert manifest["plan"]["regions"][0]["ops"] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compile", "missing.mlir", "-o", "OUT"], "missing.mlir: no such file"),
+    (["compile", str(LIT_INPUTS / "syntax-error.mlir"), "-o", "OUT"], "syntax-error.mlir:3:26: use of undeclared"),
+    (["compile", str(LIT_INPUTS / "mlp.mlir"), "--plan", str(LIT_INPUTS / "overlap.json"), "-o", "OUT"],
+     "op 2 is also in region 'a'"),
+    (["compile", str(LIT_INPUTS / "mlp.mlir"), "--plan", "random:x", "-o", "OUT"], "seed must be an integer"),
+    (["run", "no-such-dir"], "cannot read artifact manifest"),
+])
+def test_bad_input_is_one_line(args, message, tmp_path):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    r = collage(*args)
+    assert r.returncode in (1, 2)
+    assert r.stderr.startswith("collage: error:") and r.stderr.count("\n") == 1, r.stderr
+    assert message in r.stderr
+
+
+def test_run_with_wrong_inputs_is_one_line(tmp_path):
+    assert collage("compile", str(LIT_INPUTS / "mlp.mlir"), "-o", str(tmp_path / "a")).returncode == 0
+    np.save(tmp_path / "x.npy", np.zeros((5,), np.float32))
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "check the number, shapes" in r.stderr, r.stderr
+    r = collage("run", str(tmp_path / "a"), "--function", "nope")
+    assert r.returncode == 1 and "no function 'nope'" in r.stderr
+
+
+def test_backends_table_lists_both():
+    r = collage("backends")
+    assert r.returncode == 0
+    assert "iree-cpu" in r.stdout and "onednn" in r.stdout and "codegen" in r.stdout and "library" in r.stdout
