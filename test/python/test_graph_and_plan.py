@@ -1,0 +1,93 @@
+"""Graph ids and convexity, plan validation, candidate enumeration and the backend registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collage_mlir import backends
+from collage_mlir.backends import Backend, BackendKind, get_backend
+from collage_mlir.errors import CollageError
+from collage_mlir.graph import Graph
+from collage_mlir.ir import load_module, new_context, parse_module
+from collage_mlir.passes.number_ops import NumberOpsPass
+from collage_mlir.plan import Plan, Region
+from collage_mlir.search.candidates import enumerate_candidates
+
+MLP = Path(__file__).resolve().parents[1] / "lit" / "Inputs" / "mlp.mlir"
+
+DIAMOND = """
+func.func @d(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.negate %a : tensor<4xf32>
+  %1 = stablehlo.abs %0 : tensor<4xf32>
+  %2 = stablehlo.exponential %0 : tensor<4xf32>
+  %3 = stablehlo.add %1, %2 : tensor<4xf32>
+  return %3 : tensor<4xf32>
+}
+"""
+
+
+def numbered(text: str | None = None) -> Graph:
+    module = load_module(MLP, new_context()) if text is None else parse_module(text, new_context())
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    graph.module_ref = module  # keep the module alive with the graph
+    return graph
+
+
+def test_ids_are_deterministic():
+    a, b = numbered(), numbered()
+    assert [(n.id, n.name) for n in a.nodes.values()] == [(n.id, n.name) for n in b.nodes.values()]
+    assert a.topological_order() == list(range(7))
+    assert a.producers(3) == [1, 2] and a.users(3) == [4]
+
+
+def test_convexity():
+    g = numbered(DIAMOND)
+    assert g.is_convex({0, 1, 2, 3})
+    assert g.is_convex({1, 2, 3})
+    assert g.is_convex({0, 1})
+    assert not g.is_convex({0, 3})  # 0 → 1 → 3 leaves and re-enters
+    assert not g.is_convex(set())
+
+
+def test_candidates_cover_onednn_chain():
+    g = numbered()
+    found = {(c.backend, c.pattern, c.ops) for c in enumerate_candidates(g, [get_backend("onednn")])}
+    assert ("onednn", "matmul", frozenset({1})) in found
+    assert ("onednn", "matmul", frozenset({1, 2, 3})) in found  # + bias (with its broadcast)
+    assert ("onednn", "matmul", frozenset({1, 2, 3, 4})) in found  # + relu
+    assert ("onednn", "matmul", frozenset({5})) in found
+
+
+def test_validate_accepts_and_rejects():
+    g = numbered()
+    Plan([Region("a", "onednn", frozenset({1, 2, 3, 4})), Region("b", "iree-cpu", frozenset({5, 6}))]).validate(g)
+    with pytest.raises(CollageError, match="cannot take it"):
+        Plan([Region("a", "onednn", frozenset({1, 3}))]).validate(g)
+    with pytest.raises(CollageError, match="duplicate region name"):
+        Plan([Region("a", "iree-cpu", frozenset({5})), Region("a", "iree-cpu", frozenset({6}))]).validate(g)
+    with pytest.raises(CollageError, match="not a collage plan"):
+        Plan.from_json({"regions": []})
+
+
+def test_registry_takes_plugins_from_entry_points(monkeypatch):
+    class FakeEntryPoint:
+        name, value = "toy", "toy_pkg:ToyBackend"
+
+        def load(self):
+            class ToyBackend(Backend):
+                name = "toy"
+                kind = BackendKind.LIBRARY
+
+            return ToyBackend
+
+    real = backends.entry_points
+    monkeypatch.setattr(backends, "entry_points", lambda group: [*real(group=group), FakeEntryPoint()])
+    backends.registry.cache_clear()
+    try:
+        assert get_backend("toy").kind is BackendKind.LIBRARY
+        assert "onednn" in backends.registry()
+    finally:
+        backends.registry.cache_clear()
