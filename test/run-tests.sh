@@ -2,5 +2,5 @@
 # The whole default suite: lit (IR a pass produces, error lines) then pytest (numerics, conformance, CLI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m lit -sv test/lit
+lit -sv test/lit
 python3 -m pytest -q test/python
