@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from iree.compiler.dialects import func as func_d
+
 from ..backends import BackendKind, get_backend
 from ..dialects import collage
 from ..graph import module_block
@@ -31,8 +33,6 @@ class LowerPass(ModulePass):
     built: list[dict] = field(default_factory=list)
 
     def run(self, module: ir.Module | ir.Operation) -> None:
-        from iree.compiler.dialects import func as func_d
-
         self.built = []
         block = module_block(module)
         with module.operation.context:

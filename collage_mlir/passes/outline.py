@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from iree.compiler.dialects import func as func_d
 
 from ..dialects import collage
 from ..dialects import stablehlo as sh
@@ -41,8 +42,6 @@ def _index_of(values: list[ir.Value], v: ir.Value) -> int:
 
 def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str) -> ir.Operation:
     """Outlines ``ops`` (one region, in block order) of ``func``; returns the new private function."""
-    from iree.compiler.dialects import func as func_d
-
     module_body = func.parent.regions[0].blocks[0]
     inside = {o for op in ops for o in nested_ops(op)}
     inputs = external_operands(ops)
