@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -85,4 +85,3 @@ class BackendInfo:
     name: str
     backend: Backend | None
     problem: str | None = None
-    extras: dict = field(default_factory=dict)

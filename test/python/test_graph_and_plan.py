@@ -31,9 +31,7 @@ func.func @d(%a: tensor<4xf32>) -> tensor<4xf32> {
 def numbered(text: str | None = None) -> Graph:
     module = load_module(MLP, new_context()) if text is None else parse_module(text, new_context())
     NumberOpsPass().run(module)
-    graph = Graph(module)
-    graph.module_ref = module  # keep the module alive with the graph
-    return graph
+    return Graph(module)  # the graph keeps its module alive
 
 
 def test_ids_are_deterministic():
