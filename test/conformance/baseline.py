@@ -116,7 +116,8 @@ def run_file(path: str | Path) -> dict:
     try:
         ctx = rt.SystemContext(vm_modules=(*config.default_vm_modules, check, main), config=config)
         entry = ctx.modules[main.name]
-        result["functions"] = run_functions(main, lambda name: entry[name](), log, kind)
+        inputs = example_inputs(path)
+        result["functions"] = run_functions(main, lambda name, args: entry[name](*args), log, kind, inputs)
     except Exception as e:
         result["error"] = "runtime: " + str(e).splitlines()[0][:500]
     finally:
@@ -125,9 +126,42 @@ def run_file(path: str | Path) -> dict:
     return result
 
 
-def run_functions(main: Any, call: Any, log: Any, kind: str) -> dict:
-    """Invokes every zero-argument export of VM module ``main`` through ``call(name)``; per function
-    ``{"status": "pass"|"fail"|"skip", "checks", "message", "outputs"}``."""
+def example_inputs(path: Path) -> dict[str, list[np.ndarray]]:
+    """Deterministic inputs (seeded by function name) for public functions whose arguments are all
+    static-shaped int/float tensors, so builds can be compared on functions that take arguments."""
+    from iree.compiler import ir
+
+    found: dict[str, list[np.ndarray]] = {}
+    with ir.Context():
+        module = ir.Module.parseFile(str(path))
+        for op in module.body.operations:
+            op = op.operation
+            if op.name != "func.func" or "sym_visibility" in op.attributes or not op.regions[0].blocks:
+                continue
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            rng = np.random.default_rng(sum(map(ord, name)))
+            args = []
+            for t in ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).inputs:
+                if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
+                    break
+                et = str(t.element_type)
+                if et == "f32":
+                    args.append(rng.standard_normal(t.shape).astype(np.float32))
+                elif et in ("i32", "i64"):
+                    args.append(rng.integers(0, 4, t.shape).astype(np.int32 if et == "i32" else np.int64))
+                else:
+                    break
+            else:
+                if args:
+                    found[name] = args
+    return found
+
+
+def run_functions(main: Any, call: Any, log: Any, kind: str, inputs: dict | None = None) -> dict:
+    """Invokes every export of VM module ``main`` through ``call(name, args)``: zero-argument ones,
+    and those ``inputs`` has arguments for. Per function ``{"status": "pass"|"fail"|"skip", "checks",
+    "message", "outputs"}``; ``outputs`` summarise results so two builds can be compared."""
+    inputs = inputs or {}
     functions: dict[str, dict] = {}
     for name in main.function_names:
         if name.startswith("__"):
@@ -135,12 +169,12 @@ def run_functions(main: Any, call: Any, log: Any, kind: str) -> dict:
         cconv = _cconv(main.lookup_function(name))
         rec: dict[str, Any] = {"status": "pass", "checks": 0, "message": "", "outputs": []}
         functions[name] = rec
-        if not cconv.startswith("0v"):
+        if not cconv.startswith("0v") and name not in inputs:
             rec.update(status="skip", message=f"needs arguments ({cconv})")
             continue
         mark = log.mark()
         try:
-            out = call(name)
+            out = call(name, inputs.get(name, []))
             outs = out if isinstance(out, (tuple, list)) else () if out is None else (out,)
             rec["outputs"] = [_summary(o) for o in outs]
             del out, outs

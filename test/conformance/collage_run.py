@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from baseline import _JSON_MARK, CONFORMANCE, _kind, _rel, run_file, run_functions  # noqa: E402
+from baseline import _JSON_MARK, CONFORMANCE, _kind, _rel, example_inputs, run_file, run_functions  # noqa: E402
 from check_module import CheckLog, create_check_module  # noqa: E402
 
 DEFAULT_PLANS = ("default", "random:0", "random:1")
@@ -45,7 +45,8 @@ def run_with_plan(path: Path, plan: str, kind: str) -> dict:
         log = CheckLog()
         prog = collage_runtime.load(out, extra_modules=[lambda device: create_check_module(device, log)])
         try:
-            rec["functions"] = run_functions(prog.vm_module, lambda name: prog.invoke(name), log, kind)
+            rec["functions"] = run_functions(prog.vm_module, lambda name, args: prog.invoke(name, *args), log, kind,
+                                             example_inputs(path))
         finally:
             prog.close()
     return rec
@@ -69,7 +70,7 @@ def run(path: str | Path, plans: tuple[str, ...] = DEFAULT_PLANS) -> dict:
             if got is None or got["status"] != "pass":
                 why = rec["error"] or (got or {}).get("message", "missing")
                 res["mismatches"].append(f"{plan} {name}: {why}")
-            elif kind == "filecheck" and got["outputs"] != ref["outputs"]:
+            elif (kind == "filecheck" or name in example_inputs(path)) and got["outputs"] != ref["outputs"]:
                 res["mismatches"].append(f"{plan} {name}: outputs {got['outputs']} != IREE alone {ref['outputs']}")
     return res
 
