@@ -10,7 +10,7 @@ from typing import Callable, ClassVar
 
 from ..graph import Graph
 from ..ir import ir
-from .patterns import OpPattern, match_all
+from .patterns import OpPattern, match, match_all
 
 
 class BackendKind(str, Enum):
@@ -63,7 +63,8 @@ class Backend:
 
     def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
         """None if this backend can run exactly the ops ``ids`` as one region, else the reason."""
-        if any(ids == found for _, found in self.candidates(graph)):
+        # Only a match anchored inside the region can equal it; no need to scan the whole graph.
+        if any(ids == found for a in ids for p in self.patterns for found in match(p, graph, a)):
             return None
         names = ", ".join(sorted({graph.nodes[i].name for i in ids}))
         return f"no {self.name} pattern covers exactly these ops ({names}); patterns: " + ", ".join(

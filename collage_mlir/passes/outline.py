@@ -36,10 +36,6 @@ def _is_small_constant(op: ir.Operation | None) -> bool:
         sh.constant_value(op) is not None
 
 
-def _index_of(values: list[ir.Value], v: ir.Value) -> int:
-    return next(i for i, known in enumerate(values) if known == v)
-
-
 def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str) -> ir.Operation:
     """Outlines ``ops`` (one region, in block order) of ``func``; returns the new private function."""
     module_body = func.parent.regions[0].blocks[0]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ..backends import registry
+from ..backends import get_backend, registry
 from ..errors import CollageError
 from ..graph import Graph
 from ..plan import Plan
+from .simple_plans import preferred_plan, random_plan
 
 
 def available_backends() -> list:
@@ -15,8 +16,6 @@ def available_backends() -> list:
 
 def resolve_plan(spec: "str | Plan", graph: Graph) -> Plan:
     """A plan from ``default``, ``random:SEED``, ``prefer:B1,B2`` or a plan JSON file path."""
-    from .simple_plans import preferred_plan, random_plan
-
     if isinstance(spec, Plan):
         return spec
     if spec == "default":
@@ -29,7 +28,5 @@ def resolve_plan(spec: "str | Plan", graph: Graph) -> Plan:
             raise CollageError(f"random plan seed must be an integer, got '{arg}'", where="--plan") from None
         return random_plan(graph, available_backends(), seed)
     if kind == "prefer" and arg:
-        from ..backends import get_backend
-
         return preferred_plan(graph, [get_backend(n.strip(), where="--plan") for n in arg.split(",")])
     return Plan.load(spec)

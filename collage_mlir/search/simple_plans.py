@@ -4,24 +4,18 @@
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 from ..backends import DEFAULT_BACKEND, Backend
 from ..graph import Graph
 from ..plan import Plan, Region
-from .candidates import enumerate_candidates
+from .candidates import Candidate, enumerate_candidates
 
 
-def _region_name(k: int) -> str:
-    return f"region_{k}"
-
-
-def random_plan(graph: Graph, backends: list[Backend], seed: int) -> Plan:
-    """Puts each op group on a random backend that accepts it.
-
-    Walks ops in topological order; for each op not yet placed, picks uniformly among the candidates
-    (of any backend) that contain it and overlap nothing placed so far. Deterministic for a seed.
-    """
-    rng = random.Random(seed)
+def _greedy_plan(graph: Graph, backends: list[Backend], choose: Callable[[list[Candidate]], Candidate | None],
+                 source: str) -> Plan:
+    """Walks ops in topological order; for each op not yet placed, ``choose`` picks one of the candidates
+    that contain it and overlap nothing placed so far (None leaves the op on the default backend)."""
     candidates = enumerate_candidates(graph, backends)
     taken: set[int] = set()
     regions: list[Region] = []
@@ -29,28 +23,28 @@ def random_plan(graph: Graph, backends: list[Backend], seed: int) -> Plan:
         if oid in taken:
             continue
         options = [c for c in candidates if oid in c.ops and not (c.ops & taken)]
-        if not options:
+        pick = choose(options) if options else None
+        if pick is None:
             continue
-        pick = rng.choice(options)
         taken |= pick.ops
-        regions.append(Region(_region_name(len(regions)), pick.backend, pick.ops))
-    return Plan(regions, DEFAULT_BACKEND, f"random:{seed}")
+        regions.append(Region(f"region_{len(regions)}", pick.backend, pick.ops))
+    return Plan(regions, DEFAULT_BACKEND, source)
+
+
+def random_plan(graph: Graph, backends: list[Backend], seed: int) -> Plan:
+    """Puts each op group on a random backend that accepts it, uniformly among the candidates
+    (of any backend) containing the op. Deterministic for a seed."""
+    rng = random.Random(seed)
+    return _greedy_plan(graph, backends, rng.choice, f"random:{seed}")
 
 
 def preferred_plan(graph: Graph, backends: list[Backend]) -> Plan:
     """Gives each op to the first backend in ``backends`` with a candidate for it, taking the largest
-    such candidate; ops nobody takes stay on the default backend."""
-    candidates = enumerate_candidates(graph, backends)
+    such candidate; ops nobody (or only the default backend) takes stay on the default backend."""
     rank = {b.name: k for k, b in enumerate(backends)}
-    taken: set[int] = set()
-    regions: list[Region] = []
-    for oid in graph.topological_order():
-        options = [c for c in candidates if oid in c.ops and not (c.ops & taken)]
-        if oid in taken or not options:
-            continue
+
+    def choose(options: list[Candidate]) -> Candidate | None:
         pick = min(options, key=lambda c: (rank[c.backend], -len(c.ops)))
-        if pick.backend == DEFAULT_BACKEND:
-            continue
-        taken |= pick.ops
-        regions.append(Region(_region_name(len(regions)), pick.backend, pick.ops))
-    return Plan(regions, DEFAULT_BACKEND, "preferred:" + ",".join(b.name for b in backends))
+        return None if pick.backend == DEFAULT_BACKEND else pick
+
+    return _greedy_plan(graph, backends, choose, "preferred:" + ",".join(b.name for b in backends))

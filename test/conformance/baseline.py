@@ -275,11 +275,12 @@ def main() -> None:
         return
     if not args.file:
         ap.error("give FILE or --all")
-    res = run_file(args.file)
-    if args.json:
-        print(_JSON_MARK + json.dumps(res), flush=True)
-    else:
-        print(json.dumps(res, indent=2), flush=True)
+    emit(run_file(args.file), args.json)
+
+
+def emit(res: dict, as_json: bool) -> None:
+    """Prints one result: a marked JSON line for a parent process, or indented JSON for a person."""
+    print(_JSON_MARK + json.dumps(res) if as_json else json.dumps(res, indent=2), flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from baseline import _JSON_MARK, CONFORMANCE, _kind, _rel, example_inputs, run_file, run_functions  # noqa: E402
+from baseline import _JSON_MARK, CONFORMANCE, _kind, _rel, emit, example_inputs, run_file, run_functions  # noqa: E402
 from check_module import CheckLog, create_check_module  # noqa: E402
 
 DEFAULT_PLANS = ("default", "random:0", "random:1")
@@ -127,11 +127,7 @@ def main() -> None:
         return
     if not args.file:
         ap.error("give FILE or --all")
-    res = run(args.file, tuple(args.plans.split(",")))
-    if args.json:
-        print(_JSON_MARK + json.dumps(res), flush=True)
-    else:
-        print(json.dumps(res, indent=2), flush=True)
+    emit(run(args.file, tuple(args.plans.split(","))), args.json)
 
 
 if __name__ == "__main__":
