@@ -10,7 +10,7 @@ from typing import Callable, ClassVar
 
 from ..graph import Graph
 from ..ir import ir
-from .patterns import OpPattern, match, match_all
+from .patterns import OpPattern, grow_regions, match, match_all, supported_by
 
 
 class BackendKind(str, Enum):
@@ -74,6 +74,35 @@ class Backend:
     def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
         """Builds the outlined region function ``func`` into a file under ``out_dir``."""
         raise TypeError(f"backend {self.name} runs inside the IREE program and builds no artifact")
+
+
+class OpSetBackend(Backend):
+    """A backend that takes any convex set of ops it supports, not only fixed fusion shapes: graph-level
+    engines (ONNX Runtime, OpenVINO, XLA) and codegen. ``patterns`` are single-op patterns (op name +
+    constraints); a region is acceptable when each of its ops is taken by one of them.
+
+    Candidates are every supported op alone plus regions grown along dataflow up to ``max_region_ops``.
+    """
+
+    max_region_ops: ClassVar[int] = 8
+
+    def supports(self, op: ir.Operation) -> str | None:
+        """None when this backend can run ``op`` (inside some region), else why not."""
+        return supported_by(self.patterns, op)
+
+    def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
+        ok = {i for i, n in graph.nodes.items() if self.supports(n.op) is None}
+        out = []
+        for region in grow_regions(graph, ok, self.max_region_ops):
+            out.append((graph.nodes[min(region)].name if len(region) == 1 else "subgraph", region))
+        return out
+
+    def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
+        for i in sorted(ids):
+            why = self.supports(graph.nodes[i].op)
+            if why:
+                return why
+        return None
 
 
 BackendFactory = Callable[[], Backend]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ..graph import Graph
 from ..ir import ir
-from .base import Backend, BackendKind
+from .base import BackendKind, OpSetBackend
 from .patterns import OpPattern
 
 # Ops of these dialects compute on tensors and can be outlined into a region function. Others
@@ -13,6 +12,7 @@ COMPUTE_DIALECTS = ("stablehlo", "chlo", "arith", "math", "tensor", "linalg", "t
 
 
 def is_compute_op(op: ir.Operation) -> str | None:
+    """a tensor compute op (stablehlo, chlo, arith, math, tensor, linalg, tosa) with results"""
     if op.name.split(".", 1)[0] not in COMPUTE_DIALECTS:
         return f"{op.name} is not a tensor compute op"
     if not op.results:
@@ -20,20 +20,14 @@ def is_compute_op(op: ir.Operation) -> str | None:
     return None
 
 
-class IreeCpuBackend(Backend):
+class IreeCpuBackend(OpSetBackend):
     name = "iree-cpu"
     kind = BackendKind.CODEGEN
     patterns = (OpPattern("any-compute-op", None, (is_compute_op,)),)
+    # The default backend: regions of it are what is left, so it proposes single ops only.
+    max_region_ops = 1
 
     def version(self) -> str:
         from iree.compiler import version
 
         return version.VERSION
-
-    def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
-        # Codegen takes any convex set of compute ops, not only single-op pattern matches.
-        for i in sorted(ids):
-            why = is_compute_op(graph.nodes[i].op)
-            if why:
-                return why
-        return None

@@ -21,6 +21,12 @@ Constraint = Callable[[ir.Operation], "str | None"]
 FollowerConstraint = Callable[[ir.Operation, ir.Value], "str | None"]
 
 
+def describe_constraint(check: Callable) -> str:
+    """A constraint's one-line description: the first line of its docstring, else its name."""
+    doc = (check.__doc__ or "").strip().splitlines()
+    return doc[0].rstrip(".") if doc else check.__name__.strip("_").replace("_", " ")
+
+
 @dataclass(frozen=True)
 class Follower:
     """An optional op fused after the chain: ``op`` consuming the chain's value."""
@@ -39,8 +45,11 @@ class OpPattern:
     followers: tuple[Follower, ...] = ()
 
     def describe(self) -> str:
-        chain = [self.anchor or "*"] + [f"[{f.name}]" for f in self.followers]
-        return " → ".join(chain)
+        """``anchor (constraints) → [follower] → ...`` for the backends table."""
+        anchor = self.anchor or "*"
+        if self.when:
+            anchor += " (" + "; ".join(describe_constraint(c) for c in self.when) + ")"
+        return " → ".join([anchor] + [f"[{f.name}]" for f in self.followers])
 
     def rejects(self, op: ir.Operation) -> str | None:
         """None when ``op`` can anchor this pattern, else why not."""
@@ -96,3 +105,35 @@ def match_all(patterns: tuple[OpPattern, ...], graph: Graph) -> list[tuple[str, 
             for region in match(pattern, graph, oid):
                 out.setdefault(region, pattern.name)
     return [(name, region) for region, name in out.items()]
+
+
+def supported_by(patterns: tuple[OpPattern, ...], op: ir.Operation) -> str | None:
+    """None when some single-op pattern in ``patterns`` takes ``op``, else the closest reason."""
+    reasons = []
+    for p in patterns:
+        why = p.rejects(op)
+        if why is None:
+            return None
+        if p.anchor == op.name:
+            reasons.append(f"{p.name}: {why}")
+    return "; ".join(reasons) or f"{op.name} is not among its ops"
+
+
+def grow_regions(graph: Graph, ok: set[int], max_ops: int) -> list[frozenset[int]]:
+    """Convex, connected regions of ops in ``ok``: each op alone, then grown one user at a time
+    (the first user in topological order that keeps the region convex) up to ``max_ops`` ops."""
+    order = {oid: k for k, oid in enumerate(graph.topological_order())}
+    found: dict[frozenset[int], None] = {}
+    for anchor in graph.topological_order():
+        if anchor not in ok:
+            continue
+        region = {anchor}
+        found[frozenset(region)] = None
+        while len(region) < max_ops:
+            frontier = sorted({u for i in region for u in graph.users(i) if u in ok} - region, key=order.get)
+            nxt = next((u for u in frontier if graph.is_convex(region | {u})), None)
+            if nxt is None:
+                break
+            region.add(nxt)
+            found[frozenset(region)] = None
+    return list(found)
