@@ -1,0 +1,596 @@
+"""Translate a region function of StableHLO into an ONNX model: one translator, two consumers
+(`ort` runs the model with ONNX Runtime, `openvino` reads the same model with OpenVINO).
+
+Every supported op maps to a few ONNX nodes (opset 18, ``ir_version`` 10 — ONNX Runtime 1.31 reads
+no newer). Constants become initializers; ``dense_resource`` blobs (how torch-mlir stores weights)
+are read back by printing a scratch module holding just the constants, whose resource section carries
+the blobs as hex. ``OPS`` is the data table of supported ops and their constraints; the backends use
+it as their single-op patterns, so an op that cannot be translated is simply not proposed.
+
+Graph inputs are named ``in0..``, outputs ``out0..`` (in function argument / result order).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from ..dialects import stablehlo as sh
+from ..errors import CollageError
+from ..graph import Graph
+from ..ir import ir
+from .base import OpSetBackend
+from .patterns import OpPattern
+
+OPSET = 18
+IR_VERSION = 10
+
+#: MLIR element type → (numpy dtype, ONNX TensorProto data type number).
+DTYPES = {
+    "f32": (np.float32, 1), "f64": (np.float64, 11), "i32": (np.int32, 6), "i64": (np.int64, 7),
+    "i1": (np.bool_, 9),
+}
+FLOATS = ("f32", "f64")
+
+
+# --------------------------------------------------------------------------------------------------
+# Constraints: each returns None when satisfied, else a short reason. The first docstring line is
+# what `collage backends` shows.
+
+
+def _types(op: ir.Operation) -> list[tuple[tuple[int, ...], str] | None]:
+    return [sh.tensor_type(v) for v in list(op.operands) + list(op.results)]
+
+
+def static_known_types(op: ir.Operation) -> str | None:
+    """static shapes of f32, f64, i32, i64 or i1"""
+    for tt in _types(op):
+        if tt is None:
+            return "needs static-shaped tensors"
+        if tt[1] not in DTYPES:
+            return f"element type {tt[1]} has no ONNX mapping here"
+    return None
+
+
+def float_operands(op: ir.Operation) -> str | None:
+    """floating-point operands"""
+    return None if all(sh.tensor_type(v)[1] in FLOATS for v in op.operands) else "needs f32/f64 operands"
+
+
+def numeric_operands(op: ir.Operation) -> str | None:
+    """numeric (not i1) operands"""
+    return "i1 operands are not arithmetic" if any(sh.tensor_type(v)[1] == "i1" for v in op.operands) else None
+
+
+def bool_operands(op: ir.Operation) -> str | None:
+    """i1 operands"""
+    return None if all(sh.tensor_type(v)[1] == "i1" for v in op.operands) else "logical ops on i1 only"
+
+
+def readable_constant(op: ir.Operation) -> str | None:
+    """dense or dense_resource value"""
+    attr = op.attributes["value"] if "value" in op.attributes else None
+    if attr is None:
+        return "constant without value"
+    if isinstance(attr, ir.DenseElementsAttr) or _is_resource(attr):
+        return None
+    return "constant value is neither dense nor dense_resource"
+
+
+def plain_convolution(op: ir.Operation) -> str | None:
+    """1-3 spatial dims, any layout and groups; no input dilation, batch groups or negative padding"""
+    try:
+        info = sh.conv_info(op)
+    except (ValueError, KeyError):
+        return "unrecognised convolution attributes"
+    if not 1 <= info.spatial_rank <= 3:
+        return "needs 1 to 3 spatial dims"
+    if info.batch_groups != 1:
+        return "no batch groups"
+    if any(d != 1 for d in info.lhs_dilation):
+        return "no input (lhs) dilation"
+    if any(lo < 0 or hi < 0 for lo, hi in info.padding):
+        return "no negative padding"
+    if "window_reversal" in op.attributes and "true" in str(op.attributes["window_reversal"]):
+        return "no window reversal"
+    return None
+
+
+def reduce_body(op: ir.Operation) -> str | None:
+    """one input; body is a single add, multiply, maximum or minimum"""
+    if len(op.operands) != 2 or len(op.results) != 1:
+        return "needs exactly one input and one init value"
+    return None if _reduce_kind(op) else "body must be one add, multiply, maximum or minimum"
+
+
+def plain_pad(op: ir.Operation) -> str | None:
+    """non-negative edge padding, no interior padding"""
+    lo = sh._array_attr(op, "edge_padding_low", [])
+    hi = sh._array_attr(op, "edge_padding_high", [])
+    if any(p < 0 for p in lo + hi):
+        return "no negative padding"
+    if any(p != 0 for p in sh._array_attr(op, "interior_padding", [])):
+        return "no interior padding"
+    return None
+
+
+def supported_compare(op: ir.Operation) -> str | None:
+    """EQ/NE/LT/LE/GT/GE (i1: EQ/NE only), not unsigned"""
+    if "compare_type" in op.attributes and "UNSIGNED" in str(op.attributes["compare_type"]):
+        return "no unsigned compare"
+    if sh.tensor_type(op.operands[0])[1] == "i1" and _direction(op) not in ("EQ", "NE"):
+        return "i1 compares only EQ/NE"
+    return None if _direction(op) in COMPARE else "unknown comparison direction"
+
+
+def max_pool_window(op: ir.Operation) -> str | None:
+    """max over 1-3 trailing spatial dims, no dilation"""
+    if len(op.operands) != 2 or _reduce_kind(op) != "max":
+        return "only one-input max windows (max pooling)"
+    dims = sh._array_attr(op, "window_dimensions", [])
+    if len(dims) < 3 or any(d != 1 for d in dims[:2]) or len(dims) > 5:
+        return "window must be 1x1 over batch and channel, 1-3 spatial dims"
+    for name in ("base_dilations", "window_dilations"):
+        if any(d != 1 for d in sh._array_attr(op, name, [])):
+            return "no dilation"
+    rank = len(dims)
+    pads = _window_padding(op, rank)
+    if any(lo < 0 or hi < 0 for lo, hi in pads) or any(p != (0, 0) for p in pads[:2]):
+        return "padding only on spatial dims, non-negative"
+    if any(p != (0, 0) for p in pads):
+        init = _constant_of(op.operands[1])
+        if init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all()):
+            return "padded max pooling needs a -inf init value"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# The ONNX graph under construction.
+
+
+class _Builder:
+    def __init__(self):
+        from onnx import helper
+
+        self.helper = helper
+        self.nodes: list = []
+        self.initializers: list = []
+        self.count = 0
+        self.constants: dict = {}
+
+    def fresh(self, hint: str = "t") -> str:
+        self.count += 1
+        return f"{hint}_{self.count}"
+
+    def node(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs) -> str:
+        outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(self.helper.make_node(op_type, inputs, outs, name=outs[0], **attrs))
+        return outs[0]
+
+    def const(self, value: np.ndarray, hint: str = "c") -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh(hint)
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def ints(self, values, hint: str = "shape") -> str:
+        return self.const(np.asarray(list(values), dtype=np.int64), hint)
+
+    def transpose(self, x: str, perm: list[int]) -> str:
+        return x if perm == sorted(perm) else self.node("Transpose", [x], perm=list(perm))
+
+    def reshape(self, x: str, shape, current=None) -> str:
+        if current is not None and tuple(current) == tuple(shape):
+            return x
+        return self.node("Reshape", [x, self.ints(shape)])
+
+
+# --------------------------------------------------------------------------------------------------
+# Op translations: (builder, op, operand names) -> result names.
+
+
+def _shape(v: ir.Value) -> list[int]:
+    return list(sh.tensor_type(v)[0])
+
+
+def _dtype(v: ir.Value) -> str:
+    return sh.tensor_type(v)[1]
+
+
+def _int_attr(op: ir.Operation, name: str) -> int:
+    return ir.IntegerAttr(op.attributes[name]).value
+
+
+def _is_resource(attr: ir.Attribute) -> bool:
+    try:
+        ir.DenseResourceElementsAttr(attr)
+        return True
+    except (ValueError, TypeError):
+        return False
+
+
+def _constant_of(v: ir.Value) -> np.ndarray | None:
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return sh.constant_value(owner.operation)
+
+
+def _reduce_kind(op: ir.Operation) -> str | None:
+    body = op.regions[0].blocks[0] if op.regions and len(op.regions[0].blocks) else None
+    if body is None:
+        return None
+    ops = [o.operation for o in body.operations]
+    if len(ops) != 2 or ops[1].name != "stablehlo.return":
+        return None
+    args = list(body.arguments)
+    if not all(any(x == a for a in args) for x in ops[0].operands) or len(ops[0].operands) != 2:
+        return None
+    return {"stablehlo.add": "add", "stablehlo.multiply": "mul", "stablehlo.maximum": "max",
+            "stablehlo.minimum": "min"}.get(ops[0].name)
+
+
+def _window_padding(op: ir.Operation, rank: int) -> list[tuple[int, int]]:
+    if "padding" not in op.attributes:
+        return [(0, 0)] * rank
+    flat = sh._int_list(str(op.attributes["padding"]).split(":")[0])
+    if len(flat) == 1:
+        flat = flat * (2 * rank)
+    return [(flat[2 * i], flat[2 * i + 1]) for i in range(rank)]
+
+
+def _direction(op: ir.Operation) -> str:
+    m = re.search(r"comparison_direction\s+(\w+)", str(op.attributes["comparison_direction"]))
+    return m.group(1) if m else ""
+
+
+BINARY = {"stablehlo.add": "Add", "stablehlo.subtract": "Sub", "stablehlo.multiply": "Mul",
+          "stablehlo.divide": "Div", "stablehlo.maximum": "Max", "stablehlo.minimum": "Min",
+          "stablehlo.power": "Pow"}
+LOGICAL = {"stablehlo.and": "And", "stablehlo.or": "Or", "stablehlo.xor": "Xor"}
+UNARY = {"stablehlo.negate": "Neg", "stablehlo.abs": "Abs", "stablehlo.exponential": "Exp",
+         "stablehlo.log": "Log", "stablehlo.sqrt": "Sqrt", "stablehlo.tanh": "Tanh",
+         "stablehlo.logistic": "Sigmoid", "stablehlo.floor": "Floor", "stablehlo.ceil": "Ceil",
+         "stablehlo.sine": "Sin", "stablehlo.cosine": "Cos"}
+COMPARE = {"EQ": "Equal", "LT": "Less", "LE": "LessOrEqual", "GT": "Greater", "GE": "GreaterOrEqual", "NE": None}
+REDUCE = {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax", "min": "ReduceMin"}
+COMBINE = {"add": "Add", "mul": "Mul", "max": "Max", "min": "Min"}
+
+
+def _binary(b: _Builder, op, ins):
+    return [b.node(BINARY[op.name], ins)]
+
+
+def _logical(b: _Builder, op, ins):
+    return [b.node(LOGICAL[op.name], ins)]
+
+
+def _not(b: _Builder, op, ins):
+    return [b.node("Not", ins)]
+
+
+def _unary(b: _Builder, op, ins):
+    return [b.node(UNARY[op.name], ins)]
+
+
+def _rsqrt(b: _Builder, op, ins):
+    return [b.node("Reciprocal", [b.node("Sqrt", ins)])]
+
+
+def _compare(b: _Builder, op, ins):
+    d = _direction(op)
+    if d == "NE":
+        return [b.node("Not", [b.node("Equal", ins)])]
+    return [b.node(COMPARE[d], ins)]
+
+
+def _select(b: _Builder, op, ins):
+    return [b.node("Where", ins)]
+
+
+def _convert(b: _Builder, op, ins):
+    return [b.node("Cast", ins, to=DTYPES[_dtype(op.results[0])][1])]
+
+
+def _clamp(b: _Builder, op, ins):
+    lo, x, hi = ins
+    return [b.node("Min", [b.node("Max", [x, lo]), hi])]
+
+
+def _constant(b: _Builder, op, ins):
+    value = b.constants.get(op.results[0])
+    if value is None:
+        raise CollageError(f"{op.location}: cannot read the value of this constant")
+    return [b.const(value.astype(DTYPES[_dtype(op.results[0])][0]).reshape(_shape(op.results[0])), "const")]
+
+
+def _iota(b: _Builder, op, ins):
+    shape = _shape(op.results[0])
+    dim = _int_attr(op, "iota_dimension")
+    view = [1] * len(shape)
+    view[dim] = shape[dim]
+    value = np.broadcast_to(np.arange(shape[dim]).reshape(view), shape)
+    return [b.const(value.astype(DTYPES[_dtype(op.results[0])][0]), "iota")]
+
+
+def _reshape(b: _Builder, op, ins):
+    return [b.reshape(ins[0], _shape(op.results[0]))]
+
+
+def _transpose(b: _Builder, op, ins):
+    return [b.node("Transpose", ins, perm=sh.permutation(op))]
+
+
+def _broadcast(b: _Builder, op, ins):
+    dims = sh.broadcast_dims(op)
+    src = _shape(op.operands[0])
+    out = _shape(op.results[0])
+    x = ins[0]
+    order = sorted(range(len(dims)), key=lambda k: dims[k])
+    x = b.transpose(x, order)
+    view = [1] * len(out)
+    for k in order:
+        view[dims[k]] = src[k]
+    x = b.reshape(x, view, [src[k] for k in order])
+    if view != out:
+        x = b.node("Expand", [x, b.ints(out)])
+    elif x == ins[0]:
+        x = b.node("Identity", [x])
+    return [x]
+
+
+def _concatenate(b: _Builder, op, ins):
+    return [b.node("Concat", ins, axis=_int_attr(op, "dimension"))]
+
+
+def _slice(b: _Builder, op, ins):
+    starts = sh._array_attr(op, "start_indices", [])
+    ends = sh._array_attr(op, "limit_indices", [])
+    steps = sh._array_attr(op, "strides", [1] * len(starts))
+    return [b.node("Slice", [ins[0], b.ints(starts), b.ints(ends), b.ints(range(len(starts))), b.ints(steps)])]
+
+
+def _pad(b: _Builder, op, ins):
+    lo = sh._array_attr(op, "edge_padding_low", [])
+    hi = sh._array_attr(op, "edge_padding_high", [])
+    value = b.reshape(ins[1], [], _shape(op.operands[1]))
+    return [b.node("Pad", [ins[0], b.ints(lo + hi), value], mode="constant")]
+
+
+def _reduce(b: _Builder, op, ins):
+    kind = _reduce_kind(op)
+    dims = sh._array_attr(op, "dimensions", [])
+    x = ins[0]
+    if dims:
+        x = b.node(REDUCE[kind], [x, b.ints(dims)], keepdims=0)
+    # Fold the init value in (exact for the usual identities 0, 1, ±inf; right for any other).
+    init = _constant_of(op.operands[1])
+    identity = {"add": 0, "mul": 1, "max": -np.inf, "min": np.inf}[kind]
+    if init is None or not dims or not np.all(init == identity):
+        x = b.node(COMBINE[kind], [x, ins[1]])
+    return [x]
+
+
+def _max_pool(b: _Builder, op, ins):
+    dims = sh._array_attr(op, "window_dimensions", [])
+    rank = len(dims)
+    strides = sh._array_attr(op, "window_strides", [1] * rank)
+    pads = _window_padding(op, rank)
+    y = b.node("MaxPool", [ins[0]], kernel_shape=dims[2:], strides=strides[2:],
+               pads=[lo for lo, _ in pads[2:]] + [hi for _, hi in pads[2:]])
+    init = _constant_of(op.operands[1])
+    if init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all()):
+        y = b.node("Max", [y, ins[1]])
+    return [y]
+
+
+def _convolution(b: _Builder, op, ins):
+    info = sh.conv_info(op)
+    n = info.spatial_rank
+    spatial = "".join(str(i) for i in range(n))
+    x = b.transpose(ins[0], [info.lhs_layout.index(c) for c in "bf" + spatial])
+    w = b.transpose(ins[1], [info.rhs_layout.index(c) for c in "oi" + spatial])
+    y = b.node("Conv", [x, w], group=info.feature_groups, strides=info.strides, dilations=info.rhs_dilation,
+               pads=[lo for lo, _ in info.padding] + [hi for _, hi in info.padding],
+               kernel_shape=[_shape(op.operands[1])[info.rhs_layout.index(c)] for c in spatial])
+    return [b.transpose(y, [("bf" + spatial).index(c) for c in info.out_layout])]
+
+
+def _dot_general(b: _Builder, op, ins):
+    d = sh.dot_info(op)
+    ls, rs = _shape(op.operands[0]), _shape(op.operands[1])
+    lfree = [i for i in range(len(ls)) if i not in d.lhs_batch + d.lhs_contract]
+    rfree = [i for i in range(len(rs)) if i not in d.rhs_batch + d.rhs_contract]
+    batch = [ls[i] for i in d.lhs_batch]
+    m = int(np.prod([ls[i] for i in lfree], dtype=np.int64))
+    k = int(np.prod([ls[i] for i in d.lhs_contract], dtype=np.int64))
+    n = int(np.prod([rs[i] for i in rfree], dtype=np.int64))
+    lperm = d.lhs_batch + lfree + d.lhs_contract
+    rperm = d.rhs_batch + d.rhs_contract + rfree
+    a = b.transpose(ins[0], lperm)
+    a = b.reshape(a, batch + [m, k], [ls[i] for i in lperm])
+    c = b.transpose(ins[1], rperm)
+    c = b.reshape(c, batch + [k, n], [rs[i] for i in rperm])
+    y = b.node("MatMul", [a, c])
+    return [b.reshape(y, _shape(op.results[0]), batch + [m, n])]
+
+
+@dataclass(frozen=True)
+class OnnxOp:
+    """One row of the table: how to translate an op and what it must satisfy."""
+
+    translate: Callable
+    when: tuple = ()
+
+
+_NUM = (static_known_types, numeric_operands)
+OPS: dict[str, OnnxOp] = {
+    **{name: OnnxOp(_binary, _NUM) for name in BINARY if name != "stablehlo.power"},
+    "stablehlo.power": OnnxOp(_binary, (static_known_types, float_operands)),
+    **{name: OnnxOp(_logical, (static_known_types, bool_operands)) for name in LOGICAL},
+    "stablehlo.not": OnnxOp(_not, (static_known_types, bool_operands)),
+    **{name: OnnxOp(_unary, (static_known_types, float_operands)) for name in UNARY
+       if name not in ("stablehlo.negate", "stablehlo.abs")},
+    "stablehlo.negate": OnnxOp(_unary, _NUM),
+    "stablehlo.abs": OnnxOp(_unary, _NUM),
+    "stablehlo.rsqrt": OnnxOp(_rsqrt, (static_known_types, float_operands)),
+    "stablehlo.compare": OnnxOp(_compare, (static_known_types, supported_compare)),
+    "stablehlo.select": OnnxOp(_select, (static_known_types,)),
+    "stablehlo.convert": OnnxOp(_convert, (static_known_types,)),
+    "stablehlo.clamp": OnnxOp(_clamp, _NUM),
+    "stablehlo.constant": OnnxOp(_constant, (static_known_types, readable_constant)),
+    "arith.constant": OnnxOp(_constant, (static_known_types, readable_constant)),
+    "stablehlo.iota": OnnxOp(_iota, (static_known_types,)),
+    "stablehlo.reshape": OnnxOp(_reshape, (static_known_types,)),
+    "stablehlo.transpose": OnnxOp(_transpose, (static_known_types,)),
+    "stablehlo.broadcast_in_dim": OnnxOp(_broadcast, (static_known_types,)),
+    "stablehlo.concatenate": OnnxOp(_concatenate, (static_known_types,)),
+    "stablehlo.slice": OnnxOp(_slice, (static_known_types,)),
+    "stablehlo.pad": OnnxOp(_pad, (static_known_types, plain_pad)),
+    "stablehlo.reduce": OnnxOp(_reduce, (static_known_types, numeric_operands, reduce_body)),
+    "stablehlo.reduce_window": OnnxOp(_max_pool, (static_known_types, float_operands, max_pool_window)),
+    "stablehlo.convolution": OnnxOp(_convolution, (static_known_types, float_operands, plain_convolution)),
+    "stablehlo.dot_general": OnnxOp(_dot_general, (static_known_types, float_operands)),
+}
+
+#: Single-op patterns for OpSetBackend: one per supported op, named by the op.
+PATTERNS: tuple[OpPattern, ...] = tuple(
+    OpPattern(name.split(".", 1)[1] if name.startswith("stablehlo.") else name, name, spec.when)
+    for name, spec in OPS.items()
+)
+
+CONSTANT_OPS = ("stablehlo.constant", "arith.constant")
+
+
+# --------------------------------------------------------------------------------------------------
+# Constants: dense attributes directly; dense_resource blobs through a scratch module's printout.
+
+_RESOURCE_ENTRY = re.compile(r'^\s*("?)([^":\s]+)\1\s*:\s*"0x([0-9A-Fa-f]*)"', re.M)
+
+
+def _read_constants(ops: list[ir.Operation]) -> dict[ir.Value, np.ndarray]:
+    values: dict[ir.Value, np.ndarray] = {}
+    resources: list[tuple[ir.Operation, str]] = []
+    for op in ops:
+        tt = sh.tensor_type(op.results[0])
+        if tt is None or tt[1] not in DTYPES:
+            continue
+        attr = op.attributes["value"]
+        if isinstance(attr, ir.DenseElementsAttr):
+            v = _dense(attr, tt)
+            if v is not None:
+                values[op.results[0]] = v
+        elif _is_resource(attr):
+            m = re.match(r"dense_resource<([^>]+)>", str(attr))
+            if m:
+                resources.append((op, m.group(1).strip('"')))
+    if resources:
+        with ops[0].context, ir.Location.unknown():
+            scratch = ir.Module.create()
+            for op, _ in resources:
+                op.clone(ip=ir.InsertionPoint(scratch.body))
+            text = io.StringIO()
+            scratch.operation.print(file=text)
+        blobs = {m.group(2): m.group(3) for m in _RESOURCE_ENTRY.finditer(text.getvalue().split("{-#", 1)[-1])}
+        for op, key in resources:
+            hexdata = blobs.get(key)
+            if hexdata is None:
+                continue
+            shape, dtype = sh.tensor_type(op.results[0])
+            raw = bytes.fromhex(hexdata)[4:]  # the first 4 bytes are the blob's alignment
+            np_dtype = np.dtype(DTYPES[dtype][0])
+            count = int(np.prod(shape, dtype=np.int64))
+            if len(raw) == count * np_dtype.itemsize:
+                values[op.results[0]] = np.frombuffer(raw, dtype=np_dtype).reshape(shape).copy()
+            elif len(raw) == np_dtype.itemsize:  # a splat blob
+                values[op.results[0]] = np.full(shape, np.frombuffer(raw, dtype=np_dtype)[0])
+    return values
+
+
+def _dense(attr: ir.DenseElementsAttr, tt) -> np.ndarray | None:
+    shape, dtype = tt
+    if dtype == "i1":
+        m = re.match(r"dense<(.*)>\s*:", str(attr), re.S)
+        if m is None:
+            return None
+        body = m.group(1).replace("true", "1").replace("false", "0")
+        flat = [int(x) for x in re.findall(r"\d+", body)]
+        if len(flat) == 1:
+            return np.full(shape, bool(flat[0]))
+        return np.array(flat, dtype=np.bool_).reshape(shape)
+    v = sh.dense_values(attr, shape)
+    return None if v is None else np.asarray(v).reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def translate(func: ir.Operation):
+    """The ``onnx.ModelProto`` equal to the region function ``func`` (a ``func.func`` with a body)."""
+    import onnx
+    from onnx import helper
+
+    func = func.operation
+    block = func.regions[0].blocks[0]
+    b = _Builder()
+    names: dict[ir.Value, str] = {}
+    graph_inputs, graph_outputs = [], []
+    for i, arg in enumerate(block.arguments):
+        shape, dtype = _spec(arg, func)
+        names[arg] = f"in{i}"
+        graph_inputs.append(helper.make_tensor_value_info(f"in{i}", DTYPES[dtype][1], shape))
+    ops = [o.operation for o in block.operations]
+    b.constants = _read_constants([o for o in ops if o.name in CONSTANT_OPS])
+    for op in ops:
+        if op.name == "func.return":
+            for k, v in enumerate(op.operands):
+                shape, dtype = _spec(v, func)
+                b.nodes.append(helper.make_node("Identity", [names[v]], [f"out{k}"], name=f"out{k}"))
+                graph_outputs.append(helper.make_tensor_value_info(f"out{k}", DTYPES[dtype][1], shape))
+            break
+        spec = OPS.get(op.name)
+        why = f"{op.name} has no ONNX translation" if spec is None else \
+            next((r for r in (c(op) for c in spec.when) if r), None)
+        if why:
+            raise CollageError(f"{op.location}: cannot export to ONNX: {why}")
+        outs = spec.translate(b, op, [names[v] for v in op.operands])
+        for r, name in zip(op.results, outs):
+            names[r] = name
+    graph = helper.make_graph(b.nodes, str(func.attributes["sym_name"]).strip('"'), graph_inputs, graph_outputs,
+                              initializer=b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="collage-mlir")
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def _spec(v: ir.Value, func: ir.Operation) -> tuple[list[int], str]:
+    tt = sh.tensor_type(v)
+    if tt is None or tt[1] not in DTYPES:
+        raise CollageError(f"{func.location}: region value of type {v.type} cannot cross into ONNX")
+    return list(tt[0]), tt[1]
+
+
+class OnnxGraphBackend(OpSetBackend):
+    """Shared by the backends that run the exported ONNX model: the op table as patterns, and no
+    regions made of constants alone (they compute nothing a graph engine could speed up)."""
+
+    patterns: ClassVar[tuple[OpPattern, ...]] = PATTERNS
+    max_region_ops: ClassVar[int] = 8
+
+    @staticmethod
+    def _only_constants(graph: Graph, ids: frozenset[int]) -> bool:
+        return all(graph.nodes[i].name in CONSTANT_OPS for i in ids)
+
+    def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
+        return [(n, r) for n, r in super().candidates(graph) if not self._only_constants(graph, r)]
+
+    def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
+        if ids and self._only_constants(graph, ids):
+            return f"a {self.name} region of constants alone computes nothing"
+        return super().accepts(graph, ids)

@@ -1,0 +1,47 @@
+"""`openvino`: regions run by OpenVINO's CPU plugin, which reads the same ONNX export as `ort`.
+
+Build writes ``regions/<region>.openvino.onnx``; the runtime executor
+``collage_runtime.executors.openvino_model`` compiles it for the CPU in f32 (stated explicitly:
+this CPU has AVX512_BF16 and OpenVINO would otherwise pick bf16) and runs it with input tensors
+sharing memory with the IREE buffers and output tensors set to the mapped result buffers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..ir import ir
+from .base import BackendKind, RegionArtifact, Tolerance
+from .onnx_export import OnnxGraphBackend, translate
+
+
+class OpenVinoBackend(OnnxGraphBackend):
+    name = "openvino"
+    kind = BackendKind.GRAPH
+    install_hint = "pip install 'collage-mlir[openvino]'"
+    # Measured vs IREE llvm-cpu on the shapes of test/python/test_onnx_backends.py: max abs error
+    # 1.5e-5, max rel error on |ref| > 1e-3 of 3e-5 (oneDNN-based kernels reorder reductions; f64
+    # parts of layer norm run in f32 inside OpenVINO).
+    tolerance = Tolerance(rtol=1e-4, atol=1e-4)
+
+    def available(self) -> str | None:
+        try:
+            import onnx  # noqa: F401
+            import openvino  # noqa: F401
+        except ImportError as exc:
+            return f"{exc.name or 'openvino'} is not installed"
+        except Exception as exc:
+            return f"openvino fails to import: {exc}"
+        return None
+
+    def version(self) -> str:
+        import openvino
+
+        return f"openvino-{openvino.get_version().split('-')[0]}"
+
+    def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
+        model = translate(func)
+        path = Path(out_dir) / "regions" / f"{region}.openvino.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(model.SerializeToString())
+        return RegionArtifact(str(path.relative_to(out_dir)), "collage_runtime.executors.openvino_model")
