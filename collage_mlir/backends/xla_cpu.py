@@ -1,0 +1,207 @@
+"""`xla-cpu`: XLA's CPU compiler through jaxlib's PJRT client, a graph-level backend.
+
+XLA compiles StableHLO text directly, so a region is built into a standalone StableHLO module: the
+region function cloned as the public ``@main``, collage attributes stripped, ``arith.constant``
+tensors rewritten as ``stablehlo.constant`` and ``dense_resource`` constants (torch-mlir's weights)
+inlined as hex ``dense<"0x...">`` attributes, which XLA's parser requires. The runtime executor
+``collage_runtime.executors.xla_pjrt`` compiles it once at load and runs it per call.
+
+Supported ops: every ``stablehlo.*`` and ``chlo.*`` op on static-shaped tensors of the element
+types the runtime can pass (f16/f32/f64, i1/i8/i16/i32/i64, ui8), plus ``arith.constant`` tensors;
+ops with regions (reduce, sort, while, ...) when their bodies hold only such ops. Excluded: ops with
+side effects or tokens (custom_call, infeed/outfeed, send/recv, tokens, optimization_barrier),
+collectives and replica/partition ids (one device, no replicas), random number generators (results
+cannot match the reference), composites (their decomposition function is not carried along) and
+tuples.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..graph import Graph, external_operands, producer
+from ..ir import ir
+from .base import BackendKind, OpSetBackend, RegionArtifact, Tolerance
+from .patterns import OpPattern
+
+#: Ops XLA could compile but that this backend refuses, with the reason shown to the user.
+EXCLUDED = {
+    "stablehlo.custom_call": "custom calls target a runtime library XLA may not have",
+    "stablehlo.infeed": "has side effects (token)",
+    "stablehlo.outfeed": "has side effects (token)",
+    "stablehlo.send": "has side effects (token)",
+    "stablehlo.recv": "has side effects (token)",
+    "stablehlo.create_token": "produces a token",
+    "stablehlo.after_all": "produces a token",
+    "stablehlo.optimization_barrier": "a scheduling barrier, meaningless inside one region",
+    "stablehlo.all_reduce": "collective (one device, no replicas)",
+    "stablehlo.all_gather": "collective (one device, no replicas)",
+    "stablehlo.all_to_all": "collective (one device, no replicas)",
+    "stablehlo.reduce_scatter": "collective (one device, no replicas)",
+    "stablehlo.collective_permute": "collective (one device, no replicas)",
+    "stablehlo.collective_broadcast": "collective (one device, no replicas)",
+    "stablehlo.replica_id": "replica/partition ids (one device, no replicas)",
+    "stablehlo.partition_id": "replica/partition ids (one device, no replicas)",
+    "stablehlo.rng": "random numbers cannot match the reference",
+    "stablehlo.rng_bit_generator": "random numbers cannot match the reference",
+    "stablehlo.composite": "its decomposition function is not carried into the region module",
+    "stablehlo.tuple": "tuples cannot cross region boundaries",
+    "stablehlo.get_tuple_element": "tuples cannot cross region boundaries",
+}
+#: Element types the collage runtime can hand to (and take from) the executor.
+ELEMENT_TYPES = ("f16", "f32", "f64", "i1", "i8", "i16", "i32", "i64", "ui8")
+_DIALECTS = ("stablehlo", "chlo")
+_TERMINATORS = ("stablehlo.return", "chlo.return")
+
+
+def _types_ok(op: ir.Operation) -> str | None:
+    for v in list(op.operands) + list(op.results):
+        t = v.type
+        if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
+            return f"{op.name}: needs static-shaped ranked tensors"
+        if str(t.element_type) not in ELEMENT_TYPES:
+            return f"{op.name}: element type {t.element_type} is not one of {', '.join(ELEMENT_TYPES)}"
+    return None
+
+
+def xla_compute_op(op: ir.Operation) -> str | None:
+    """a static-shaped stablehlo/chlo op or arith.constant (no side effects, tokens, collectives, rng, custom_call)"""
+    dialect = op.name.split(".", 1)[0]
+    if op.name == "arith.constant":
+        return _types_ok(op)
+    if dialect not in _DIALECTS:
+        return f"{op.name} is not a stablehlo or chlo op"
+    if op.name in EXCLUDED:
+        return f"{op.name}: {EXCLUDED[op.name]}"
+    if not op.results:
+        return f"{op.name} has no results"
+    return _types_ok(op)
+
+
+def nested_ops_supported(op: ir.Operation) -> str | None:
+    """nested bodies (reduce, sort, while, ...) hold only supported ops"""
+    why: list[str] = []
+
+    def visit(o: ir.Operation) -> ir.WalkResult:
+        o = o.operation
+        if o == op or o.name in _TERMINATORS:
+            return ir.WalkResult.ADVANCE
+        reason = xla_compute_op(o)
+        if reason:
+            why.append(f"{op.name} body: {reason}")
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    if any(len(r.blocks) for r in op.regions):
+        op.walk(visit)
+    return why[0] if why else None
+
+
+_CONSTANTS = ("stablehlo.constant", "arith.constant")
+
+
+def _takes_a_non_constant(graph: Graph, ids: frozenset[int]) -> bool:
+    """True when the ops ``ids`` consume some value that is not a constant (an argument or a computed value)."""
+    for v in external_operands([graph.nodes[i].op for i in sorted(ids)]):
+        p = producer(v)
+        if p is None or p.name not in _CONSTANTS:
+            return True
+    return False
+
+
+# --- build: region function -> standalone StableHLO module text --------------------------------------
+
+_RESOURCE_SECTION = re.compile(r"\{-#.*?#-\}", re.S)
+_RESOURCE_ENTRY = re.compile(r'^\s*("(?:[^"\\]|\\.)*"|[^\s:"]+)\s*:\s*"0x([0-9A-Fa-f]*)"', re.M)
+_RESOURCE_REF = re.compile(r"^dense_resource<(.*)>\s*:")
+
+
+def _resource_blobs(text: str) -> dict[str, str]:
+    """``{resource name: hex data}`` of the builtin dialect resources printed in ``text``. The hex
+    blob starts with the 4-byte alignment, which is dropped."""
+    blobs: dict[str, str] = {}
+    for section in _RESOURCE_SECTION.findall(text):
+        for name, data in _RESOURCE_ENTRY.findall(section):
+            blobs[name] = data[8:]
+    return blobs
+
+
+def _strip_collage_attrs(op: ir.Operation) -> None:
+    attrs = op.attributes
+    for name in [attrs[k].name for k in range(len(attrs)) if attrs[k].name.startswith("collage.")]:
+        del attrs[name]
+
+
+def region_module_text(func: ir.Operation) -> str:
+    """The region function ``func`` as a standalone module XLA accepts (see the module docstring)."""
+    func = func.operation
+    with func.context, ir.Location.unknown():
+        module = ir.Module.create()
+        fn = func.clone(ip=ir.InsertionPoint(module.body)).operation
+        fn.attributes["sym_name"] = ir.StringAttr.get("main")
+        fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
+        ops: list[ir.Operation] = []
+        fn.walk(lambda o: ops.append(o.operation) or ir.WalkResult.ADVANCE)
+        blobs = None
+        for op in ops:
+            _strip_collage_attrs(op)
+            if op.name not in ("stablehlo.constant", "arith.constant"):
+                continue
+            value = op.attributes["value"]
+            m = _RESOURCE_REF.match(str(value))
+            if m:
+                if blobs is None:
+                    blobs = _resource_blobs(module.operation.get_asm())
+                if m.group(1) not in blobs:
+                    raise ValueError(f"dense_resource {m.group(1)} has no blob (was it elided?)")
+                value = ir.Attribute.parse(f'dense<"0x{blobs[m.group(1)]}"> : {op.results[0].type}')
+            if op.name == "arith.constant" or m:
+                with ir.InsertionPoint(op), op.location:
+                    new = ir.Operation.create("stablehlo.constant", results=[op.results[0].type],
+                                              attributes={"value": value})
+                op.results[0].replace_all_uses_with(new.results[0])
+                op.erase()
+        text = module.operation.get_asm(enable_debug_info=False)
+    return _RESOURCE_SECTION.sub("", text)
+
+
+class XlaCpuBackend(OpSetBackend):
+    name = "xla-cpu"
+    kind = BackendKind.GRAPH
+    install_hint = "pip install 'collage-mlir[xla]'"
+    # Measured against IREE llvm-cpu on the shapes of test/python/test_xla_cpu.py (ResNet-50 3x3 and
+    # strided 1x1 convs, MobileNetV2 depthwise, BERT-ish matmul + GELU, softmax, layer norm,
+    # reductions): worst max abs error 5.7e-6 (conv 3x3, |y| up to ~6), worst max rel error 1.5e-5
+    # away from zero (matmul/GELU; reduction order and exp/erf/tanh approximations differ).
+    tolerance = Tolerance(rtol=1e-4, atol=1e-5)
+    patterns = (OpPattern("xla-op", None, (xla_compute_op, nested_ops_supported)),)
+
+    def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
+        # Pure constant subgraphs (no input but constants) stay with IREE, which folds them at compile
+        # time; as xla-cpu regions they would only ship weights through the runtime on every call.
+        return [(name, ids) for name, ids in super().candidates(graph) if _takes_a_non_constant(graph, ids)]
+
+    def available(self) -> str | None:
+        try:
+            import jax  # noqa: F401
+            import jaxlib  # noqa: F401
+        except ImportError as exc:
+            return f"jax/jaxlib are not installed ({exc.name})"
+        except Exception as exc:  # a broken install must not take the registry down
+            return f"jax/jaxlib fail to import: {exc}"
+        return None
+
+    def version(self) -> str:
+        try:
+            from jaxlib import version
+        except ImportError:
+            return "unknown"
+        return f"jaxlib-{version.__version__}"
+
+    def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
+        path = Path(out_dir) / "regions" / f"{region}.xla.mlir"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(region_module_text(func))
+        return RegionArtifact(str(path.relative_to(out_dir)), "collage_runtime.executors.xla_pjrt")
+
