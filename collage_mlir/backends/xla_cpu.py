@@ -7,7 +7,8 @@ inlined as hex ``dense<"0x...">`` attributes, which XLA's parser requires. The r
 ``collage_runtime.executors.xla_pjrt`` compiles it once at load and runs it per call.
 
 Supported ops: every ``stablehlo.*`` and ``chlo.*`` op on static-shaped tensors of the element
-types the runtime can pass (f16/f32/f64, i1/i8/i16/i32/i64, ui8), plus ``arith.constant`` tensors;
+types the runtime can pass (f16/f32/f64, i1/i8/i16/i32/i64, ui8), plus ``arith.constant`` tensors
+(f64 only inside a region: IREE demotes f64 and cannot pass it across a boundary);
 ops with regions (reduce, sort, while, ...) when their bodies hold only such ops. Excluded: ops with
 side effects or tokens (custom_call, infeed/outfeed, send/recv, tokens, optimization_barrier),
 collectives and replica/partition ids (one device, no replicas), random number generators (results
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..graph import Graph, external_operands, producer
+from ..graph import Graph, external_operands, nested_ops, producer
 from ..ir import ir
 from .base import BackendKind, OpSetBackend, RegionArtifact, Tolerance
 from .patterns import OpPattern
@@ -99,6 +100,9 @@ def nested_ops_supported(op: ir.Operation) -> str | None:
 
 
 _CONSTANTS = ("stablehlo.constant", "arith.constant")
+#: Element types that must not cross a region boundary: IREE demotes f64 to f32 and refuses external
+#: functions whose signature it would have to demote.
+BOUNDARY_EXCLUDED = ("f64",)
 
 
 def _takes_a_non_constant(graph: Graph, ids: frozenset[int]) -> bool:
@@ -108,6 +112,19 @@ def _takes_a_non_constant(graph: Graph, ids: frozenset[int]) -> bool:
         if p is None or p.name not in _CONSTANTS:
             return True
     return False
+
+
+def boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
+    """None when no value crossing the region's boundary has an element type in BOUNDARY_EXCLUDED."""
+    ops = [graph.nodes[i].op for i in sorted(ids)]
+    inside = {o for op in ops for o in nested_ops(op)}
+    crossing = [v for v in external_operands(ops) if producer(v) is None or producer(v).name not in _CONSTANTS]
+    crossing += [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
+    for v in crossing:
+        et = str(ir.RankedTensorType(v.type).element_type) if isinstance(v.type, ir.RankedTensorType) else ""
+        if et in BOUNDARY_EXCLUDED:
+            return f"a {et} tensor would cross the region boundary (IREE demotes {et} and cannot pass it)"
+    return None
 
 
 # --- build: region function -> standalone StableHLO module text --------------------------------------
@@ -180,7 +197,11 @@ class XlaCpuBackend(OpSetBackend):
     def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
         # Pure constant subgraphs (no input but constants) stay with IREE, which folds them at compile
         # time; as xla-cpu regions they would only ship weights through the runtime on every call.
-        return [(name, ids) for name, ids in super().candidates(graph) if _takes_a_non_constant(graph, ids)]
+        return [(name, ids) for name, ids in super().candidates(graph)
+                if _takes_a_non_constant(graph, ids) and boundary_problem(graph, ids) is None]
+
+    def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
+        return super().accepts(graph, ids) or boundary_problem(graph, ids)
 
     def available(self) -> str | None:
         try:
