@@ -203,6 +203,8 @@ class XlaCpuBackend(OpSetBackend):
                 if _takes_a_non_constant(graph, ids) and boundary_problem(graph, ids) is None]
 
     def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
+        if not _takes_a_non_constant(graph, ids):
+            return "a pure constant subgraph; IREE folds it at compile time"
         return super().accepts(graph, ids) or boundary_problem(graph, ids)
 
     def available(self) -> str | None:

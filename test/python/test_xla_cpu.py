@@ -156,3 +156,35 @@ def test_unsupported_ops_are_refused():
     assert "custom" in pattern.rejects(ops[0])
     assert "static" in pattern.rejects(ops[1])
     assert XlaCpuBackend().supports(ops[0]) and XlaCpuBackend().supports(ops[1])
+
+
+def test_region_boundaries_keep_f64_and_constants_on_iree():
+    from collage_mlir.graph import Graph
+    from collage_mlir.passes.number_ops import NumberOpsPass
+
+    src = """
+    func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+      %c = stablehlo.constant dense<2.0> : tensor<4xf64>
+      %n = stablehlo.negate %c : tensor<4xf64>
+      %0 = stablehlo.convert %x : (tensor<4xf32>) -> tensor<4xf64>
+      %1 = stablehlo.multiply %0, %n : tensor<4xf64>
+      %2 = stablehlo.convert %1 : (tensor<4xf64>) -> tensor<4xf32>
+      return %2 : tensor<4xf32>
+    }
+    """
+    module = parse_module(src, new_context())
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    backend = get_backend("xla-cpu")
+    by_name: dict[str, list[int]] = {}
+    for i in sorted(graph.nodes):
+        by_name.setdefault(graph.nodes[i].name.split(".")[1], []).append(i)
+    (c,), (neg,), (conv_in, conv_out), (mul,) = (by_name[k] for k in ("constant", "negate", "convert", "multiply"))
+    assert "constant" in backend.accepts(graph, frozenset({c, neg}))  # pure constant subgraph
+    assert "f64" in backend.accepts(graph, frozenset({conv_in}))  # f64 result leaves the region
+    assert "f64" in backend.accepts(graph, frozenset({conv_in, mul, conv_out}))  # negate's f64 comes in
+    everything = frozenset(graph.nodes)
+    assert backend.accepts(graph, everything) is None
+    regions = {ops for _, ops in backend.candidates(graph)}
+    assert frozenset({c}) not in regions and frozenset({conv_in}) not in regions
+    assert all(backend.accepts(graph, r) is None for r in regions)
