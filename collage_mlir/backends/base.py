@@ -6,11 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from ..graph import Graph
 from ..ir import ir
 from .patterns import OpPattern, grow_regions, match, match_all, supported_by
+
+if TYPE_CHECKING:
+    from .iree_device import IreeDevice
 
 
 class BackendKind(str, Enum):
@@ -49,6 +52,9 @@ class Backend:
     patterns: ClassVar[tuple[OpPattern, ...]] = ()
     tolerance: ClassVar[Tolerance] = Tolerance()
     install_hint: ClassVar[str] = ""
+    #: Codegen backends only: the logical IREE device (its own executable target and flags) that its
+    #: regions run on inside the IREE program; None runs them on the program's default device.
+    iree_device: ClassVar["IreeDevice | None"] = None
 
     def available(self) -> str | None:
         """None when usable here, else why not (missing library, ...)."""

@@ -72,5 +72,6 @@ def registry() -> dict[str, type[ModulePass]]:
     from .lower import LowerPass
     from .number_ops import NumberOpsPass
     from .outline import OutlinePass
+    from .place_devices import PlaceDevicesPass
 
-    return {p.name: p for p in (NumberOpsPass, AssignPass, OutlinePass, LowerPass)}
+    return {p.name: p for p in (NumberOpsPass, AssignPass, OutlinePass, LowerPass, PlaceDevicesPass)}

@@ -1,0 +1,191 @@
+"""`collage-place-devices`: runs the regions of codegen backends that have an IREE device of their own
+(``Backend.iree_device``, e.g. ``iree-cpu-dt``: llvm-cpu with data tiling and ukernels) on that device,
+inside the same IREE program as the default llvm-cpu device.
+
+When some region needs such a device, the pass
+
+- declares the logical devices on the module: ``hal.device.targets`` (the default device at ordinal 0,
+  then one per configuration, each a ``local`` device with the ``#hal.executable.target`` IREE resolves
+  for its flags), ``hal.device.default``, and a ``stream.topology`` saying they share memory (so IREE
+  elides the copies of cross-device transfers);
+- pins each such region call: operands ``flow.tensor.transfer``-ed to its device, results transferred
+  back to the default device; the call gets ``collage.device``;
+- pins constant operands of what runs on the default device (calls to its codegen regions, contractions
+  left in the public functions) to the default device. Without this IREE 3.13 may encode a constant
+  shared by both devices on the data-tiling one, and the default device reads a packed layout
+  (measured: wrong results). Only constants are pinned: a pin blocks fusion across it.
+
+Without such regions the module is left as it is. Run after ``collage-lower``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..backends import DEFAULT_BACKEND, BackendKind, get_backend
+from ..backends.iree_device import (DEFAULT_DEVICE_NAME, MULTI_DEVICE_FLAGS, IreeDevice, device_target,
+                                    executable_target)
+from ..dialects import collage
+from ..errors import CollageError
+from ..graph import body_ops, module_block, producer, public_funcs
+from ..ir import ir, location_text
+from . import ModulePass
+
+#: String attribute on a region call: the IREE device it was placed on.
+DEVICE_ATTR = "collage.device"
+#: Ops IREE may give data-tiling encodings: their constant operands get pinned on the default device.
+CONTRACTIONS = ("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution")
+_CONSTANT_OPS = ("stablehlo.constant", "arith.constant", "stablehlo.iota")
+
+
+def _transfer(value: ir.Value, device: str, loc: ir.Location, ip: ir.InsertionPoint) -> ir.Value:
+    t = value.type
+    if isinstance(t, ir.RankedTensorType) and not t.has_static_shape:
+        raise CollageError(f"cannot move a dynamically shaped tensor ({t}) to device @{device}; "
+                           "regions on another IREE device need static shapes", where=location_text(loc))
+    target = ir.Attribute.parse(f"#hal.device.affinity<@{device}>")
+    op = ir.Operation.create("flow.tensor.transfer", results=[t], operands=[value],
+                             attributes={"target": target}, loc=loc, ip=ip)
+    return op.results[0]
+
+
+def _is_tensor(value: ir.Value) -> bool:
+    return isinstance(value.type, ir.RankedTensorType)
+
+
+class _ConstantCheck:
+    """Whether a value is computed from constants only (no function argument, no region op)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[ir.Operation, bool] = {}
+
+    def __call__(self, value: ir.Value) -> bool:
+        op = producer(value)
+        if op is None:
+            return False
+        stack, order = [op], []
+        while stack:  # iterative post-order: constant chains can be long
+            o = stack.pop()
+            if o in self._memo:
+                continue
+            order.append(o)
+            for v in o.operands:
+                p = producer(v)
+                if p is None:
+                    self._memo[o] = False
+                elif p not in self._memo:
+                    stack.append(p)
+        for o in reversed(order):
+            if o in self._memo:
+                continue
+            if len(o.regions) or (not len(o.operands) and o.name not in _CONSTANT_OPS):
+                self._memo[o] = False
+            else:
+                self._memo[o] = all(self._memo.get(producer(v), False) for v in o.operands)
+        return self._memo[op]
+
+
+@dataclass
+class PlaceDevicesPass(ModulePass):
+    name = "collage-place-devices"
+    summary = "Run regions of codegen backends with their own IREE device there (flow.tensor.transfer at boundaries)"
+    #: llvm-cpu flags of the default device's executable target.
+    default_flags: str = "--iree-llvmcpu-target-cpu=host"
+    #: Manifest entries of the program's devices after the last run (the default device first).
+    devices: list[dict] = field(default_factory=list)
+    #: IREE flags the program now needs (empty when it has one device).
+    iree_flags: list[str] = field(default_factory=list)
+
+    def run(self, module: ir.Module | ir.Operation) -> None:
+        block = module_block(module)
+        mod_op = module.operation
+        with mod_op.context:
+            placed = self._region_devices(block)
+            codegen_backends = {DEFAULT_BACKEND} | {b for _, b in placed.values()}
+            extra: dict[str, IreeDevice] = {d.name: d for d, _ in placed.values() if d is not None}
+            self.iree_flags = []
+            self.devices = [{"name": DEFAULT_DEVICE_NAME, "ordinal": 0,
+                             "backends": sorted(b for b in codegen_backends
+                                                if get_backend(b).iree_device is None)}]
+            if not extra:
+                return
+            self._check_free(mod_op, block, extra)
+            ordered = [extra[n] for n in sorted(extra)]
+            default_target = executable_target(tuple(self.default_flags.split()), False)
+            self.devices[0]["executable_target"] = default_target
+            targets = [f"{DEFAULT_DEVICE_NAME} = {device_target(0, default_target)}"]
+            for k, dev in enumerate(ordered, start=1):
+                target = executable_target(dev.target_flags, dev.data_tiling)
+                targets.append(f"{dev.name} = {device_target(k, target)}")
+                self.devices.append({"name": dev.name, "ordinal": k,
+                                     "backends": sorted({b for d, b in placed.values() if d is dev}),
+                                     "executable_target": target})
+            names = [DEFAULT_DEVICE_NAME] + [d.name for d in ordered]
+            links = ", ".join(f"(@{a} -> @{b} = {{unified_memory = true}})" for a in names for b in names if a != b)
+            attrs = mod_op.attributes
+            attrs["hal.device.targets"] = ir.Attribute.parse("{" + ", ".join(targets) + "}")
+            attrs["hal.device.default"] = ir.StringAttr.get(DEFAULT_DEVICE_NAME)
+            attrs["stream.topology"] = ir.Attribute.parse(f"#hal.device.topology<links = [{links}]>")
+            self._pin(module, placed)
+            flags = [f for d in ordered for f in d.program_flags] + list(MULTI_DEVICE_FLAGS)
+            self.iree_flags = list(dict.fromkeys(flags))
+
+    @staticmethod
+    def _region_devices(block: ir.Block) -> dict[str, tuple[IreeDevice | None, str]]:
+        """Region symbol → (its device, None for the default one; backend name), for codegen regions."""
+        out = {}
+        for op in block.operations:
+            fn = op.operation
+            backend_name = collage.str_attr(fn, collage.BACKEND) if fn.name == "func.func" else None
+            if backend_name is None or len(fn.regions[0].blocks) == 0:
+                continue
+            backend = get_backend(backend_name, where=location_text(fn.location))
+            if backend.kind == BackendKind.CODEGEN:
+                out[collage.symbol_name(fn)] = (backend.iree_device, backend.name)
+        return out
+
+    @staticmethod
+    def _check_free(mod_op: ir.Operation, block: ir.Block, extra: dict[str, IreeDevice]) -> None:
+        where = location_text(mod_op.location)
+        if "hal.device.targets" in mod_op.attributes:
+            raise CollageError("the module already declares IREE devices (hal.device.targets); regions of "
+                               f"{', '.join(sorted(extra))} need devices of their own: drop the declaration or "
+                               "keep those regions on the default backend", where=where)
+        taken = {collage.symbol_name(op) for op in block.operations if "sym_name" in op.operation.attributes}
+        for name in [DEFAULT_DEVICE_NAME, *extra]:
+            if name in taken:
+                raise CollageError(f"device name '{name}' clashes with a symbol of the module; rename the symbol",
+                                   where=where)
+
+    @staticmethod
+    def _pin(module: ir.Module | ir.Operation, placed: dict[str, tuple[IreeDevice | None, str]]) -> None:
+        is_constant = _ConstantCheck()
+        for func in list(public_funcs(module)):
+            for op in list(body_ops(func)):
+                callee = (ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                          if op.name == "func.call" and "callee" in op.attributes else None)
+                if callee in placed and DEVICE_ATTR not in op.attributes:
+                    dev = placed[callee][0]
+                    name = dev.name if dev is not None else DEFAULT_DEVICE_NAME
+                    _pin_call(op, name, is_constant, move_all=dev is not None)
+                    collage.set_str_attr(op, DEVICE_ATTR, name)
+                elif op.name in CONTRACTIONS:
+                    _pin_call(op, DEFAULT_DEVICE_NAME, is_constant, move_all=False)
+
+
+def _pin_call(op: ir.Operation, device: str, is_constant, *, move_all: bool) -> None:
+    """Transfers ``op``'s tensor operands to ``device`` (only constant ones unless ``move_all``), and
+    with ``move_all`` its tensor results back to the default device."""
+    loc = op.location
+    for k, v in enumerate(list(op.operands)):
+        if _is_tensor(v) and (move_all or is_constant(v)):
+            op.operands[k] = _transfer(v, device, loc, ir.InsertionPoint(op))
+    if not move_all:
+        return
+    after = op
+    for r in op.results:
+        if not _is_tensor(r):
+            continue
+        back = _transfer(r, DEFAULT_DEVICE_NAME, loc, ir.InsertionPoint.after(after))
+        r.replace_all_uses_except(back, back.owner.operation)
+        after = back.owner.operation
