@@ -19,10 +19,12 @@ class OpenVinoBackend(OnnxGraphBackend):
     name = "openvino"
     kind = BackendKind.GRAPH
     install_hint = "pip install 'collage-mlir[openvino]'"
-    # Measured vs IREE llvm-cpu on the shapes of test/python/test_onnx_backends.py: max abs error
-    # 1.5e-5, max rel error on |ref| > 1e-3 of 3e-5 (oneDNN-based kernels reorder reductions; f64
-    # parts of layer norm run in f32 inside OpenVINO).
-    tolerance = Tolerance(rtol=1e-4, atol=1e-4)
+    # Measured vs IREE llvm-cpu on test/python/test_onnx_backends.py's unit-normal inputs: max abs error
+    # 1.3e-4 (ResNet-50 3x3 conv 1x64x56x56, outputs up to 123), 2.3e-5 (sum over 16k elements),
+    # 4e-6 (layer norm), 0 for the BERT 128x768x768 matmul, strided 1x1, depthwise and NHWC convs
+    # (same accumulation order as IREE), < 1e-7 (softmax, data movement). Winograd-style or blocked
+    # 3x3 kernels round sums of hundreds of terms differently: near-zero outputs need the absolute term.
+    tolerance = Tolerance(rtol=1e-4, atol=5e-4)
 
     def available(self) -> str | None:
         try:
