@@ -21,6 +21,7 @@ from .passes.assign import AssignPass
 from .passes.lower import LowerPass
 from .passes.number_ops import NumberOpsPass
 from .passes.outline import OutlinePass
+from .passes.place_devices import PlaceDevicesPass
 from .plan import Plan
 from .search import resolve_plan
 
@@ -36,15 +37,26 @@ class CompileResult:
     manifest: dict
 
 
-def partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path | None) -> tuple[Plan, list[dict]]:
+def partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path | None,
+              iree_args: Sequence[str] = ()) -> tuple[Plan, list[dict]]:
     """Runs the collage passes on ``module`` in place; returns the plan used and the built regions."""
+    resolved, regions, _ = _partition(module, plan, artifact_dir, iree_args)
+    return resolved, regions
+
+
+def _partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path | None,
+               iree_args: Sequence[str]) -> tuple[Plan, list[dict], PlaceDevicesPass]:
     NumberOpsPass().run(module)
     resolved = resolve_plan(plan, Graph(module))
     AssignPass(resolved).run(module)
     OutlinePass().run(module)
     lower = LowerPass(str(artifact_dir) if artifact_dir else "")
     lower.run(module)
-    return resolved, lower.built
+    # The default device's executable target follows the program's llvm-cpu flags.
+    cpu_flags = [a for a in (*DEFAULT_IREE_ARGS, *iree_args) if a.startswith("--iree-llvmcpu-")]
+    devices = PlaceDevicesPass(default_flags=" ".join(cpu_flags))
+    devices.run(module)
+    return resolved, lower.built, devices
 
 
 def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs) -> bytes:
@@ -53,6 +65,10 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs
 
     data = module.operation.get_asm(binary=True)
     kwargs = {"target_backends": ["llvm-cpu"], "input_type": "auto"} | iree_kwargs
+    if "hal.device.targets" in module.operation.attributes:
+        # The module declares its devices (collage-place-devices); a target-backends flag besides
+        # makes IREE 3.13 crash.
+        kwargs["target_backends"] = []
     extra = list(DEFAULT_IREE_ARGS) + list(kwargs.pop("extra_args", [])) + list(iree_args)
     try:
         return tools.compile_str(data, extra_args=extra, **kwargs)
@@ -67,7 +83,9 @@ def compile_module(module: ir.Module, plan: "str | Plan", out_dir: str | Path, *
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     source_hash = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()
-    resolved, regions = partition(module, plan, out)
+    resolved, regions, devices = _partition(module, plan, out, iree_args)
+    # A second logical device (a codegen backend with its own configuration) needs program-wide flags.
+    iree_args = [*devices.iree_flags, *iree_args]
     vmfb = iree_compile(module, iree_args, **iree_kwargs)
     (out / MODULE_FILE).write_bytes(vmfb)
     manifest = {
@@ -84,6 +102,7 @@ def compile_module(module: ir.Module, plan: "str | Plan", out_dir: str | Path, *
         },
         "iree_args": list(DEFAULT_IREE_ARGS) + list(iree_args),
         "plan": resolved.to_json(),
+        "devices": devices.devices,
         "regions": regions,
     }
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")

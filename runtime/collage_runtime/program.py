@@ -35,6 +35,13 @@ class Program:
             raise ArtifactError(f"{self.root / MANIFEST}: not a collage artifact manifest")
         self.config = rt.Config(driver)
         device = self.config.device
+        devices = len(self.manifest.get("devices") or ()) or 1
+        if devices > 1:
+            # The program's logical devices (codegen configurations, see the manifest's "devices") differ
+            # only in the code compiled for them: one local device serves them all, so they share memory
+            # and one task pool, and the context tears down like a single-device one.
+            self.config.default_vm_modules = (
+                rt.create_hal_module(self.config.vm_instance, devices=[device] * devices),)
         vmfb = (self.root / self.manifest["module"]).read_bytes()
         self._main = rt.VmModule.copy_buffer(self.config.vm_instance, vmfb)
         # Keep every module object alive as long as the context: a temporary segfaults later.
