@@ -142,3 +142,17 @@ class Graph:
                     reached.add(s)
                     frontier.append(s)
         return True
+
+    def regions_acyclic(self, regions: Iterable[Iterable[int]]) -> bool:
+        """True when collapsing each region to one node leaves the dataflow acyclic: two regions, each
+        convex, can still feed each other (A → B → A) and then neither call can go first."""
+        label: dict[int, object] = {}
+        for k, region in enumerate(regions):
+            for i in region:
+                label[i] = ("region", k)
+        quotient = nx.DiGraph()
+        for a, b in self.dag.edges:
+            la, lb = label.get(a, a), label.get(b, b)
+            if la != lb:
+                quotient.add_edge(la, lb)
+        return nx.is_directed_acyclic_graph(quotient)

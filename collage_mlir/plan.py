@@ -112,6 +112,9 @@ class Plan:
                 first = graph.nodes[min(r.ops)]
                 raise CollageError(f"backend '{r.backend}' cannot take it at {first.location}: {why}",
                                    where=where)
+        if not graph.regions_acyclic(r.ops for r in self.regions):
+            raise CollageError("regions feed each other in a cycle (one region needs another's result and vice "
+                               "versa); split or merge them", where=self.source)
 
 
 def _id_range(graph: Graph) -> str:

@@ -28,13 +28,54 @@ def describe_constraint(check: Callable) -> str:
 
 
 @dataclass(frozen=True)
+class Taken:
+    """What a follower absorbed: its ops, the value the chain continues from, and its parameters."""
+
+    ops: list[ir.Operation]
+    out: ir.Value
+    params: dict
+
+
+@dataclass(frozen=True)
 class Follower:
-    """An optional op fused after the chain: ``op`` consuming the chain's value."""
+    """An optional op fused after the chain: ``op``, the only user of the chain's value, meeting ``when``.
+    ``absorb`` names producer ops of its other operands that join the region when used only by it."""
 
     name: str
     op: str
     when: FollowerConstraint
-    absorb: tuple[str, ...] = ()  # producer op names of the follower's other operands that join the region
+    absorb: tuple[str, ...] = ()
+
+    def take(self, value: ir.Value) -> Taken | None:
+        user = _single_user(value)
+        if user is None or user.name != self.op or self.when(user, value):
+            return None
+        extra = []
+        for operand in user.operands:
+            p = producer(operand)
+            if p is not None and p.name in self.absorb and _single_user(p.results[0]) is not None:
+                extra.append(p)
+        return Taken(extra + [user], user.results[0], {})
+
+
+@dataclass(frozen=True)
+class ActivationFollower(Follower):
+    """The elementwise subgraph after the chain when it computes an activation the library has
+    (recognised by evaluation, see ``epilogue.activation_after``)."""
+
+    op: str = "elementwise subgraph"
+    when: FollowerConstraint = lambda user, value: None
+    allowed: tuple[str, ...] = ()
+
+    def take(self, value: ir.Value) -> Taken | None:
+        from .epilogue import activation_after
+
+        found = activation_after(value)
+        if found is None or found.activation.name not in self.allowed:
+            return None
+        act = found.activation
+        return Taken(found.ops, found.out, {"act": act.name, "scalars": list(act.scalars),
+                                             "algorithm": act.algorithm})
 
 
 @dataclass(frozen=True)
@@ -67,6 +108,20 @@ def _single_user(value: ir.Value) -> ir.Operation | None:
     return next(iter(users.values())) if len(users) == 1 and len(list(value.uses)) == 1 else None
 
 
+def follow(pattern: OpPattern, anchor: ir.Operation) -> list[tuple[Follower, Taken]]:
+    """The followers of ``pattern`` that match after ``anchor``, in order (the longest chain)."""
+    chain: list[tuple[Follower, Taken]] = []
+    if len(anchor.results) != 1:
+        return chain
+    value = anchor.results[0]
+    for follower in pattern.followers:
+        taken = follower.take(value)
+        if taken is not None:
+            chain.append((follower, taken))
+            value = taken.out
+    return chain
+
+
 def match(pattern: OpPattern, graph: Graph, anchor: int) -> list[frozenset[int]]:
     """All chain prefixes of ``pattern`` anchored at op ``anchor`` (empty when the anchor fails)."""
     node = graph.nodes[anchor]
@@ -74,26 +129,12 @@ def match(pattern: OpPattern, graph: Graph, anchor: int) -> list[frozenset[int]]
         return []
     ids = {anchor}
     found = [frozenset(ids)]
-    current = node.op
-    for follower in pattern.followers:
-        if len(current.results) != 1:
+    for _, taken in follow(pattern, node.op):
+        new = [op_id(op) for op in taken.ops]
+        if any(i is None or i not in graph.nodes for i in new):
             break
-        user = _single_user(current.results[0])
-        if user is None or user.name != follower.op or follower.when(user, current.results[0]):
-            continue
-        uid = op_id(user)
-        if uid is None or uid not in graph.nodes:
-            break
-        extra = set()
-        for operand in user.operands:
-            p = producer(operand)
-            if p is not None and p.name in follower.absorb and _single_user(p.results[0]) is not None:
-                pid = op_id(p)
-                if pid is not None:
-                    extra.add(pid)
-        ids |= {uid} | extra
+        ids |= set(new)
         found.append(frozenset(ids))
-        current = user
     return [f for f in found if graph.is_convex(f)]
 
 

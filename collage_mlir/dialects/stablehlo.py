@@ -28,7 +28,9 @@ def _array_attr(op: ir.Operation, name: str, default: list[int]) -> list[int]:
     if name not in op.attributes:
         return default
     text = str(op.attributes[name])
-    return _int_list(text.split(":", 1)[1]) if text.startswith("array<") else _int_list(text)
+    if text.startswith("array<"):  # array<i64: 1, 2>, or array<i64> when empty
+        return _int_list(text.split(":", 1)[1]) if ":" in text else []
+    return _int_list(text)
 
 
 def dense_values(attr: ir.Attribute, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -135,3 +137,47 @@ def broadcast_dims(op: ir.Operation) -> list[int]:
 
 def permutation(op: ir.Operation) -> list[int]:
     return _array_attr(op.operation, "permutation", [])
+
+
+#: Ops that only reshape or convert their operand: a tree of them over constants is a constant.
+CONST_EXPR_OPS = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim")
+_NP_TYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i1": np.bool_, "i8": np.int8,
+             "i32": np.int32, "i64": np.int64}
+
+
+def const_expr_ops(value: ir.Value, max_ops: int = 8) -> list[ir.Operation] | None:
+    """The ops (producers first) of a constant expression ending at ``value``: dense constants under
+    converts, reshapes and broadcasts, as torch-mlir emits for scalars. None when ``value`` is not one."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    op = owner.operation
+    if op.name in ("stablehlo.constant", "arith.constant"):
+        return [op] if constant_value(op) is not None else None
+    if op.name not in CONST_EXPR_OPS or len(op.operands) != 1 or max_ops <= 1:
+        return None
+    inner = const_expr_ops(op.operands[0], max_ops - 1)
+    return None if inner is None else inner + [op]
+
+
+def const_expr_value(value: ir.Value) -> np.ndarray | None:
+    """The value of a constant expression (see ``const_expr_ops``), else None."""
+    ops = const_expr_ops(value)
+    if ops is None:
+        return None
+    result = constant_value(ops[0])
+    for op in ops[1:]:
+        tt = tensor_type(op.results[0])
+        if tt is None or tt[1] not in _NP_TYPES:
+            return None
+        shape, dtype = tt
+        if op.name == "stablehlo.convert":
+            result = result.astype(_NP_TYPES[dtype])
+        elif op.name == "stablehlo.reshape":
+            result = result.reshape(shape)
+        else:
+            view = [1] * len(shape)
+            for src, dst in enumerate(broadcast_dims(op)):
+                view[dst] = result.shape[src]
+            result = np.broadcast_to(result.reshape(view), shape)
+    return result

@@ -1,8 +1,9 @@
 """`collage-outline`: moves each tagged region into a private ``func.func`` carrying
 ``collage.backend`` and ``collage.region``, called by ``func.call`` where the region was.
 
-Region inputs become arguments, except small constants, which are cloned into the function so a
-backend sees their values (a relu's zero, a broadcast shape); values used after the region become
+Region inputs become arguments, except small or splat constants (also under converts, reshapes
+and broadcasts, as torch-mlir writes scalars), which are cloned into the function so a backend sees
+their values (a relu's zero, a GELU's coefficients); values used after the region become
 results. Ops that sat between the region's ops but consume its results move after the call, which
 convexity makes legal.
 """
@@ -25,15 +26,18 @@ from . import ModulePass
 SINK_MAX_ELEMENTS = 64
 
 
-def _is_small_constant(op: ir.Operation | None) -> bool:
-    if op is None or op.name not in ("stablehlo.constant", "arith.constant"):
-        return False
-    value = op.attributes["value"] if "value" in op.attributes else None
-    if isinstance(value, ir.DenseElementsAttr) and value.is_splat:
-        return True
-    tt = sh.tensor_type(op.results[0])
-    return tt is not None and int(np.prod(tt[0], dtype=np.int64)) <= SINK_MAX_ELEMENTS and \
-        sh.constant_value(op) is not None
+def _sinkable(value: ir.Value) -> list[ir.Operation] | None:
+    """The constant-expression ops to clone into a region for ``value`` when it is a splat or small
+    constant (possibly under converts/reshapes/broadcasts), else None."""
+    ops = sh.const_expr_ops(value)
+    if ops is None:
+        return None
+    data = sh.const_expr_value(value)
+    if data is None:
+        return None
+    if data.size <= SINK_MAX_ELEMENTS or (data.size and bool(np.all(data == data.flat[0]))):
+        return ops
+    return None
 
 
 def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str) -> ir.Operation:
@@ -41,8 +45,8 @@ def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, bac
     module_body = func.parent.regions[0].blocks[0]
     inside = {o for op in ops for o in nested_ops(op)}
     inputs = external_operands(ops)
-    sunk = [v for v in inputs if _is_small_constant(producer(v))]
-    args = [v for v in inputs if not any(v == s for s in sunk)]
+    sunk = [(v, chain) for v in inputs if (chain := _sinkable(v)) is not None]
+    args = [v for v in inputs if not any(v == s for s, _ in sunk)]
     outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
     loc = ops[0].location
 
@@ -77,9 +81,14 @@ def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, bac
     collage.set_str_attr(fn, collage.REGION, region)
 
     mapping: list[tuple[ir.Value, ir.Value]] = list(zip(args, entry.arguments))
-    for v in sunk:
-        clone = producer(v).clone(ip=ir.InsertionPoint(entry))
-        mapping.append((v, clone.results[0]))
+    for v, chain in sunk:
+        prev = None
+        for op in chain:
+            clone = op.clone(ip=ir.InsertionPoint(entry))
+            if prev is not None:
+                clone.operands[0] = prev
+            prev = clone.results[0]
+        mapping.append((v, prev))
     for op in ops:
         entry.append(op)
     for op in ops:
@@ -91,9 +100,10 @@ def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, bac
                         break
     with loc, ir.InsertionPoint(entry):
         func_d.ReturnOp(outputs)
-    for v in sunk:  # drop constants whose every use moved into regions
-        p = producer(v)
-        if p is not None and not list(p.results[0].uses) and collage.REGION not in p.attributes:
+    for _, chain in sunk:  # drop constant expressions whose every use moved into regions
+        for p in reversed(chain):
+            if list(p.results[0].uses) or collage.REGION in p.attributes:
+                break
             p.erase()
     return fn
 

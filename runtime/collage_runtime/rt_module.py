@@ -45,7 +45,7 @@ def _region_function(device: rt.HalDevice, run: Callable, inputs: list[dict], ou
         refs_out = [v.ref for v in views]
         return refs_out[0] if len(refs_out) == 1 else tuple(refs_out)
 
-    signature = "0" + "r" * len(inputs) + "_" + ("r" * len(outputs) if outputs else "v")
+    signature = "0" + ("r" * len(inputs) or "v") + "_" + ("r" * len(outputs) or "v")
     return call, signature
 
 
