@@ -25,19 +25,20 @@ def load(path: Path) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
     session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    in_names = [i.name for i in session.get_inputs()]
-    out_names = [o.name for o in session.get_outputs()]
+    # Bind with the model's own (static) shapes: a mapped rank-0 buffer may arrive as shape (1,).
+    ins = [(i.name, list(i.shape)) for i in session.get_inputs()]
+    outs = [(o.name, list(o.shape)) for o in session.get_outputs()]
     binding = session.io_binding()
 
     def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         keep = []
-        for name, arr in zip(in_names, inputs):
+        for (name, shape), arr in zip(ins, inputs):
             if not arr.flags.c_contiguous:
                 arr = np.ascontiguousarray(arr)
                 keep.append(arr)
-            binding.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
-        for name, out in zip(out_names, outputs):
-            binding.bind_output(name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+            binding.bind_input(name, "cpu", 0, arr.dtype, shape, arr.ctypes.data)
+        for (name, shape), out in zip(outs, outputs):
+            binding.bind_output(name, "cpu", 0, out.dtype, shape, out.ctypes.data)
         session.run_with_iobinding(binding)
         del keep
 

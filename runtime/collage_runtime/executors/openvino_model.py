@@ -8,6 +8,7 @@ buffer's (it runs f64 parts in f32), the result is copied in once, converted.
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +18,17 @@ import openvino.properties as props
 import openvino.properties.hint as hints
 
 THREADS = 2
+
+
+def _shareable(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as a C-contiguous array OpenVINO can share. ``ov.Tensor(shared_memory=True)`` refuses
+    read-only arrays (mapped inputs may be); OpenVINO only reads inputs, so alias the same memory
+    through a writeable view instead of copying. The caller keeps ``arr`` alive during inference."""
+    arr = np.ascontiguousarray(arr)
+    if arr.flags.writeable or arr.nbytes == 0:
+        return arr
+    raw = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
+    return np.frombuffer(raw, dtype=arr.dtype).reshape(arr.shape)
 
 
 def load(path: Path) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
@@ -30,17 +42,18 @@ def load(path: Path) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
     }
     compiled = core.compile_model(str(path), "CPU", config)
     request = compiled.create_infer_request()
-    out_types = [o.get_element_type() for o in compiled.outputs]
-    n_in = len(compiled.inputs)
+    # Views with the model's own (static) shapes: a mapped rank-0 buffer may arrive as shape (1,).
+    in_shapes = [tuple(i.get_shape()) for i in compiled.inputs]
+    out_specs = [(tuple(o.get_shape()), o.get_element_type()) for o in compiled.outputs]
 
     def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
-        for i, arr in enumerate(inputs[:n_in]):
-            request.set_input_tensor(i, ov.Tensor(np.ascontiguousarray(arr), shared_memory=True))
+        for i, (arr, shape) in enumerate(zip(inputs, in_shapes)):
+            request.set_input_tensor(i, ov.Tensor(_shareable(arr).reshape(shape), shared_memory=True))
         direct = []
-        for i, (out, t) in enumerate(zip(outputs, out_types)):
-            ok = out.size > 0 and t == ov.Type(out.dtype)
+        for i, (out, (shape, t)) in enumerate(zip(outputs, out_specs)):
+            ok = out.size > 0 and t == ov.Type(out.dtype) and out.flags.c_contiguous and out.flags.writeable
             if ok:
-                request.set_output_tensor(i, ov.Tensor(out, shared_memory=True))
+                request.set_output_tensor(i, ov.Tensor(out.reshape(shape), shared_memory=True))
             direct.append(ok)
         request.infer()
         for i, (out, ok) in enumerate(zip(outputs, direct)):
