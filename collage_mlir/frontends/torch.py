@@ -27,7 +27,7 @@ def model_key(model, example_inputs: Sequence) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().contiguous().cpu()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     for x in example_inputs:
         h.update(f"in:{tuple(x.shape)}:{x.dtype}\n".encode())
     h.update(f"torch={torch.__version__} torch-mlir={version('torch-mlir')}".encode())

@@ -30,8 +30,8 @@ def _sinkable(value: ir.Value) -> list[ir.Operation] | None:
     """The constant-expression ops to clone into a region for ``value`` when it is a splat or small
     constant (possibly under converts/reshapes/broadcasts), else None."""
     ops = sh.const_expr_ops(value)
-    if ops is None:
-        return None
+    if ops is None or any(collage.REGION in op.attributes for op in ops):
+        return None  # an op another region owns stays there
     data = sh.const_expr_value(value)
     if data is None:
         return None

@@ -66,7 +66,7 @@ class Program:
         """Runs function ``name`` on host arrays; returns its results as host arrays."""
         if name not in self.functions:
             raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self.functions)})")
-        result = self._functions[name](*[np.ascontiguousarray(a) for a in arrays])
+        result = self._functions[name](*[np.require(a, requirements="C") for a in arrays])  # keeps rank 0
         if result is None:
             return ()
         if not isinstance(result, (tuple, list)):

@@ -78,3 +78,110 @@ def test_matmul_pattern_matches_iree(fn, shapes, tmp_path):
         with collage_runtime.load(art.out_dir) as prog:
             outs.append(prog.invoke(fn, *args)[0])
     np.testing.assert_allclose(outs[0], outs[1], rtol=TOL.rtol, atol=TOL.atol)
+
+
+def _compare(mixed, alone, fn: str, *args: np.ndarray) -> None:
+    outs = []
+    for art in (mixed, alone):
+        with collage_runtime.load(art.out_dir) as prog:
+            outs.append(prog.invoke(fn, *args))
+    for got, want in zip(*outs):
+        np.testing.assert_allclose(got, want, rtol=TOL.rtol, atol=TOL.atol)
+
+
+def _steps(art) -> list[list[dict]]:
+    return [json.loads((art.out_dir / r["artifact"]).read_text())["steps"] for r in art.manifest["regions"]]
+
+
+ACTIVATIONS = {  # torch module -> (oneDNN post-op, algorithm)
+    "gelu": ("GELU", {}, "gelu", "none"),
+    "gelu-tanh": ("GELU", {"approximate": "tanh"}, "gelu", "tanh"),
+    "silu": ("SiLU", {}, "swish", ""),
+    "relu6": ("ReLU6", {}, "hardtanh", ""),
+    "sigmoid": ("Sigmoid", {}, "sigmoid", ""),
+    "hardswish": ("Hardswish", {}, "hardswish", ""),
+    "leaky-relu": ("LeakyReLU", {"negative_slope": 0.1}, "leaky_relu", ""),
+}
+
+
+def test_conv_activations_fuse_as_post_ops(torch, tmp_path):
+    """Each activation, however torch-mlir spells it (GELU is a 30-op erf expansion), becomes the
+    convolution's oneDNN post-op; ResNeXt-50's grouped 3x3 shape (128 channels, 32 groups)."""
+    from torch import nn
+
+    class Branches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.convs = nn.ModuleList(nn.Conv2d(128, 128, 3, padding=1, groups=32) for _ in ACTIVATIONS)
+            self.acts = nn.ModuleList(getattr(nn, cls)(**kw) for cls, kw, _, _ in ACTIVATIONS.values())
+
+        def forward(self, x):
+            return tuple(act(conv(x)) for conv, act in zip(self.convs, self.acts))
+
+    x = torch.randn(1, 128, 28, 28, generator=torch.Generator().manual_seed(1))
+    mixed = compile_module(import_torch(Branches().eval(), [x], new_context()), "prefer:onednn", tmp_path / "m")
+    alone = compile_module(import_torch(Branches().eval(), [x], new_context()), "default", tmp_path / "a")
+    fused = sorted((s[0]["act"], s[0]["algorithm"]) for s in _steps(mixed) if len(s) == 1)
+    assert fused == sorted((a, alg) for _, _, a, alg in ACTIVATIONS.values())
+    assert all(s[0]["bias"] for s in _steps(mixed))
+    _compare(mixed, alone, "main", x.numpy())
+
+
+def test_residual_block_is_one_conv_call(torch, tmp_path):
+    """ResNet-50's 3x3 stage-1 conv with its residual add and relu: one conv call, add and relu as post-ops."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = nn.Conv2d(64, 64, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x) + x)
+
+    x = torch.randn(1, 64, 56, 56, generator=torch.Generator().manual_seed(2))
+    mixed = compile_module(import_torch(Block().eval(), [x], new_context()), "prefer:onednn", tmp_path / "m")
+    alone = compile_module(import_torch(Block().eval(), [x], new_context()), "default", tmp_path / "a")
+    (steps,) = _steps(mixed)
+    assert [(s["op"], s["bias"], s["binary"], s["act"]) for s in steps] == [("conv2d", True, "add", "relu")]
+    _compare(mixed, alone, "main", x.numpy())
+
+
+def test_linear_bias_gelu_is_one_gemm(torch, tmp_path):
+    """BERT-base's FFN-up linear (768 -> 3072, GELU) at seq 32: the x1 scale torch-mlir adds, the bias
+    and the GELU all fold into the GEMM step."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(768, 3072), nn.GELU()).eval()
+    x = torch.randn(32, 768, generator=torch.Generator().manual_seed(3))
+    mixed = compile_module(import_torch(model, [x], new_context()), "prefer:onednn", tmp_path / "m")
+    alone = compile_module(import_torch(model, [x], new_context()), "default", tmp_path / "a")
+    (steps,) = _steps(mixed)
+    assert [(s["op"], s["bias"], s["act"]) for s in steps] == [("matmul", True, "gelu")]
+    _compare(mixed, alone, "main", x.numpy())
+
+
+NHWC = """
+func.func @nhwc(%x: tensor<1x16x16x8xf32>, %w: tensor<3x3x8x16xf32>, %b: tensor<16xf32>) -> tensor<1x16x16x16xf32> {
+  %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[1, 1], [1, 1]], rhs_dilate = [1, 1]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x16x16x8xf32>, tensor<3x3x8x16xf32>) -> tensor<1x16x16x16xf32>
+  %1 = stablehlo.broadcast_in_dim %b, dims = [3] : (tensor<16xf32>) -> tensor<1x16x16x16xf32>
+  %2 = stablehlo.add %0, %1 : tensor<1x16x16x16xf32>
+  %3 = stablehlo.logistic %2 : tensor<1x16x16x16xf32>
+  return %3 : tensor<1x16x16x16xf32>
+}
+"""
+
+
+def test_nhwc_conv_runs_through_permuted_views(tmp_path):
+    """A JAX-layout (NHWC/HWIO) conv: permuted inside the region, bias on the last dim, sigmoid post-op."""
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(1, 16, 16, 8), (3, 3, 8, 16), (16,)]]
+    mixed = compile_module(parse_module(NHWC, new_context()), "prefer:onednn", tmp_path / "m")
+    alone = compile_module(parse_module(NHWC, new_context()), "default", tmp_path / "a")
+    (steps,) = _steps(mixed)
+    assert [(s["op"], s["layouts"], s["bias"], s["act"]) for s in steps] == [
+        ("conv2d", ["b01f", "01io", "b01f"], True, "sigmoid")]
+    _compare(mixed, alone, "nhwc", *args)
