@@ -76,24 +76,43 @@ def _invoke(program, function: str, inputs: list[np.ndarray]) -> tuple[np.ndarra
                            "(check the number, shapes and dtypes of --input arrays)", where=program.root.name) from None
 
 
+def _pattern_lines(patterns) -> list[str]:
+    """Patterns grouped by identical constraints and followers: ``op, op, ... (constraints) → [follower]``."""
+    from ..backends.patterns import describe_constraint
+
+    groups: dict[tuple, list[str]] = {}
+    for p in patterns:
+        key = (tuple(describe_constraint(c) for c in p.when), tuple(f.name for f in p.followers))
+        groups.setdefault(key, []).append((p.anchor or "*").removeprefix("stablehlo."))
+    lines = []
+    for (constraints, followers), anchors in groups.items():
+        line = ", ".join(anchors)
+        if constraints:
+            line += " (" + "; ".join(constraints) + ")"
+        lines.append(" → ".join([line] + [f"[{f}]" for f in followers]))
+    return lines
+
+
 def _cmd_backends(args: argparse.Namespace, _: list[str]) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ..backends import registry
 
-    table = Table(title="collage backends")
-    for col in ("backend", "device", "kind", "patterns", "version", "status"):
-        table.add_column(col)
+    table = Table(title="collage backends", show_lines=True)
+    for col in ("backend", "device", "kind", "version", "patterns and constraints", "status"):
+        table.add_column(col, overflow="fold")
     for name, info in registry().items():
         b = info.backend
         if b is None:
-            table.add_row(name, "?", "?", "", "", f"[red]{info.problem}")
+            table.add_row(name, "?", "?", "", "", f"[red]{escape(str(info.problem))}")
             continue
-        patterns = "\n".join(f"{p.name}: {p.describe()}" for p in b.patterns)
-        status = f"[red]unavailable: {info.problem} ({b.install_hint})" if info.problem else "[green]ok"
-        table.add_row(name, b.device, b.kind.value, patterns, "" if info.problem else b.version(), status)
-    Console().print(table)
+        patterns = "\n".join(escape(line) for line in _pattern_lines(b.patterns))
+        status = (f"[red]unavailable: {escape(str(info.problem))} ({escape(b.install_hint)})" if info.problem
+                  else "[green]ok")
+        table.add_row(name, b.device, b.kind.value, "" if info.problem else escape(b.version()), patterns, status)
+    Console(width=max(Console().width, 140)).print(table)
     return 0
 
 
