@@ -18,7 +18,7 @@ from ..dialects import stablehlo as sh
 from ..ir import ir
 from .base import BackendKind, Backend, Tolerance
 from .iree_device import IreeDevice
-from .patterns import Follower, OpPattern
+from .patterns import ActivationFollower, Follower, OpPattern
 
 
 def _static_f32(op: ir.Operation) -> str | None:
@@ -42,14 +42,14 @@ def _follower(name: str, op: str) -> Follower:
     return Follower(name, op, _elementwise_f32, absorb=("stablehlo.broadcast_in_dim",))
 
 
-#: Optional epilogue ops, in the order they may follow the contraction (each may be skipped).
+#: Optional epilogue, in the order it may follow the contraction (each part may be absent): a scale
+#: (torch-mlir's linear multiplies by alpha), a bias or residual add, then any activation the
+#: elementwise tail computes (recognised by evaluation: relu, GELU as torch-mlir spells it, ...).
 EPILOGUE = (
-    _follower("bias", "stablehlo.add"),
     _follower("scale", "stablehlo.multiply"),
-    _follower("relu", "stablehlo.maximum"),
-    _follower("clamp-min", "stablehlo.minimum"),
-    _follower("tanh", "stablehlo.tanh"),
-    _follower("sigmoid", "stablehlo.logistic"),
+    _follower("bias", "stablehlo.add"),
+    ActivationFollower("activation", allowed=("relu", "hardtanh", "leaky_relu", "gelu", "sigmoid", "swish",
+                                              "tanh", "hardswish", "hardsigmoid")),
 )
 
 

@@ -1,7 +1,8 @@
 """iree-cpu-dt (IREE llvm-cpu with data tiling and ukernels, on a second logical device of the same IREE
 program) against IREE alone, within its documented tolerance (rtol 1e-4, atol 1e-5), on real shapes
-scaled down: a BERT-base FFN matmul, attention's batch matmul, a ResNet 3x3 convolution, a convolution
-with bias and relu (StableHLO and through torch), and a model alternating iree-cpu, iree-cpu-dt and onednn.
+scaled down: a BERT-base FFN matmul (with bias; with GELU through torch), attention's batch matmul, a
+ResNet 3x3 convolution, a convolution with bias and relu (StableHLO and through torch), and a model
+alternating iree-cpu, iree-cpu-dt and onednn regions.
 """
 
 from __future__ import annotations
@@ -126,16 +127,23 @@ def test_region_matches_iree(fn, shapes_artifacts):
     np.testing.assert_allclose(got, want, rtol=TOL.rtol, atol=TOL.atol)
 
 
-def test_torch_conv_bias_relu(torch, tmp_path):
+@pytest.mark.parametrize("kind", ["conv-bias-relu", "linear-gelu"])
+def test_torch_epilogue(kind, torch, tmp_path):
+    """Through torch-mlir: ResNet's conv + bias + relu, BERT's FFN-up linear + GELU (a 30-op erf chain
+    that the region takes whole)."""
     from torch import nn
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.ReLU()).eval()
-    x = torch.randn(1, 32, 28, 28, generator=torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    if kind == "conv-bias-relu":
+        model, x, min_ops = nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.ReLU()), torch.randn(1, 32, 28, 28, generator=gen), 3
+    else:
+        model, x, min_ops = nn.Sequential(nn.Linear(K, N), nn.GELU()), torch.randn(M, K, generator=gen), 10
+    model = model.eval()
     dt = compile_module(import_torch(model, [x], new_context()), f"prefer:{DT}", tmp_path / "dt")
     alone = compile_module(import_torch(model, [x], new_context()), "default", tmp_path / "alone")
     (region,) = dt.manifest["plan"]["regions"]
-    assert region["backend"] == DT and len(region["ops"]) >= 3  # convolution, bias add, relu (+ broadcast)
+    assert region["backend"] == DT and len(region["ops"]) >= min_ops  # anchor, bias, the whole activation
     assert len(dt.manifest["devices"]) == 2
     (got,), (want,) = (_run(a, "main", [x.numpy()]) for a in (dt, alone))
     np.testing.assert_allclose(got, want, rtol=TOL.rtol, atol=TOL.atol)
