@@ -54,7 +54,7 @@ def _partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path |
     lower.run(module)
     # The default device's executable target follows the program's llvm-cpu flags.
     cpu_flags = [a for a in (*DEFAULT_IREE_ARGS, *iree_args) if a.startswith("--iree-llvmcpu-")]
-    devices = PlaceDevicesPass(default_flags=" ".join(cpu_flags))
+    devices = PlaceDevicesPass(default_flags=",".join(cpu_flags))
     devices.run(module)
     return resolved, lower.built, devices
 

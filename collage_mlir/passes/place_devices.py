@@ -89,7 +89,7 @@ class _ConstantCheck:
 class PlaceDevicesPass(ModulePass):
     name = "collage-place-devices"
     summary = "Run regions of codegen backends with their own IREE device there (flow.tensor.transfer at boundaries)"
-    #: llvm-cpu flags of the default device's executable target.
+    #: llvm-cpu flags of the default device's executable target (comma-separated).
     default_flags: str = "--iree-llvmcpu-target-cpu=host"
     #: Manifest entries of the program's devices after the last run (the default device first).
     devices: list[dict] = field(default_factory=list)
@@ -111,7 +111,7 @@ class PlaceDevicesPass(ModulePass):
                 return
             self._check_free(mod_op, block, extra)
             ordered = [extra[n] for n in sorted(extra)]
-            default_target = executable_target(tuple(self.default_flags.split()), False)
+            default_target = executable_target(tuple(f for f in self.default_flags.split(",") if f), False)
             self.devices[0]["executable_target"] = default_target
             targets = [f"{DEFAULT_DEVICE_NAME} = {device_target(0, default_target)}"]
             for k, dev in enumerate(ordered, start=1):
