@@ -73,6 +73,17 @@ class Program:
             result = (result,)
         return tuple(r.to_host() if hasattr(r, "to_host") else np.asarray(r) for r in result)
 
+    def device_function(self, name: str) -> Callable:
+        """Function ``name`` taking and returning device arrays (see ``to_device``): for timing loops that
+        should not copy inputs in and results out on every call."""
+        if name not in self.functions:
+            raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self.functions)})")
+        return self._functions[name]
+
+    def to_device(self, array: np.ndarray) -> rt.DeviceArray:
+        """A copy of ``array`` on the program's device."""
+        return rt.asdevicearray(self.config.device, np.require(array, requirements="C"))
+
     def close(self) -> None:
         """Tears the context down in order (two-module contexts otherwise crash at exit)."""
         for attr in ("_functions", "_context", "_main", "_modules"):
