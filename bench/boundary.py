@@ -15,7 +15,6 @@ import importlib
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np

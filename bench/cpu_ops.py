@@ -87,7 +87,7 @@ def run(models: list[str], backends: list[str], out: Path) -> list[dict]:
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
                 try:
-                    art = compile_module(parse_module(text, new_context()), plan, tmp)
+                    compile_module(parse_module(text, new_context()), plan, tmp)
                 except CollageError as exc:
                     console.print(f"[red]{model} on {backend}: compile failed: {exc}")
                     continue

@@ -12,7 +12,6 @@ Graph inputs are named ``in0..``, outputs ``out0..`` (in function argument / res
 
 from __future__ import annotations
 
-import io
 import re
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -470,45 +469,17 @@ CONSTANT_OPS = ("stablehlo.constant", "arith.constant")
 # --------------------------------------------------------------------------------------------------
 # Constants: dense attributes directly; dense_resource blobs through a scratch module's printout.
 
-_RESOURCE_ENTRY = re.compile(r'^\s*("?)([^":\s]+)\1\s*:\s*"0x([0-9A-Fa-f]*)"', re.M)
-
-
 def _read_constants(ops: list[ir.Operation]) -> dict[ir.Value, np.ndarray]:
     values: dict[ir.Value, np.ndarray] = {}
-    resources: list[tuple[ir.Operation, str]] = []
-    for op in ops:
-        tt = sh.tensor_type(op.results[0])
-        if tt is None or tt[1] not in DTYPES:
-            continue
+    ops = [op for op in ops if (tt := sh.tensor_type(op.results[0])) is not None and tt[1] in DTYPES]
+    for op, blob in zip(ops, sh.resource_arrays(ops)):
         attr = op.attributes["value"]
         if isinstance(attr, ir.DenseElementsAttr):
-            v = _dense(attr, tt)
+            v = _dense(attr, sh.tensor_type(op.results[0]))
             if v is not None:
                 values[op.results[0]] = v
-        elif _is_resource(attr):
-            m = re.match(r"dense_resource<([^>]+)>", str(attr))
-            if m:
-                resources.append((op, m.group(1).strip('"')))
-    if resources:
-        with ops[0].context, ir.Location.unknown():
-            scratch = ir.Module.create()
-            for op, _ in resources:
-                op.clone(ip=ir.InsertionPoint(scratch.body))
-            text = io.StringIO()
-            scratch.operation.print(file=text)
-        blobs = {m.group(2): m.group(3) for m in _RESOURCE_ENTRY.finditer(text.getvalue().split("{-#", 1)[-1])}
-        for op, key in resources:
-            hexdata = blobs.get(key)
-            if hexdata is None:
-                continue
-            shape, dtype = sh.tensor_type(op.results[0])
-            raw = bytes.fromhex(hexdata)[4:]  # the first 4 bytes are the blob's alignment
-            np_dtype = np.dtype(DTYPES[dtype][0])
-            count = int(np.prod(shape, dtype=np.int64))
-            if len(raw) == count * np_dtype.itemsize:
-                values[op.results[0]] = np.frombuffer(raw, dtype=np_dtype).reshape(shape).copy()
-            elif len(raw) == np_dtype.itemsize:  # a splat blob
-                values[op.results[0]] = np.full(shape, np.frombuffer(raw, dtype=np_dtype)[0])
+        elif blob is not None:
+            values[op.results[0]] = blob
     return values
 
 

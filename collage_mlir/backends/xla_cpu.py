@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..dialects import stablehlo as sh
 from ..graph import Graph, external_operands, nested_ops, producer
 from ..ir import ir
 from .base import BackendKind, OpSetBackend, RegionArtifact, Tolerance
@@ -130,18 +131,7 @@ def boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
 # --- build: region function -> standalone StableHLO module text --------------------------------------
 
 _RESOURCE_SECTION = re.compile(r"\{-#.*?#-\}", re.S)
-_RESOURCE_ENTRY = re.compile(r'^\s*("(?:[^"\\]|\\.)*"|[^\s:"]+)\s*:\s*"0x([0-9A-Fa-f]*)"', re.M)
 _RESOURCE_REF = re.compile(r"^dense_resource<(.*)>\s*:")
-
-
-def _resource_blobs(text: str) -> dict[str, str]:
-    """``{resource name: hex data}`` of the builtin dialect resources printed in ``text``. The hex
-    blob starts with the 4-byte alignment, which is dropped."""
-    blobs: dict[str, str] = {}
-    for section in _RESOURCE_SECTION.findall(text):
-        for name, data in _RESOURCE_ENTRY.findall(section):
-            blobs[name] = data[8:]
-    return blobs
 
 
 def _strip_collage_attrs(op: ir.Operation) -> None:
@@ -160,19 +150,16 @@ def region_module_text(func: ir.Operation) -> str:
         fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
         ops: list[ir.Operation] = []
         fn.walk(lambda o: ops.append(o.operation) or ir.WalkResult.ADVANCE)
-        blobs = None
         for op in ops:
             _strip_collage_attrs(op)
-            if op.name not in ("stablehlo.constant", "arith.constant"):
-                continue
+        constants = [op for op in ops if op.name in ("stablehlo.constant", "arith.constant")]
+        for op, blob in zip(constants, sh.resource_arrays(constants)):
             value = op.attributes["value"]
             m = _RESOURCE_REF.match(str(value))
             if m:
-                if blobs is None:
-                    blobs = _resource_blobs(module.operation.get_asm())
-                if m.group(1) not in blobs:
-                    raise ValueError(f"dense_resource {m.group(1)} has no blob (was it elided?)")
-                value = ir.Attribute.parse(f'dense<"0x{blobs[m.group(1)]}"> : {op.results[0].type}')
+                if blob is None:
+                    raise ValueError(f"dense_resource {m.group(1)} has no readable blob (was it elided?)")
+                value = ir.Attribute.parse(f'dense<"0x{blob.tobytes().hex()}"> : {op.results[0].type}')
             if op.name == "arith.constant" or m:
                 with ir.InsertionPoint(op), op.location:
                     new = ir.Operation.create("stablehlo.constant", results=[op.results[0].type],

@@ -181,3 +181,44 @@ def const_expr_value(value: ir.Value) -> np.ndarray | None:
                 view[dst] = result.shape[src]
             result = np.broadcast_to(result.reshape(view), shape)
     return result
+
+
+_RESOURCE_KEY = re.compile(r'dense_resource<"?([^">]+)"?>')
+_RESOURCE_ENTRY = re.compile(r'^\s*"?([^":\s]+)"?\s*:\s*"0x([0-9A-Fa-f]*)"', re.M)
+
+
+def resource_arrays(ops: list[ir.Operation]) -> list[np.ndarray | None]:
+    """The values of ``dense_resource`` constants (torch-mlir's weights), one per op (None where the op
+    is not one, or its type has no numpy equivalent). The bindings cannot read a blob directly, so the
+    constants are printed in a scratch module and the hex blobs read back from its resource section."""
+    keys = []
+    for op in ops:
+        attr = op.attributes["value"] if "value" in op.attributes else None
+        m = _RESOURCE_KEY.match(str(attr)) if attr is not None and not isinstance(attr, ir.DenseElementsAttr) else None
+        keys.append(m.group(1) if m else None)
+    if not any(keys):
+        return [None] * len(ops)
+    with ops[0].context, ir.Location.unknown():
+        scratch = ir.Module.create()
+        for op, key in zip(ops, keys):
+            if key:
+                op.clone(ip=ir.InsertionPoint(scratch.body))
+        text = scratch.operation.get_asm()
+    blobs = {k: v for k, v in _RESOURCE_ENTRY.findall(text.split("{-#", 1)[-1])}
+    out: list[np.ndarray | None] = []
+    for op, key in zip(ops, keys):
+        tt = tensor_type(op.results[0])
+        if not key or key not in blobs or tt is None or tt[1] not in _NP_TYPES:
+            out.append(None)
+            continue
+        shape, dtype = tt
+        raw = bytes.fromhex(blobs[key])[4:]  # the first 4 bytes are the blob's alignment
+        np_dtype = np.dtype(_NP_TYPES[dtype])
+        count = int(np.prod(shape, dtype=np.int64))
+        if len(raw) == count * np_dtype.itemsize:
+            out.append(np.frombuffer(raw, dtype=np_dtype).reshape(shape).copy())
+        elif len(raw) == np_dtype.itemsize:  # a splat blob
+            out.append(np.full(shape, np.frombuffer(raw, dtype=np_dtype)[0]))
+        else:
+            out.append(None)
+    return out

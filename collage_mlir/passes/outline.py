@@ -18,7 +18,7 @@ from iree.compiler.dialects import func as func_d
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
-from ..graph import body_ops, external_operands, module_block, nested_ops, producer, public_funcs
+from ..graph import body_ops, external_operands, module_block, nested_ops, public_funcs
 from ..ir import ir, location_text
 from . import ModulePass
 

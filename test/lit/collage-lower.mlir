@@ -13,8 +13,5 @@
 // With an artifact dir, the import names the region artifact it was built into.
 // BUILT: func.func private @collage_rt.layer1({{.*}}) -> tensor<2x16xf32> attributes {collage.artifact = "regions/layer1.onednn.json", collage.backend = "onednn", collage.region = "layer1"}
 
-// The oneDNN step program: matmul, then the bias broadcast/add and the relu (zero cloned as a constant).
-// STEPS: 'op': 'matmul'
-// STEPS-SAME: 'op': 'broadcast'
-// STEPS-SAME: 'op': 'add'
-// STEPS-SAME: 'op': 'max'
+// The oneDNN step program: one GEMM step, the bias add and relu (max with the cloned zero) folded in.
+// STEPS: [{'in': [0, 1, 2], 'out': {{[0-9]+}}, 'op': 'matmul', 'transpose_rhs': False, 'bias': True, 'binary': None, 'act': 'relu', {{.*}}}]{{$}}
