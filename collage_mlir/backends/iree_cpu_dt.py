@@ -18,16 +18,7 @@ from ..dialects import stablehlo as sh
 from ..ir import ir
 from .base import BackendKind, Backend, Tolerance
 from .iree_device import IreeDevice
-from .patterns import ActivationFollower, Follower, OpPattern
-
-
-def _static_f32(op: ir.Operation) -> str | None:
-    """static-shaped f32 tensors"""
-    for v in list(op.operands) + list(op.results):
-        tt = sh.tensor_type(v)
-        if tt is None or tt[1] != "f32":
-            return "needs static-shaped f32 tensors"
-    return None
+from .patterns import ActivationFollower, Follower, OpPattern, static_f32
 
 
 def _elementwise_f32(user: ir.Operation, chain: ir.Value) -> str | None:
@@ -35,7 +26,7 @@ def _elementwise_f32(user: ir.Operation, chain: ir.Value) -> str | None:
     tt = sh.tensor_type(user.results[0]) if len(user.results) == 1 else None
     if tt is None or tt[1] != "f32" or user.results[0].type != chain.type:
         return "needs a same-shaped f32 elementwise result"
-    return _static_f32(user)
+    return static_f32(user)
 
 
 def _follower(name: str, op: str) -> Follower:
@@ -59,8 +50,8 @@ class IreeCpuDataTilingBackend(Backend):
     # Packed layouts and ukernels change the reduction order (measured max relative error ~1e-6).
     tolerance = Tolerance(rtol=1e-4, atol=1e-5)
     patterns = (
-        OpPattern("matmul", "stablehlo.dot_general", (_static_f32,), EPILOGUE),
-        OpPattern("conv", "stablehlo.convolution", (_static_f32,), EPILOGUE),
+        OpPattern("matmul", "stablehlo.dot_general", (static_f32,), EPILOGUE),
+        OpPattern("conv", "stablehlo.convolution", (static_f32,), EPILOGUE),
     )
     iree_device = IreeDevice(
         name="dev_iree_cpu_dt",

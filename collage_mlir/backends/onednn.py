@@ -22,19 +22,10 @@ import numpy as np
 from ..dialects import stablehlo as sh
 from ..ir import ir
 from .base import Backend, BackendKind, RegionArtifact, Tolerance
-from .patterns import ActivationFollower, Follower, OpPattern
+from .patterns import ActivationFollower, Follower, OpPattern, static_f32
 from .steps import translate_region
 
 # Constraints are data-facing predicates: each returns None when satisfied, else the reason.
-
-
-def _all_f32(op: ir.Operation) -> str | None:
-    """static-shaped f32"""
-    for v in list(op.operands) + list(op.results):
-        tt = sh.tensor_type(v)
-        if tt is None or tt[1] != "f32":
-            return "needs static-shaped f32 tensors"
-    return None
 
 
 def _conv2d(op: ir.Operation) -> str | None:
@@ -114,8 +105,8 @@ class OneDnnBackend(Backend):
     # values near zero (see test/python/test_onednn.py).
     tolerance = Tolerance(rtol=1e-4, atol=1e-5)
     patterns = (
-        OpPattern("conv2d", "stablehlo.convolution", (_all_f32, _conv2d), (BIAS, RESIDUAL, ACTIVATION)),
-        OpPattern("matmul", "stablehlo.dot_general", (_all_f32, _plain_matmul),
+        OpPattern("conv2d", "stablehlo.convolution", (static_f32, _conv2d), (BIAS, RESIDUAL, ACTIVATION)),
+        OpPattern("matmul", "stablehlo.dot_general", (static_f32, _plain_matmul),
                   (SCALE, BIAS, RESIDUAL, ACTIVATION)),
     )
 

@@ -21,6 +21,17 @@ Constraint = Callable[[ir.Operation], "str | None"]
 FollowerConstraint = Callable[[ir.Operation, ir.Value], "str | None"]
 
 
+def static_f32(op: ir.Operation) -> str | None:
+    """static-shaped f32 tensors"""
+    from ..dialects.stablehlo import tensor_type
+
+    for v in list(op.operands) + list(op.results):
+        tt = tensor_type(v)
+        if tt is None or tt[1] != "f32":
+            return "needs static-shaped f32 tensors"
+    return None
+
+
 def describe_constraint(check: Callable) -> str:
     """A constraint's one-line description: the first line of its docstring, else its name."""
     doc = (check.__doc__ or "").strip().splitlines()

@@ -55,6 +55,7 @@ EXCLUDED = {
 ELEMENT_TYPES = ("f16", "f32", "f64", "i1", "i8", "i16", "i32", "i64", "ui8")
 _DIALECTS = ("stablehlo", "chlo")
 _TERMINATORS = ("stablehlo.return", "chlo.return")
+_ATTR_DIALECT = re.compile(r'#"?([A-Za-z_]\w*)')
 
 
 def _types_ok(op: ir.Operation) -> str | None:
@@ -78,6 +79,10 @@ def xla_compute_op(op: ir.Operation) -> str | None:
         return f"{op.name}: {EXCLUDED[op.name]}"
     if not op.results:
         return f"{op.name} has no results"
+    foreign = [name for name in op.attributes if not name.startswith("collage.") and
+               set(_ATTR_DIALECT.findall(str(op.attributes[name]))) - set(_DIALECTS)]
+    if foreign:  # e.g. IREE's lowering_config: XLA's parser does not know the dialect
+        return f"{op.name}: carries dialect attributes XLA cannot parse ({', '.join(foreign)})"
     return _types_ok(op)
 
 

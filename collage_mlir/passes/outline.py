@@ -40,14 +40,23 @@ def _sinkable(value: ir.Value) -> list[ir.Operation] | None:
     return None
 
 
-def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str) -> ir.Operation:
-    """Outlines ``ops`` (one region, in block order) of ``func``; returns the new private function."""
+def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str) -> ir.Operation | None:
+    """Outlines ``ops`` (one region, in block order) of ``func``; returns the new private function, or
+    None when no result of the region is used (it is left in place, untagged)."""
     module_body = func.parent.regions[0].blocks[0]
     inside = {o for op in ops for o in nested_ops(op)}
     inputs = external_operands(ops)
     sunk = [(v, chain) for v in inputs if (chain := _sinkable(v)) is not None]
     args = [v for v in inputs if not any(v == s for s, _ in sunk)]
     outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
+    if not outputs:
+        # Dead code: nothing uses the region. It stays in place, untagged, for IREE to drop; a backend
+        # call without results would be work for nothing (ONNX Runtime refuses such graphs outright).
+        for op in ops:
+            for attr in (collage.REGION, collage.BACKEND):
+                if attr in op.attributes:
+                    del op.attributes[attr]
+        return None
     loc = ops[0].location
 
     with loc, ir.InsertionPoint(ops[-1]):
