@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
-from ..graph import Graph
+from ..dialects.stablehlo import const_expr_ops
+from ..graph import Graph, external_operands, nested_ops
 from ..ir import ir
 from .patterns import OpPattern, grow_regions, match, match_all, supported_by
 
@@ -48,6 +50,8 @@ class Backend:
 
     name: ClassVar[str]
     device: ClassVar[str] = "cpu"
+    #: Python modules the backend needs; ``available`` reports the first one missing.
+    requires: ClassVar[tuple[str, ...]] = ()
     kind: ClassVar[BackendKind]
     patterns: ClassVar[tuple[OpPattern, ...]] = ()
     tolerance: ClassVar[Tolerance] = Tolerance()
@@ -57,7 +61,15 @@ class Backend:
     iree_device: ClassVar["IreeDevice | None"] = None
 
     def available(self) -> str | None:
-        """None when usable here, else why not (missing library, ...)."""
+        """None when usable here, else why not (missing library, ...). Looks modules up without
+        importing them, so listing the registry stays fast."""
+        for module in self.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return f"{module} is not installed"
         return None
 
     def version(self) -> str:
@@ -82,6 +94,29 @@ class Backend:
         raise TypeError(f"backend {self.name} runs inside the IREE program and builds no artifact")
 
 
+#: Element types that cannot cross into a ``collage_rt`` function: IREE demotes f64 to f32 and refuses
+#: external functions whose signature it would have to demote.
+BOUNDARY_EXCLUDED = ("f64",)
+
+
+def boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
+    """Why the region ``ids`` cannot be served through ``collage_rt``, else None: it must take some
+    input that is not a constant (a region of constants alone is folded by IREE at compile time, and
+    outlining sinks constants into it anyway), and no value crossing it may be f64."""
+    ops = [graph.nodes[i].op for i in sorted(ids)]
+    inside = {o for op in ops for o in nested_ops(op)}
+    crossing = [v for v in external_operands(ops) if const_expr_ops(v) is None]
+    if not crossing:
+        return "only constants flow in: nothing to run (IREE folds it at compile time)"
+    crossing += [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
+    for v in crossing:
+        t = v.type
+        et = str(ir.RankedTensorType(t).element_type) if isinstance(t, ir.RankedTensorType) else ""
+        if et in BOUNDARY_EXCLUDED:
+            return f"a {et} tensor would cross the region boundary (IREE demotes {et} and cannot pass it)"
+    return None
+
+
 class OpSetBackend(Backend):
     """A backend that takes any convex set of ops it supports, not only fixed fusion shapes: graph-level
     engines (ONNX Runtime, OpenVINO, XLA) and codegen. ``patterns`` are single-op patterns (op name +
@@ -100,6 +135,8 @@ class OpSetBackend(Backend):
         ok = {i for i, n in graph.nodes.items() if self.supports(n.op) is None}
         out = []
         for region in grow_regions(graph, ok, self.max_region_ops):
+            if self.kind != BackendKind.CODEGEN and boundary_problem(graph, region):
+                continue
             out.append((graph.nodes[min(region)].name if len(region) == 1 else "subgraph", region))
         return out
 
@@ -108,7 +145,7 @@ class OpSetBackend(Backend):
             why = self.supports(graph.nodes[i].op)
             if why:
                 return why
-        return None
+        return boundary_problem(graph, ids) if self.kind != BackendKind.CODEGEN else None
 
 
 BackendFactory = Callable[[], Backend]

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, ClassVar
 
 import numpy as np
 
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
-from ..graph import Graph, external_operands, producer
 from ..ir import ir
-from .base import OpSetBackend
+from .base import BackendKind, OpSetBackend, RegionArtifact
 from .patterns import OpPattern
 
 OPSET = 18
@@ -553,47 +553,18 @@ def _spec(v: ir.Value, func: ir.Operation) -> tuple[list[int], str]:
 
 
 class OnnxGraphBackend(OpSetBackend):
-    """Shared by the backends that run the exported ONNX model: the op table as patterns, and no
-    regions without inputs (constants, iota: nothing a graph engine could speed up, and the
-    ``collage_rt`` import of a function without arguments does not resolve)."""
+    """Shared by the backends that run the exported ONNX model: the op table as patterns, the build
+    (export, write ``regions/<region><suffix>``) and the executor that serves it."""
 
     patterns: ClassVar[tuple[OpPattern, ...]] = PATTERNS
     max_region_ops: ClassVar[int] = 8
+    kind = BackendKind.GRAPH
+    suffix: ClassVar[str] = ".onnx"
+    executor: ClassVar[str]
 
-    @staticmethod
-    def _boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
-        """Why the region's inputs/results cannot cross into the backend, else None. IREE demotes f64
-        to f32 and refuses to do so in the signature of an external (collage_rt) function."""
-        inside = {graph.nodes[i].op for i in ids}
-        for i in ids:
-            for r in graph.nodes[i].op.results:
-                if any(u.owner.operation not in inside for u in r.uses) and _is_f64(r):
-                    return "f64 results cannot leave the region (IREE demotes f64 at the boundary)"
-        for v in external_operands(list(inside)):
-            p = producer(v)
-            if _is_f64(v) and (p is None or p.name not in CONSTANT_OPS):
-                return "f64 inputs cannot enter the region (IREE demotes f64 at the boundary)"
-        return None
+    def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
+        path = Path(out_dir) / "regions" / f"{region}{self.suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(translate(func).SerializeToString())
+        return RegionArtifact(str(path.relative_to(out_dir)), self.executor)
 
-    @staticmethod
-    def _has_inputs(graph: Graph, ids: frozenset[int]) -> bool:
-        # Constants (and constant expressions: converts/reshapes/broadcasts of constants) from
-        # outside do not count: outlining may sink them into the region.
-        const_expr = getattr(sh, "const_expr_ops", None)
-        for v in external_operands([graph.nodes[i].op for i in ids]):
-            p = producer(v)
-            if p is None:
-                return True
-            if p.name in CONSTANT_OPS or (const_expr is not None and const_expr(v) is not None):
-                continue
-            return True
-        return False
-
-    def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
-        return [(n, r) for n, r in super().candidates(graph)
-                if self._has_inputs(graph, r) and self._boundary_problem(graph, r) is None]
-
-    def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
-        if ids and not self._has_inputs(graph, ids):
-            return f"a {self.name} region needs at least one input (this one only makes constants)"
-        return super().accepts(graph, ids) or (self._boundary_problem(graph, ids) if ids else None)

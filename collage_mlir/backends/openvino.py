@@ -8,16 +8,15 @@ sharing memory with the IREE buffers and output tensors set to the mapped result
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..ir import ir
-from .base import BackendKind, RegionArtifact, Tolerance
-from .onnx_export import OnnxGraphBackend, translate
+from .base import Tolerance
+from .onnx_export import OnnxGraphBackend
 
 
 class OpenVinoBackend(OnnxGraphBackend):
     name = "openvino"
-    kind = BackendKind.GRAPH
+    requires = ("onnx", "openvino")
+    suffix = ".openvino.onnx"
+    executor = "collage_runtime.executors.openvino_model"
     install_hint = "pip install 'collage-mlir[openvino]'"
     # Measured vs IREE llvm-cpu on test/python/test_onnx_backends.py's unit-normal inputs: max abs error
     # 1.3e-4 (ResNet-50 3x3 conv 1x64x56x56, outputs up to 123), 2.3e-5 (sum over 16k elements),
@@ -26,24 +25,7 @@ class OpenVinoBackend(OnnxGraphBackend):
     # 3x3 kernels round sums of hundreds of terms differently: near-zero outputs need the absolute term.
     tolerance = Tolerance(rtol=1e-4, atol=5e-4)
 
-    def available(self) -> str | None:
-        try:
-            import onnx  # noqa: F401
-            import openvino  # noqa: F401
-        except ImportError as exc:
-            return f"{exc.name or 'openvino'} is not installed"
-        except Exception as exc:
-            return f"openvino fails to import: {exc}"
-        return None
-
     def version(self) -> str:
         import openvino
 
         return f"openvino-{openvino.get_version().split('-')[0]}"
-
-    def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
-        model = translate(func)
-        path = Path(out_dir) / "regions" / f"{region}.openvino.onnx"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(model.SerializeToString())
-        return RegionArtifact(str(path.relative_to(out_dir)), "collage_runtime.executors.openvino_model")

@@ -22,7 +22,6 @@ import re
 from pathlib import Path
 
 from ..dialects import stablehlo as sh
-from ..graph import Graph, external_operands, nested_ops, producer
 from ..ir import ir
 from .base import BackendKind, OpSetBackend, RegionArtifact, Tolerance
 from .patterns import OpPattern
@@ -105,34 +104,6 @@ def nested_ops_supported(op: ir.Operation) -> str | None:
     return why[0] if why else None
 
 
-_CONSTANTS = ("stablehlo.constant", "arith.constant")
-#: Element types that must not cross a region boundary: IREE demotes f64 to f32 and refuses external
-#: functions whose signature it would have to demote.
-BOUNDARY_EXCLUDED = ("f64",)
-
-
-def _takes_a_non_constant(graph: Graph, ids: frozenset[int]) -> bool:
-    """True when the ops ``ids`` consume some value that is not a constant (an argument or a computed value)."""
-    for v in external_operands([graph.nodes[i].op for i in sorted(ids)]):
-        p = producer(v)
-        if p is None or p.name not in _CONSTANTS:
-            return True
-    return False
-
-
-def boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
-    """None when no value crossing the region's boundary has an element type in BOUNDARY_EXCLUDED."""
-    ops = [graph.nodes[i].op for i in sorted(ids)]
-    inside = {o for op in ops for o in nested_ops(op)}
-    crossing = [v for v in external_operands(ops) if producer(v) is None or producer(v).name not in _CONSTANTS]
-    crossing += [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
-    for v in crossing:
-        et = str(ir.RankedTensorType(v.type).element_type) if isinstance(v.type, ir.RankedTensorType) else ""
-        if et in BOUNDARY_EXCLUDED:
-            return f"a {et} tensor would cross the region boundary (IREE demotes {et} and cannot pass it)"
-    return None
-
-
 # --- build: region function -> standalone StableHLO module text --------------------------------------
 
 _RESOURCE_SECTION = re.compile(r"\{-#.*?#-\}", re.S)
@@ -188,26 +159,7 @@ class XlaCpuBackend(OpSetBackend):
     tolerance = Tolerance(rtol=1e-4, atol=1e-5)
     patterns = (OpPattern("xla-op", None, (xla_compute_op, nested_ops_supported)),)
 
-    def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
-        # Pure constant subgraphs (no input but constants) stay with IREE, which folds them at compile
-        # time; as xla-cpu regions they would only ship weights through the runtime on every call.
-        return [(name, ids) for name, ids in super().candidates(graph)
-                if _takes_a_non_constant(graph, ids) and boundary_problem(graph, ids) is None]
-
-    def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
-        if not _takes_a_non_constant(graph, ids):
-            return "a pure constant subgraph; IREE folds it at compile time"
-        return super().accepts(graph, ids) or boundary_problem(graph, ids)
-
-    def available(self) -> str | None:
-        try:
-            import jax  # noqa: F401
-            import jaxlib  # noqa: F401
-        except ImportError as exc:
-            return f"jax/jaxlib are not installed ({exc.name})"
-        except Exception as exc:  # a broken install must not take the registry down
-            return f"jax/jaxlib fail to import: {exc}"
-        return None
+    requires = ("jax", "jaxlib")
 
     def version(self) -> str:
         try:
