@@ -1,6 +1,6 @@
 """Compile driver: module + plan → artifact directory (IREE module, region artifacts, manifest).
 
-    number ops → resolve + validate plan → assign → outline → lower (build regions) → iree-compile
+    number ops → resolve + validate plan → assign → outline → lower (build regions) → place devices → iree-compile
 """
 
 from __future__ import annotations
@@ -37,15 +37,20 @@ class CompileResult:
     manifest: dict
 
 
+@dataclass
+class Partitioned:
+    """What the collage passes did to a module: the plan used, the library regions built (manifest
+    entries), the program's devices and the IREE flags a second device needs."""
+
+    plan: Plan
+    regions: list[dict]
+    devices: list[dict]
+    iree_flags: list[str]
+
+
 def partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path | None,
-              iree_args: Sequence[str] = ()) -> tuple[Plan, list[dict]]:
-    """Runs the collage passes on ``module`` in place; returns the plan used and the built regions."""
-    resolved, regions, _ = _partition(module, plan, artifact_dir, iree_args)
-    return resolved, regions
-
-
-def _partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path | None,
-               iree_args: Sequence[str]) -> tuple[Plan, list[dict], PlaceDevicesPass]:
+              iree_args: Sequence[str] = ()) -> Partitioned:
+    """Runs the collage passes on ``module`` in place."""
     NumberOpsPass().run(module)
     resolved = resolve_plan(plan, Graph(module))
     AssignPass(resolved).run(module)
@@ -56,7 +61,7 @@ def _partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path |
     cpu_flags = [a for a in (*DEFAULT_IREE_ARGS, *iree_args) if a.startswith("--iree-llvmcpu-")]
     devices = PlaceDevicesPass(default_flags=",".join(cpu_flags))
     devices.run(module)
-    return resolved, lower.built, devices
+    return Partitioned(resolved, lower.built, devices.devices, devices.iree_flags)
 
 
 def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs) -> bytes:
@@ -83,9 +88,9 @@ def compile_module(module: ir.Module, plan: "str | Plan", out_dir: str | Path, *
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     source_hash = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()
-    resolved, regions, devices = _partition(module, plan, out, iree_args)
+    parts = partition(module, plan, out, iree_args)
     # A second logical device (a codegen backend with its own configuration) needs program-wide flags.
-    iree_args = [*devices.iree_flags, *iree_args]
+    iree_args = [*parts.iree_flags, *iree_args]
     vmfb = iree_compile(module, iree_args, **iree_kwargs)
     (out / MODULE_FILE).write_bytes(vmfb)
     manifest = {
@@ -101,12 +106,12 @@ def compile_module(module: ir.Module, plan: "str | Plan", out_dir: str | Path, *
             **{name: info.backend.version() for name, info in registry().items() if info.backend and not info.problem},
         },
         "iree_args": list(DEFAULT_IREE_ARGS) + list(iree_args),
-        "plan": resolved.to_json(),
-        "devices": devices.devices,
-        "regions": regions,
+        "plan": parts.plan.to_json(),
+        "devices": parts.devices,
+        "regions": parts.regions,
     }
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
-    return CompileResult(out, resolved, manifest)
+    return CompileResult(out, parts.plan, manifest)
 
 
 def check_artifact_dir(out_dir: str | Path) -> None:
