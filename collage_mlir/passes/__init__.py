@@ -5,10 +5,29 @@ fields. Each runs from Python (``SomePass(...).run(module)``), inside an MLIR Pa
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ..errors import CollageError
 from ..ir import ir, passmanager
+
+if TYPE_CHECKING:
+    from ..backends import Backend
+
+
+def region_functions(block: ir.Block) -> list[tuple[ir.Operation, "Backend"]]:
+    """The outlined region functions of a module body (``func.func`` with a body and a
+    ``collage.backend``), each with its backend."""
+    from ..backends import get_backend
+    from ..dialects import collage
+    from ..ir import location_text
+
+    found = []
+    for op in block.operations:
+        fn = op.operation
+        name = collage.str_attr(fn, collage.BACKEND) if fn.name == "func.func" else None
+        if name is not None and len(fn.regions[0].blocks):
+            found.append((fn, get_backend(name, where=location_text(fn.location))))
+    return found
 
 
 class ModulePass:

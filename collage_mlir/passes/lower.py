@@ -12,11 +12,11 @@ from pathlib import Path
 
 from iree.compiler.dialects import func as func_d
 
-from ..backends import BackendKind, get_backend
+from ..backends import BackendKind
 from ..dialects import collage
 from ..graph import module_block
-from ..ir import ir, location_text
-from . import ModulePass
+from ..ir import ir
+from . import ModulePass, region_functions
 
 
 def _spec(t: ir.Type) -> dict:
@@ -36,11 +36,7 @@ class LowerPass(ModulePass):
         self.built = []
         block = module_block(module)
         with module.operation.context:
-            for fn in [op.operation for op in block.operations]:
-                backend_name = collage.str_attr(fn, collage.BACKEND) if fn.name == "func.func" else None
-                if backend_name is None or len(fn.regions[0].blocks) == 0:
-                    continue
-                backend = get_backend(backend_name, where=location_text(fn.location))
+            for fn, backend in region_functions(block):
                 if backend.kind == BackendKind.CODEGEN:
                     continue
                 region = collage.str_attr(fn, collage.REGION)

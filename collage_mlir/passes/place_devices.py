@@ -29,7 +29,7 @@ from ..dialects import collage
 from ..errors import CollageError
 from ..graph import body_ops, module_block, producer, public_funcs
 from ..ir import ir, location_text
-from . import ModulePass
+from . import ModulePass, region_functions
 
 #: String attribute on a region call: the IREE device it was placed on.
 DEVICE_ATTR = "collage.device"
@@ -133,16 +133,8 @@ class PlaceDevicesPass(ModulePass):
     @staticmethod
     def _region_devices(block: ir.Block) -> dict[str, tuple[IreeDevice | None, str]]:
         """Region symbol → (its device, None for the default one; backend name), for codegen regions."""
-        out = {}
-        for op in block.operations:
-            fn = op.operation
-            backend_name = collage.str_attr(fn, collage.BACKEND) if fn.name == "func.func" else None
-            if backend_name is None or len(fn.regions[0].blocks) == 0:
-                continue
-            backend = get_backend(backend_name, where=location_text(fn.location))
-            if backend.kind == BackendKind.CODEGEN:
-                out[collage.symbol_name(fn)] = (backend.iree_device, backend.name)
-        return out
+        return {collage.symbol_name(fn): (backend.iree_device, backend.name)
+                for fn, backend in region_functions(block) if backend.kind == BackendKind.CODEGEN}
 
     @staticmethod
     def _check_free(mod_op: ir.Operation, block: ir.Block, extra: dict[str, IreeDevice]) -> None:

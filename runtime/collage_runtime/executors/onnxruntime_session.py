@@ -25,7 +25,7 @@ def load(path: Path) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
     session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    # Bind with the model's own (static) shapes: a mapped rank-0 buffer may arrive as shape (1,).
+    # Bind with the model's own static shapes, which the region was built for.
     ins = [(i.name, list(i.shape)) for i in session.get_inputs()]
     outs = [(o.name, list(o.shape)) for o in session.get_outputs()]
     binding = session.io_binding()

@@ -42,7 +42,7 @@ def load(path: Path) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
     }
     compiled = core.compile_model(str(path), "CPU", config)
     request = compiled.create_infer_request()
-    # Views with the model's own (static) shapes: a mapped rank-0 buffer may arrive as shape (1,).
+    # Views with the model's own static shapes, which the region was built for.
     in_shapes = [tuple(i.get_shape()) for i in compiled.inputs]
     out_specs = [(tuple(o.get_shape()), o.get_element_type()) for o in compiled.outputs]
 
