@@ -1,0 +1,10 @@
+"""Measurement: region extraction, reference inputs, timing in worker processes, validation against
+the reference, and the persistent cost database.
+
+The harness measures the regions it is handed (``harness.measure_regions``) and knows nothing of how a
+search found them. Each candidate is built the way a plan builds it (the compile driver, one region on
+one backend) and timed in a worker process, so a backend that crashes or hangs costs one candidate.
+"""
+
+#: Bumped whenever a change to extraction, timing or validation makes older rows incomparable.
+HARNESS_VERSION = 1
