@@ -4,6 +4,8 @@
     collage run out/ [--function main] --input x.npy ... [--output-dir DIR]
     collage demo
     collage backends
+    collage measure model.mlir --backends B1,B2 [--db PATH]
+    collage db stats|export FILE.json|import FILE.json|prune [--db PATH]
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CollageError
-from . import exit_quietly, run_tool
+from . import db_cmd, exit_quietly, measure_cmd, run_tool
 
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -139,10 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="compile a small CNN with a plan mixing two backends and check it")
     d.add_argument("--out", default="collage-demo", help="artifact directory (default: ./collage-demo)")
     sub.add_parser("backends", help="list the registered backends")
+    measure_cmd.add_parser(sub)
+    db_cmd.add_parser(sub)
     return p
 
 
-COMMANDS = {"compile": _cmd_compile, "run": _cmd_run, "backends": _cmd_backends, "demo": _cmd_demo}
+COMMANDS = {"compile": _cmd_compile, "run": _cmd_run, "backends": _cmd_backends, "demo": _cmd_demo,
+            "measure": lambda args, _: measure_cmd.run(args), "db": lambda args, _: db_cmd.run(args)}
 
 
 def main(argv: list[str] | None = None) -> int:

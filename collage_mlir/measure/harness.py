@@ -1,0 +1,228 @@
+"""The harness: measures (region, backend) pairs and records every result in the cost database.
+
+    extract each region → skip pairs the DB already holds → capture reference values (IREE alone, once)
+    → in batches: build candidates in parallel worker processes, then time them one at a time in a
+    timing worker (validated against the reference first) → one DB row per pair, written as it finishes
+
+Builds run in parallel because compiling is the slow part; timing runs alone so candidates do not
+disturb each other's timings. A build or run that fails, crashes or hangs becomes a row (error, crash,
+timeout) and the run goes on.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from . import HARNESS_VERSION
+from ..backends import Backend, get_backend
+from ..errors import CollageError
+from ..graph import Graph
+from ..ir import ir
+from .db import CostDB, Measurement
+from .device import device_fingerprint
+from .extract import ExtractedRegion, extract_region
+from .reference import capture, model_inputs
+from .tasks import INPUT, REFERENCE
+from .timing import TimingOptions
+from .worker import Outcome, Worker
+
+_TASKS = "collage_mlir.measure.tasks"
+
+
+@dataclass
+class MeasureOptions:
+    """How to measure: timing rule, parallel builds, per-task time limits, whether to redo DB hits."""
+
+    timing: TimingOptions = field(default_factory=TimingOptions)
+    jobs: int = field(default_factory=lambda: max(1, len(os.sched_getaffinity(0))))
+    build_timeout_s: float = 600.0
+    run_timeout_s: float = 300.0
+    remeasure: bool = False
+    #: Candidates built before the timing worker takes them (builds and timing never overlap).
+    batch: int = 16
+    seed: int = 0
+    #: Where region files, data and artifacts go (a temporary directory when None; kept when given).
+    work_dir: Path | None = None
+
+
+@dataclass
+class Progress:
+    total: int
+    done: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    current: str = ""
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+
+@dataclass
+class Summary:
+    """Every pair's row (from the DB or just measured), the pairs that could not be posed, and counts."""
+
+    rows: dict[tuple[frozenset[int], str], Measurement]
+    skipped: list[tuple[frozenset[int], str, str]]
+    cache_hits: int
+    measured: int
+    elapsed_s: float
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for m in self.rows.values() if not m.usable)
+
+
+@dataclass
+class _Job:
+    region: ExtractedRegion
+    backend: Backend
+    key: tuple
+    rows: list[frozenset[int]]
+    out_dir: Path | None = None
+
+
+def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str]], db: CostDB, *,
+                    examples: Mapping[str, Sequence[np.ndarray]] | None = None,
+                    options: MeasureOptions | None = None,
+                    on_progress: Callable[[Progress], None] | None = None) -> Summary:
+    """Measures each (op ids, backend name) of ``module`` (numbered with ``collage-number-ops``)
+    unless ``db`` holds it; ``examples`` are the model's inputs per public function."""
+    options = options or MeasureOptions()
+    device, description = device_fingerprint()
+    db.record_device(device, description)
+    graph = Graph(module)
+    extracted: dict[frozenset[int], ExtractedRegion | str] = {}
+    jobs: dict[tuple, _Job] = {}
+    rows: dict[tuple[frozenset[int], str], Measurement] = {}
+    skipped: list[tuple[frozenset[int], str, str]] = []
+    hits = 0
+    started = time.perf_counter()
+    pairs = list(dict.fromkeys(pairs))
+    for ops, name in pairs:
+        if ops not in extracted:
+            try:
+                extracted[ops] = extract_region(graph, ops)
+            except CollageError as exc:
+                extracted[ops] = str(exc)
+        region = extracted[ops]
+        if isinstance(region, str):
+            skipped.append((ops, name, region))
+            continue
+        backend = get_backend(name)
+        key = (region.hash, name, backend.version(), device, HARNESS_VERSION)
+        jobs.setdefault(key, _Job(region, backend, key, [])).rows.append(ops)
+    for key, job in list(jobs.items()):
+        found = None if options.remeasure else db.get(*key)
+        if found is not None:
+            for ops in job.rows:
+                rows[(ops, key[1])] = found
+            hits += len(job.rows)
+            del jobs[key]
+    progress = Progress(total=len(rows) + sum(len(j.rows) for j in jobs.values()), done=len(rows), cache_hits=hits)
+    if on_progress:
+        on_progress(progress)
+    if jobs:
+        with ExitStack() as stack:
+            work = options.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="collage-measure-")))
+            _measure(module, list(jobs.values()), db, work, examples or {}, options, rows, progress, on_progress)
+    return Summary(rows, skipped, hits, sum(len(j.rows) for j in jobs.values()), time.perf_counter() - started)
+
+
+def _write_inputs(module: ir.Module, jobs: list[_Job], work: Path, examples, seed: int) -> dict[str, Path]:
+    """Captures the reference values every job needs and writes one data file per region hash."""
+    regions = {j.region.hash: j.region for j in jobs}
+    wanted = {r for region in regions.values() for r in (*region.inputs, *region.outputs)}
+    buf = io.BytesIO()
+    module.operation.write_bytecode(buf)
+    values = capture(buf.getvalue(), wanted, model_inputs(module, examples, seed))
+    files: dict[str, Path] = {}
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    (work / "regions").mkdir(parents=True, exist_ok=True)
+    for digest, region in regions.items():
+        arrays = {f"{INPUT}{k}": values[r] for k, r in enumerate(region.inputs)}
+        arrays |= {f"{REFERENCE}{k}": values[r] for k, r in enumerate(region.outputs)}
+        np.savez(work / "data" / f"{digest}.npz", **arrays)
+        (work / "regions" / f"{digest}.mlirbc").write_bytes(region.bytecode)
+        files[digest] = work / "data" / f"{digest}.npz"
+    return files
+
+
+def _row(job: _Job, outcome: Outcome, phase: str) -> Measurement:
+    region_hash, backend, version, device, harness = job.key
+    base = dict(region_hash=region_hash, backend=backend, backend_version=version, device=device,
+                harness_version=harness, region=job.region.summary)
+    if not outcome.ok:
+        return Measurement(status=outcome.status, message=f"{phase}: {outcome.message}", **base)
+    v = outcome.value
+    return Measurement(status=v["status"], median_s=v.get("median_s"), min_s=v.get("min_s"), spread=v.get("spread"),
+                       repeats=v.get("repeats"), threads=v.get("threads"), max_abs_err=v.get("max_abs_err"),
+                       max_rel_err=v.get("max_rel_err"), message=v.get("message", ""), **base)
+
+
+def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options: MeasureOptions,
+             rows: dict, progress: Progress, on_progress) -> None:
+    data = _write_inputs(module, jobs, work, examples, options.seed)
+    builders: queue.Queue[Worker] = queue.Queue()
+    workers = [Worker(f"build{k}", work) for k in range(max(1, options.jobs))]
+    for w in workers:
+        builders.put(w)
+    timer = Worker("time", work)
+
+    def build(job: _Job) -> Outcome:
+        worker = builders.get()
+        try:
+            return worker.call(f"{_TASKS}:build_candidate", options.build_timeout_s,
+                               region_file=str(work / "regions" / f"{job.region.hash}.mlirbc"),
+                               backend=job.backend.name, const_ops=job.region.const_ops, out_dir=str(job.out_dir))
+        finally:
+            builders.put(worker)
+
+    def record(job: _Job, m: Measurement) -> None:
+        db.put(m)  # committed before anything else happens: a killed run keeps every finished row
+        for ops in job.rows:
+            rows[(ops, job.backend.name)] = m
+            progress.done += 1
+            progress.failures += not m.usable
+        if on_progress:
+            on_progress(progress)
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+            for start in range(0, len(jobs), options.batch):
+                batch = jobs[start:start + options.batch]
+                for k, job in enumerate(batch):
+                    job.out_dir = work / "artifacts" / f"{start + k}"
+                progress.current = f"building {len(batch)}"
+                if on_progress:
+                    on_progress(progress)
+                built = list(pool.map(build, batch))
+                for job, outcome in zip(batch, built):
+                    if not outcome.ok:
+                        record(job, _row(job, outcome, "build"))
+                        continue
+                    progress.current = f"{job.backend.name}: {job.region.summary[:40]}"
+                    if on_progress:
+                        on_progress(progress)
+                    tol = job.backend.tolerance
+                    outcome = timer.call(f"{_TASKS}:time_artifact", options.run_timeout_s,
+                                         artifact_dir=str(job.out_dir), data_file=str(data[job.region.hash]),
+                                         timing=options.timing.to_json(), rtol=tol.rtol, atol=tol.atol)
+                    record(job, _row(job, outcome, "run"))
+                    shutil.rmtree(job.out_dir, ignore_errors=True)
+    finally:
+        for w in (*workers, timer):
+            w.stop()

@@ -1,0 +1,119 @@
+"""Reference values: run the model once with IREE alone and capture the values regions consume and
+produce, so every candidate is timed on real inputs (index tensors stay valid) and validated against
+what the region computes inside the model.
+
+The model's own example inputs are used where given; other arguments get generated data by dtype
+(``generated_input``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..dialects import collage
+from ..errors import CollageError
+from ..graph import public_funcs
+from ..ir import ir, new_context, parse_module
+from .extract import ValueRef
+
+_NP = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "bf16": None, "i1": np.bool_, "i8": np.int8,
+       "i16": np.int16, "i32": np.int32, "i64": np.int64, "ui8": np.uint8}
+
+#: Generated integers lie in [0, INT_RANGE): small enough to be valid indices into most dimensions.
+INT_RANGE = 4
+
+
+def generated_input(type_: ir.Type, rng: np.random.Generator) -> np.ndarray:
+    """Data for an argument with no example input: standard normal floats, integers in
+    [0, INT_RANGE), random booleans."""
+    if not isinstance(type_, ir.RankedTensorType):
+        raise CollageError(f"cannot generate an input of type {type_}; pass example inputs with --input")
+    tt = ir.RankedTensorType(type_)
+    et = str(tt.element_type)
+    dtype = _NP.get(et)
+    if dtype is None:
+        raise CollageError(f"cannot generate {et} data; pass example inputs with --input")
+    shape = tuple(tt.shape)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, INT_RANGE, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def model_inputs(module: ir.Module, examples: Mapping[str, Sequence[np.ndarray]], seed: int = 0
+                 ) -> dict[str, list[np.ndarray]]:
+    """Arguments for every public function: ``examples[func]`` where given (checked against the
+    signature), generated data elsewhere."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[np.ndarray]] = {}
+    for func in public_funcs(module):
+        name = collage.symbol_name(func)
+        types = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs
+        given = list(examples.get(name, ()))
+        if given and len(given) != len(types):
+            raise CollageError(f"@{name} takes {len(types)} arguments but {len(given)} example inputs were given",
+                               where="--input")
+        for k, (arr, t) in enumerate(zip(given, types)):
+            shape = tuple(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else ()
+            if tuple(arr.shape) != shape:
+                raise CollageError(f"example input {k} of @{name} has shape {list(arr.shape)}, the function "
+                                   f"takes {t}", where="--input")
+        out[name] = given or [generated_input(t, rng) for t in types]
+    return out
+
+
+def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[str, list[np.ndarray]]
+            ) -> dict[ValueRef, np.ndarray]:
+    """Runs each public function of the (numbered) module with IREE alone on ``inputs`` and returns
+    the values ``wanted``: function arguments are the inputs themselves, op results are captured by
+    returning them as extra results of a copy of the module."""
+    import iree.runtime as rt
+
+    from ..artifact import iree_compile
+
+    wanted = set(wanted)
+    values: dict[ValueRef, np.ndarray] = {}
+    for ref in wanted:
+        if ref.op is None:
+            values[ref] = inputs[ref.func][ref.index]
+    module = parse_module(module_bytecode, new_context())
+    extra: dict[str, list[ValueRef]] = {}
+    with module.context, ir.Location.unknown():
+        for func in public_funcs(module):
+            name = collage.symbol_name(func)
+            refs = sorted((r for r in wanted if r.func == name and r.op is not None), key=lambda r: (r.op, r.index))
+            if not refs:
+                continue
+            by_id = {collage.op_id(op.operation): op.operation for op in func.regions[0].blocks[0].operations}
+            captured = [by_id[r.op].results[r.index] for r in refs]
+            ret = func.regions[0].blocks[0].operations[len(func.regions[0].blocks[0].operations) - 1]
+            operands = list(ret.operands) + captured
+            results = [v.type for v in operands]
+            with ir.InsertionPoint(ret):
+                ir.Operation.create("func.return", operands=operands)
+            ret.erase()
+            ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+            func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, results))
+            extra[name] = refs
+    if not extra:
+        return values
+    try:
+        vmfb = iree_compile(module)
+    except CollageError as exc:
+        raise CollageError(f"the reference run (IREE alone) failed to compile: {exc}") from None
+    config = rt.Config("local-task")
+    ctx = rt.SystemContext(config=config)
+    vm_module = rt.VmModule.copy_buffer(ctx.instance, vmfb)
+    ctx.add_vm_module(vm_module)
+    functions = getattr(ctx.modules, vm_module.name)
+    for name, refs in extra.items():
+        result = functions[name](*[np.require(a, requirements="C") for a in inputs[name]])
+        result = list(result) if isinstance(result, (tuple, list)) else [result]
+        tail = result[len(result) - len(refs):]
+        for ref, arr in zip(refs, tail):
+            values[ref] = arr.to_host() if hasattr(arr, "to_host") else np.asarray(arr)
+    del functions, ctx, vm_module
+    return values

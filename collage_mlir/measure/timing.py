@@ -1,0 +1,68 @@
+"""Timing: warm-up, then repeated samples until the median is stable or the budget is spent."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """When to stop sampling: after at least ``min_repeats`` samples once their relative inter-quartile
+    spread is at most ``rel_spread``, or when ``budget_s`` or ``max_repeats`` is reached. A sample
+    averages enough calls to last ``min_sample_s`` (so sub-millisecond calls are not timer noise)."""
+
+    warmup: int = 2
+    min_repeats: int = 5
+    max_repeats: int = 200
+    rel_spread: float = 0.05
+    budget_s: float = 1.0
+    min_sample_s: float = 1e-3
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call: median and min over samples, relative inter-quartile spread, sample count."""
+
+    median_s: float
+    min_s: float
+    spread: float
+    repeats: int
+    calls_per_sample: int
+
+
+def relative_spread(samples: list[float]) -> float:
+    """(p75 - p25) / median of ``samples``."""
+    q25, q50, q75 = np.percentile(samples, [25, 50, 75])
+    return float((q75 - q25) / q50) if q50 > 0 else math.inf
+
+
+def time_repeated(call: Callable[[], object], options: TimingOptions = TimingOptions()) -> Timing:
+    """Times ``call()`` (which must finish its work before returning) by ``options``."""
+    last = 0.0
+    for _ in range(max(options.warmup, 1)):
+        t0 = time.perf_counter()
+        call()
+        last = time.perf_counter() - t0
+    inner = max(1, min(1000, math.ceil(options.min_sample_s / max(last, 1e-7))))
+    samples: list[float] = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            call()
+        samples.append((time.perf_counter() - t0) / inner)
+        n = len(samples)
+        if n >= options.max_repeats:
+            break
+        if n >= options.min_repeats and (relative_spread(samples) <= options.rel_spread
+                                         or time.perf_counter() - start >= options.budget_s):
+            break
+    return Timing(float(np.median(samples)), float(min(samples)), relative_spread(samples), len(samples), inner)

@@ -1,0 +1,105 @@
+"""`collage measure MODEL.mlir --backends B1,B2,...`: measures every candidate of every backend into
+the cost database, with progress (candidates done/total, cache hits, failures, elapsed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CollageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..measure.db import default_db_path
+
+    m = sub.add_parser("measure", help="measure every candidate region of a model on backends into the cost DB")
+    m.add_argument("model", help="StableHLO module (.mlir text or .mlirbc bytecode)")
+    m.add_argument("--backends", required=True, help="comma-separated backend names (see `collage backends`)")
+    m.add_argument("--db", default=None, help=f"cost database (default: $COLLAGE_DB or {default_db_path()})")
+    m.add_argument("--input", action="append", default=[],
+                   help="example input .npy for @main, once per argument in order (default: generated data)")
+    m.add_argument("--jobs", type=int, default=None, help="parallel candidate builds (default: CPU count)")
+    m.add_argument("--budget", type=float, default=1.0, help="timing budget per candidate in seconds (default 1)")
+    m.add_argument("--spread", type=float, default=0.05,
+                   help="stop timing once the samples' relative inter-quartile spread is below this (default 0.05)")
+    m.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds before a hung build or run is killed and recorded as a timeout (default 300)")
+    m.add_argument("--remeasure", action="store_true", help="measure again pairs the database already holds")
+    m.add_argument("--work-dir", help="keep region files, data and artifacts here (default: a temporary dir)")
+
+
+def _examples(paths: list[str]) -> dict[str, list[np.ndarray]]:
+    arrays = []
+    for path in paths:
+        try:
+            arrays.append(np.load(path, allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise CollageError(f"cannot read input array: {exc}; inputs are .npy files", where=path) from None
+    return {"main": arrays} if arrays else {}
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn)
+
+    from ..backends import get_backend
+    from ..graph import Graph
+    from ..ir import load_module, new_context
+    from ..measure.db import CostDB, default_db_path
+    from ..measure.harness import MeasureOptions, measure_regions
+    from ..measure.timing import TimingOptions
+    from ..passes.number_ops import NumberOpsPass
+    from ..search.candidates import enumerate_candidates
+
+    names = [n.strip() for n in args.backends.split(",") if n.strip()]
+    backends = [get_backend(n, where="--backends") for n in names]
+    examples = _examples(args.input)
+    module = load_module(args.model, new_context())
+    NumberOpsPass().run(module)
+    candidates = enumerate_candidates(Graph(module), backends)
+    options = MeasureOptions(timing=TimingOptions(budget_s=args.budget, rel_spread=args.spread),
+                             build_timeout_s=args.timeout, run_timeout_s=args.timeout, remeasure=args.remeasure,
+                             work_dir=Path(args.work_dir) if args.work_dir else None)
+    if args.jobs:
+        options.jobs = args.jobs
+    console = Console(stderr=True)
+    with CostDB(args.db or default_db_path()) as db, Progress(
+            SpinnerColumn(), TextColumn("[bold]measure"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("hits {task.fields[hits]}  failures {task.fields[failures]}"), TimeElapsedColumn(),
+            TextColumn("{task.description}"), console=console, transient=False) as bar:
+        task = bar.add_task("", total=None, hits=0, failures=0)
+
+        def show(p) -> None:
+            bar.update(task, total=p.total, completed=p.done, hits=p.cache_hits, failures=p.failures,
+                       description=p.current)
+
+        summary = measure_regions(module, [(c.ops, c.backend) for c in candidates], db, examples=examples,
+                                  options=options, on_progress=show)
+        bar.update(task, description="done")
+    _print_summary(summary, names, Path(db.path))
+    return 0
+
+
+def _print_summary(summary, names: list[str], db_path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..measure.db import STATUSES
+
+    table = Table(title=f"measured {len(summary.rows)} candidates in {summary.elapsed_s:.1f} s "
+                        f"({summary.cache_hits} cache hits)")
+    table.add_column("backend")
+    table.add_column("candidates", justify="right")
+    for status in STATUSES:
+        table.add_column(status, justify="right")
+    table.add_column("not posed", justify="right")
+    for name in names:
+        mine = [m for (_, b), m in summary.rows.items() if b == name]
+        counts = [sum(1 for m in mine if m.status == s) for s in STATUSES]
+        table.add_row(name, str(len(mine)), *[str(c) if c else "" for c in counts],
+                      str(sum(1 for _, b, _ in summary.skipped if b == name) or ""))
+    Console().print(table)
+    print(f"cost database: {db_path}")
