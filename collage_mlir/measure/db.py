@@ -161,7 +161,10 @@ class CostDB:
                 c.executemany("INSERT INTO meta VALUES (?, ?)",
                               [("format", FORMAT), ("schema_version", str(SCHEMA_VERSION))])
                 return
-            meta = dict(c.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
+            try:
+                meta = dict(c.execute("SELECT key, value FROM meta"))
+            except sqlite3.OperationalError:  # no meta table, or someone else's
+                meta = {}
         if meta.get("format") != FORMAT:
             raise CollageError("not a collage cost database (an SQLite file without collage's meta table)",
                                where=str(self.path))
@@ -336,7 +339,8 @@ class CostDB:
             for backend, version in current_versions.items():
                 delete("measurements", "device = ? AND backend = ? AND backend_version != ?",
                        (device, backend, version))
-                delete("transitions", "device = ? AND ((src = ? AND src_version != ?) OR (dst = ? AND dst_version != ?))",
+                delete("transitions",
+                       "device = ? AND ((src = ? AND src_version != ?) OR (dst = ? AND dst_version != ?))",
                        (device, backend, version, backend, version))
         with self._lock:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
