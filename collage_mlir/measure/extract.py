@@ -25,6 +25,7 @@ from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..graph import Graph, external_operands, nested_ops
 from ..ir import ir
+from ..plan import Plan, Region
 
 #: Constants with at most this many elements keep their values in the structural hash (they carry
 #: semantics: a relu's zero, a clamp's bounds); larger ones count by type only.
@@ -59,6 +60,11 @@ class ExtractedRegion:
     outputs: tuple[ValueRef, ...]
     #: ``@main``'s first ``const_ops`` ops are the cloned constant expressions; the region's ops follow.
     const_ops: int
+
+    def plan(self, backend: str) -> Plan:
+        """The plan that runs this module's region (all but the cloned constants) on ``backend``."""
+        ids = frozenset(range(self.const_ops, self.const_ops + len(self.ops)))
+        return Plan([Region("region", backend, ids)], source=f"region {self.hash[:12]} on {backend}")
 
 
 def value_ref(graph: Graph, value: ir.Value) -> ValueRef:

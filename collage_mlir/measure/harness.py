@@ -185,9 +185,9 @@ def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options
     def build(job: _Job) -> Outcome:
         worker = builders.get()
         try:
-            return worker.call(f"{_TASKS}:build_candidate", options.build_timeout_s,
-                               region_file=str(work / "regions" / f"{job.region.hash}.mlirbc"),
-                               backend=job.backend.name, const_ops=job.region.const_ops, out_dir=str(job.out_dir))
+            return worker.call(f"{_TASKS}:build_plan", options.build_timeout_s,
+                               module_file=str(work / "regions" / f"{job.region.hash}.mlirbc"),
+                               plan=job.region.plan(job.backend.name).to_json(), out_dir=str(job.out_dir))
         finally:
             builders.put(worker)
 

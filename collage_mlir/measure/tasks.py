@@ -1,5 +1,5 @@
-"""The tasks workers run (``worker.Worker.call("collage_mlir.measure.tasks:<name>", ...)``): build one
-candidate, and time a built artifact (validating its outputs first). Arguments and results are plain
+"""The tasks workers run (``worker.Worker.call("collage_mlir.measure.tasks:<name>", ...)``): build a
+module by a plan, and time a built artifact (validating its outputs first). Arguments and results are plain
 data: paths, numbers, strings."""
 
 from __future__ import annotations
@@ -17,19 +17,16 @@ from .validate import compare
 INPUT, REFERENCE = "in", "ref"
 
 
-def build_candidate(region_file: str, backend: str, const_ops: int, out_dir: str) -> dict:
-    """Compiles the extracted region in ``region_file`` with all its ops (after the first ``const_ops``
-    constant ops) as one region on ``backend``, as a plan would: an artifact directory in ``out_dir``."""
+def build_plan(module_file: str, plan: dict, out_dir: str) -> dict:
+    """Compiles the module in ``module_file`` by ``plan`` (its JSON form) into the artifact directory
+    ``out_dir``, exactly as ``collage compile`` would."""
     from ..artifact import compile_module
-    from ..graph import body_ops, public_funcs
     from ..ir import new_context, parse_module
-    from ..plan import Plan, Region
+    from ..plan import Plan
 
     t0 = time.perf_counter()
-    module = parse_module(Path(region_file).read_bytes(), new_context(), where=region_file)
-    count = sum(1 for f in public_funcs(module) for _ in body_ops(f))
-    plan = Plan([Region("region", backend, frozenset(range(const_ops, count)))], source="candidate")
-    compile_module(module, plan, out_dir, source=region_file)
+    module = parse_module(Path(module_file).read_bytes(), new_context(), where=module_file)
+    compile_module(module, Plan.from_json(plan, source=module_file), out_dir, source=module_file)
     return {"build_s": time.perf_counter() - t0}
 
 

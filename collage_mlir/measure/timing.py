@@ -12,14 +12,15 @@ import numpy as np
 
 @dataclass(frozen=True)
 class TimingOptions:
-    """When to stop sampling: after at least ``min_repeats`` samples once their relative inter-quartile
-    spread is at most ``rel_spread``, or when ``budget_s`` or ``max_repeats`` is reached. A sample
-    averages enough calls to last ``min_sample_s`` (so sub-millisecond calls are not timer noise)."""
+    """When to stop sampling: after at least ``min_repeats`` samples once the median is stable (the
+    relative half-width of its ~95% confidence interval, ``median_uncertainty``, is at most
+    ``rel_spread``), or when ``budget_s`` or ``max_repeats`` is reached. A sample averages enough calls
+    to last ``min_sample_s`` (so sub-millisecond calls are not timer noise)."""
 
     warmup: int = 2
     min_repeats: int = 5
-    max_repeats: int = 200
-    rel_spread: float = 0.05
+    max_repeats: int = 500
+    rel_spread: float = 0.02
     budget_s: float = 1.0
     min_sample_s: float = 1e-3
 
@@ -44,6 +45,12 @@ def relative_spread(samples: list[float]) -> float:
     return float((q75 - q25) / q50) if q50 > 0 else math.inf
 
 
+def median_uncertainty(samples: list[float]) -> float:
+    """Relative half-width of the median's ~95% confidence interval, 1.57 * IQR / sqrt(n) / median
+    (McGill, Tukey and Larsen's notch): how far another run's median is likely to be."""
+    return 1.57 * relative_spread(samples) / math.sqrt(len(samples))
+
+
 def time_repeated(call: Callable[[], object], options: TimingOptions = TimingOptions()) -> Timing:
     """Times ``call()`` (which must finish its work before returning) by ``options``."""
     last = 0.0
@@ -62,7 +69,7 @@ def time_repeated(call: Callable[[], object], options: TimingOptions = TimingOpt
         n = len(samples)
         if n >= options.max_repeats:
             break
-        if n >= options.min_repeats and (relative_spread(samples) <= options.rel_spread
+        if n >= options.min_repeats and (median_uncertainty(samples) <= options.rel_spread
                                          or time.perf_counter() - start >= options.budget_s):
             break
     return Timing(float(np.median(samples)), float(min(samples)), relative_spread(samples), len(samples), inner)

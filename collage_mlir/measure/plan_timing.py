@@ -1,0 +1,72 @@
+"""End-to-end timing of a whole plan of a module: built as ``collage compile`` builds it and timed
+like a candidate, in worker processes (what transition costs, additivity checks and a graph-level
+search need)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..ir import ir
+from ..plan import Plan
+from .harness import MeasureOptions
+from .tasks import INPUT, REFERENCE
+from .worker import Outcome, Worker
+
+_TASKS = "collage_mlir.measure.tasks"
+
+
+class PlanTimer:
+    """Builds and times plans of modules, one at a time, in a build worker and a timing worker."""
+
+    def __init__(self, work_dir: str | Path, options: MeasureOptions | None = None):
+        self.work = Path(work_dir)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.options = options or MeasureOptions()
+        self._builder = Worker("plan-build", self.work)
+        self._timer = Worker("plan-time", self.work)
+        self._count = itertools.count()
+
+    def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
+             references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0) -> Outcome:
+        """Builds ``module`` by ``plan`` and times ``@main`` on ``inputs``; with ``references`` the results
+        are checked first (``wrong`` when beyond ``rtol``/``atol``). The outcome's value is the timing
+        task's result (``status``, ``median_s``, ...); a failed build or run is its status."""
+        k = next(self._count)
+        if isinstance(module, ir.Module):
+            buf = io.BytesIO()
+            module.operation.write_bytecode(buf)
+            module = buf.getvalue()
+        module_file, data_file, out = self.work / f"plan{k}.mlirbc", self.work / f"plan{k}.npz", self.work / f"plan{k}"
+        module_file.write_bytes(module)
+        arrays = {f"{INPUT}{i}": a for i, a in enumerate(inputs)}
+        arrays |= {f"{REFERENCE}{i}": a for i, a in enumerate(references or ())}
+        np.savez(data_file, **arrays)
+        try:
+            built = self._builder.call(f"{_TASKS}:build_plan", self.options.build_timeout_s,
+                                       module_file=str(module_file), plan=plan.to_json(), out_dir=str(out))
+            if not built.ok:
+                return Outcome(built.status, message=f"build: {built.message}")
+            outcome = self._timer.call(f"{_TASKS}:time_artifact", self.options.run_timeout_s, artifact_dir=str(out),
+                                       data_file=str(data_file), timing=self.options.timing.to_json(),
+                                       rtol=rtol if references is not None else None, atol=atol)
+            return outcome if outcome.ok else Outcome(outcome.status, message=f"run: {outcome.message}")
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+            module_file.unlink(missing_ok=True)
+            data_file.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._builder.stop()
+        self._timer.stop()
+
+    def __enter__(self) -> "PlanTimer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

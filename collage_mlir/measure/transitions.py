@@ -1,0 +1,88 @@
+"""Transition costs: what a region boundary between two backends adds, per ordered backend pair.
+
+The probe is two chained matmuls ``(x @ w) @ w`` on NxN f32 tensors, which every CPU backend takes.
+With the first on backend A and the second on B, the program's measured time minus each matmul's own
+cost (measured alone, through the same harness and cost database) is the cost of the A → B boundary:
+the hand-over of one NxN tensor plus whatever each side pays to enter and leave. It may be negative
+(IREE keeps two codegen regions in one dispatch stream). The search adds it per boundary a plan makes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import HARNESS_VERSION
+from ..backends import Backend
+from ..ir import new_context, parse_module
+from ..passes.number_ops import NumberOpsPass
+from ..plan import Plan, Region
+from .db import CostDB, Transition
+from .device import device_fingerprint
+from .harness import MeasureOptions, measure_regions
+from .plan_timing import PlanTimer
+
+#: Side of the probe's square f32 tensors: 256 → 256 KiB cross each boundary.
+PROBE_SIZE = 256
+
+
+def probe_module(n: int = PROBE_SIZE) -> str:
+    t = f"tensor<{n}x{n}xf32>"
+    return (f"func.func @main(%x: {t}, %w: {t}) -> {t} {{\n"
+            f"  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}\n"
+            f"  %1 = stablehlo.dot_general %0, %w, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}\n"
+            f"  return %1 : {t}\n}}\n")
+
+
+def measure_transitions(backends: Sequence[Backend], db: CostDB, options: MeasureOptions | None = None, *,
+                        n: int = PROBE_SIZE, on_progress: Callable[[int, int], None] | None = None
+                        ) -> list[Transition]:
+    """The transition cost of every ordered pair of ``backends`` (from the DB where it holds them)."""
+    options = options or MeasureOptions()
+    device, _ = device_fingerprint()
+    module = parse_module(probe_module(n), new_context())
+    NumberOpsPass().run(module)
+    alone = measure_regions(module, [(frozenset({0}), b.name) for b in backends], db, options=options).rows
+    rng = np.random.default_rng(options.seed)
+    x, w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32), (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+    expected = (x.astype(np.float64) @ w @ w).astype(np.float32)
+    pairs = list(itertools.product(backends, repeat=2))
+    found: list[Transition] = []
+    with tempfile.TemporaryDirectory(prefix="collage-transitions-") as tmp, PlanTimer(Path(tmp), options) as timer:
+        for k, (a, b) in enumerate(pairs):
+            key = (a.name, b.name, a.version(), b.version(), device, HARNESS_VERSION, n * n * 4)
+            t = None if options.remeasure else db.get_transition(*key)
+            if t is None:
+                t = _measure_pair(module, a, b, key, alone, timer, [x, w], expected)
+                db.put_transition(t)
+            found.append(t)
+            if on_progress:
+                on_progress(k + 1, len(pairs))
+    return found
+
+
+def _measure_pair(module, a: Backend, b: Backend, key: tuple, alone: dict, timer: PlanTimer, inputs, expected
+                  ) -> Transition:
+    cost_a, cost_b = alone.get((frozenset({0}), a.name)), alone.get((frozenset({0}), b.name))
+    for backend, m in ((a, cost_a), (b, cost_b)):
+        if m is None or not m.usable:
+            why = m.message if m is not None else "not measured"
+            return Transition(*key, status="error", message=f"{backend.name} cannot run the probe alone: {why}")
+    plan = Plan([Region("first", a.name, frozenset({0})), Region("second", b.name, frozenset({1}))],
+                source=f"transition {a.name} -> {b.name}")
+    # Two chained matmuls on two backends: allow ten times the looser tolerance of the two.
+    rtol = 10 * max(a.tolerance.rtol, b.tolerance.rtol)
+    atol = 10 * max(a.tolerance.atol, b.tolerance.atol)
+    outcome = timer.time(module, plan, inputs, [expected], rtol, atol)
+    if not outcome.ok:
+        return Transition(*key, status=outcome.status, message=outcome.message)
+    v = outcome.value
+    if v["status"] != "ok":
+        return Transition(*key, status=v["status"], message=v.get("message", ""))
+    return Transition(*key, status="ok", cost_s=v["median_s"] - cost_a.median_s - cost_b.median_s,
+                      message=f"pair {v['median_s'] * 1e6:.1f} us, alone {cost_a.median_s * 1e6:.1f} + "
+                              f"{cost_b.median_s * 1e6:.1f} us")
