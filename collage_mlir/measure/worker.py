@@ -8,10 +8,13 @@ picklable value or raises (``error`` outcome with the exception's message).
 from __future__ import annotations
 
 import importlib
-import multiprocessing as mp
 import os
 import signal
+import socket
+import subprocess
+import sys
 import tempfile
+from multiprocessing.connection import Connection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +39,13 @@ class Outcome:
         return self.status == "ok"
 
 
-def _serve(conn, log_path: str) -> None:
-    # Backends print to the C-level stderr; keep it for crash messages rather than the caller's terminal.
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 2)
-    os.dup2(fd, 1)
+def _short(text: str, limit: int = 800) -> str:
+    """``text`` on one line; a long one keeps its start and its end (where a chained error says why)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit // 4] + " ... " + text[-(limit - limit // 4):]
+
+
+def _serve(conn) -> None:
     while True:
         try:
             target, kwargs = conn.recv()
@@ -53,32 +58,34 @@ def _serve(conn, log_path: str) -> None:
         except CollageError as exc:
             reply = ("error", None, str(exc))
         except Exception as exc:  # a backend's failure is a result to record, not the worker's end
-            reply = ("error", None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}")
+            reply = ("error", None, _short(f"{type(exc).__name__}: {exc}"))
         conn.send(reply)
 
 
 class Worker:
-    """One child process (spawned, so no inherited locks or threads) serving tasks one at a time;
-    restarted after a crash or timeout."""
+    """One child interpreter (``python -m collage_mlir.measure.worker``: nothing inherited, and the
+    caller's main module is never re-imported) serving tasks one at a time; restarted after a crash
+    or timeout. Its stdout and stderr go to a log file, quoted when it dies."""
 
     def __init__(self, name: str = "worker", log_dir: str | Path | None = None):
         self.name = name
         self._log_dir = Path(log_dir or tempfile.gettempdir())
-        self._proc = None
-        self._conn = None
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self.log_path = self._log_dir / f"{self.name}-{os.getpid()}.log"
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self.log_path = self._log_dir / f"{self.name}-{os.getpid()}.log"
-        self._proc = ctx.Process(target=_serve, args=(child, str(self.log_path)), name=self.name, daemon=True)
-        self._proc.start()
-        child.close()
-        self._conn = parent
+        ours, theirs = socket.socketpair()
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
+                                          pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT)
+        theirs.close()
+        self._conn = Connection(ours.detach())
 
     def call(self, target: str, timeout: float, **kwargs) -> Outcome:
         """Runs ``target(**kwargs)`` in the worker; waits at most ``timeout`` seconds."""
-        if self._proc is None or not self._proc.is_alive():
+        if self._proc is None or self._proc.poll() is not None:
             self._start()
         try:
             self._conn.send((target, kwargs))
@@ -91,8 +98,11 @@ class Worker:
             return Outcome("crash", message=self._death())
 
     def _death(self) -> str:
-        self._proc.join(5)
-        code = self._proc.exitcode
+        try:
+            code = self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            code = self._proc.wait()
         why = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         tail = ""
         try:
@@ -101,14 +111,16 @@ class Worker:
         except OSError:
             pass
         self._proc = None
+        self._conn.close()
+        self._conn = None
         return f"worker died ({why})" + (f": {tail}" if tail else "")
 
     def stop(self) -> None:
         """Kills the worker (a later call starts a fresh one)."""
         if self._proc is not None:
-            if self._proc.is_alive():
+            if self._proc.poll() is None:
                 self._proc.kill()
-            self._proc.join(5)
+            self._proc.wait()
             self._proc = None
         if self._conn is not None:
             self._conn.close()
@@ -119,3 +131,7 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+if __name__ == "__main__":
+    _serve(Connection(int(sys.argv[1])))

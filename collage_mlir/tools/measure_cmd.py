@@ -22,10 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="example input .npy for @main, once per argument in order (default: generated data)")
     m.add_argument("--jobs", type=int, default=None, help="parallel candidate builds (default: CPU count)")
     m.add_argument("--budget", type=float, default=1.0, help="timing budget per candidate in seconds (default 1)")
-    m.add_argument("--spread", type=float, default=0.05,
-                   help="stop timing once the samples' relative inter-quartile spread is below this (default 0.05)")
+    m.add_argument("--spread", type=float, default=0.02,
+                   help="stop timing once the median's relative uncertainty is below this (default 0.02)")
     m.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a hung build or run is killed and recorded as a timeout (default 300)")
+    m.add_argument("--no-transitions", action="store_true",
+                   help="skip measuring the transition cost of each backend pair (cached in the DB once measured)")
     m.add_argument("--remeasure", action="store_true", help="measure again pairs the database already holds")
     m.add_argument("--work-dir", help="keep region files, data and artifacts here (default: a temporary dir)")
 
@@ -79,8 +81,32 @@ def run(args: argparse.Namespace) -> int:
         summary = measure_regions(module, [(c.ops, c.backend) for c in candidates], db, examples=examples,
                                   options=options, on_progress=show)
         bar.update(task, description="done")
+        transitions = []
+        if not args.no_transitions:
+            from ..measure.transitions import measure_transitions
+
+            pairs = bar.add_task("transitions", total=len(backends) ** 2, hits=0, failures=0)
+            transitions = measure_transitions(backends, db, options,
+                                              on_progress=lambda k, n: bar.update(pairs, completed=k, total=n))
     _print_summary(summary, names, Path(db.path))
+    if transitions:
+        _print_transitions(transitions)
     return 0
+
+
+def _print_transitions(transitions) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = list(dict.fromkeys(t.src for t in transitions))
+    cost = {(t.src, t.dst): (f"{t.cost_s * 1e6:+.0f}" if t.status == "ok" else t.status) for t in transitions}
+    table = Table(title="transition cost per boundary, µs (row: from, column: to)")
+    table.add_column("")
+    for n in names:
+        table.add_column(n, justify="right")
+    for a in names:
+        table.add_row(a, *[cost.get((a, b), "") for b in names])
+    Console().print(table)
 
 
 def _print_summary(summary, names: list[str], db_path: Path) -> None:

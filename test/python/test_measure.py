@@ -1,0 +1,268 @@
+"""The measurement harness: extraction keeps a region's semantics, failing backends become rows and
+the run completes, the same region in two models is one DB row, and `collage measure` end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collage_mlir.backends import registry
+from collage_mlir.graph import Graph
+from collage_mlir.ir import new_context, parse_module
+from collage_mlir.measure.db import CostDB
+from collage_mlir.measure.extract import extract_region
+from collage_mlir.measure.harness import MeasureOptions, measure_regions
+from collage_mlir.measure.timing import TimingOptions
+from collage_mlir.measure.validate import compare
+from collage_mlir.passes.number_ops import NumberOpsPass
+
+FAULTY = Path(__file__).parent / "faulty"
+QUICK = TimingOptions(budget_s=0.05, min_repeats=3, max_repeats=20)
+
+ELEMENTWISE = """
+func.func @main(%x: tensor<64xf32>, %y: tensor<64xf32>) -> tensor<64xf32> {
+  %0 = stablehlo.add %x, %y : tensor<64xf32>
+  %1 = stablehlo.multiply %0, %0 : tensor<64xf32>
+  %2 = stablehlo.add %1, %x : tensor<64xf32>
+  return %2 : tensor<64xf32>
+}
+"""
+
+
+def numbered(text: str):
+    module = parse_module(text, new_context())
+    NumberOpsPass().run(module)
+    return module
+
+
+def by_name(graph: Graph, name: str) -> list[int]:
+    return [i for i, n in graph.nodes.items() if n.name == name]
+
+
+def _blob(name: str, seed: int) -> str:
+    """A resource section holding random 8x8x3x3 f32 weights, as torch-mlir writes weights."""
+    data = np.random.default_rng(seed).standard_normal(8 * 8 * 3 * 3).astype("<f4").tobytes()
+    return '{-#\n dialect_resources: { builtin: { %s: "0x04000000%s" } }\n#-}\n' % (name, data.hex().upper())
+
+
+# -- extraction -------------------------------------------------------------------------------------
+
+CONV_A = """
+func.func @main(%x: tensor<1x8x16x16xf32>) -> tensor<1x8x16x16xf32> {
+  %w = stablehlo.constant dense_resource<weight_a> : tensor<8x8x3x3xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<1x8x16x16xf32>
+  %c = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {stride = [1, 1], pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x8x16x16xf32>, tensor<8x8x3x3xf32>) -> tensor<1x8x16x16xf32>
+  %r = stablehlo.maximum %c, %zero : tensor<1x8x16x16xf32>
+  return %r : tensor<1x8x16x16xf32>
+}
+""" + _blob("weight_a", 1)
+
+# Another model with the same conv (other weights, other neighbours, other SSA names).
+CONV_B = """
+func.func @main(%a: tensor<1x8x16x16xf32>, %b: tensor<1x8x16x16xf32>) -> tensor<1x8x16x16xf32> {
+  %in = stablehlo.add %a, %b : tensor<1x8x16x16xf32>
+  %kernel = stablehlo.constant dense_resource<conv2_kernel> : tensor<8x8x3x3xf32>
+  %conv = stablehlo.convolution(%in, %kernel) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {stride = [1, 1], pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x8x16x16xf32>, tensor<8x8x3x3xf32>) -> tensor<1x8x16x16xf32>
+  %t = stablehlo.tanh %conv : tensor<1x8x16x16xf32>
+  return %t : tensor<1x8x16x16xf32>
+}
+""" + _blob("conv2_kernel", 2)
+
+
+def test_extracted_region_takes_free_values_and_returns_escaping_ones():
+    graph = Graph(numbered(ELEMENTWISE))
+    add, mul = by_name(graph, "stablehlo.add")[0], by_name(graph, "stablehlo.multiply")[0]
+    region = extract_region(graph, frozenset({add, mul}))
+    text = str(parse_module(region.bytecode, new_context()))
+    assert "func.func @main(%arg0: tensor<64xf32>, %arg1: tensor<64xf32>) -> tensor<64xf32>" in text
+    assert [r.key() for r in region.inputs] == ["main:arg0", "main:arg1"]
+    assert [r.key() for r in region.outputs] == [f"op{mul}:0"]
+    assert "collage.id" not in text
+
+
+def test_structural_hash_ignores_names_and_large_weights_but_not_small_constants():
+    a, b = Graph(numbered(CONV_A)), Graph(numbered(CONV_B))
+    conv_a = extract_region(a, frozenset(by_name(a, "stablehlo.convolution")))
+    conv_b = extract_region(b, frozenset(by_name(b, "stablehlo.convolution")))
+    assert conv_a.hash == conv_b.hash
+    relu = extract_region(a, frozenset(by_name(a, "stablehlo.maximum")))
+    other = numbered(CONV_A.replace("dense<0.0> : tensor<1x8x16x16xf32>", "dense<1.0> : tensor<1x8x16x16xf32>"))
+    g = Graph(other)
+    assert extract_region(g, frozenset(by_name(g, "stablehlo.maximum"))).hash != relu.hash
+
+
+CONFORMANCE = Path(os.environ.get("COLLAGE_CONFORMANCE_DIR", Path(__file__).resolve().parents[3] / "shared" / "conformance" / "iree-e2e"))
+CONFORMANCE_FILES = sorted(CONFORMANCE.rglob("*.mlir")) if CONFORMANCE.is_dir() else []
+
+
+def _checked_values_returned(text: str):
+    """The conformance file with its ``check.*`` ops removed and the values they checked returned
+    instead, so every function has results to capture."""
+    from collage_mlir.graph import public_funcs
+    from collage_mlir.ir import ir
+
+    module = parse_module(text, new_context())
+    with module.context, ir.Location.unknown():
+        for func in list(public_funcs(module)):
+            block = func.regions[0].blocks[0]
+            checked = []
+            for op in list(block.operations):
+                if op.operation.name.startswith("check."):
+                    checked.append(op.operation.operands[0])
+                    op.operation.erase()
+            ret = block.operations[len(block.operations) - 1]
+            values = list(ret.operands) + checked
+            with ir.InsertionPoint(ret):
+                ir.Operation.create("func.return", operands=values)
+            ret.erase()
+            ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+            func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [v.type for v in values]))
+    NumberOpsPass().run(module)
+    return module
+
+
+def _extraction_mismatches(path: Path) -> list[str]:
+    """Every single compute op and every grown region of up to 4 ops, extracted, compiled in one module
+    and run on the values captured from the whole program: results must equal the in-model values."""
+    import io
+
+    import iree.runtime as rt
+
+    from collage_mlir.artifact import iree_compile
+    from collage_mlir.backends.iree_cpu import is_compute_op
+    from collage_mlir.backends.patterns import grow_regions
+    from collage_mlir.errors import CollageError
+    from collage_mlir.ir import ir
+    from collage_mlir.measure.reference import capture, model_inputs
+
+    module = _checked_values_returned(path.read_text())
+    graph = Graph(module)
+    ok = {i for i, n in graph.nodes.items() if is_compute_op(n.op) is None}
+    regions = []
+    for ids in [frozenset({i}) for i in sorted(ok)] + list(grow_regions(graph, ok, 4)):
+        try:
+            regions.append(extract_region(graph, ids))
+        except CollageError:
+            continue  # a dead region: nothing to compare
+    if not regions:
+        return []
+    buf = io.BytesIO()
+    module.operation.write_bytecode(buf)
+    values = capture(buf.getvalue(), {r for x in regions for r in (*x.inputs, *x.outputs)}, model_inputs(module, {}))
+    combined = parse_module("module {}", new_context())
+    with combined.context:
+        for k, region in enumerate(regions):
+            part = parse_module(region.bytecode, combined.context)
+            fn = part.body.operations[0]
+            fn.operation.attributes["sym_name"] = ir.StringAttr.get(f"r{k}")
+            combined.body.append(fn)
+    vmfb = iree_compile(combined)
+    ctx = rt.SystemContext(config=rt.Config("local-task"))
+    vm = rt.VmModule.copy_buffer(ctx.instance, vmfb)
+    ctx.add_vm_module(vm)
+    fns = getattr(ctx.modules, vm.name)
+    bad = []
+    for k, region in enumerate(regions):
+        out = fns[f"r{k}"](*[values[r] for r in region.inputs])
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        check = compare([o.to_host() for o in out], [values[r] for r in region.outputs], rtol=1e-5, atol=1e-6)
+        if not check.ok:
+            bad.append(f"{path.name} ops {sorted(region.ops)} ({region.summary}): {check.message}")
+    return bad
+
+
+@pytest.mark.skipif(not CONFORMANCE_FILES, reason="conformance inputs not found")
+def test_extraction_preserves_results_on_conformance_inputs():
+    from collage_mlir.errors import CollageError
+
+    mismatches, checked = [], 0
+    for path in CONFORMANCE_FILES:
+        try:
+            mismatches += _extraction_mismatches(path)
+            checked += 1
+        except CollageError:
+            continue  # IREE alone cannot compile or run this file (see test/conformance/BASELINE.md)
+    assert checked >= 60, f"only {checked} conformance files could be checked"
+    assert not mismatches, "\n".join(mismatches)
+
+
+# -- harness ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def faulty_backends(monkeypatch):
+    """Registers the faulty backends (entry points in test/python/faulty) here and in workers."""
+    monkeypatch.syspath_prepend(str(FAULTY))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTY), os.environ.get("PYTHONPATH", "")]))
+    registry.cache_clear()
+    yield
+    registry.cache_clear()
+
+
+def test_faulty_backends_are_recorded_and_the_run_completes(faulty_backends, tmp_path):
+    module = numbered(ELEMENTWISE)
+    graph = Graph(module)
+    ops = sorted(graph.nodes)
+    names = ["iree-cpu", "faulty-crash", "faulty-hang", "faulty-wrong", "faulty-build"]
+    adds = by_name(graph, "stablehlo.add")  # one region hash: the hang costs one timeout
+    pairs = [(frozenset({i}), b) for i in ops for b in names if b != "faulty-hang" or i in adds]
+    db = CostDB(tmp_path / "costs.sqlite")
+    options = MeasureOptions(timing=QUICK, run_timeout_s=10, build_timeout_s=120)
+    summary = measure_regions(module, pairs, db, options=options)
+    status = {(min(ids), b): m for (ids, b), m in summary.rows.items()}
+    assert len(status) == len(pairs)
+    for i in ops:
+        assert status[(i, "iree-cpu")].status == "ok" and status[(i, "iree-cpu")].median_s > 0
+        assert status[(i, "faulty-crash")].status == "crash"
+        assert "SIGABRT" in status[(i, "faulty-crash")].message
+        assert i not in adds or status[(i, "faulty-hang")].status == "timeout"
+        wrong = status[(i, "faulty-wrong")]
+        assert wrong.status == "wrong" and wrong.max_abs_err == pytest.approx(1.0) and wrong.median_s is None
+        assert status[(i, "faulty-build")].status == "error"
+        assert "cannot build anything" in status[(i, "faulty-build")].message
+    # Failures are rows: a second run measures nothing again.
+    again = measure_regions(module, pairs, db, options=options)
+    assert again.measured == 0 and again.cache_hits == len(pairs)
+    assert {m.status for m in db.measurements()} == {"ok", "crash", "timeout", "wrong", "error"}
+
+
+def test_same_conv_in_two_models_shares_one_row(tmp_path):
+    db = CostDB(tmp_path / "costs.sqlite")
+    options = MeasureOptions(timing=QUICK)
+    a, b = numbered(CONV_A), numbered(CONV_B)
+    conv_a = frozenset(by_name(Graph(a), "stablehlo.convolution"))
+    conv_b = frozenset(by_name(Graph(b), "stablehlo.convolution"))
+    first = measure_regions(a, [(conv_a, "iree-cpu")], db, options=options)
+    second = measure_regions(b, [(conv_b, "iree-cpu")], db, options=options)
+    assert first.measured == 1 and second.cache_hits == 1 and second.measured == 0
+    rows = db.measurements()
+    assert len(rows) == 1 and rows[0].status == "ok" and rows[0].region == "convolution"
+
+
+def test_validation_scales_errors_by_the_output_magnitude():
+    ref = np.array([100.0, 1e-6], dtype=np.float32)
+    assert compare([ref + np.float32(1e-3)], [ref], rtol=1e-4, atol=1e-5).ok
+    check = compare([ref[::-1].copy()], [ref], rtol=1e-4, atol=1e-5)
+    assert not check.ok and check.max_abs == pytest.approx(100.0, rel=1e-3)
+    assert not compare([np.array([1, 2])], [np.array([1, 3])], rtol=1, atol=1).ok
+    assert compare([np.array([np.nan, 1.0])], [np.array([np.nan, 1.0])], rtol=0, atol=0).ok
+
+
+def test_collage_measure_cli(tmp_path):
+    model = tmp_path / "model.mlir"
+    model.write_text(ELEMENTWISE)
+    db = tmp_path / "costs.sqlite"
+    cmd = [sys.executable, "-m", "collage_mlir.tools.cli", "measure", str(model), "--backends", "iree-cpu,ort",
+           "--db", str(db), "--budget", "0.05", "--no-transitions"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "iree-cpu" in proc.stdout and "cache hits" in proc.stdout
+    rows = CostDB(db).measurements()
+    assert {m.backend for m in rows} == {"iree-cpu", "ort"} and all(m.usable for m in rows)
+    bad = subprocess.run(cmd[:5] + ["--backends", "nosuch", "--db", str(db)], capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown backend 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
