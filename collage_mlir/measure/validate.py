@@ -42,8 +42,9 @@ def compare(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], rto
                 problem = problem or f"output {k}: {bad} of {ref.size} elements differ"
             continue
         o, r = out.astype(np.float64), ref.astype(np.float64)
-        both_nan = np.isnan(o) & np.isnan(r)
-        diff = np.where(both_nan, 0.0, np.abs(o - r))
+        same = (o == r) | (np.isnan(o) & np.isnan(r))  # equal infinities too
+        with np.errstate(invalid="ignore"):
+            diff = np.where(same, 0.0, np.abs(o - r))
         diff = np.where(np.isnan(diff), np.inf, diff)
         finite = np.abs(r[np.isfinite(r)])
         scale = float(finite.max()) if finite.size else 0.0
