@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import platform
-import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from report import header, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test" / "python"))
 from models import mlp, small_cnn  # noqa: E402
@@ -48,9 +47,7 @@ from collage_mlir.backends import DEFAULT_BACKEND, get_backend  # noqa: E402
 from collage_mlir.dialects import stablehlo as sh  # noqa: E402
 from collage_mlir.graph import Graph  # noqa: E402
 from collage_mlir.ir import new_context  # noqa: E402
-from collage_mlir.measure import HARNESS_VERSION  # noqa: E402
 from collage_mlir.measure.db import CostDB  # noqa: E402
-from collage_mlir.measure.device import device_fingerprint  # noqa: E402
 from collage_mlir.measure.harness import MeasureOptions, measure_regions  # noqa: E402
 from collage_mlir.measure.plan_timing import PlanTimer  # noqa: E402
 from collage_mlir.measure.timing import TimingOptions  # noqa: E402
@@ -173,12 +170,7 @@ def run(args: argparse.Namespace) -> dict:
             for model in args.models.split(","):
                 models.append(run_model(model, backends, seeds, db, options, timer, trans))
         db.close()
-    return {
-        "benchmark": NAME,
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "device": device_fingerprint()[1],
-        "python": platform.python_version(),
-        "harness_version": HARNESS_VERSION,
+    return header(NAME) | {
         "backends": {b.name: b.version() for b in backends},
         "timing": options.timing.to_json(),
         "transition_probe_bytes": PROBE_SIZE * PROBE_SIZE * 4,
@@ -350,12 +342,7 @@ def main() -> None:
         a.models, a.seeds, a.backends, a.budget = "mlp", "0", a.backends or "iree-cpu,ort", 0.2
     a.backends = a.backends or ",".join(b.name for b in available_backends())
     result = run(a)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = markdown(result)
-    (out / f"{NAME}.md").write_text(text)
-    print(text)
+    write_report(a.out, NAME, result, markdown(result))
 
 
 if __name__ == "__main__":

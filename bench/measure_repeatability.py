@@ -24,10 +24,7 @@ Writes OUT/measure_repeatability.json and OUT/measure_repeatability.md. Not run 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -35,12 +32,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from report import header, write_report
+
 from collage_mlir.backends import get_backend
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context
-from collage_mlir.measure import HARNESS_VERSION
 from collage_mlir.measure.db import CostDB
-from collage_mlir.measure.device import device_fingerprint
 from collage_mlir.measure.harness import MeasureOptions, measure_regions
 from collage_mlir.measure.timing import TimingOptions
 from collage_mlir.passes.number_ops import NumberOpsPass
@@ -181,12 +178,7 @@ def run(args: argparse.Namespace) -> dict:
             res["disagreeing_run_pairs"] = sum(
                 abs(a["median_s"] - c["median_s"]) > a["median_uncertainty"] * a["median_s"]
                 + c["median_uncertainty"] * c["median_s"] for a, c in run_pairs) / len(run_pairs)
-    return {
-        "benchmark": NAME,
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "device": device_fingerprint()[1],
-        "python": platform.python_version(),
-        "harness_version": HARNESS_VERSION,
+    return header(NAME) | {
         "backends": {b: get_backend(b).version() for b in sorted({k[1] for k in results})},
         "timing": options.timing.to_json(),
         "runs": args.runs,
@@ -246,12 +238,7 @@ def main() -> None:
     if a.quick:
         a.runs, a.budget = 3, 0.2
     result = run(a)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = markdown(result)
-    (out / f"{NAME}.md").write_text(text)
-    print(text)
+    write_report(a.out, NAME, result, markdown(result))
 
 
 if __name__ == "__main__":

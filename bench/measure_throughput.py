@@ -23,21 +23,18 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import platform
-import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from report import header, write_report
+
 
 from collage_mlir.backends import get_backend
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context
-from collage_mlir.measure import HARNESS_VERSION
 from collage_mlir.measure.db import STATUSES, CostDB
-from collage_mlir.measure.device import device_fingerprint
 from collage_mlir.measure.harness import MeasureOptions, Progress, measure_regions
 from collage_mlir.measure.timing import TimingOptions
 from collage_mlir.passes.number_ops import NumberOpsPass
@@ -216,12 +213,7 @@ def run(args: argparse.Namespace) -> dict:
                  for (ops, b), m in summary.rows.items()]
     failures = [{"backend": m.backend, "status": m.status, "region": m.region[:120], "message": m.message[:300]}
                 for m in rows if not m.usable]
-    return {
-        "benchmark": NAME,
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "device": device_fingerprint()[1],
-        "python": platform.python_version(),
-        "harness_version": HARNESS_VERSION,
+    return header(NAME) | {
         "model": {"name": "resnet50" if blocks == (3, 4, 6, 3) else f"resnet{blocks}", "blocks": list(blocks),
                   "image": args.image, "ops": len(graph)},
         "backends": {b.name: b.version() for b in backends},
@@ -295,12 +287,7 @@ def main() -> None:
     if a.quick:
         a.blocks, a.image, a.limit, a.budget = "1,1,1,1", 64, 10, 0.2
     result = run(a)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = markdown(result)
-    (out / f"{NAME}.md").write_text(text)
-    print(text)
+    write_report(a.out, NAME, result, markdown(result))
 
 
 if __name__ == "__main__":

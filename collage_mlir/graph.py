@@ -81,6 +81,17 @@ def external_operands(ops: Iterable[ir.Operation]) -> list[ir.Value]:
     return seen
 
 
+def remap_operands(op: ir.Operation, mapping: list[tuple[ir.Value, ir.Value]]) -> None:
+    """Replaces, in ``op`` and the ops nested in it, every operand that is an old value of ``mapping``
+    (old, new) pairs by its new value (ir.Value is not hashable, hence pairs)."""
+    for o in nested_ops(op):
+        for i, operand in enumerate(o.operands):
+            for old, new in mapping:
+                if operand == old:
+                    o.operands[i] = new
+                    break
+
+
 def producer(value: ir.Value) -> ir.Operation | None:
     """The op that defines ``value``, or None for a block argument."""
     owner = value.owner

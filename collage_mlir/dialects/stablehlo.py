@@ -160,6 +160,18 @@ def const_expr_ops(value: ir.Value, max_ops: int = 8) -> list[ir.Operation] | No
     return None if inner is None else inner + [op]
 
 
+def clone_const_expr(chain: list[ir.Operation], ip: ir.InsertionPoint) -> list[ir.Operation]:
+    """Clones a constant expression (``const_expr_ops``' chain, producers first) at ``ip``, each clone
+    reading the previous one; the last clone's result is the expression's value."""
+    clones: list[ir.Operation] = []
+    for op in chain:
+        clone = op.clone(ip=ip)
+        if clones:
+            clone.operands[0] = clones[-1].results[0]
+        clones.append(clone)
+    return clones
+
+
 def const_expr_value(value: ir.Value) -> np.ndarray | None:
     """The value of a constant expression (see ``const_expr_ops``), else None."""
     ops = const_expr_ops(value)

@@ -23,7 +23,7 @@ from iree.compiler.dialects import func as func_d
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
-from ..graph import Graph, external_operands, nested_ops
+from ..graph import Graph, external_operands, nested_ops, remap_operands
 from ..ir import ir
 from ..plan import Plan, Region
 
@@ -102,27 +102,15 @@ def extract_region(graph: Graph, ids: frozenset[int]) -> ExtractedRegion:
             entry = fn.add_entry_block()
         mapping: list[tuple[ir.Value, ir.Value]] = list(zip(args, entry.arguments))
         clones: list[ir.Operation] = []
-        n_const = 0
         for v, chain in consts:
-            prev = None
-            for op in chain:
-                clone = op.clone(ip=ir.InsertionPoint(entry))
-                if prev is not None:
-                    clone.operands[0] = prev
-                prev = clone.results[0]
-                clones.append(clone)
-                n_const += 1
-            mapping.append((v, prev))
+            clones += sh.clone_const_expr(chain, ir.InsertionPoint(entry))
+            mapping.append((v, clones[-1].results[0]))
+        n_const = len(clones)
         for op in ops:
             clone = op.clone(ip=ir.InsertionPoint(entry))
             clones.append(clone)
             mapping.extend(zip(op.results, clone.results))
-            for o in nested_ops(clone):
-                for k, operand in enumerate(o.operands):
-                    for old, new in mapping:
-                        if operand == old:
-                            o.operands[k] = new
-                            break
+            remap_operands(clone, mapping)
         for clone in clones:
             for attr in _COLLAGE_ATTRS:
                 if attr in clone.attributes:

@@ -57,7 +57,6 @@ def time_artifact(artifact_dir: str, data_file: str, timing: dict, rtol: float |
         fn = program.device_function("main")
         args = [program.to_device(a) for a in inputs]
         t = time_repeated(lambda: fn(*args), TimingOptions(**timing))
-        del args, fn
         return result | {"median_s": t.median_s, "min_s": t.min_s, "spread": t.spread, "repeats": t.repeats}
     finally:
         program.close()

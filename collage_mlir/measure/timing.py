@@ -12,13 +12,16 @@ import numpy as np
 
 @dataclass(frozen=True)
 class TimingOptions:
-    """When to stop sampling: after at least ``min_repeats`` samples once the median is stable (the
-    relative half-width of its ~95% confidence interval, ``median_uncertainty``, is at most
-    ``rel_spread``), or when ``budget_s`` or ``max_repeats`` is reached. A sample averages enough calls
-    to last ``min_sample_s`` (so sub-millisecond calls are not timer noise)."""
+    """When to stop sampling: after at least ``min_repeats`` samples spanning ``min_time_s``, once the
+    median is stable (the relative half-width of its ~95% confidence interval, ``median_uncertainty``,
+    is at most ``rel_spread``), or when ``budget_s`` or ``max_repeats`` is reached. A sample averages
+    enough calls to last ``min_sample_s`` (so sub-millisecond calls are not timer noise). The minimum
+    span matters on a shared machine: five quick samples can agree with each other and not with the
+    next run (bench/results/measure_repeatability.md)."""
 
     warmup: int = 2
-    min_repeats: int = 5
+    min_repeats: int = 10
+    min_time_s: float = 0.25
     max_repeats: int = 500
     rel_spread: float = 0.02
     budget_s: float = 1.0
@@ -69,7 +72,8 @@ def time_repeated(call: Callable[[], object], options: TimingOptions = TimingOpt
         n = len(samples)
         if n >= options.max_repeats:
             break
-        if n >= options.min_repeats and (median_uncertainty(samples) <= options.rel_spread
-                                         or time.perf_counter() - start >= options.budget_s):
+        spent = time.perf_counter() - start
+        if n >= options.min_repeats and spent >= min(options.min_time_s, options.budget_s) and (
+                median_uncertainty(samples) <= options.rel_spread or spent >= options.budget_s):
             break
     return Timing(float(np.median(samples)), float(min(samples)), relative_spread(samples), len(samples), inner)

@@ -18,7 +18,7 @@ from iree.compiler.dialects import func as func_d
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
-from ..graph import body_ops, external_operands, module_block, nested_ops, public_funcs
+from ..graph import body_ops, external_operands, module_block, nested_ops, public_funcs, remap_operands
 from ..ir import ir, location_text
 from . import ModulePass
 
@@ -91,22 +91,11 @@ def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, bac
 
     mapping: list[tuple[ir.Value, ir.Value]] = list(zip(args, entry.arguments))
     for v, chain in sunk:
-        prev = None
-        for op in chain:
-            clone = op.clone(ip=ir.InsertionPoint(entry))
-            if prev is not None:
-                clone.operands[0] = prev
-            prev = clone.results[0]
-        mapping.append((v, prev))
+        mapping.append((v, sh.clone_const_expr(chain, ir.InsertionPoint(entry))[-1].results[0]))
     for op in ops:
         entry.append(op)
     for op in ops:
-        for o in nested_ops(op):
-            for i, operand in enumerate(o.operands):
-                for old, new in mapping:
-                    if operand == old:
-                        o.operands[i] = new
-                        break
+        remap_operands(op, mapping)
     with loc, ir.InsertionPoint(entry):
         func_d.ReturnOp(outputs)
     for _, chain in sunk:  # drop constant expressions whose every use moved into regions
