@@ -10,10 +10,12 @@ When some region needs such a device, the pass
   elides the copies of cross-device transfers);
 - pins each such region call: operands ``flow.tensor.transfer``-ed to its device, results transferred
   back to the default device; the call gets ``collage.device``;
-- pins constant operands of what runs on the default device (calls to its codegen regions, contractions
-  left in the public functions) to the default device. Without this IREE 3.13 may encode a constant
-  shared by both devices on the data-tiling one, and the default device reads a packed layout
-  (measured: wrong results). Only constants are pinned: a pin blocks fusion across it.
+- pins the operands of what runs on the default device (calls to its codegen regions, contractions
+  left in the public functions) that it shares with another device — constants, and any value also
+  transferred elsewhere (a weight argument read by both) — to the default device. Without this IREE
+  3.13 may encode the shared value on the data-tiling device, and the default device reads a packed
+  layout (measured: wrong results; with a shared argument the other order also failed to compile).
+  Only shared values are pinned: a pin blocks fusion across it.
 
 Without such regions the module is left as it is. Run after ``collage-lower``.
 """
@@ -153,26 +155,46 @@ class PlaceDevicesPass(ModulePass):
     def _pin(module: ir.Module | ir.Operation, placed: dict[str, tuple[IreeDevice | None, str]]) -> None:
         is_constant = _ConstantCheck()
         for func in list(public_funcs(module)):
+            on_default = []
             for op in list(body_ops(func)):
                 callee = (ir.FlatSymbolRefAttr(op.attributes["callee"]).value
                           if op.name == "func.call" and "callee" in op.attributes else None)
                 if callee in placed and DEVICE_ATTR not in op.attributes:
                     dev = placed[callee][0]
-                    name = dev.name if dev is not None else DEFAULT_DEVICE_NAME
-                    _pin_call(op, name, is_constant, move_all=dev is not None)
-                    collage.set_str_attr(op, DEVICE_ATTR, name)
+                    if dev is None:
+                        on_default.append(op)
+                        collage.set_str_attr(op, DEVICE_ATTR, DEFAULT_DEVICE_NAME)
+                    else:
+                        _pin_call(op, dev.name, lambda v: True, results_back=True)
+                        collage.set_str_attr(op, DEVICE_ATTR, dev.name)
                 elif op.name in CONTRACTIONS:
-                    _pin_call(op, DEFAULT_DEVICE_NAME, is_constant, move_all=False)
+                    on_default.append(op)
+            # Once every other device's operands are pinned: a value the default device shares with
+            # another device (a constant, or anything also moved there) is pinned here too, or IREE may
+            # hand the default device the other device's packed layout (measured: wrong numbers for a
+            # weight argument shared by an iree-cpu-dt and an iree-cpu matmul).
+            for op in on_default:
+                _pin_call(op, DEFAULT_DEVICE_NAME, lambda v: is_constant(v) or _moved_elsewhere(v),
+                          results_back=False)
 
 
-def _pin_call(op: ir.Operation, device: str, is_constant, *, move_all: bool) -> None:
-    """Transfers ``op``'s tensor operands to ``device`` (only constant ones unless ``move_all``), and
-    with ``move_all`` its tensor results back to the default device."""
+def _moved_elsewhere(value: ir.Value) -> bool:
+    """Whether ``value`` is also transferred to a device other than the default one."""
+    for use in value.uses:
+        owner = use.owner.operation
+        if owner.name == "flow.tensor.transfer" and f"@{DEFAULT_DEVICE_NAME}>" not in str(owner.attributes["target"]):
+            return True
+    return False
+
+
+def _pin_call(op: ir.Operation, device: str, pin, *, results_back: bool) -> None:
+    """Transfers ``op``'s tensor operands for which ``pin(value)`` holds to ``device``, and with
+    ``results_back`` its tensor results back to the default device."""
     loc = op.location
     for k, v in enumerate(list(op.operands)):
-        if _is_tensor(v) and (move_all or is_constant(v)):
+        if _is_tensor(v) and pin(v):
             op.operands[k] = _transfer(v, device, loc, ir.InsertionPoint(op))
-    if not move_all:
+    if not results_back:
         return
     after = op
     for r in op.results:

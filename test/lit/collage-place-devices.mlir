@@ -75,6 +75,31 @@ module {
 
 // -----
 
+// A function argument both devices read is pinned to each of them: otherwise IREE may hand the
+// default device the data-tiling device's packed layout of it (wrong numbers, measured).
+module {
+  func.func @shared_arg(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<4x8xf32> {
+    %r = call @dt2(%x, %w) : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %e = call @cpu2(%r, %w) : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    return %e : tensor<4x8xf32>
+  }
+  func.func private @dt2(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<4x8xf32> attributes {collage.backend = "iree-cpu-dt", collage.region = "dt2"} {
+    %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    return %0 : tensor<4x8xf32>
+  }
+  func.func private @cpu2(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<4x8xf32> attributes {collage.backend = "iree-cpu", collage.region = "cpu2"} {
+    %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    return %0 : tensor<4x8xf32>
+  }
+}
+// CHECK-LABEL: func.func @shared_arg
+// CHECK: flow.tensor.transfer %arg1 : tensor<8x8xf32> to #hal.device.affinity<@dev_iree_cpu_dt>
+// CHECK: %[[R:.*]] = flow.tensor.transfer %{{.*}} : tensor<4x8xf32> to #hal.device.affinity<@dev_default>
+// CHECK-NEXT: %[[W0:.*]] = flow.tensor.transfer %arg1 : tensor<8x8xf32> to #hal.device.affinity<@dev_default>
+// CHECK-NEXT: call @cpu2(%[[R]], %[[W0]]) {collage.device = "dev_default"}
+
+// -----
+
 // Without regions needing a device of their own, the module is left as it is.
 // CHECK-LABEL: module {
 // CHECK-NOT: hal.device
