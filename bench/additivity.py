@@ -207,6 +207,8 @@ def run_model(name: str, backends, seeds, db: CostDB, options: MeasureOptions, t
     skipped = {(ops, b): why for ops, b, why in summary.skipped}
 
     def total(ps):
+        # A region where only constants flow in is folded by the compiler: it costs nothing.
+        ps = [p for p in ps if not skipped.get(p, "").startswith("only constants flow in")]
         ok = [rows[p].median_s for p in ps if p in rows and rows[p].usable]
         bad = [{"ops": sorted(p[0]), "backend": p[1], "region": rows[p].region[:100] if p in rows else "",
                 "status": rows[p].status if p in rows else "not posed",
