@@ -8,6 +8,7 @@ The model's own example inputs are used where given; other arguments get generat
 
 from __future__ import annotations
 
+import gc
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -114,6 +115,9 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
         result = list(result) if isinstance(result, (tuple, list)) else [result]
         tail = result[len(result) - len(refs):]
         for ref, arr in zip(refs, tail):
-            values[ref] = arr.to_host() if hasattr(arr, "to_host") else np.asarray(arr)
-    del functions, ctx, vm_module
+            # A copy: ``to_host`` may map the device buffer, which must not outlive the context.
+            values[ref] = np.array(arr.to_host() if hasattr(arr, "to_host") else arr, copy=True)
+        del result, tail, arr
+    del functions, ctx, vm_module, config
+    gc.collect()
     return values
