@@ -74,7 +74,8 @@ class Progress:
 
 @dataclass
 class Summary:
-    """Every pair's row (from the DB or just measured), the pairs that could not be posed, and counts."""
+    """Every pair's row (from the DB or just measured), the pairs that could not be posed, how many pairs
+    were DB hits and how many were measured now (pairs with one structural hash share one row)."""
 
     rows: dict[tuple[frozenset[int], str], Measurement]
     skipped: list[tuple[frozenset[int], str, str]]
