@@ -106,6 +106,24 @@ def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, bac
     return fn
 
 
+def _own_constants(region: str, ops: list[ir.Operation]) -> None:
+    """Gives ``ops`` their own untagged copy of every constant expression they read that another
+    region owns, so outlining can sink it like any constant (a random plan may put a scalar's
+    convert in one region and its user in another: passed across, an f64 scalar would reach a
+    ``collage_rt`` signature, which IREE refuses)."""
+    for v in external_operands(ops):
+        chain = sh.const_expr_ops(v)
+        if chain is None or all(collage.str_attr(op, collage.REGION) in (None, region) for op in chain):
+            continue
+        clones = sh.clone_const_expr(chain, ir.InsertionPoint(ops[0]))
+        for clone in clones:
+            for attr in (collage.ID, collage.REGION, collage.BACKEND):
+                if attr in clone.attributes:
+                    del clone.attributes[attr]
+        for op in ops:
+            remap_operands(op, [(v, clones[-1].results[0])])
+
+
 @dataclass
 class OutlinePass(ModulePass):
     name = "collage-outline"
@@ -121,6 +139,8 @@ class OutlinePass(ModulePass):
                     name = collage.str_attr(op, collage.REGION)
                     if name is not None:
                         regions.setdefault(name, []).append(op)
+                for name, ops in regions.items():
+                    _own_constants(name, ops)
                 for name, ops in regions.items():
                     if name in taken:
                         raise CollageError(f"region name '{name}' clashes with an existing symbol; rename the "

@@ -37,6 +37,27 @@ func.func @between(%a: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+// A constant expression another region owns (here its convert) is copied for the region that reads
+// it, and sunk into it: no f64 crosses into the library region's signature.
+// ORDER-LABEL: func.func @shared_constant
+// ORDER-NEXT: %[[C:.*]] = call @owner()
+// ORDER-NEXT: %[[R:.*]] = call @reader(%arg0)
+// ORDER-LABEL: func.func private @owner() -> tensor<f32>
+// ORDER-LABEL: func.func private @reader(%arg0: tensor<4xf32>) -> tensor<4xi1>
+// ORDER-NEXT: %[[K:.*]] = stablehlo.constant dense<2.000000e+00> : tensor<f64>
+// ORDER-NEXT: %[[KF:.*]] = stablehlo.convert %[[K]] : (tensor<f64>) -> tensor<f32>
+// ORDER-NEXT: %[[KB:.*]] = stablehlo.broadcast_in_dim %[[KF]]
+// ORDER-NEXT: stablehlo.compare GT, %arg0, %[[KB]]
+func.func @shared_constant(%a: tensor<4xf32>) -> (tensor<f32>, tensor<4xi1>) {
+  %k = stablehlo.constant dense<2.0> : tensor<f64>
+  %kf = stablehlo.convert %k {collage.backend = "iree-cpu", collage.region = "owner"} : (tensor<f64>) -> tensor<f32>
+  %kb = stablehlo.broadcast_in_dim %kf, dims = [] {collage.backend = "onednn", collage.region = "reader"} : (tensor<f32>) -> tensor<4xf32>
+  %c = stablehlo.compare GT, %a, %kb {collage.backend = "onednn", collage.region = "reader"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+  return %kf, %c : tensor<f32>, tensor<4xi1>
+}
+
+// -----
+
 // Regions in two public functions; a region name clashing with a symbol is an error.
 // ORDER-LABEL: func.func @f
 // ORDER-NEXT: call @rf(%arg0)
