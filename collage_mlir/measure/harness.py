@@ -35,11 +35,9 @@ from .db import CostDB, Measurement
 from .device import device_fingerprint
 from .extract import ExtractedRegion, extract_region
 from .reference import capture, model_inputs
-from .tasks import INPUT, REFERENCE
+from .tasks import INPUT, REFERENCE, TASKS
 from .timing import TimingOptions
 from .worker import Outcome, Worker
-
-_TASKS = "collage_mlir.measure.tasks"
 
 
 @dataclass
@@ -209,7 +207,7 @@ def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options
     def build(job: _Job) -> Outcome:
         worker = builders.get()
         try:
-            return worker.call(f"{_TASKS}:build_plan", options.build_timeout_s,
+            return worker.call(f"{TASKS}:build_plan", options.build_timeout_s,
                                module_file=str(work / "regions" / f"{job.region.hash}.mlirbc"),
                                plan=job.region.plan(job.backend.name).to_json(), out_dir=str(job.out_dir))
         finally:
@@ -243,7 +241,7 @@ def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options
                     if on_progress:
                         on_progress(progress)
                     tol = job.backend.tolerance
-                    outcome = timer.call(f"{_TASKS}:time_artifact", options.run_timeout_s,
+                    outcome = timer.call(f"{TASKS}:time_artifact", options.run_timeout_s,
                                          artifact_dir=str(job.out_dir), data_file=str(data[job.region.hash]),
                                          timing=options.timing.to_json(), rtol=tol.rtol, atol=tol.atol)
                     record(job, _row(job, outcome, "run"))

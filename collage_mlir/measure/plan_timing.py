@@ -15,10 +15,8 @@ import numpy as np
 from ..ir import ir
 from ..plan import Plan
 from .harness import MeasureOptions
-from .tasks import INPUT, REFERENCE
+from .tasks import INPUT, REFERENCE, TASKS
 from .worker import Outcome, Worker
-
-_TASKS = "collage_mlir.measure.tasks"
 
 
 class PlanTimer:
@@ -48,11 +46,11 @@ class PlanTimer:
         arrays |= {f"{REFERENCE}{i}": a for i, a in enumerate(references or ())}
         np.savez(data_file, **arrays)
         try:
-            built = self._builder.call(f"{_TASKS}:build_plan", self.options.build_timeout_s,
+            built = self._builder.call(f"{TASKS}:build_plan", self.options.build_timeout_s,
                                        module_file=str(module_file), plan=plan.to_json(), out_dir=str(out))
             if not built.ok:
                 return Outcome(built.status, message=f"build: {built.message}")
-            outcome = self._timer.call(f"{_TASKS}:time_artifact", self.options.run_timeout_s, artifact_dir=str(out),
+            outcome = self._timer.call(f"{TASKS}:time_artifact", self.options.run_timeout_s, artifact_dir=str(out),
                                        data_file=str(data_file), timing=self.options.timing.to_json(),
                                        rtol=rtol if references is not None else None, atol=atol)
             return outcome if outcome.ok else Outcome(outcome.status, message=f"run: {outcome.message}")

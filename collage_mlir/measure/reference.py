@@ -66,6 +66,18 @@ def model_inputs(module: ir.Module, examples: Mapping[str, Sequence[np.ndarray]]
     return out
 
 
+def return_also(func: ir.Operation, values: Sequence[ir.Value]) -> None:
+    """Makes ``func`` also return ``values`` (after its own results); call inside the module's context."""
+    block = func.regions[0].blocks[0]
+    ret = block.operations[len(block.operations) - 1]
+    operands = list(ret.operands) + list(values)
+    with ir.InsertionPoint(ret):
+        ir.Operation.create("func.return", operands=operands)
+    ret.erase()
+    ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [v.type for v in operands]))
+
+
 def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[str, list[np.ndarray]]
             ) -> dict[ValueRef, np.ndarray]:
     """Runs each public function of the (numbered) module with IREE alone on ``inputs`` and returns
@@ -89,15 +101,7 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
             if not refs:
                 continue
             by_id = {collage.op_id(op.operation): op.operation for op in func.regions[0].blocks[0].operations}
-            captured = [by_id[r.op].results[r.index] for r in refs]
-            ret = func.regions[0].blocks[0].operations[len(func.regions[0].blocks[0].operations) - 1]
-            operands = list(ret.operands) + captured
-            results = [v.type for v in operands]
-            with ir.InsertionPoint(ret):
-                ir.Operation.create("func.return", operands=operands)
-            ret.erase()
-            ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-            func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, results))
+            return_also(func, [by_id[r.op].results[r.index] for r in refs])
             extra[name] = refs
     if not extra:
         return values

@@ -13,6 +13,9 @@ import numpy as np
 from .timing import TimingOptions, time_repeated
 from .validate import compare
 
+#: How workers name these tasks: ``f"{TASKS}:build_plan"``.
+TASKS = __name__
+
 #: Inside a region's data file: ``in<k>`` are the arguments of ``@main``, ``ref<k>`` its reference results.
 INPUT, REFERENCE = "in", "ref"
 

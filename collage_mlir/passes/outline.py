@@ -31,7 +31,9 @@ def _sinkable(value: ir.Value) -> list[ir.Operation] | None:
     constant (possibly under converts/reshapes/broadcasts), else None."""
     ops = sh.const_expr_ops(value)
     if ops is None or any(collage.REGION in op.attributes for op in ops):
-        return None  # an op another region owns stays there
+        # Another region owns it and will move it: OutlinePass gives readers their own copies first
+        # (_own_constants); this keeps a direct caller of outline_region from cloning it anyway.
+        return None
     data = sh.const_expr_value(value)
     if data is None:
         return None

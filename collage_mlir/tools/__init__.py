@@ -9,6 +9,19 @@ from typing import Callable
 from ..errors import CollageError
 
 
+def load_input_arrays(paths: list[str]) -> list:
+    """The ``--input`` .npy files as arrays; an unreadable one is one CollageError naming it."""
+    import numpy as np
+
+    arrays = []
+    for path in paths:
+        try:
+            arrays.append(np.load(path, allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise CollageError(f"cannot read input array: {exc}; inputs are .npy files", where=path) from None
+    return arrays
+
+
 def run_tool(prog: str, body: Callable[[], int]) -> int:
     """Runs a tool's body; user errors become one ``prog: error: ...`` line and a non-zero exit."""
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CollageError
-from . import db_cmd, exit_quietly, measure_cmd, run_tool
+from . import db_cmd, exit_quietly, load_input_arrays, measure_cmd, run_tool
 
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -43,12 +43,7 @@ def _load_program(out_dir: str):
 
 
 def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
-    inputs = []
-    for path in args.input:
-        try:
-            inputs.append(np.load(path, allow_pickle=False))
-        except (OSError, ValueError) as exc:
-            raise CollageError(f"cannot read input array: {exc}; inputs are .npy files", where=path) from None
+    inputs = load_input_arrays(args.input)
     program = _load_program(args.artifact)
     try:
         outputs = _invoke(program, args.function, inputs)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
-from ..errors import CollageError
+from . import load_input_arrays
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,16 +30,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--work-dir", help="keep region files, data and artifacts here (default: a temporary dir)")
 
 
-def _examples(paths: list[str]) -> dict[str, list[np.ndarray]]:
-    arrays = []
-    for path in paths:
-        try:
-            arrays.append(np.load(path, allow_pickle=False))
-        except (OSError, ValueError) as exc:
-            raise CollageError(f"cannot read input array: {exc}; inputs are .npy files", where=path) from None
-    return {"main": arrays} if arrays else {}
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
@@ -58,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     names = [n.strip() for n in args.backends.split(",") if n.strip()]
     backends = [get_backend(n, where="--backends") for n in names]
-    examples = _examples(args.input)
+    arrays = load_input_arrays(args.input)
+    examples = {"main": arrays} if arrays else {}
     module = load_module(args.model, new_context())
     NumberOpsPass().run(module)
     candidates = enumerate_candidates(Graph(module), backends)

@@ -105,6 +105,7 @@ def _checked_values_returned(text: str):
     instead, so every function has results to capture."""
     from collage_mlir.graph import public_funcs
     from collage_mlir.ir import ir
+    from collage_mlir.measure.reference import return_also
 
     module = parse_module(text, new_context())
     with module.context, ir.Location.unknown():
@@ -115,13 +116,7 @@ def _checked_values_returned(text: str):
                 if op.operation.name.startswith("check."):
                     checked.append(op.operation.operands[0])
                     op.operation.erase()
-            ret = block.operations[len(block.operations) - 1]
-            values = list(ret.operands) + checked
-            with ir.InsertionPoint(ret):
-                ir.Operation.create("func.return", operands=values)
-            ret.erase()
-            ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-            func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [v.type for v in values]))
+            return_also(func, checked)
     NumberOpsPass().run(module)
     return module
 
