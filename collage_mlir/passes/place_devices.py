@@ -15,7 +15,13 @@ When some region needs such a device, the pass
   transferred elsewhere (a weight argument read by both) — to the default device. Without this IREE
   3.13 may encode the shared value on the data-tiling device, and the default device reads a packed
   layout (measured: wrong results; with a shared argument the other order also failed to compile).
-  Only shared values are pinned: a pin blocks fusion across it.
+  Only shared values are pinned: a pin blocks fusion across it;
+- inside each region function on another device, transfers every constant an op reads to that
+  device. A constant sunk into such a region (a splat, a small weight) has no device of its own, so
+  IREE 3.13 hoists its data-tiling encoding into an initializer on the default device, whose
+  resolver lays it out plainly, while the data-tiled kernel reads it as packed (measured: NaN under
+  both drivers for one matmul with an 8×8 constant weight; the zero initial state of an LSTM gave
+  wrong numbers that changed between calls).
 
 Without such regions the module is left as it is. Run after ``collage-lower``.
 """
@@ -29,7 +35,7 @@ from ..backends.iree_device import (DEFAULT_DEVICE_NAME, MULTI_DEVICE_FLAGS, Ire
                                     executable_target)
 from ..dialects import collage
 from ..errors import CollageError
-from ..graph import body_ops, module_block, producer, public_funcs
+from ..graph import body_ops, module_block, nested_ops, producer, public_funcs
 from ..ir import ir, location_text
 from . import ModulePass, region_functions
 
@@ -176,6 +182,21 @@ class PlaceDevicesPass(ModulePass):
             for op in on_default:
                 _pin_call(op, DEFAULT_DEVICE_NAME, lambda v: is_constant(v) or _moved_elsewhere(v),
                           results_back=False)
+        for fn, (dev, _) in ((fn, placed[collage.symbol_name(fn)]) for fn, _ in region_functions(module_block(module))
+                             if collage.symbol_name(fn) in placed):
+            if dev is not None:
+                _own_constants(fn, dev.name, is_constant)
+
+
+def _own_constants(fn: ir.Operation, device: str, is_constant: _ConstantCheck) -> None:
+    """Transfers to ``device`` each constant operand of the ops in region function ``fn`` that are not
+    themselves part of a constant expression."""
+    for op in nested_ops(fn)[1:]:
+        if len(op.results) and all(is_constant(r) for r in op.results):
+            continue
+        for k, v in enumerate(list(op.operands)):
+            if _is_tensor(v) and is_constant(v):
+                op.operands[k] = _transfer(v, device, op.location, ir.InsertionPoint(op))
 
 
 def _moved_elsewhere(value: ir.Value) -> bool:

@@ -100,6 +100,34 @@ module {
 
 // -----
 
+// Constants sunk into a region on the data-tiling device move to that device inside the region: left
+// without a device, IREE encodes them on the default one (plain layout) and the data-tiled kernel reads
+// them as packed (NaN, measured). Constant expressions themselves (the broadcast) stay as they are.
+// CHECK-LABEL: func.func private @dt3
+// CHECK-NEXT: %[[W:.*]] = stablehlo.constant dense<5.000000e-01> : tensor<1x8xf32>
+// CHECK-NEXT: %[[WB:.*]] = stablehlo.broadcast_in_dim %[[W]]
+// CHECK-NEXT: %[[Z:.*]] = stablehlo.constant dense<0.000000e+00> : tensor<4x8xf32>
+// CHECK-NEXT: %[[WT:.*]] = flow.tensor.transfer %[[WB]] : tensor<8x8xf32> to #hal.device.affinity<@dev_iree_cpu_dt>
+// CHECK-NEXT: %[[D:.*]] = stablehlo.dot_general %arg0, %[[WT]]
+// CHECK-NEXT: %[[ZT:.*]] = flow.tensor.transfer %[[Z]] : tensor<4x8xf32> to #hal.device.affinity<@dev_iree_cpu_dt>
+// CHECK-NEXT: stablehlo.add %[[D]], %[[ZT]]
+module {
+  func.func @sunk(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+    %r = call @dt3(%x) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    return %r : tensor<4x8xf32>
+  }
+  func.func private @dt3(%x: tensor<4x8xf32>) -> tensor<4x8xf32> attributes {collage.backend = "iree-cpu-dt", collage.region = "dt3"} {
+    %w = stablehlo.constant dense<0.5> : tensor<1x8xf32>
+    %wb = stablehlo.broadcast_in_dim %w, dims = [0, 1] : (tensor<1x8xf32>) -> tensor<8x8xf32>
+    %z = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+    %0 = stablehlo.dot_general %x, %wb, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %1 = stablehlo.add %0, %z : tensor<4x8xf32>
+    return %1 : tensor<4x8xf32>
+  }
+}
+
+// -----
+
 // Without regions needing a device of their own, the module is left as it is.
 // CHECK-LABEL: module {
 // CHECK-NOT: hal.device

@@ -23,3 +23,41 @@ def mlp():
 
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5)).eval()
+
+
+def lstm():
+    """A one-layer LSTM over the sequence and a linear head (its zero initial state is a splat constant)."""
+    import torch
+    from torch import nn
+
+    class Lstm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(8, 16)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            y, _ = self.lstm(x)
+            return self.head(y)
+
+    torch.manual_seed(0)
+    return Lstm().eval()
+
+
+def branching():
+    """Two branches of matmuls from one input, joined, with a residual: values fan out across regions."""
+    import torch
+    from torch import nn
+
+    class Branching(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(16, 32)
+            self.c = nn.Linear(32, 16)
+
+        def forward(self, x):
+            h = torch.tanh(self.a(x)) * torch.sigmoid(self.b(x))
+            return self.c(h) + x
+
+    torch.manual_seed(0)
+    return Branching().eval()
