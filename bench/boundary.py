@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cpu_ops import time_call  # noqa: E402
 
 import collage_runtime  # noqa: E402
-from collage_mlir.artifact import compile_module  # noqa: E402
+from collage_mlir.iree import compile_module  # noqa: E402
 from collage_mlir.backends import BackendKind  # noqa: E402
 from collage_mlir.ir import new_context, parse_module  # noqa: E402
 from collage_mlir.search import available_backends  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_zoo_ops import MODELS, Conv, Matmul, unique  # noqa: E402
 
 import collage_runtime  # noqa: E402
-from collage_mlir.artifact import compile_module  # noqa: E402
+from collage_mlir.iree import compile_module  # noqa: E402
 from collage_mlir.errors import CollageError  # noqa: E402
 from collage_mlir.ir import new_context, parse_module  # noqa: E402
 from collage_mlir.search import available_backends  # noqa: E402

@@ -15,7 +15,6 @@ from typing import Sequence
 from . import __version__
 from .backends import registry
 from .errors import CollageError
-from .graph import Graph
 from .ir import ir
 from .passes.assign import AssignPass
 from .passes.lower import LowerPass
@@ -23,7 +22,6 @@ from .passes.number_ops import NumberOpsPass
 from .passes.outline import OutlinePass
 from .passes.place_devices import PlaceDevicesPass
 from .plan import Plan
-from .search import resolve_plan
 
 MODULE_FILE = "main.vmfb"
 MANIFEST_FILE = "manifest.json"
@@ -48,12 +46,14 @@ class Partitioned:
     iree_flags: list[str]
 
 
-def partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path | None,
+def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
               iree_args: Sequence[str] = ()) -> Partitioned:
-    """Runs the collage passes on ``module`` in place."""
+    """Runs the collage passes on ``module`` in place. ``plan`` is resolved already (plan strings such as
+    ``random:7`` are the entry points' business: ``collage_mlir.search.resolve_plan``)."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"partition takes a Plan, got {type(plan).__name__}; resolve plan strings first")
     NumberOpsPass().run(module)
-    resolved = resolve_plan(plan, Graph(module))
-    AssignPass(resolved).run(module)
+    AssignPass(plan).run(module)
     OutlinePass().run(module)
     lower = LowerPass(str(artifact_dir) if artifact_dir else "")
     lower.run(module)
@@ -61,7 +61,7 @@ def partition(module: ir.Module, plan: "str | Plan", artifact_dir: str | Path | 
     cpu_flags = [a for a in (*DEFAULT_IREE_ARGS, *iree_args) if a.startswith("--iree-llvmcpu-")]
     devices = PlaceDevicesPass(default_flags=",".join(cpu_flags))
     devices.run(module)
-    return Partitioned(resolved, lower.built, devices.devices, devices.iree_flags)
+    return Partitioned(plan, lower.built, devices.devices, devices.iree_flags)
 
 
 def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs) -> bytes:
@@ -82,7 +82,7 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs
         raise CollageError("IREE compilation failed: " + (lines[0].strip() if lines else " ".join(str(exc).split())[:400]))
 
 
-def compile_module(module: ir.Module, plan: "str | Plan", out_dir: str | Path, *, source: str = "<module>",
+def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str = "<module>",
                    iree_args: Sequence[str] = (), **iree_kwargs) -> CompileResult:
     """Partitions ``module`` by ``plan`` and writes the artifact directory ``out_dir``."""
     out = Path(out_dir)

@@ -11,9 +11,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .artifact import compile_module
-from .ir import load_module, new_context, parse_module
+from . import artifact
+from .graph import Graph
+from .ir import ir, load_module, new_context, parse_module
+from .passes.number_ops import NumberOpsPass
 from .plan import Plan
+from .search import resolve_plan
+
+
+def compile_module(module: ir.Module, plan: "str | Plan", output_dir: str | Path, **kwargs) -> artifact.CompileResult:
+    """``artifact.compile_module`` with the plan given as ``default``, ``random:SEED``, ``prefer:B1,B2``, a
+    plan file or a ``Plan``: the one place a plan string is resolved before the compile driver."""
+    NumberOpsPass().run(module)
+    return artifact.compile_module(module, resolve_plan(plan, Graph(module)), output_dir, **kwargs)
 
 
 def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str | Plan" = "default",

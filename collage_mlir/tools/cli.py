@@ -21,8 +21,9 @@ from . import db_cmd, exit_quietly, load_input_arrays, measure_cmd, run_tool
 
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
-    from ..artifact import check_artifact_dir, compile_module
+    from ..artifact import check_artifact_dir
     from ..ir import load_module, new_context
+    from ..iree import compile_module
 
     check_artifact_dir(args.output)
     module = load_module(args.model, new_context())

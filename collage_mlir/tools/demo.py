@@ -29,7 +29,7 @@ def run_demo(out: Path) -> int:
 
     import collage_runtime
 
-    from ..artifact import compile_module
+    from ..iree import compile_module
     from ..backends import get_backend
     from ..frontends.torch import import_torch
     from ..ir import new_context

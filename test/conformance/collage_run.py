@@ -28,7 +28,7 @@ DEFAULT_PLANS = ("default", "random:0", "random:1")
 def run_with_plan(path: Path, plan: str, kind: str) -> dict:
     """``{"compiled", "error", "regions": {backend: count}, "functions": {...}}`` for one plan."""
     import collage_runtime
-    from collage_mlir.artifact import compile_module
+    from collage_mlir.iree import compile_module
     from collage_mlir.errors import CollageError
     from collage_mlir.ir import load_module, new_context
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import collage_runtime
-from collage_mlir.artifact import compile_module
+from collage_mlir.iree import compile_module
 from collage_mlir.backends import BackendKind, get_backend
 from collage_mlir.frontends.torch import import_torch
 from collage_mlir.graph import Graph

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import collage_runtime
-from collage_mlir.artifact import compile_module
+from collage_mlir.iree import compile_module
 from collage_mlir.backends import get_backend
 from collage_mlir.frontends.torch import import_torch
 from collage_mlir.ir import new_context

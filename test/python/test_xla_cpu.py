@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("jax")
 
 import collage_runtime  # noqa: E402
-from collage_mlir.artifact import compile_module  # noqa: E402
+from collage_mlir.iree import compile_module  # noqa: E402
 from collage_mlir.backends import get_backend  # noqa: E402
 from collage_mlir.frontends.torch import import_torch  # noqa: E402
 from collage_mlir.ir import new_context, parse_module  # noqa: E402
