@@ -100,10 +100,67 @@ def plain_convolution(op: ir.Operation) -> str | None:
 
 
 def reduce_body(op: ir.Operation) -> str | None:
-    """one input; body is a single add, multiply, maximum or minimum"""
+    """one input; body is a single add, multiply, maximum or minimum (and/or on i1)"""
     if len(op.operands) != 2 or len(op.results) != 1:
         return "needs exactly one input and one init value"
-    return None if _reduce_kind(op) else "body must be one add, multiply, maximum or minimum"
+    kind = _reduce_kind(op)
+    if kind is None:
+        return "body must be one add, multiply, maximum or minimum (and/or on i1)"
+    if (kind in ("and", "or")) != (_dtype(op.operands[0]) == "i1"):
+        return "and/or reduce i1 only; i1 reduces only with and/or"
+    return None
+
+
+def static_result(op: ir.Operation) -> str | None:
+    """static result shape (its shape operand is then a known constant)"""
+    return None if sh.tensor_type(op.results[0]) is not None else "needs a static result shape"
+
+
+@dataclass(frozen=True)
+class GatherInfo:
+    """``stablehlo.gather`` dimension numbers."""
+
+    offset_dims: list[int]
+    collapsed_slice_dims: list[int]
+    start_index_map: list[int]
+    index_vector_dim: int
+    batching_dims: list[int]
+    slice_sizes: list[int]
+
+
+def gather_info(op: ir.Operation) -> GatherInfo:
+    text = str(op.attributes["dimension_numbers"])
+
+    def dims(key: str) -> list[int]:
+        m = re.search(r"\b" + key + r"\s*=\s*\[([^\]]*)\]", text)
+        return sh._int_list(m.group(1)) if m else []
+
+    m = re.search(r"index_vector_dim\s*=\s*(\d+)", text)
+    return GatherInfo(dims("offset_dims"), dims("collapsed_slice_dims"), dims("start_index_map"),
+                      int(m.group(1)) if m else 0, dims("operand_batching_dims"),
+                      sh._array_attr(op, "slice_sizes", []))
+
+
+def row_gather(op: ir.Operation) -> str | None:
+    """gathers whole rows: indexed dims collapsed, other dims taken whole and trailing in the result"""
+    try:
+        g = gather_info(op)
+    except (KeyError, ValueError):
+        return "unrecognised gather attributes"
+    operand, indices, result = _shape(op.operands[0]), _shape(op.operands[1]), _shape(op.results[0])
+    if g.batching_dims:
+        return "no batching dims"
+    if sorted(g.collapsed_slice_dims) != sorted(g.start_index_map):
+        return "every indexed dim must be collapsed (slice size 1)"
+    rest = [d for d in range(len(operand)) if d not in g.start_index_map]
+    if any(g.slice_sizes[d] != operand[d] for d in rest):
+        return "dims not indexed must be taken whole"
+    if g.index_vector_dim not in (len(indices), len(indices) - 1):
+        return "the index vector must be the last indices dim (or implicit)"
+    batch = len(result) - len(rest)
+    if g.offset_dims != list(range(batch, len(result))):
+        return "offset dims must trail the result"
+    return None
 
 
 def plain_pad(op: ir.Operation) -> str | None:
@@ -231,7 +288,7 @@ def _reduce_kind(op: ir.Operation) -> str | None:
     if not all(any(x == a for a in args) for x in ops[0].operands) or len(ops[0].operands) != 2:
         return None
     return {"stablehlo.add": "add", "stablehlo.multiply": "mul", "stablehlo.maximum": "max",
-            "stablehlo.minimum": "min"}.get(ops[0].name)
+            "stablehlo.minimum": "min", "stablehlo.and": "and", "stablehlo.or": "or"}.get(ops[0].name)
 
 
 def _window_padding(op: ir.Operation, rank: int) -> list[tuple[int, int]]:
@@ -257,8 +314,11 @@ UNARY = {"stablehlo.negate": "Neg", "stablehlo.abs": "Abs", "stablehlo.exponenti
          "stablehlo.logistic": "Sigmoid", "stablehlo.floor": "Floor", "stablehlo.ceil": "Ceil",
          "stablehlo.sine": "Sin", "stablehlo.cosine": "Cos"}
 COMPARE = {"EQ": "Equal", "LT": "Less", "LE": "LessOrEqual", "GT": "Greater", "GE": "GreaterOrEqual", "NE": None}
-REDUCE = {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax", "min": "ReduceMin"}
-COMBINE = {"add": "Add", "mul": "Mul", "max": "Max", "min": "Min"}
+# and/or over i1 reduce as min/max over 0/1 (ONNX has no boolean reductions).
+REDUCE = {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax", "min": "ReduceMin",
+          "and": "ReduceMin", "or": "ReduceMax"}
+COMBINE = {"add": "Add", "mul": "Mul", "max": "Max", "min": "Min", "and": "And", "or": "Or"}
+IDENTITY = {"add": 0, "mul": 1, "max": -np.inf, "min": np.inf, "and": True, "or": False}
 
 
 def _binary(b: _Builder, op, ins):
@@ -317,6 +377,24 @@ def _iota(b: _Builder, op, ins):
     return [b.const(value.astype(DTYPES[_dtype(op.results[0])][0]), "iota")]
 
 
+def _gather(b: _Builder, op, ins):
+    g = gather_info(op)
+    operand, indices = _shape(op.operands[0]), _shape(op.operands[1])
+    k = len(g.start_index_map)
+    # StableHLO clamps start indices into range; ONNX would read out of bounds (or wrap negatives).
+    idx = b.node("Cast", [ins[1]], to=DTYPES["i64"][1]) if _dtype(op.operands[1]) != "i64" else ins[1]
+    if g.index_vector_dim == len(indices):
+        indices = indices + [1]
+        idx = b.reshape(idx, indices)
+    hi = np.asarray([operand[d] - 1 for d in g.start_index_map], dtype=np.int64)
+    idx = b.node("Min", [b.node("Max", [idx, b.ints([0])]), b.const(hi, "hi")])
+    rest = [d for d in range(len(operand)) if d not in g.start_index_map]
+    x = b.transpose(ins[0], g.start_index_map + rest)
+    if k == 1:  # a row lookup (embeddings): Gather, which every engine has a fast kernel for
+        return [b.node("Gather", [x, b.reshape(idx, indices[:-1], indices)], axis=0)]
+    return [b.node("GatherND", [x, idx])]
+
+
 def _reshape(b: _Builder, op, ins):
     return [b.reshape(ins[0], _shape(op.results[0]))]
 
@@ -365,12 +443,14 @@ def _reduce(b: _Builder, op, ins):
     kind = _reduce_kind(op)
     dims = sh._array_attr(op, "dimensions", [])
     x = ins[0]
-    if dims:
+    if dims and kind in ("and", "or"):
+        x = b.node(REDUCE[kind], [b.node("Cast", [x], to=DTYPES["i32"][1]), b.ints(dims)], keepdims=0)
+        x = b.node("Cast", [x], to=DTYPES["i1"][1])
+    elif dims:
         x = b.node(REDUCE[kind], [x, b.ints(dims)], keepdims=0)
     # Fold the init value in (exact for the usual identities 0, 1, ±inf; right for any other).
     init = _constant_of(op.operands[1])
-    identity = {"add": 0, "mul": 1, "max": -np.inf, "min": np.inf}[kind]
-    if init is None or not dims or not np.all(init == identity):
+    if init is None or not dims or not np.all(init == IDENTITY[kind]):
         x = b.node(COMBINE[kind], [x, ins[1]])
     return [x]
 
@@ -445,13 +525,15 @@ OPS: dict[str, OnnxOp] = {
     "stablehlo.constant": OnnxOp(_constant, (static_known_types, readable_constant)),
     "arith.constant": OnnxOp(_constant, (static_known_types, readable_constant)),
     "stablehlo.iota": OnnxOp(_iota, (static_known_types,)),
+    "stablehlo.dynamic_iota": OnnxOp(_iota, (static_result, static_known_types)),
+    "stablehlo.gather": OnnxOp(_gather, (static_known_types, row_gather)),
     "stablehlo.reshape": OnnxOp(_reshape, (static_known_types,)),
     "stablehlo.transpose": OnnxOp(_transpose, (static_known_types,)),
     "stablehlo.broadcast_in_dim": OnnxOp(_broadcast, (static_known_types,)),
     "stablehlo.concatenate": OnnxOp(_concatenate, (static_known_types,)),
     "stablehlo.slice": OnnxOp(_slice, (static_known_types,)),
     "stablehlo.pad": OnnxOp(_pad, (static_known_types, plain_pad)),
-    "stablehlo.reduce": OnnxOp(_reduce, (static_known_types, numeric_operands, reduce_body)),
+    "stablehlo.reduce": OnnxOp(_reduce, (static_known_types, reduce_body)),
     "stablehlo.reduce_window": OnnxOp(_max_pool, (static_known_types, float_operands, max_pool_window)),
     "stablehlo.convolution": OnnxOp(_convolution, (static_known_types, float_operands, plain_convolution)),
     "stablehlo.dot_general": OnnxOp(_dot_general, (static_known_types, float_operands)),
@@ -501,10 +583,13 @@ def _dense(attr: ir.DenseElementsAttr, tt) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------------------
 
 
-def translate(func: ir.Operation):
-    """The ``onnx.ModelProto`` equal to the region function ``func`` (a ``func.func`` with a body)."""
+def translate(func: ir.Operation, *, simplify: bool = True):
+    """The ``onnx.ModelProto`` equal to the region function ``func`` (a ``func.func`` with a body),
+    simplified by ``onnx_optimize`` unless ``simplify`` is False (the op-by-op translation)."""
     import onnx
     from onnx import helper
+
+    from .onnx_optimize import optimize
 
     func = func.operation
     block = func.regions[0].blocks[0]
@@ -536,6 +621,8 @@ def translate(func: ir.Operation):
                               initializer=b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="collage-mlir")
     model.ir_version = IR_VERSION
+    if simplify:
+        model = optimize(model)
     onnx.checker.check_model(model)
     return model
 

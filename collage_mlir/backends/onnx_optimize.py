@@ -1,0 +1,308 @@
+"""Simplify the ONNX graph ``onnx_export`` translated op by op into what a framework's own exporter
+writes, so ONNX Runtime and OpenVINO see the forms their fusions recognise.
+
+StableHLO from torch-mlir spells everything out: batch norm is a chain of broadcast constants,
+subtract, multiply and add after the convolution; relu is ``max(x, zeros)`` with a full-size zero
+tensor; weights are transposed and reshaped at run time. The rewrites, repeated to a fixed point:
+
+- constants folded: a node whose inputs are all initializers is evaluated now (onnx's reference
+  evaluator) — except ``Expand``, which would only make a big constant out of a small one;
+- an ``Expand`` feeding a broadcasting op is dropped when broadcasting gives the same result shape,
+  and a splat constant operand shrinks to a scalar (same rule);
+- ``x * 1``, ``x + 0``, ``x - 0``, ``x / 1``, ``Identity``, reshapes to the same shape and chained
+  reshapes collapse;
+- a per-channel ``Add``/``Sub``/``Mul``/``Div`` by a constant after a ``Conv`` with constant weights
+  is folded into the weights and bias (batch norm, bias adds, scales);
+- ``Max(x, 0)`` → ``Relu``, ``Min(Relu(x), 6)`` → ``Clip``, ``MatMul`` + bias ``Add`` → ``Gemm``.
+
+Every rewrite keeps each surviving value's name and shape, so the graph's outputs never change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Ops whose inputs broadcast numpy-style (multidirectional broadcasting).
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where", "Equal", "Less",
+                          "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor"})
+#: Folding these would turn a small constant into a big one.
+NO_FOLD = frozenset({"Expand"})
+
+
+@dataclass
+class _Graph:
+    nodes: list
+    consts: dict[str, np.ndarray]
+    shapes: dict[str, tuple[int, ...]]
+    outputs: set[str]
+    count: int = field(default=0)
+
+    def users(self, name: str) -> list:
+        return [n for n in self.nodes if name in n.input]
+
+    def producer(self, name: str):
+        return next((n for n in self.nodes if name in n.output), None)
+
+    def fresh_const(self, value: np.ndarray, hint: str) -> str:
+        self.count += 1
+        name = f"{hint}_opt{self.count}"
+        self.consts[name] = value
+        self.shapes[name] = tuple(value.shape)
+        return name
+
+    def rename_uses(self, old: str, new: str) -> None:
+        for n in self.nodes:
+            for k, x in enumerate(n.input):
+                if x == old:
+                    n.input[k] = new
+
+
+def optimize(model):
+    """A simplified copy of the ``onnx.ModelProto`` ``model``, computing the same outputs."""
+    import onnx
+    from onnx import numpy_helper
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = tuple(d.dim_value for d in dims)
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    shapes.update({k: tuple(v.shape) for k, v in consts.items()})
+    g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output})
+    rules = (_fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations, _gemm)
+    while any([rule(g) for rule in rules]):
+        pass
+    _prune(g)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(g.nodes)
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in g.consts.items())
+    return out
+
+
+def _copy(node):
+    import onnx
+
+    n = onnx.NodeProto()
+    n.CopyFrom(node)
+    return n
+
+
+def _attr(node, name, default=None):
+    from onnx import helper
+
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _fold_constants(g: _Graph) -> bool:
+    from onnx.reference import ReferenceEvaluator
+
+    changed = False
+    for n in list(g.nodes):
+        if n.op_type in NO_FOLD or not all(x in g.consts for x in n.input if x):
+            continue
+        if any(o in g.outputs for o in n.output):
+            continue
+        results = ReferenceEvaluator(n).run(None, {x: g.consts[x] for x in n.input if x})
+        for name, value in zip(n.output, results):
+            g.consts[name] = np.asarray(value)
+            g.shapes[name] = tuple(np.shape(value))
+        g.nodes.remove(n)
+        changed = True
+    return changed
+
+
+def _broadcast_shape(shapes) -> tuple[int, ...] | None:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+def _drop_broadcasts(g: _Graph) -> bool:
+    """Operands of broadcasting ops that only repeat a smaller tensor become that smaller tensor."""
+    changed = False
+    for n in g.nodes:
+        if n.op_type not in BROADCASTING or n.output[0] not in g.shapes:
+            continue
+        for k, x in enumerate(n.input):
+            others = [g.shapes.get(y) for j, y in enumerate(n.input) if j != k]
+            if None in others:
+                continue
+            smaller = None
+            p = g.producer(x)
+            if p is not None and p.op_type == "Expand" and p.input[0] in g.shapes:
+                smaller = p.input[0]
+            elif x in g.consts and g.consts[x].size > 1 and np.all(g.consts[x] == g.consts[x].flat[0]):
+                smaller = g.fresh_const(np.asarray(g.consts[x].flat[0], g.consts[x].dtype), "splat")
+            if smaller is not None and _broadcast_shape(others + [g.shapes[smaller]]) == g.shapes[n.output[0]]:
+                n.input[k] = smaller
+                changed = True
+    return changed
+
+
+def _is_splat(g: _Graph, name: str, value: float) -> bool:
+    c = g.consts.get(name)
+    return c is not None and c.dtype.kind == "f" and bool(np.all(c == value))
+
+
+def _bypass(g: _Graph, node, source: str) -> bool:
+    """Removes ``node`` whose output equals ``source``; False (kept) when its output is a graph output."""
+    if node.output[0] in g.outputs:
+        return False
+    g.rename_uses(node.output[0], source)
+    g.nodes.remove(node)
+    return True
+
+
+def _drop_identities(g: _Graph) -> bool:
+    changed = False
+    neutral = {"Mul": 1.0, "Add": 0.0, "Sub": 0.0, "Div": 1.0}
+    for n in list(g.nodes):
+        out = g.shapes.get(n.output[0])
+        same = None
+        if n.op_type == "Identity":
+            same = n.input[0]
+            p = g.producer(same)
+            if n.output[0] in g.outputs and p is not None and same not in g.outputs and len(g.users(same)) == 1:
+                p.output[list(p.output).index(same)] = n.output[0]  # the producer writes the output itself
+                g.nodes.remove(n)
+                changed = True
+                continue
+        elif n.op_type == "Reshape" and out is not None and g.shapes.get(n.input[0]) == out:
+            same = n.input[0]
+        elif n.op_type == "Reshape":
+            p = g.producer(n.input[0])
+            if p is not None and p.op_type == "Reshape" and n.input[1] in g.consts and \
+                    not np.any(g.consts[n.input[1]] <= 0):
+                n.input[0] = p.input[0]
+                changed = True
+        elif n.op_type in neutral and len(n.input) == 2:
+            for k in ((1,) if n.op_type in ("Sub", "Div") else (0, 1)):
+                x, other = n.input[k], n.input[1 - k]
+                if _is_splat(g, x, neutral[n.op_type]) and g.shapes.get(other) == out:
+                    same = other
+        if same is not None and _bypass(g, n, same):
+            changed = True
+    return changed
+
+
+def _channel_vector(g: _Graph, name: str, rank: int, channels: int) -> np.ndarray | None:
+    """The constant ``name`` as a per-channel vector for an N C spatial... tensor, or None."""
+    c = g.consts.get(name)
+    if c is None or c.ndim > rank or c.dtype.kind != "f":
+        return None
+    full = c.reshape((1,) * (rank - c.ndim) + c.shape)
+    if any(d != 1 for i, d in enumerate(full.shape) if i != 1) or full.shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(full.reshape(-1), (channels,))
+
+
+def _fold_into_conv(g: _Graph) -> bool:
+    changed = False
+    for conv in list(g.nodes):
+        if conv.op_type != "Conv" or conv.input[1] not in g.consts or conv.output[0] in g.outputs:
+            continue
+        users = g.users(conv.output[0])
+        if len(users) != 1 or users[0].op_type not in ("Add", "Sub", "Mul", "Div"):
+            continue
+        user = users[0]
+        k = list(user.input).index(conv.output[0])
+        w = g.consts[conv.input[1]]
+        bias = g.consts.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(w.shape[0], w.dtype)
+        if bias is None:
+            continue
+        v = _channel_vector(g, user.input[1 - k], len(g.shapes.get(conv.output[0], ())), w.shape[0])
+        if v is None or (user.op_type == "Div" and k == 1):
+            continue
+        col = v.reshape((-1,) + (1,) * (w.ndim - 1))
+        if user.op_type == "Add":
+            bias = bias + v
+        elif user.op_type == "Sub":
+            w, bias = (w, bias - v) if k == 0 else (-w, v - bias)
+        elif user.op_type == "Mul":
+            w, bias = w * col, bias * v
+        else:
+            w, bias = w / col, bias / v
+        conv.input[1] = g.fresh_const(w.astype(g.consts[conv.input[1]].dtype), "w")
+        b_name = g.fresh_const(bias.astype(w.dtype), "b")
+        if len(conv.input) > 2:
+            conv.input[2] = b_name
+        else:
+            conv.input.append(b_name)
+        conv.output[0] = user.output[0]
+        g.nodes.remove(user)
+        changed = True
+    return changed
+
+
+def _activations(g: _Graph) -> bool:
+    from onnx import helper
+
+    changed = False
+    for n in list(g.nodes):
+        if n.op_type == "Max" and len(n.input) == 2:
+            for k in (0, 1):
+                if _is_splat(g, n.input[k], 0.0) and g.shapes.get(n.input[1 - k]) == g.shapes.get(n.output[0]):
+                    g.nodes[g.nodes.index(n)] = helper.make_node("Relu", [n.input[1 - k]], list(n.output), name=n.name)
+                    changed = True
+                    break
+        elif n.op_type == "Min" and len(n.input) == 2:
+            for k in (0, 1):
+                p = g.producer(n.input[1 - k])
+                c = g.consts.get(n.input[k])
+                if p is not None and p.op_type == "Relu" and c is not None and c.size == 1 and \
+                        c.dtype.kind == "f" and len(g.users(p.output[0])) == 1 and p.output[0] not in g.outputs \
+                        and g.shapes.get(p.output[0]) == g.shapes.get(n.output[0]):
+                    lo = g.fresh_const(np.zeros((), c.dtype), "lo")
+                    hi = g.fresh_const(c.reshape(()), "hi")
+                    clip = helper.make_node("Clip", [p.input[0], lo, hi], list(n.output), name=n.name)
+                    g.nodes[g.nodes.index(n)] = clip
+                    g.nodes.remove(p)
+                    changed = True
+                    break
+    return changed
+
+
+def _gemm(g: _Graph) -> bool:
+    """MatMul of 2-D operands followed by the add of a row-broadcast bias → Gemm."""
+    from onnx import helper
+
+    changed = False
+    for mm in list(g.nodes):
+        if mm.op_type != "MatMul" or mm.output[0] in g.outputs:
+            continue
+        a, b = (g.shapes.get(x) for x in mm.input)
+        users = g.users(mm.output[0])
+        if a is None or b is None or len(a) != 2 or len(b) != 2 or len(users) != 1 or users[0].op_type != "Add":
+            continue
+        add = users[0]
+        bias = add.input[1] if add.input[0] == mm.output[0] else add.input[0]
+        bshape = g.shapes.get(bias)
+        if bias not in g.consts or bshape is None or len(bshape) > 2 or \
+                _broadcast_shape([bshape, (a[0], b[1])]) != (a[0], b[1]) or g.shapes.get(add.output[0]) != (a[0], b[1]):
+            continue
+        gemm = helper.make_node("Gemm", [mm.input[0], mm.input[1], bias], list(add.output), name=add.name)
+        g.nodes[g.nodes.index(mm)] = gemm
+        g.nodes.remove(add)
+        changed = True
+    return changed
+
+
+def _prune(g: _Graph) -> None:
+    """Drops nodes and initializers nothing needed reads."""
+    live = set(g.outputs)
+    keep = []
+    for n in reversed(g.nodes):
+        if any(o in live for o in n.output):
+            keep.append(n)
+            live.update(x for x in n.input if x)
+    g.nodes[:] = reversed(keep)
+    for name in [k for k in g.consts if k not in live]:
+        del g.consts[name]
