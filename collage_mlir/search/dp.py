@@ -1,0 +1,161 @@
+"""Operator-level optimizer (Collage's first level): dynamic programming over sets of covered ops.
+
+A state is the set of ops covered so far, always closed under producers (every op's producers are
+covered before it), plus the backend of each covered op whose results still flow to uncovered ops
+(what the next boundaries cost depends on). A step covers one more candidate whose inputs are all
+covered; its cost is the region's cost plus one transition per (producer op, region) crossing into it.
+States are expanded in order of how many ops they cover, so each is final when expanded.
+
+Collage steps by "the first uncovered op" u; that alone cannot tell a plan whose regions feed each
+other in a cycle from a valid one. Here a step takes a candidate whose inputs are all covered (so every
+plan reached is acyclic) and that contains u or an uncovered ancestor of an op some candidate at u
+could cover. That is still complete: if the region holding u in some acyclic plan is not ready, one of
+its ancestor regions is, and it holds such an ancestor. Unrelated ready ops (the many constants of a
+model) are never interleaved in every order, which would make the states exponential.
+
+Region costs are asked lazily, in one batch per frontier size: only for candidates some reached state
+can take.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from ..plan import Plan, Region
+from .cost import Cost, CostEstimator
+from .index import CandidateIndex, SearchCandidate
+
+
+@dataclass
+class DpResult:
+    plan: Plan
+    cost_s: float  # predicted (additive) cost of the plan
+    chosen: list[tuple[SearchCandidate, Cost]]  # the plan's candidates (default-backend ones too)
+    states: int
+    costs: dict[tuple[frozenset[int], str], Cost]  # every region cost asked
+
+
+def optimize(index: CandidateIndex, estimator: CostEstimator,
+             on_progress: Callable[[int, int], None] | None = None) -> DpResult:
+    """The plan of ``index``'s candidates with the lowest additive cost under ``estimator``."""
+    g = index.graph
+    n = len(g.order)
+    full = (1 << n) - 1
+    bit = {op: 1 << g.pos[op] for op in g.order}
+    anc_mask = _ancestor_masks(index)
+    costs: dict[tuple[frozenset[int], str], Cost] = {}
+    trans: dict[tuple[str, str, int], float] = {}
+
+    def transition(src: str, dst: str, nbytes: int) -> float:
+        key = (src, dst, nbytes)
+        if key not in trans:
+            c = estimator.transition_cost(src, dst, nbytes)
+            trans[key] = c.seconds if c.usable else math.inf
+        return trans[key]
+
+    # state: (covered mask, frontier labels: ((op, backend), ...)) → (cost, previous state, candidate)
+    start = (0, ())
+    best: dict[tuple, tuple[float, tuple | None, SearchCandidate | None]] = {start: (0.0, None, None)}
+    buckets: dict[int, list[tuple]] = {0: [start]}
+    expanded = 0
+    for size in range(n + 1):
+        states = sorted(buckets.pop(size, []))
+        # Every candidate a state of this size can take, costed in one batch.
+        steps: dict[tuple, list[SearchCandidate]] = {}
+        wanted: dict[tuple[frozenset[int], str], None] = {}
+        for state in states:
+            covered = state[0]
+            options = []
+            for c in () if covered == full else _steps(index, covered, bit, anc_mask):
+                options.append(c)
+                if (c.ops, c.backend) not in costs:
+                    wanted[(c.ops, c.backend)] = None
+            steps[state] = options
+        if wanted:
+            pairs = list(wanted)
+            costs.update(zip(pairs, estimator.region_costs(pairs)))
+        for state in states:
+            expanded += 1
+            base = best[state][0]
+            covered, labels = state
+            label = dict(labels)
+            for c in steps[state]:
+                rc = costs[(c.ops, c.backend)]
+                if not rc.usable:
+                    continue
+                total = base + rc.seconds
+                for p in c.inputs:
+                    total += transition(label[p], c.backend, g.out_bytes[p])
+                if not math.isfinite(total):
+                    continue
+                new_cov = covered | c.mask
+                merged = label | {op: c.backend for op in c.ops}
+                frontier = tuple((op, merged[op]) for op in sorted(merged, key=g.pos.__getitem__)
+                                 if any(not new_cov & bit[u] for u in g.users[op]))
+                nxt = (new_cov, frontier)
+                if nxt not in best or total < best[nxt][0]:
+                    if nxt not in best:
+                        buckets.setdefault(bin(new_cov).count("1"), []).append(nxt)
+                    best[nxt] = (total, state, c)
+        if on_progress:
+            on_progress(size, n)
+    finals = [s for s in best if s[0] == full]
+    if not finals:
+        raise ValueError("no plan covers every op with usable costs (the default backend failed on some op)")
+    end = min(finals, key=lambda s: (best[s][0], s))
+    chosen: list[SearchCandidate] = []
+    s = end
+    while best[s][1] is not None:
+        chosen.append(best[s][2])
+        s = best[s][1]
+    chosen.reverse()
+    return DpResult(to_plan(index, chosen, "dp"), best[end][0],
+                    [(c, costs[(c.ops, c.backend)]) for c in chosen], expanded, costs)
+
+
+def _ancestor_masks(index: CandidateIndex) -> dict[int, int]:
+    """op → mask of its transitive producers."""
+    g = index.graph
+    anc: dict[int, int] = {}
+    for op in g.order:
+        m = 0
+        for p in g.producers[op]:
+            m |= anc[p] | (1 << g.pos[p])
+        anc[op] = m
+    return anc
+
+
+def _steps(index: CandidateIndex, covered: int, bit: dict[int, int], anc_mask: dict[int, int]):
+    """The candidates a state may take next (see the module docstring), in index order."""
+    g = index.graph
+    u = next(op for op in g.order if not covered & bit[op])
+    reach = 0
+    for c in index.candidates_at(u):
+        if not c.mask & covered:
+            reach |= c.mask
+    wanted = 0
+    m = reach
+    while m:
+        low = m & -m
+        wanted |= anc_mask[g.order[low.bit_length() - 1]]
+        m ^= low
+    wanted = (wanted & ~covered) | bit[u]
+    seen: set[int] = set()
+    m = wanted
+    while m:
+        low = m & -m
+        m ^= low
+        for c in index.candidates_at(g.order[low.bit_length() - 1]):
+            if id(c) in seen or c.mask & covered or c.inputs_mask & ~covered:
+                continue
+            seen.add(id(c))
+            yield c
+
+
+def to_plan(index: CandidateIndex, chosen: list[SearchCandidate], source: str) -> Plan:
+    """A plan of the non-default candidates, named in topological order of their first op."""
+    regions = sorted((c for c in chosen if c.backend != index.default_backend),
+                     key=lambda c: index.graph.pos[c.first])
+    return Plan([Region(f"region_{k}", c.backend, c.ops) for k, c in enumerate(regions)], index.default_backend, source)

@@ -1,0 +1,176 @@
+"""What the optimizers search over: a compiler-free view of the op graph (topological order,
+producers, bytes each op produces) and the candidate index by op, as TVM Collage's
+``CandidatePartitionIndex``: ``candidates_at(op)`` (every candidate containing the op) and
+``starting_at(op)`` (those whose first op in topological order it is), built once in linear time."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import networkx as nx
+
+from ..backends import DEFAULT_BACKEND, Backend
+from ..graph import Graph
+from ..ir import ir
+from ..plan import Plan
+from .candidates import enumerate_candidates
+from .cost import CostEstimator
+
+
+@dataclass
+class SearchGraph:
+    """Ops in topological order, each op's producers and the bytes of its results."""
+
+    order: list[int]
+    producers: dict[int, tuple[int, ...]]
+    out_bytes: dict[int, int]
+    users: dict[int, tuple[int, ...]] = field(init=False)
+    pos: dict[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        users: dict[int, list[int]] = {i: [] for i in self.order}
+        for q, ps in self.producers.items():
+            for p in ps:
+                users[p].append(q)
+        self.users = {i: tuple(sorted(u)) for i, u in users.items()}
+        self.pos = {op: k for k, op in enumerate(self.order)}
+
+    @classmethod
+    def from_graph(cls, graph: Graph) -> "SearchGraph":
+        return cls(graph.topological_order(), {i: tuple(graph.producers(i)) for i in graph.nodes},
+                   {i: _result_bytes(n.op) for i, n in graph.nodes.items()})
+
+    def mask(self, ops: Iterable[int]) -> int:
+        m = 0
+        for op in ops:
+            m |= 1 << self.pos[op]
+        return m
+
+    def external_producers(self, ops: frozenset[int]) -> tuple[int, ...]:
+        """Ops outside ``ops`` whose results flow in, in topological order."""
+        return tuple(sorted({p for q in ops for p in self.producers[q] if p not in ops}, key=self.pos.__getitem__))
+
+    def is_convex(self, ops: frozenset[int]) -> bool:
+        hi = max(self.pos[i] for i in ops)
+        frontier = [u for i in ops for u in self.users[i] if u not in ops]
+        seen = set(frontier)
+        while frontier:
+            n = frontier.pop()
+            if n in ops:
+                return False
+            for u in self.users[n]:
+                if u not in seen and self.pos[u] <= hi:
+                    seen.add(u)
+                    frontier.append(u)
+        return True
+
+    def acyclic(self, regions: Iterable[frozenset[int]]) -> bool:
+        """No two regions feed each other (collapsing each to one node leaves a DAG)."""
+        label: dict[int, object] = {}
+        for k, r in enumerate(regions):
+            for i in r:
+                label[i] = ("r", k)
+        q = nx.DiGraph()
+        for b, ps in self.producers.items():
+            for a in ps:
+                la, lb = label.get(a, a), label.get(b, b)
+                if la != lb:
+                    q.add_edge(la, lb)
+        return nx.is_directed_acyclic_graph(q)
+
+
+def _result_bytes(op: ir.Operation) -> int:
+    total = 0
+    for r in op.results:
+        if ir.RankedTensorType.isinstance(r.type):
+            t = ir.RankedTensorType(r.type)
+            if t.has_static_shape:
+                total += math.prod(t.shape) * max(1, t.element_type.width // 8)
+    return total
+
+
+@dataclass(frozen=True)
+class SearchCandidate:
+    """One (backend, region): ``mask`` has bit ``pos[op]`` set per op; ``inputs`` are the ops outside
+    it whose results flow in; ``first`` is its first op in topological order."""
+
+    backend: str
+    ops: frozenset[int]
+    mask: int
+    first: int
+    inputs: tuple[int, ...]
+    inputs_mask: int
+    maximal: bool = False
+
+
+class CandidateIndex:
+    """Candidates by the ops they contain and by their first op."""
+
+    def __init__(self, graph: SearchGraph, regions: Iterable[tuple[str, frozenset[int], bool]],
+                 default_backend: str = DEFAULT_BACKEND):
+        self.graph = graph
+        self.default_backend = default_backend
+        seen: dict[tuple[str, frozenset[int]], SearchCandidate] = {}
+        singles = [(default_backend, frozenset({op}), False) for op in graph.order]
+        for backend, ops, maximal in (*singles, *regions):
+            if (backend, ops) in seen:
+                continue
+            inputs = graph.external_producers(ops)
+            seen[(backend, ops)] = SearchCandidate(backend, ops, graph.mask(ops), min(ops, key=graph.pos.__getitem__),
+                                                   inputs, graph.mask(inputs), maximal)
+        self.candidates = sorted(seen.values(), key=lambda c: (graph.pos[c.first], -len(c.ops), c.backend,
+                                                                sorted(c.ops)))
+        self._at: dict[int, list[SearchCandidate]] = {op: [] for op in graph.order}
+        self._start: dict[int, list[SearchCandidate]] = {op: [] for op in graph.order}
+        for c in self.candidates:
+            self._start[c.first].append(c)
+            for op in c.ops:
+                self._at[op].append(c)
+
+    def candidates_at(self, op: int) -> list[SearchCandidate]:
+        return self._at[op]
+
+    def starting_at(self, op: int) -> list[SearchCandidate]:
+        return self._start[op]
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    @classmethod
+    def build(cls, graph: Graph, backends: Sequence[Backend], *, maximal: bool = True) -> "CandidateIndex":
+        """Every candidate of ``backends`` in ``graph`` plus, for each graph-level backend, its maximal
+        regions (grown without the per-candidate op cap), plus every op alone on the default backend."""
+        from .regions import maximal_regions
+
+        regions = [(c.backend, c.ops, False) for c in enumerate_candidates(graph, list(backends))]
+        if maximal:
+            for b in backends:
+                regions += [(b.name, r, True) for r in maximal_regions(graph, b)]
+        return cls(SearchGraph.from_graph(graph), regions)
+
+
+def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[int]], out_bytes: dict[int, int],
+              estimator: CostEstimator) -> float:
+    """The additive cost of ``plan``: its regions, every other op alone on the default backend, and one
+    transition per (producer op, consuming region) crossing a boundary; inf when any part is unusable."""
+    label: dict[int, tuple[str, int]] = {}
+    regions: list[tuple[str, frozenset[int]]] = [(r.backend, frozenset(r.ops)) for r in plan.regions]
+    covered = {i for _, ops in regions for i in ops}
+    regions += [(estimator.default_backend, frozenset({i})) for i in order if i not in covered]
+    for k, (backend, ops) in enumerate(regions):
+        for i in ops:
+            label[i] = (backend, k)
+    total = 0.0
+    for cost in estimator.region_costs([(ops, backend) for backend, ops in regions]):
+        if not cost.usable:
+            return math.inf
+        total += cost.seconds
+    for k, (backend, ops) in enumerate(regions):
+        for p in sorted({p for q in ops for p in producers.get(q, ()) if p not in ops}):
+            t = estimator.transition_cost(label[p][0], backend, out_bytes[p])
+            if not t.usable:
+                return math.inf
+            total += t.seconds
+    return total

@@ -1,0 +1,100 @@
+"""The placement search without compilers: candidate index, operator-level DP against brute force on
+random graphs (mock costs), evolutionary search determinism and its never-worse guarantee."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collage_mlir.plan import Plan, Region
+from collage_mlir.search.cost import Cost, CostKind, MockEstimator, TransitionFit
+from collage_mlir.search.dp import optimize
+from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
+
+BACKENDS = ("lib", "engine")
+
+
+def random_case(seed: int, n: int):
+    """A random DAG of ``n`` ops (ids shuffled against topological order) and random convex connected
+    candidates of up to 4 ops on two backends."""
+    rng = random.Random(seed)
+    ids = list(range(100, 100 + n))
+    rng.shuffle(ids)
+    producers = {ids[j]: tuple(sorted({ids[i] for i in range(j) if rng.random() < 0.3})) for j in range(n)}
+    graph = SearchGraph(ids, producers, {i: rng.choice((64, 4096, 1 << 20)) for i in ids})
+    regions = []
+    for _ in range(3 * n):
+        grown = {rng.choice(ids)}
+        for _ in range(rng.randrange(4)):
+            near = sorted({u for i in grown for u in (*graph.users[i], *graph.producers[i])} - grown)
+            if not near:
+                break
+            grown.add(rng.choice(near))
+        if graph.is_convex(frozenset(grown)):
+            regions.append((rng.choice(BACKENDS), frozenset(grown), False))
+    return graph, CandidateIndex(graph, regions)
+
+
+def brute_force(index: CandidateIndex, estimator: MockEstimator) -> float:
+    """The lowest additive cost over every exact cover of the ops by candidates whose regions do not
+    feed each other in a cycle."""
+    g = index.graph
+    best = math.inf
+
+    def visit(covered: frozenset[int], chosen: list) -> None:
+        nonlocal best
+        rest = [op for op in g.order if op not in covered]
+        if not rest:
+            if g.acyclic(c.ops for c in chosen):
+                plan = Plan([Region(f"r{k}", c.backend, c.ops) for k, c in enumerate(chosen)
+                             if c.backend != index.default_backend])
+                best = min(best, plan_cost(plan, g.order, g.producers, g.out_bytes, estimator))
+            return
+        for c in index.candidates_at(rest[0]):
+            if not c.ops & covered:
+                visit(covered | c.ops, chosen + [c])
+
+    visit(frozenset(), [])
+    return best
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 12))
+def test_dp_equals_brute_force(seed, n):
+    graph, index = random_case(seed, n)
+    est = MockEstimator(seed, graph.order, graph.out_bytes, producers=graph.producers)
+    result = optimize(index, est)
+    expected = brute_force(index, est)
+    assert math.isclose(result.cost_s, expected, rel_tol=1e-9), (result.cost_s, expected)
+    # The plan it returns costs what it says, and is a valid plan (acyclic, each region a candidate).
+    assert math.isclose(plan_cost(result.plan, graph.order, graph.producers, graph.out_bytes, est), expected,
+                        rel_tol=1e-9)
+    assert graph.acyclic(r.ops for r in result.plan.regions)
+
+
+def test_dp_asks_costs_lazily_once():
+    graph, index = random_case(7, 12)
+    est = MockEstimator(7, graph.order, graph.out_bytes, producers=graph.producers)
+    optimize(index, est)
+    assert len(est.asked) == len(set(est.asked)) <= len(index)
+
+
+def test_index_by_op():
+    graph, index = random_case(3, 10)
+    for op in graph.order:
+        assert {(c.backend, c.ops) for c in index.candidates_at(op)} == {
+            (c.backend, c.ops) for c in index.candidates if op in c.ops}
+        assert all(c.first == op for c in index.starting_at(op))
+        assert any(c.backend == index.default_backend and c.ops == {op} for c in index.candidates_at(op))
+
+
+def test_cost_kinds_and_transition_fit():
+    assert Cost.known(1.0).usable and not Cost.unknown("budget").usable
+    assert Cost.invalid("wrong").kind is CostKind.INVALID and Cost.invalid("wrong").seconds == math.inf
+    fit = TransitionFit.fit([(1000, 2e-6 + 1000 * 3e-10), (4000, 2e-6 + 4000 * 3e-10), (16000, 2e-6 + 16000 * 3e-10)])
+    assert math.isclose(fit.fixed_s, 2e-6, rel_tol=1e-6) and math.isclose(fit.per_byte_s, 3e-10, rel_tol=1e-6)
+    assert math.isclose(fit.at(8000), 2e-6 + 8000 * 3e-10, rel_tol=1e-6)
