@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+from collage_runtime.manifest import FORMAT, MANIFEST, VERSION, sha256_file
 
 from . import __version__
 from .backends import registry
@@ -24,7 +28,6 @@ from .passes.place_devices import PlaceDevicesPass
 from .plan import Plan
 
 MODULE_FILE = "main.vmfb"
-MANIFEST_FILE = "manifest.json"
 DEFAULT_IREE_ARGS = ("--iree-llvmcpu-target-cpu=host",)
 
 
@@ -84,36 +87,67 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs
 
 def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str = "<module>",
                    iree_args: Sequence[str] = (), **iree_kwargs) -> CompileResult:
-    """Partitions ``module`` by ``plan`` and writes the artifact directory ``out_dir``."""
+    """Partitions ``module`` by ``plan`` and writes the artifact directory ``out_dir``.
+
+    The artifact is built in a new directory beside ``out_dir`` and renamed into place once complete, so a
+    failed or interrupted compile leaves the previous artifact as it was (or nothing), never a mix."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    source_hash = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()
-    parts = partition(module, plan, out, iree_args)
-    # A second logical device (a codegen backend with its own configuration) needs program-wide flags.
-    iree_args = [*parts.iree_flags, *iree_args]
-    vmfb = iree_compile(module, iree_args, **iree_kwargs)
-    (out / MODULE_FILE).write_bytes(vmfb)
-    manifest = {
-        "format": "collage-artifact",
-        "version": 1,
-        "source": source,
-        "source_sha256": source_hash,
-        "module": MODULE_FILE,
-        "module_sha256": hashlib.sha256(vmfb).hexdigest(),
-        "versions": {
-            "collage-mlir": __version__,
-            "python": sys.version.split()[0],
-            **{name: info.backend.version() for name, info in registry().items() if info.backend and not info.problem},
-        },
-        "iree_args": list(DEFAULT_IREE_ARGS) + list(iree_args),
-        "plan": parts.plan.to_json(),
-        "devices": parts.devices,
-        "regions": parts.regions,
-    }
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+    check_artifact_dir(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        source_hash = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()
+        parts = partition(module, plan, stage, iree_args)
+        # A second logical device (a codegen backend with its own configuration) needs program-wide flags.
+        iree_args = [*parts.iree_flags, *iree_args]
+        vmfb = iree_compile(module, iree_args, **iree_kwargs)
+        (stage / MODULE_FILE).write_bytes(vmfb)
+        for region in parts.regions:
+            region["sha256"] = sha256_file(stage / region["artifact"])
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "source": source,
+            "source_sha256": source_hash,
+            "module": MODULE_FILE,
+            "module_sha256": hashlib.sha256(vmfb).hexdigest(),
+            "versions": {
+                "collage-mlir": __version__,
+                "python": sys.version.split()[0],
+                **{name: info.backend.version() for name, info in registry().items()
+                   if info.backend and not info.problem},
+            },
+            "iree_args": list(DEFAULT_IREE_ARGS) + list(iree_args),
+            "plan": parts.plan.to_json(),
+            "devices": parts.devices,
+            "regions": parts.regions,
+        }
+        (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        _replace_dir(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     return CompileResult(out, parts.plan, manifest)
 
 
+def _replace_dir(new: Path, out: Path) -> None:
+    """Puts the complete directory ``new`` at ``out``, moving an earlier artifact there out of the way."""
+    if not out.exists():
+        new.rename(out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    old.rmdir()
+    out.rename(old)
+    new.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def check_artifact_dir(out_dir: str | Path) -> None:
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise CollageError("output path exists and is not a directory", where=str(out_dir))
+    """Refuses an output path that is a file, or a non-empty directory that holds no collage artifact
+    (compiling replaces the whole directory)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CollageError("output path exists and is not a directory", where=str(out))
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise CollageError("output directory is not empty and holds no collage artifact; compiling replaces "
+                           "the directory, so choose a new or empty one", where=str(out))

@@ -61,6 +61,10 @@ class Plan:
             raise bad(f"not a collage plan (expected \"format\": \"{FORMAT}\")")
         if data.get("version") != VERSION:
             raise bad(f"unsupported plan version {data.get('version')!r} (this collage reads {VERSION})")
+        if not isinstance(data.get("regions", []), list):
+            raise bad("\"regions\" must be a list")
+        if not isinstance(data.get("default_backend", DEFAULT_BACKEND), str):
+            raise bad("\"default_backend\" must be a backend name")
         regions = []
         for k, r in enumerate(data.get("regions", [])):
             if not isinstance(r, dict) or not {"name", "backend", "ops"} <= r.keys():
@@ -68,9 +72,11 @@ class Plan:
             if not isinstance(r["name"], str) or not _REGION_NAME.match(r["name"]):
                 raise bad(f"regions[{k}]: region name {r['name']!r} must be an identifier")
             ops = r["ops"]
-            if not isinstance(ops, list) or not ops or not all(isinstance(i, int) for i in ops):
+            if not isinstance(ops, list) or not ops or not all(type(i) is int for i in ops):
                 raise bad(f"region '{r['name']}': \"ops\" must be a non-empty list of op ids")
-            regions.append(Region(r["name"], str(r["backend"]), frozenset(ops)))
+            if not isinstance(r["backend"], str):
+                raise bad(f"region '{r['name']}': \"backend\" must be a backend name")
+            regions.append(Region(r["name"], r["backend"], frozenset(ops)))
         return cls(regions, str(data.get("default_backend", DEFAULT_BACKEND)), source)
 
     @classmethod
@@ -88,6 +94,11 @@ class Plan:
         """Raises CollageError for an unknown op id or backend, an op the backend cannot take, a
         non-convex region, overlapping or duplicate regions."""
         get_backend(self.default_backend, where=self.source)
+        if self.default_backend != DEFAULT_BACKEND:
+            raise CollageError(f"default_backend '{self.default_backend}' is not supported: ops outside regions run "
+                               f"on {DEFAULT_BACKEND}, the program's default device; give ops to "
+                               f"'{self.default_backend}' with regions (e.g. --plan prefer:{self.default_backend})",
+                               where=self.source)
         owner: dict[int, str] = {}
         names: set[str] = set()
         for r in self.regions:

@@ -47,7 +47,7 @@ def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
     inputs = load_input_arrays(args.input)
     program = _load_program(args.artifact)
     try:
-        outputs = _invoke(program, args.function, inputs)
+        outputs = _invoke(program, args.function, inputs, args.input)
     finally:
         program.close()
     if args.output_dir:
@@ -62,11 +62,14 @@ def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
     return 0
 
 
-def _invoke(program, function: str, inputs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
-    from collage_runtime.program import ArtifactError
+def _invoke(program, function: str, inputs: list[np.ndarray], paths: list[str]) -> tuple[np.ndarray, ...]:
+    from collage_runtime.program import ArtifactError, InputError
 
     try:
         return program.invoke(function, *inputs)
+    except InputError as exc:
+        where = paths[exc.index] if exc.index is not None and exc.index < len(paths) else "--input"
+        raise CollageError(str(exc), where=where, exit_code=2) from None
     except ArtifactError as exc:
         raise CollageError(str(exc)) from None
     except (RuntimeError, ValueError) as exc:

@@ -9,6 +9,10 @@ One IREE VM context holds the compiled module and a ``collage_rt`` module servin
 
 from __future__ import annotations
 
-from .program import Program, load
+from .telemetry import disable_engine_telemetry
+
+disable_engine_telemetry()
+
+from .program import Program, load  # noqa: E402  (after telemetry is off)
 
 __all__ = ["Program", "load"]

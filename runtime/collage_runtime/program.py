@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import gc
-import json
 from pathlib import Path
 from typing import Callable, Sequence
 
 import iree.runtime as rt
 import numpy as np
 
+from .manifest import MANIFEST, ArtifactError, load_manifest
 from .rt_module import create_rt_module
-
-MANIFEST = "manifest.json"
+from .types import SUB_BYTE_BITS, Signature, TensorSpec, parse_declaration
 
 #: Builds an extra VM module (e.g. IREE's `check` module for conformance tests) on the program's device.
 ModuleFactory = Callable[[rt.HalDevice], rt.VmModule]
 
 
-class ArtifactError(Exception):
-    """The artifact directory is missing, incomplete or from an incompatible version."""
+class InputError(ValueError):
+    """Arrays given to a function do not match its compiled signature (count, dtype or shape);
+    ``index`` is the offending input's position (None for a wrong count)."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
 
 
 class Program:
@@ -27,12 +31,7 @@ class Program:
 
     def __init__(self, root: str | Path, *, driver: str = "local-task", extra_modules: Sequence[ModuleFactory] = ()):
         self.root = Path(root)
-        try:
-            self.manifest = json.loads((self.root / MANIFEST).read_text())
-        except (OSError, ValueError) as exc:
-            raise ArtifactError(f"{self.root / MANIFEST}: cannot read artifact manifest ({exc})") from None
-        if self.manifest.get("format") != "collage-artifact":
-            raise ArtifactError(f"{self.root / MANIFEST}: not a collage artifact manifest")
+        self.manifest = load_manifest(self.root)
         self.config = rt.Config(driver)
         device = self.config.device
         devices = len(self.manifest.get("devices") or ()) or 1
@@ -43,7 +42,11 @@ class Program:
             self.config.default_vm_modules = (
                 rt.create_hal_module(self.config.vm_instance, devices=[device] * devices),)
         vmfb = (self.root / self.manifest["module"]).read_bytes()
-        self._main = rt.VmModule.copy_buffer(self.config.vm_instance, vmfb)
+        try:
+            self._main = rt.VmModule.copy_buffer(self.config.vm_instance, vmfb)
+        except (RuntimeError, ValueError) as exc:
+            raise ArtifactError(f"{self.root / self.manifest['module']}: IREE cannot load the module "
+                                f"({' '.join(str(exc).split())[:200]})") from None
         # Keep every module object alive as long as the context: a temporary segfaults later.
         self._modules = [create_rt_module(device, self.root, self.manifest["regions"])]
         self._modules += [factory(device) for factory in extra_modules]
@@ -51,6 +54,9 @@ class Program:
             vm_modules=(*self.config.default_vm_modules, *self._modules, self._main), config=self.config
         )
         self._functions = getattr(self._context.modules, self._main.name)
+        self._signatures: dict[str, Signature | None] = {
+            f: parse_declaration(self._main.lookup_function(f).reflection.get("iree.abi.declaration", ""))
+            for f in self.functions}
 
     @property
     def vm_module(self) -> rt.VmModule:
@@ -66,12 +72,16 @@ class Program:
         """Runs function ``name`` on host arrays; returns its results as host arrays."""
         if name not in self.functions:
             raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self.functions)})")
+        signature = self._signatures.get(name)
+        if signature is not None:
+            check_inputs(name, signature, arrays)
         result = self._functions[name](*[np.require(a, requirements="C") for a in arrays])  # keeps rank 0
         if result is None:
             return ()
         if not isinstance(result, (tuple, list)):
             result = (result,)
-        return tuple(r.to_host() if hasattr(r, "to_host") else np.asarray(r) for r in result)
+        specs = signature.outputs if signature is not None else ()
+        return tuple(_to_host(r, specs[k] if k < len(specs) else None) for k, r in enumerate(result))
 
     def device_function(self, name: str) -> Callable:
         """Function ``name`` taking and returning device arrays (see ``to_device``): for timing loops that
@@ -96,6 +106,43 @@ class Program:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def check_inputs(function: str, signature: Signature, arrays: Sequence) -> None:
+    """Raises InputError unless ``arrays`` match the function's inputs in count, dtype and shape: an input
+    read directly by a library region is not checked by IREE, and a mismatch there computes garbage."""
+    if len(arrays) != len(signature.inputs):
+        raise InputError(f"{function}: takes {len(signature.inputs)} input(s), got {len(arrays)}")
+    for k, (spec, array) in enumerate(zip(signature.inputs, arrays)):
+        if spec is None:
+            continue
+        if isinstance(array, np.generic):  # a numpy scalar is a rank-0 array
+            array = np.asarray(array)
+        if not isinstance(array, np.ndarray):
+            raise InputError(f"{function}: input {k}: expected {spec} as a numpy array, got {type(array).__name__}", k)
+        if not spec.accepts(array):
+            raise InputError(f"{function}: input {k}: expected {spec}, got {array.dtype}{list(array.shape)}", k)
+
+
+def _to_host(value, spec: TensorSpec | None) -> np.ndarray:
+    """A result as a host array; sub-byte integers unpacked one per byte, empty tensors as empty arrays
+    (IREE's own conversion refuses both)."""
+    if not hasattr(value, "to_host"):
+        return np.asarray(value)
+    if spec is None or spec.dtype is None or (spec.element not in SUB_BYTE_BITS and 0 not in value.shape):
+        return value.to_host()
+    shape = tuple(value.shape)
+    if 0 in shape:
+        return np.empty(shape, spec.dtype)
+    bits = SUB_BYTE_BITS[spec.element]
+    packed = np.frombuffer(bytes(value._buffer_view.map()), np.uint8)
+    count = int(np.prod(shape))
+    index = np.arange(count) * bits
+    raw = (packed[index // 8] >> (index % 8).astype(np.uint8)) & np.uint8((1 << bits) - 1)
+    if spec.dtype.kind == "i":  # two's complement: sign-extend
+        raw = raw.astype(np.int16)
+        raw = np.where(raw >= 1 << (bits - 1), raw - (1 << bits), raw)
+    return raw.astype(spec.dtype).reshape(shape)
 
 
 def load(root: str | Path, **kwargs) -> Program:

@@ -100,7 +100,7 @@ def test_run_with_wrong_inputs_is_one_line(tmp_path):
     assert collage("compile", str(LIT_INPUTS / "mlp.mlir"), "-o", str(tmp_path / "a")).returncode == 0
     np.save(tmp_path / "x.npy", np.zeros((5,), np.float32))
     r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"))
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "check the number, shapes" in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "takes 4 input(s), got 1" in r.stderr, r.stderr
     r = collage("run", str(tmp_path / "a"), "--function", "nope")
     assert r.returncode == 1 and "no function 'nope'" in r.stderr
 

@@ -1,0 +1,121 @@
+"""Element types and tensor signatures: the one map from MLIR element types to numpy dtypes (runtime and
+compiler both use it), and the parser of a compiled function's ABI declaration."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+#: MLIR element type → numpy dtype of the host array that carries it. Sub-byte integers (i2, i4, ui4) are
+#: carried one element per byte; bf16 and f8 types have no numpy dtype (None).
+NUMPY_DTYPES: dict[str, np.dtype | None] = {
+    "f16": np.dtype(np.float16), "f32": np.dtype(np.float32), "f64": np.dtype(np.float64),
+    "bf16": None,
+    "i1": np.dtype(np.bool_),
+    "i2": np.dtype(np.int8), "i4": np.dtype(np.int8), "si4": np.dtype(np.int8),
+    "i8": np.dtype(np.int8), "si8": np.dtype(np.int8), "i16": np.dtype(np.int16), "si16": np.dtype(np.int16),
+    "i32": np.dtype(np.int32), "si32": np.dtype(np.int32), "i64": np.dtype(np.int64), "si64": np.dtype(np.int64),
+    "ui2": np.dtype(np.uint8), "ui4": np.dtype(np.uint8),
+    "ui8": np.dtype(np.uint8), "ui16": np.dtype(np.uint16), "ui32": np.dtype(np.uint32), "ui64": np.dtype(np.uint64),
+    "complex<f32>": np.dtype(np.complex64), "complex<f64>": np.dtype(np.complex128),
+}
+
+#: Bits per element where an element is narrower than a byte (IREE packs them densely).
+SUB_BYTE_BITS = {"i2": 2, "ui2": 2, "i4": 4, "si4": 4, "ui4": 4}
+
+
+def numpy_dtype(element: str) -> np.dtype | None:
+    """The numpy dtype carrying MLIR element type ``element`` on the host, or None if numpy has none."""
+    return NUMPY_DTYPES.get(element)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor in a function signature: its shape (None for a dynamic dimension) and element type."""
+
+    shape: tuple[int | None, ...]
+    element: str
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        return numpy_dtype(self.element)
+
+    def __str__(self) -> str:
+        dims = "".join(("?" if d is None else str(d)) + "x" for d in self.shape)
+        return f"tensor<{dims}{self.element}>"
+
+    def accepts(self, array: np.ndarray) -> bool:
+        """Whether ``array`` has this element type's host dtype, this rank and these static dimensions."""
+        return (self.dtype is not None and array.dtype == self.dtype and array.ndim == len(self.shape)
+                and all(d is None or d == n for d, n in zip(self.shape, array.shape)))
+
+
+_TENSOR = re.compile(r"tensor<((?:(?:\d+|\?)x)*)([^,]+)>")
+
+
+def parse_tensor(text: str) -> TensorSpec | None:
+    """``tensor<4x?xf32>`` → TensorSpec; None for anything else (encodings, non-tensor types)."""
+    m = _TENSOR.fullmatch(text.strip())
+    if m is None:
+        return None
+    shape = tuple(None if d == "?" else int(d) for d in m.group(1).split("x")[:-1])
+    return TensorSpec(shape, m.group(2))
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A public function's inputs and outputs as its ABI declaration states them (None: not a tensor)."""
+
+    inputs: tuple[TensorSpec | None, ...]
+    outputs: tuple[TensorSpec | None, ...]
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur))
+    return parts
+
+
+_ENCODING = re.compile(r"\{.*iree\.abi\.encoding = (tensor<[^{}]*>).*\}")
+
+
+def _type_of(part: str) -> TensorSpec | None:
+    """One ``%name: type {attrs}`` entry; ``iree.abi.encoding`` (how an unsigned type travels) wins."""
+    text = part.split(":", 1)[1] if ":" in part else part
+    encoded = _ENCODING.search(text)
+    return parse_tensor(encoded.group(1) if encoded else text.split("{", 1)[0])
+
+
+def _types(text: str) -> tuple[TensorSpec | None, ...]:
+    text = text.strip()
+    if text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    return tuple(_type_of(p) for p in _split_top(text))
+
+
+def parse_declaration(decl: str) -> Signature | None:
+    """Parses IREE's ``iree.abi.declaration`` (``sync func @f(%input0: tensor<4xf32>) -> (%output0: ...)``)."""
+    start = decl.find("(")
+    if start < 0 or "func @" not in decl[:start]:
+        return None
+    depth = 0
+    for k in range(start, len(decl)):
+        depth += decl[k] in "(<"
+        depth -= decl[k] in ")>" and decl[k - 1] != "-"
+        if depth == 0:
+            rest = decl[k + 1:]
+            return Signature(_types(decl[start:k + 1]), _types(rest.split("->", 1)[1]) if "->" in rest else ())
+    return None

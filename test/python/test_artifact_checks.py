@@ -1,0 +1,187 @@
+"""An artifact is data, checked before it runs; inputs are checked against the compiled signature.
+
+The MLP below has its first layer on onednn, which reads the function's arguments directly: IREE's own
+checks never see them, so before these checks a wrong input computed garbage with exit code 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import collage_runtime
+from collage_mlir.errors import CollageError
+from collage_mlir.iree import compile_module
+from collage_mlir.ir import new_context, parse_module
+from collage_runtime.manifest import ArtifactError
+from collage_runtime.program import InputError
+
+LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
+MLP = (LIT_INPUTS / "mlp.mlir").read_text()
+PLAN = str(LIT_INPUTS / "mlp-plan.json")
+
+
+def _inputs(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in ((2, 8), (8, 16), (16,), (16, 4))]
+
+
+def collage(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """The MLP compiled with its onednn region, and IREE alone's result on ``_inputs()``."""
+    root = tmp_path_factory.mktemp("mlp")
+    compile_module(parse_module(MLP, new_context()), "default", root / "alone")
+    with collage_runtime.load(root / "alone") as prog:
+        (ref,) = prog.invoke("main", *_inputs())
+    compile_module(parse_module(MLP, new_context()), PLAN, root / "mixed")
+    return root / "mixed", ref
+
+
+@pytest.fixture
+def artifact(built, tmp_path) -> Path:
+    """A private copy of the mixed artifact, free to tamper with."""
+    return Path(shutil.copytree(built[0], tmp_path / "a"))
+
+
+def test_inputs_are_checked_against_the_signature(built):
+    art, ref = built
+    good = _inputs()
+    x = good[0]
+    cases = {
+        "f64 where f32 is expected": ([x.astype(np.float64), *good[1:]], "input 0: expected tensor<2x8xf32>, got float64[2, 8]"),
+        "one row short": ([x[:1], *good[1:]], "input 0: expected tensor<2x8xf32>, got float32[1, 8]"),
+        "transposed": ([np.ascontiguousarray(x.T), *good[1:]], "got float32[8, 2]"),
+        "a scalar": ([np.array(1.0, np.float32), *good[1:]], "got float32[]"),
+        "missing input": (good[:3], "takes 4 input(s), got 3"),
+        "a list": ([x.tolist(), *good[1:]], "as a numpy array, got list"),
+    }
+    with collage_runtime.load(art) as prog:
+        for why, (arrays, message) in cases.items():
+            with pytest.raises(InputError, match=re.escape(message)):
+                prog.invoke("main", *arrays)
+        (y,) = prog.invoke("main", *good)  # still fine after refusals
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_cli_names_the_wrong_input_file(built, tmp_path):
+    art, _ = built
+    paths = []
+    for k, a in enumerate(_inputs()):
+        paths.append(str(tmp_path / f"in{k}.npy"))
+        np.save(paths[-1], a.astype(np.float64) if k == 1 else a)
+    args = [a for p in paths for a in ("--input", p)]
+    r = collage("run", str(art), *args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"collage: error: {paths[1]}: main: input 1: expected tensor<8x16xf32>, got float64")
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda a: _flip_byte(a / "main.vmfb"), "module does not match its SHA-256"),
+    (lambda a: (a / "main.vmfb").write_bytes((a / "main.vmfb").read_bytes()[:100]), "module does not match its SHA-256"),
+    (lambda a: (a / "main.vmfb").unlink(), "module is missing"),
+    (lambda a: _flip_byte(_region_file(a)), "region 'layer1' artifact does not match its SHA-256"),
+    (lambda a: _region_file(a).unlink(), "region 'layer1' artifact is missing"),
+    (lambda a: _edit(a, lambda m: m["regions"][0].update(artifact="../../../../etc/passwd")), "lies outside the artifact directory"),
+    (lambda a: _edit(a, lambda m: m["regions"][0].update(artifact="/etc/passwd")), "lies outside the artifact directory"),
+    (lambda a: _edit(a, lambda m: m.update(module="../b/main.vmfb")), "lies outside the artifact directory"),
+    (lambda a: _edit(a, lambda m: m["regions"][0].pop("sha256")), "has no SHA-256"),
+    (lambda a: _edit(a, lambda m: m["regions"][0].update(outputs=[{"shape": [-1], "dtype": "f32"}])), "region 'layer1' outputs"),
+    (lambda a: _edit(a, lambda m: m.update(regions={"x": 1})), "regions: expected a list"),
+    (lambda a: _edit(a, lambda m: m.update(version=99)), "artifact version 99 is not supported"),
+    (lambda a: (a / "manifest.json").write_text((a / "manifest.json").read_text()[:50]), "cannot read artifact manifest"),
+    (lambda a: (a / "manifest.json").write_bytes(b"\xff\xfe\x00garbage"), "cannot read artifact manifest"),
+])
+def test_tampered_artifacts_are_refused_in_one_line(artifact, tamper, message):
+    tamper(artifact)
+    with pytest.raises(ArtifactError, match=message):
+        collage_runtime.load(artifact)
+    r = collage("run", str(artifact))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def _region_file(art: Path) -> Path:
+    return art / json.loads((art / "manifest.json").read_text())["regions"][0]["artifact"]
+
+
+def _edit(art: Path, change) -> None:
+    manifest = json.loads((art / "manifest.json").read_text())
+    change(manifest)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_compile_replaces_the_artifact_whole_or_not_at_all(built, tmp_path):
+    out = Path(shutil.copytree(built[0], tmp_path / "out"))
+    before = (out / "manifest.json").read_text()
+    bad = tmp_path / "bad-plan.json"
+    bad.write_text(json.dumps({"format": "collage-plan", "version": 1, "regions": [
+        {"name": "r", "backend": "onednn", "ops": [99]}]}))
+    with pytest.raises(CollageError, match="unknown op id 99"):
+        compile_module(parse_module(MLP, new_context()), str(bad), out)
+    assert (out / "manifest.json").read_text() == before  # the old artifact, intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad-plan.json", "out"]  # no half-built leftovers
+    compile_module(parse_module(MLP, new_context()), "default", out)
+    assert not (out / "regions").exists() or not any((out / "regions").iterdir())  # no stale region files
+    with collage_runtime.load(out) as prog:
+        np.testing.assert_allclose(prog.invoke("main", *_inputs())[0], built[1], rtol=1e-6)
+
+
+def test_compile_refuses_a_directory_that_is_not_an_artifact(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(CollageError, match="not empty and holds no collage artifact"):
+        compile_module(parse_module(MLP, new_context()), "default", tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_default_backend_other_than_iree_cpu_is_refused(tmp_path):
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"format": "collage-plan", "version": 1, "default_backend": "ort", "regions": []}))
+    r = collage("compile", str(LIT_INPUTS / "mlp.mlir"), "--plan", str(plan), "-o", str(tmp_path / "o"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "default_backend 'ort' is not supported" in r.stderr
+
+
+SUB_BYTE = """
+func.func @main(%x: tensor<4xi8>) -> (tensor<4xi4>, tensor<0x3xf32>, tensor<4xui4>, tensor<4xi2>) {
+  %0 = stablehlo.convert %x : (tensor<4xi8>) -> tensor<4xi4>
+  %1 = stablehlo.constant dense<> : tensor<0x3xf32>
+  %2 = stablehlo.convert %x : (tensor<4xi8>) -> tensor<4xui4>
+  %3 = stablehlo.constant dense<[1, -1, 0, 1]> : tensor<4xi2>
+  return %0, %1, %2, %3 : tensor<4xi4>, tensor<0x3xf32>, tensor<4xui4>, tensor<4xi2>
+}
+"""
+
+
+def test_sub_byte_and_empty_results(tmp_path):
+    compile_module(parse_module(SUB_BYTE, new_context()), "default", tmp_path)
+    with collage_runtime.load(tmp_path) as prog:
+        i4, empty, ui4, i2 = prog.invoke("main", np.array([1, -2, 7, -8], np.int8))
+    assert i4.dtype == np.int8 and i4.tolist() == [1, -2, 7, -8]
+    assert empty.shape == (0, 3) and empty.dtype == np.float32
+    assert ui4.dtype == np.uint8 and ui4.tolist() == [1, 14, 7, 8]  # two's complement bits read unsigned
+    assert i2.tolist() == [1, -1, 0, 1]
+
+
+def test_no_engine_telemetry():
+    """Importing the project switches OpenVINO's telemetry off (it contacted an analytics host on import)."""
+    code = ("import collage_mlir, sys, openvino\n"
+            "import openvino.tools.ovc.telemetry_utils as t\n"
+            "assert sys.modules['openvino_telemetry'] is None and t.tm.__name__.endswith('telemetry_stub')\n")
+    pytest.importorskip("openvino")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
