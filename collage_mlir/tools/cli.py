@@ -6,6 +6,7 @@
     collage backends
     collage measure model.mlir --backends B1,B2 [--db PATH]
     collage db stats|export FILE.json|import FILE.json|prune [--db PATH]
+    collage bench MODEL... [--small] [--plan PLAN] [--vs torch,ort,...] [--threads N]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CollageError
-from . import db_cmd, exit_quietly, load_input_arrays, measure_cmd, run_tool
+from . import bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, run_tool
 
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -142,11 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("backends", help="list the registered backends")
     measure_cmd.add_parser(sub)
     db_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     return p
 
 
 COMMANDS = {"compile": _cmd_compile, "run": _cmd_run, "backends": _cmd_backends, "demo": _cmd_demo,
-            "measure": lambda args, _: measure_cmd.run(args), "db": lambda args, _: db_cmd.run(args)}
+            "measure": lambda args, _: measure_cmd.run(args), "db": lambda args, _: db_cmd.run(args),
+            "bench": lambda args, _: bench_cmd.run(args)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,26 @@
+"""OpenVINO's CPU plugin on the same ONNX export as ONNX Runtime: f32 inference precision stated (the
+CPU may support bf16, which OpenVINO would otherwise pick), latency hint, one stream, ``threads`` threads."""
+
+from __future__ import annotations
+
+from . import Contender, Prepared, SetupContext
+from .onnxruntime import export_onnx
+
+
+def setup(ctx: SetupContext) -> Prepared:
+    import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    path, inputs = export_onnx(ctx)
+    core = ov.Core()
+    compiled = core.compile_model(str(path), "CPU", {
+        props.inference_num_threads: ctx.threads, props.num_streams: 1,
+        hints.performance_mode: hints.PerformanceMode.LATENCY, hints.inference_precision: ov.Type.f32})
+    request = compiled.create_infer_request()
+
+    return Prepared(lambda: request.infer(inputs),
+                    lambda: [request.get_output_tensor(k).data.copy() for k in range(len(compiled.outputs))])
+
+
+CONTENDER = Contender("openvino", "OpenVINO (same ONNX, f32 precision hint)", setup)

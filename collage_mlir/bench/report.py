@@ -1,0 +1,176 @@
+"""A bench run's results as JSON (the data), a markdown table and a PNG chart (matplotlib)."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from dataclasses import asdict
+from enum import Enum
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from .contenders import COLLAGE, CONTENDERS
+from .session import BenchResult, ModelResult, Status
+
+#: Packages whose versions a result records.
+PACKAGES = ("collage-mlir", "iree-base-compiler", "iree-base-runtime", "torch", "torch-mlir", "onnx", "onnxscript",
+            "onnxruntime", "openvino", "jax", "jaxlib", "transformers")
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for p in PACKAGES:
+        try:
+            found[p] = version(p)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def machine() -> str:
+    """CPU model and the CPUs this process may use."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return f"{model}, {len(os.sched_getaffinity(0))} CPUs"
+
+
+def peers(result: BenchResult) -> list[str]:
+    return [n for n in result.contenders if n != COLLAGE]
+
+
+def geomean_ratio(result: BenchResult) -> float | None:
+    """Geometric mean over models of collage's speedup over the best peer (models without one left out)."""
+    ratios = [r for m in result.models if (r := m.ratio(COLLAGE, peers(result))) is not None]
+    return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+
+
+def to_json(result: BenchResult, command: str) -> dict:
+    def plain(obj):
+        if isinstance(obj, Enum):
+            return obj.value
+        if isinstance(obj, dict):
+            return {k: plain(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [plain(v) for v in obj]
+        return obj
+
+    models = []
+    for m in result.models:
+        best = m.best(peers(result))
+        fastest = m.best(result.contenders)
+        models.append(plain(asdict(m)) | {
+            "best_peer": best.name if best else None,
+            "ratio_to_best_peer": m.ratio(COLLAGE, peers(result)),
+            "best_gflops": m.gflop / (fastest.median_ms / 1e3) if fastest else None})
+    return {"benchmark": "collage bench", "command": command, "machine": machine(), "versions": versions(),
+            "options": asdict(result.options), "contenders": result.contenders,
+            "geomean_ratio_to_best_peer": geomean_ratio(result), "models": models}
+
+
+def _cell(m: ModelResult, name: str, bold: bool) -> str:
+    c = m.result(name)
+    if c is None:
+        return ""
+    if c.status is Status.FAILED:
+        return "failed"
+    text = f"{c.median_ms:.3g} ±{100 * c.spread:.0f}%" if c.median_ms is not None else "—"
+    if c.status is Status.WRONG:
+        return f"~~{text}~~ wrong"
+    return f"**{text}**" if bold else text
+
+
+def to_markdown(result: BenchResult, command: str) -> str:
+    o = result.options
+    lines = [f"# collage bench{' (small models)' if o.small else ''}", "",
+             f"`{command}`", "",
+             f"{machine()}; {o.threads} threads per contender; collage plan `{o.plan}`; "
+             f"numerics within {o.rtol:g} x max|ref| of PyTorch eager.", "",
+             "Median ms per inference ±(p75-p25)/median; **bold**: best peer; ratio: best peer / collage "
+             "(>1: collage faster); ~~struck~~: outputs wrong, not ranked.", ""]
+    names = result.contenders
+    lines.append("| model | GFLOP | " + " | ".join(names) + " | best peer | collage ratio | best GFLOP/s |")
+    lines.append("|---|---:|" + "---:|" * len(names) + "---|---:|---:|")
+    for m in result.models:
+        best = m.best(peers(result))
+        fastest = m.best(names)
+        ratio = m.ratio(COLLAGE, peers(result))
+        cells = [_cell(m, n, best is not None and n == best.name) for n in names]
+        gflops = f"{m.gflop / (fastest.median_ms / 1e3):.1f} ({fastest.name})" if fastest else "—"
+        lines.append(f"| {m.model} | {m.gflop:.3g} | " + " | ".join(cells)
+                     + f" | {best.name if best else '—'} | {f'{ratio:.2f}x' if ratio else '—'} | {gflops} |")
+    g = geomean_ratio(result)
+    lines += ["", f"Geomean of collage over the best peer: **{g:.2f}x**" if g else "Geomean: no model has a ratio.", ""]
+    lines += ["Compile time (s, from nothing to the first result; the torch-mlir import is cached and not counted):",
+              "", "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for m in result.models:
+        lines.append(f"| {m.model} | " + " | ".join(
+            f"{c.compile_s:.1f}" if c and c.compile_s is not None else "—" for c in map(m.result, names)) + " |")
+    lines += ["", "Largest error vs PyTorch eager (relative to the output's largest magnitude):", "",
+              "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for m in result.models:
+        lines.append(f"| {m.model} | " + " | ".join(
+            f"{c.max_rel_err:.1e}" if c and c.max_rel_err is not None else "—" for c in map(m.result, names)) + " |")
+    notes = [f"- {m.model} / {c.name}: {c.status.value}: {c.message}" for m in result.models for c in m.contenders
+             if c.status is not Status.OK]
+    if notes:
+        lines += ["", "Failed or wrong:", "", *notes]
+    lines += ["", "Load average (1 min) before / after timing: " + ", ".join(
+        f"{m.model} {m.load_avg[0]:.1f}/{m.load_avg[1]:.1f}" for m in result.models), ""]
+    return "\n".join(lines)
+
+
+def to_png(result: BenchResult, path: Path) -> None:
+    """Two panels: each contender's latency relative to the best peer per model (log scale), and
+    collage's speedup over the best peer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names, models = result.contenders, result.models
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(models) + 6), 4.5),
+                                   gridspec_kw={"width_ratios": [3, 1]})
+    width = 0.8 / max(len(names), 1)
+    for k, n in enumerate(names):
+        xs, ys = [], []
+        for i, m in enumerate(models):
+            c, best = m.result(n), m.best(peers(result)) or m.best(names)
+            if c and c.median_ms is not None and best and c.status is Status.OK:
+                xs.append(i + (k - (len(names) - 1) / 2) * width)
+                ys.append(c.median_ms / best.median_ms)
+        ax1.bar(xs, ys, width, label=n, hatch="//" if n == COLLAGE else None)
+    ax1.set_yscale("log")
+    ax1.axhline(1.0, color="black", linewidth=0.8)
+    ax1.set_xticks(range(len(models)), [m.model for m in models], rotation=20)
+    ax1.set_ylabel("latency / best peer's (lower is better)")
+    ax1.legend(fontsize=7, ncol=2)
+    ax1.set_title(f"{result.options.threads} threads, median of interleaved runs")
+    ratios = [m.ratio(COLLAGE, peers(result)) or 0.0 for m in models]
+    ax2.bar(range(len(models)), ratios, color=["tab:green" if r >= 1 else "tab:red" for r in ratios])
+    ax2.axhline(1.0, color="black", linewidth=0.8)
+    ax2.set_xticks(range(len(models)), [m.model for m in models], rotation=20)
+    ax2.set_ylabel("collage speedup over best peer")
+    ax2.set_title(f"geomean {geomean_ratio(result) or 0:.2f}x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: BenchResult, out_dir: str | Path, name: str, command: str) -> list[Path]:
+    """Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME.png; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
+    paths[0].write_text(json.dumps(to_json(result, command), indent=1) + "\n")
+    paths[1].write_text(to_markdown(result, command))
+    to_png(result, paths[2])
+    return paths

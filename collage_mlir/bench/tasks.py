@@ -1,0 +1,63 @@
+"""What `collage bench`'s worker processes run (``Worker.call("collage_mlir.bench.tasks:<name>", ...)``):
+one contender per process, set up once by ``prepare`` and kept in this module, then timed slice by slice
+by ``sample`` while the other contenders' processes wait."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+#: The contender this worker process serves (one per process).
+_prepared = None
+
+
+def _pin(threads: int) -> None:
+    """Restricts this process to ``threads`` CPUs, so engines that size their pools by the CPUs they
+    may use (XLA, OpenMP) agree with the thread count the others are told."""
+    if hasattr(os, "sched_getaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[:max(1, threads)])
+
+
+def _save(path: str, arrays) -> None:
+    np.savez(path, **{f"out{k}": np.asarray(a) for k, a in enumerate(arrays)})
+
+
+def prepare(contender: str, model: str, small: bool, threads: int, work_dir: str, plan: str, outputs_file: str) -> dict:
+    """Sets ``contender`` up on ``model`` and runs it once; writes that run's outputs to ``outputs_file``.
+    Returns the seconds from nothing to the first result (export/compile/load + first call)."""
+    global _prepared
+    from .contenders import CONTENDERS, SetupContext
+
+    _pin(threads)
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    prepared = CONTENDERS[contender].setup(SetupContext(model, small, threads, work, plan))
+    prepared.run()
+    compile_s = time.perf_counter() - t0
+    _save(outputs_file, prepared.outputs())
+    _prepared = prepared
+    return {"compile_s": compile_s}
+
+
+def sample(seconds: float, min_calls: int = 1) -> list[float]:
+    """Runs the prepared contender for about ``seconds`` (at least ``min_calls`` calls); seconds per call."""
+    run = _prepared.run
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_calls or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def model_info(model: str, small: bool) -> dict:
+    """The zoo model's floating-point operations per inference (see ``zoo.flops``)."""
+    from .. import zoo
+
+    return {"flop": zoo.flops(model, small)}

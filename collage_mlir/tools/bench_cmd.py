@@ -1,0 +1,56 @@
+"""`collage bench MODEL... [--plan PLAN] --vs torch,torch-compile,ort,openvino,iree,iree-dt,xla`: the
+collage-compiled zoo models side by side with what a user would pick instead, timed interleaved in one
+run; writes OUT/NAME.json, .md and .png."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..bench.contenders import PEERS
+    from ..zoo import MODELS
+
+    b = sub.add_parser("bench", help="benchmark zoo models compiled by collage against other engines",
+                       epilog=f"models: {', '.join(MODELS)}")
+    b.add_argument("models", nargs="+", metavar="MODEL", help="zoo model names (see below)")
+    b.add_argument("--small", action="store_true", help="the models' small (CI) variants")
+    b.add_argument("--plan", default="default",
+                   help="the collage contender's plan: default | prefer:B1,B2 | random:SEED | PLAN.json "
+                        "(a JSON plan is for one model)")
+    b.add_argument("--vs", default=",".join(PEERS), help=f"comma-separated peers (default: {','.join(PEERS)})")
+    b.add_argument("--threads", type=int, default=2, help="threads of every contender (default 2)")
+    b.add_argument("--seconds", type=float, default=20.0,
+                   help="seconds of interleaved timing per model, all contenders together (default 20)")
+    b.add_argument("--rtol", type=float, default=1e-3,
+                   help="tolerance against PyTorch eager, relative to each output's largest |value| (default 1e-3)")
+    b.add_argument("-o", "--output", default="bench/results", help="directory for the results (default bench/results)")
+    b.add_argument("--name", default="bench", help="result file name stem (default: bench)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import report
+    from ..bench.contenders import COLLAGE
+    from ..bench.session import BenchOptions, run_bench
+    from ..errors import CollageError
+
+    peers = [n.strip() for n in args.vs.split(",") if n.strip()]
+    if args.threads < 1:
+        raise CollageError(f"--threads must be at least 1, got {args.threads}")
+    if len(args.models) > 1 and args.plan.endswith(".json"):
+        raise CollageError("a JSON plan names op ids of one model: bench one model with it", where="--plan")
+    options = BenchOptions(threads=args.threads, seconds=args.seconds, rtol=args.rtol, plan=args.plan,
+                           small=args.small)
+    with tempfile.TemporaryDirectory(prefix="collage-bench-") as work:
+        result = run_bench(args.models, [COLLAGE, *dict.fromkeys(p for p in peers if p != COLLAGE)], options, work,
+                           log=lambda line: print(line, file=sys.stderr, flush=True))
+    command = "collage " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if Path(sys.argv[0]).name == "collage" \
+        else "collage bench " + " ".join(shlex.quote(a) for a in args.models)
+    paths = report.write(result, args.output, args.name, command)
+    print(report.to_markdown(result, command))
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0

@@ -1,0 +1,135 @@
+"""Model zoo: the benchmark models, built in code with seeded random weights (nothing downloaded), each
+with a small variant for CI; imported to StableHLO through the torch frontend (cached on disk as bytecode,
+so ResNet-50's minutes-long import happens once per machine).
+
+    model, inputs = zoo.build("resnet50", small=False)
+    module = zoo.import_stablehlo("resnet50", context)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from ..errors import CollageError
+
+#: Every build starts from this seed, so weights (and so the import cache key) are the same each time.
+SEED = 0
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A benchmark model: full size and small (CI) builders of ``(nn.Module, example inputs)``."""
+
+    name: str
+    description: str
+    small_description: str
+    full: Callable[[], tuple]
+    small: Callable[[], tuple]
+
+
+def _resnet(small: bool, groups: int = 1, width: int = 64):
+    import torch
+
+    from .resnet import ResNet
+
+    if small:
+        return ResNet((1, 1, 1, 1), groups, width, base=16, num_classes=10), (torch.randn(1, 3, 64, 64),)
+    return ResNet((3, 4, 6, 3), groups, width), (torch.randn(1, 3, 224, 224),)
+
+
+def _mobilenet(small: bool):
+    import torch
+
+    from .mobilenet import MobileNetV2
+
+    if small:
+        return MobileNetV2(width=0.25, num_classes=10), (torch.randn(1, 3, 64, 64),)
+    return MobileNetV2(), (torch.randn(1, 3, 224, 224),)
+
+
+def _bert(small: bool):
+    from .transformer import bert, token_ids
+
+    return (bert(2, 128, 2), (token_ids(32),)) if small else (bert(), (token_ids(128),))
+
+
+def _gpt2(small: bool):
+    from .transformer import gpt2, token_ids
+
+    return (gpt2(2, 128, 2), (token_ids(32, 50257),)) if small else (gpt2(), (token_ids(128, 50257),))
+
+
+def _dcgan(small: bool):
+    import torch
+
+    from .dcgan import Generator
+
+    return (Generator(nz=16, ngf=8), (torch.randn(1, 16, 1, 1),)) if small else (Generator(), (torch.randn(1, 100, 1, 1),))
+
+
+def _r3d(small: bool):
+    import torch
+
+    from .resnet import R3D
+
+    if small:
+        return R3D((1, 1, 1, 1), base=8, num_classes=10), (torch.randn(1, 3, 4, 32, 32),)
+    return R3D(), (torch.randn(1, 3, 16, 112, 112),)
+
+
+MODELS: dict[str, ZooModel] = {m.name: m for m in (
+    ZooModel("resnet50", "ResNet-50, 1x3x224x224", "ResNet (1,1,1,1) blocks, width 16, 64x64",
+             lambda: _resnet(False), lambda: _resnet(True)),
+    ZooModel("resnext50_32x4d", "ResNeXt-50 32x4d, 1x3x224x224", "ResNeXt (1,1,1,1) blocks 32x4d, width 16, 64x64",
+             lambda: _resnet(False, 32, 4), lambda: _resnet(True, 32, 4)),
+    ZooModel("mobilenet_v2", "MobileNetV2 1.0, 1x3x224x224", "MobileNetV2 0.25, 64x64",
+             lambda: _mobilenet(False), lambda: _mobilenet(True)),
+    ZooModel("bert_base", "BERT-base (BertConfig()), seq 128", "BERT 2 layers, hidden 128, seq 32",
+             lambda: _bert(False), lambda: _bert(True)),
+    ZooModel("gpt2_small", "GPT-2 small (GPT2Config()), seq 128", "GPT-2 2 layers, hidden 128, seq 32",
+             lambda: _gpt2(False), lambda: _gpt2(True)),
+    ZooModel("dcgan", "DCGAN generator, 100x1x1 → 3x64x64", "DCGAN generator nz 16, ngf 8",
+             lambda: _dcgan(False), lambda: _dcgan(True)),
+    ZooModel("r3d_18", "R3D-18, 1x3x16x112x112 clip", "R3D (1,1,1,1) blocks, width 8, 4x32x32 clip",
+             lambda: _r3d(False), lambda: _r3d(True)),
+)}
+
+
+def get(name: str) -> ZooModel:
+    """The zoo model called ``name``; an unknown name is one CollageError line listing the zoo."""
+    if name not in MODELS:
+        raise CollageError(f"unknown model '{name}' (the zoo has: {', '.join(MODELS)})")
+    return MODELS[name]
+
+
+def build(name: str, small: bool = False) -> tuple:
+    """``(model in eval mode, example inputs)``, seeded: the same weights and inputs on every call."""
+    import torch
+
+    entry = get(name)
+    torch.manual_seed(SEED)
+    model, inputs = (entry.small if small else entry.full)()
+    return model.eval(), tuple(inputs)
+
+
+def import_stablehlo(name: str, context, small: bool = False, cache=True):
+    """The model as a StableHLO module in ``context`` (``@main``), from the on-disk import cache when there."""
+    from ..frontends.torch import import_torch
+
+    model, inputs = build(name, small)
+    return import_torch(model, inputs, context, cache=cache)
+
+
+@lru_cache(maxsize=None)
+def flops(name: str, small: bool = False) -> float:
+    """Floating-point operations of one inference (multiply-add = 2), as torch's flop counter counts them
+    (matmuls and convolutions; elementwise work is not counted)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, inputs = build(name, small)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    return float(counter.get_total_flops())
