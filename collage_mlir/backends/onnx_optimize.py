@@ -13,7 +13,8 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
   reshapes collapse;
 - a per-channel ``Add``/``Sub``/``Mul``/``Div`` by a constant after a ``Conv`` with constant weights
   is folded into the weights and bias (batch norm, bias adds, scales);
-- ``Max(x, 0)`` → ``Relu``, ``Min(Relu(x), 6)`` → ``Clip``, ``MatMul`` + bias ``Add`` → ``Gemm``.
+- ``Max(x, 0)`` → ``Relu``, ``Min(Relu(x), 6)`` → ``Clip``, ``MatMul`` + bias ``Add`` → ``Gemm``,
+  ``ReduceSum`` divided by the count it summed → ``ReduceMean``.
 
 Every rewrite keeps each surviving value's name and shape, so the graph's outputs never change.
 """
@@ -73,7 +74,7 @@ def optimize(model):
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     shapes.update({k: tuple(v.shape) for k, v in consts.items()})
     g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output})
-    rules = (_fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations, _gemm)
+    rules = (_fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations, _gemm, _mean)
     while any([rule(g) for rule in rules]):
         pass
     _prune(g)
@@ -292,6 +293,27 @@ def _gemm(g: _Graph) -> bool:
         g.nodes[g.nodes.index(mm)] = gemm
         g.nodes.remove(add)
         changed = True
+    return changed
+
+
+def _mean(g: _Graph) -> bool:
+    """ReduceSum (then maybe a Reshape) divided by the number of elements it summed → ReduceMean."""
+    changed = False
+    for div in list(g.nodes):
+        if div.op_type != "Div" or div.input[1] not in g.consts or g.consts[div.input[1]].size != 1:
+            continue
+        src = g.producer(div.input[0])
+        reshape = None
+        if src is not None and src.op_type == "Reshape" and len(g.users(src.output[0])) == 1:
+            reshape, src = src, g.producer(src.input[0])
+        if src is None or src.op_type != "ReduceSum" or len(src.input) < 2 or src.input[1] not in g.consts or \
+                len(g.users(src.output[0])) != 1 or src.input[0] not in g.shapes:
+            continue
+        shape = g.shapes[src.input[0]]
+        count = np.prod([shape[a] for a in g.consts[src.input[1]].reshape(-1)])
+        if float(g.consts[div.input[1]].reshape(())) == float(count) and _bypass(g, div, div.input[0]):
+            src.op_type = "ReduceMean"
+            changed = True
     return changed
 
 
