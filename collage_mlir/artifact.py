@@ -93,8 +93,11 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
     failed or interrupted compile leaves the previous artifact as it was (or nothing), never a mix."""
     out = Path(out_dir)
     check_artifact_dir(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as exc:
+        raise CollageError(f"cannot write the artifact here: {exc.strerror}", where=str(out)) from None
     try:
         source_hash = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()
         parts = partition(module, plan, stage, iree_args)
@@ -124,6 +127,9 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         _replace_dir(stage, out)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise CollageError(f"cannot write the artifact: {exc.strerror} ({exc.filename})", where=str(out)) from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 from typing import Callable
@@ -20,6 +22,52 @@ def load_input_arrays(paths: list[str]) -> list:
         except (OSError, ValueError) as exc:
             raise CollageError(f"cannot read input array: {exc}; inputs are .npy files", where=path) from None
     return arrays
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+def backend_names(text: str) -> list[str]:
+    """A comma-separated backend list; refuses an empty one (unknown names are checked by the registry)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise CollageError("no backend named; give a comma-separated list (see `collage backends`)",
+                           where="--backends", exit_code=2)
+    return names
 
 
 def run_tool(prog: str, body: Callable[[], int]) -> int:

@@ -53,9 +53,12 @@ def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
         program.close()
     if args.output_dir:
         out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for k, arr in enumerate(outputs):
-            np.save(out / f"out_{k}.npy", arr)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for k, arr in enumerate(outputs):
+                np.save(out / f"out_{k}.npy", arr)
+        except OSError as exc:
+            raise CollageError(f"cannot write outputs: {exc.strerror}", where=str(exc.filename or out)) from None
         print(f"wrote {len(outputs)} outputs to {out}")
     else:
         for k, arr in enumerate(outputs):

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import CollageError
 from ..measure.db import STATUSES, CostDB, default_db_path
+from . import nonnegative_float
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,12 +34,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = dsub.add_parser("prune", parents=[common],
                         help="delete rows of older harness versions and of this device's outdated backend versions")
     p.add_argument("--failures", action="store_true", help="also delete every failed measurement (to retry them)")
-    p.add_argument("--older-than", type=float, metavar="DAYS", help="also delete rows older than DAYS")
+    p.add_argument("--older-than", type=nonnegative_float, metavar="DAYS", help="also delete rows older than DAYS")
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs a parsed ``collage db`` command; CollageError propagates to the caller's run_tool."""
-    with CostDB(args.db or default_db_path()) as db:
+    path = Path(args.db or default_db_path())
+    if args.db_cmd != "import" and not path.is_file():
+        # Reading commands never create a database: a mistyped --db is an error, not an empty DB.
+        raise CollageError("no cost database here (check --db or $COLLAGE_DB; `collage measure` creates one)",
+                           where=str(path))
+    with CostDB(path) as db:
         if args.db_cmd == "stats":
             _print_stats(db.stats())
         elif args.db_cmd == "export":

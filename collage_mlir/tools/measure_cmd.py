@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import load_input_arrays
+from . import backend_names, load_input_arrays, positive_float, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,11 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--db", default=None, help=f"cost database (default: $COLLAGE_DB or {default_db_path()})")
     m.add_argument("--input", action="append", default=[],
                    help="example input .npy for @main, once per argument in order (default: generated data)")
-    m.add_argument("--jobs", type=int, default=None, help="parallel candidate builds (default: CPU count)")
-    m.add_argument("--budget", type=float, default=1.0, help="timing budget per candidate in seconds (default 1)")
-    m.add_argument("--spread", type=float, default=0.02,
+    m.add_argument("--jobs", type=positive_int, default=None, help="parallel candidate builds (default: CPU count)")
+    m.add_argument("--budget", type=positive_float, default=1.0, help="timing budget per candidate in seconds (default 1)")
+    m.add_argument("--spread", type=positive_float, default=0.02,
                    help="stop timing once the median's relative uncertainty is below this (default 0.02)")
-    m.add_argument("--timeout", type=float, default=300.0,
+    m.add_argument("--timeout", type=positive_float, default=300.0,
                    help="seconds before a hung build or run is killed and recorded as a timeout (default 300)")
     m.add_argument("--no-transitions", action="store_true",
                    help="skip measuring the transition cost of each backend pair (cached in the DB once measured)")
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from ..passes.number_ops import NumberOpsPass
     from ..search.candidates import enumerate_candidates
 
-    names = [n.strip() for n in args.backends.split(",") if n.strip()]
+    names = backend_names(args.backends)
     backends = [get_backend(n, where="--backends") for n in names]
     arrays = load_input_arrays(args.input)
     examples = {"main": arrays} if arrays else {}

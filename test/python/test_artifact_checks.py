@@ -7,10 +7,13 @@ checks never see them, so before these checks a wrong input computed garbage wit
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +188,27 @@ def test_no_engine_telemetry():
     pytest.importorskip("openvino")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_ctrl_c_during_compile_exits_130_and_keeps_the_old_artifact(built, tmp_path):
+    """SIGINT to the whole process group (what Ctrl-C does), mid-compile: one line, exit 130, the earlier
+    artifact untouched and no half-built directory left."""
+    out = Path(shutil.copytree(built[0], tmp_path / "out"))
+    before = (out / "manifest.json").read_bytes()
+    chain = ["func.func @main(%x: tensor<64x64xf32>, %w: tensor<64x64xf32>) -> tensor<64x64xf32> {"]
+    prev = "%x"
+    for k in range(150):  # long enough to be mid-compile when interrupted
+        chain.append(f"  %a{k} = stablehlo.dot_general {prev}, %w, contracting_dims = [1] x [0] : "
+                     "(tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>")
+        chain.append(f"  %t{k} = stablehlo.sine %a{k} : tensor<64x64xf32>")
+        prev = f"%t{k}"
+    (tmp_path / "big.mlir").write_text("\n".join([*chain, f"  return {prev} : tensor<64x64xf32>", "}"]) + "\n")
+    p = subprocess.Popen([sys.executable, "-m", "collage_mlir.tools.cli", "compile", str(tmp_path / "big.mlir"),
+                          "--plan", "random:1", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    time.sleep(4)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and err == "collage: interrupted\n", err
+    assert (out / "manifest.json").read_bytes() == before
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["big.mlir", "out"]
