@@ -24,6 +24,14 @@ def load_input_arrays(paths: list[str]) -> list:
     return arrays
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as one ``prog: error: ...`` line (exit 2), without the usage
+    block; ``--help`` still shows it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:

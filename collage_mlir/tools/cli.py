@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CollageError
-from . import bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, run_tool
+from . import OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, run_tool
 
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -128,7 +128,7 @@ def _cmd_demo(args: argparse.Namespace, _: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="collage", description="Place model regions on the fastest backends.")
+    p = OneLineParser(prog="collage", description="Place model regions on the fastest backends.")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="partition a model by a plan and build an artifact directory",
                        epilog="Unknown --iree-* flags are passed through to iree-compile.")

@@ -212,3 +212,25 @@ def test_ctrl_c_during_compile_exits_130_and_keeps_the_old_artifact(built, tmp_p
     assert p.returncode == 130 and err == "collage: interrupted\n", err
     assert (out / "manifest.json").read_bytes() == before
     assert sorted(q.name for q in tmp_path.iterdir()) == ["big.mlir", "out"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["measure", "m.mlir", "--backends", "ort", "--jobs", "0"], "argument --jobs: expected a positive integer, got 0"),
+    (["measure", "m.mlir", "--backends", "ort", "--budget", "-1"], "argument --budget: expected a number > 0, got -1"),
+    (["measure", "m.mlir", "--backends", "ort", "--budget", "inf"], "expected a finite number"),
+    (["measure", str(LIT_INPUTS / "mlp.mlir"), "--backends", " , "], "--backends: no backend named"),
+    (["db", "prune", "--older-than", "-5"], "argument --older-than: expected a number >= 0, got -5"),
+    (["compile"], "the following arguments are required"),
+])
+def test_cli_refuses_meaningless_arguments_in_one_line(args, message, tmp_path):
+    r = collage(*args, "--db", str(tmp_path / "costs.sqlite")) if args[0] == "db" else collage(*args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert not (tmp_path / "costs.sqlite").exists()
+
+
+def test_db_reading_commands_never_create_a_database(tmp_path):
+    missing = tmp_path / "typo" / "costs.sqlite"
+    for cmd in (["stats"], ["export", str(tmp_path / "out.json")], ["prune"]):
+        r = collage("db", *cmd, "--db", str(missing))
+        assert r.returncode == 1 and "no cost database here" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not missing.parent.exists()
