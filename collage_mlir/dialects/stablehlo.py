@@ -60,6 +60,46 @@ def constant_value(op: ir.Operation) -> np.ndarray | None:
     return dense_values(op.attributes["value"], tt[0])
 
 
+_COMPLEX_PAIR = re.compile(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)")
+_COMPLEX_PARTS = {"complex<f32>": ("f32", np.complex64), "complex<f64>": ("f64", np.complex128)}
+
+
+def split_complex_constants(module: ir.Module | ir.Operation) -> int:
+    """Rewrites every dense constant of complex type as ``stablehlo.complex(real, imag)`` of two real
+    constants; returns how many. The Python bindings cannot read a complex DenseElementsAttr (reading
+    one raises, printing its attribute aborts the process), so no collage code must ever meet one; the
+    values are taken from the op's printed form, which the C++ printer writes losslessly."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        op = op.operation
+        if op.name in ("stablehlo.constant", "arith.constant") and len(op.results) == 1:
+            t = op.results[0].type
+            if isinstance(t, ir.RankedTensorType) and str(t.element_type) in _COMPLEX_PARTS:
+                found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in found:
+        tt = ir.RankedTensorType(op.results[0].type)
+        part, np_complex = _COMPLEX_PARTS[str(tt.element_type)]
+        text = op.get_asm(large_elements_limit=None)
+        literal = text[text.index("dense<") + len("dense<"):text.rindex("> :")]
+        part_type = "tensor<" + "".join(f"{d}x" for d in tt.shape) + part + ">"
+        if literal.startswith('"0x'):  # hex: interleaved (real, imag) pairs
+            values = np.frombuffer(bytes.fromhex(literal[3:-1]), np_complex)
+            pieces = [f'"0x{np.ascontiguousarray(getattr(values, a)).tobytes().hex().upper()}"' for a in ("real", "imag")]
+        else:
+            pieces = [_COMPLEX_PAIR.sub(rf"\{k}", literal) for k in (1, 2)]
+        with op.location, ir.InsertionPoint(op):
+            real, imag = (ir.Operation.create("stablehlo.constant", results=[ir.Type.parse(part_type)], attributes={
+                "value": ir.Attribute.parse(f"dense<{piece}> : {part_type}")}).results[0] for piece in pieces)
+            joined = ir.Operation.create("stablehlo.complex", results=[tt], operands=[real, imag])
+        op.results[0].replace_all_uses_with(joined.results[0])
+        op.erase()
+    return len(found)
+
+
 @dataclass(frozen=True)
 class ConvInfo:
     """`stablehlo.convolution` attributes in plain Python."""

@@ -2,6 +2,10 @@
 
 Numbering is deterministic: functions in module order, ops in block order, from 0. The same module
 text always gets the same ids, so plans written against it stay valid.
+
+Every collage pipeline starts here, so this is also where complex constants are split into real and
+imaginary parts (``stablehlo.split_complex_constants``): the Python bindings cannot read them, and every
+later step reads constants. Ids are given after the split.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dialects import collage
+from ..dialects.stablehlo import split_complex_constants
 from ..graph import body_ops, public_funcs
 from ..ir import ir
 from . import ModulePass
@@ -21,6 +26,7 @@ class NumberOpsPass(ModulePass):
 
     def run(self, module: ir.Module | ir.Operation) -> None:
         with module.operation.context:
+            split_complex_constants(module)
             next_id = 0
             for func in public_funcs(module):
                 for op in body_ops(func):

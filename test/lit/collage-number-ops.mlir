@@ -28,3 +28,24 @@ func.func @second(%a: tensor<4xf32>) -> tensor<f32> {
   %0 = stablehlo.reduce(%a init: %c) applies stablehlo.add across dimensions = [0] : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
   return %0 : tensor<f32>
 }
+
+// Complex constants become stablehlo.complex of real and imaginary constants (the Python bindings cannot
+// read a complex dense attribute), in list, splat and hex form; the new ops get ids too.
+// CHECK-LABEL: func.func @complex_constants
+// CHECK-NEXT: %[[R0:.*]] = stablehlo.constant {collage.id = {{[0-9]+}} : i64} dense<[1.000000e+00, 3.000000e+00]> : tensor<2xf32>
+// CHECK-NEXT: %[[I0:.*]] = stablehlo.constant {collage.id = {{[0-9]+}} : i64} dense<[2.000000e+00, -4.500000e+00]> : tensor<2xf32>
+// CHECK-NEXT: %[[C0:.*]] = stablehlo.complex %[[R0]], %[[I0]] {collage.id = {{[0-9]+}} : i64} : tensor<2xcomplex<f32>>
+// CHECK-NEXT: stablehlo.constant {collage.id = {{[0-9]+}} : i64} dense<1.000000e+00> : tensor<2xf64>
+// CHECK-NEXT: stablehlo.constant {collage.id = {{[0-9]+}} : i64} dense<-2.000000e+00> : tensor<2xf64>
+// CHECK-NEXT: stablehlo.complex
+// CHECK-NEXT: stablehlo.constant {collage.id = {{[0-9]+}} : i64} dense<[1.000000e+00, 3.000000e+00]> : tensor<2xf32>
+// CHECK-NEXT: stablehlo.constant {collage.id = {{[0-9]+}} : i64} dense<[2.000000e+00, -4.500000e+00]> : tensor<2xf32>
+// CHECK-NEXT: stablehlo.complex
+// CHECK-NEXT: stablehlo.add %[[C0]]
+func.func @complex_constants() -> (tensor<2xcomplex<f32>>, tensor<2xcomplex<f64>>, tensor<2xcomplex<f32>>) {
+  %a = stablehlo.constant dense<[(1.0, 2.0), (3.0, -4.5)]> : tensor<2xcomplex<f32>>
+  %b = stablehlo.constant dense<(1.0, -2.0)> : tensor<2xcomplex<f64>>
+  %c = stablehlo.constant dense<"0x0000803F0000004000004040000090C0"> : tensor<2xcomplex<f32>>
+  %d = stablehlo.add %a, %c : tensor<2xcomplex<f32>>
+  return %d, %b, %c : tensor<2xcomplex<f32>>, tensor<2xcomplex<f64>>, tensor<2xcomplex<f32>>
+}
