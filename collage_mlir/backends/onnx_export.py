@@ -23,7 +23,7 @@ from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..ir import ir
 from .base import BackendKind, OpSetBackend, RegionArtifact
-from .patterns import OpPattern
+from .patterns import Constraint, OpPattern
 
 OPSET = 18
 IR_VERSION = 10
@@ -539,11 +539,12 @@ OPS: dict[str, OnnxOp] = {
     "stablehlo.dot_general": OnnxOp(_dot_general, (static_known_types, float_operands)),
 }
 
-#: Single-op patterns for OpSetBackend: one per supported op, named by the op.
-PATTERNS: tuple[OpPattern, ...] = tuple(
-    OpPattern(name.split(".", 1)[1] if name.startswith("stablehlo.") else name, name, spec.when)
-    for name, spec in OPS.items()
-)
+
+def engine_patterns(*engine: Constraint) -> tuple[OpPattern, ...]:
+    """Single-op patterns for OpSetBackend, one per translatable op (named by the op), each also
+    meeting the ``engine`` constraints: what the engine running the ONNX model really implements."""
+    return tuple(OpPattern(name.split(".", 1)[1] if name.startswith("stablehlo.") else name, name,
+                           spec.when + engine) for name, spec in OPS.items())
 
 CONSTANT_OPS = ("stablehlo.constant", "arith.constant")
 
@@ -640,10 +641,10 @@ def _spec(v: ir.Value, func: ir.Operation) -> tuple[list[int], str]:
 
 
 class OnnxGraphBackend(OpSetBackend):
-    """Shared by the backends that run the exported ONNX model: the op table as patterns, the build
-    (export, write ``regions/<region><suffix>``) and the executor that serves it."""
+    """Shared by the backends that run the exported ONNX model: the build (export, write
+    ``regions/<region><suffix>``) and the executor that serves it. Each subclass states its patterns
+    with ``engine_patterns`` and the element-type limits its engine has."""
 
-    patterns: ClassVar[tuple[OpPattern, ...]] = PATTERNS
     max_region_ops: ClassVar[int] = 8
     kind = BackendKind.GRAPH
     suffix: ClassVar[str] = ".onnx"

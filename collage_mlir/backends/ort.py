@@ -7,21 +7,39 @@ buffers as the session's inputs and outputs (I/O binding).
 
 from __future__ import annotations
 
+from ..dialects.stablehlo import tensor_type
+from ..ir import ir
 from .base import Tolerance
-from .onnx_export import OnnxGraphBackend
+from .onnx_export import OnnxGraphBackend, engine_patterns
+
+
+def ort_kernels(op: ir.Operation) -> str | None:
+    """element types ONNX Runtime's CPU kernels run (no f64 Conv, no Where on i1, no integer divide)"""
+    # Found by probing every op on every element type (test_graph_translation.py::test_engine_type_coverage);
+    # the ONNX op list promises more than the CPU execution provider has kernels for.
+    et = tensor_type(op.results[0])[1] if op.results and tensor_type(op.results[0]) else ""
+    if op.name == "stablehlo.convolution" and et == "f64":
+        return "ONNX Runtime has no f64 Conv kernel (NOT_IMPLEMENTED)"
+    if op.name == "stablehlo.select" and et == "i1":
+        return "ONNX Runtime has no Where kernel for bool (NOT_IMPLEMENTED)"
+    if op.name == "stablehlo.divide" and et.startswith("i"):
+        return "ONNX Runtime aborts the run on an integer division by zero, where StableHLO gives a result"
+    return None
 
 
 class OrtBackend(OnnxGraphBackend):
     name = "ort"
     requires = ("onnx", "onnxruntime")
     executor = "collage_runtime.executors.onnxruntime_session"
+    patterns = engine_patterns(ort_kernels)
     install_hint = "pip install 'collage-mlir[ort]'"
     # Measured vs IREE llvm-cpu on test/python/test_onnx_backends.py's unit-normal inputs: max abs error
     # 1.8e-4 (BERT 128x768x768 matmul, outputs up to 118), 1.1e-4 (ResNet-50 3x3 conv 1x64x56x56,
     # outputs up to 123), 6e-5 (dilated NHWC conv), 4.6e-5 (strided 1x1), 2.3e-5 (sum over 16k
     # elements), 4e-6 (layer norm), < 1e-7 (softmax, data movement); i.e. about 1.5e-6 of the output
     # range. MLAS blocks the K loop of GEMM/conv differently from IREE, so sums of hundreds of terms
-    # round differently: near-zero outputs of large sums need the absolute term.
+    # round differently: near-zero outputs of large sums need the absolute term. Integer, i1 and f64
+    # ops are exact or f64-accurate (probed per op and type), so the f32 figures bound every type.
     tolerance = Tolerance(rtol=1e-4, atol=5e-4)
 
     def version(self) -> str:

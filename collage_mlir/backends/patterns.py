@@ -166,7 +166,7 @@ def supported_by(patterns: tuple[OpPattern, ...], op: ir.Operation) -> str | Non
         why = p.rejects(op)
         if why is None:
             return None
-        if p.anchor == op.name:
+        if p.anchor in (None, op.name):
             reasons.append(f"{p.name}: {why}")
     return "; ".join(reasons) or f"{op.name} is not among its ops"
 

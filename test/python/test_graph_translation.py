@@ -13,6 +13,7 @@ import pytest
 import collage_runtime
 from collage_mlir.backends import get_backend
 from collage_mlir.backends.onnx_export import translate
+from collage_mlir.errors import CollageError
 from collage_mlir.frontends.torch import import_torch
 from collage_mlir.graph import Graph
 from collage_mlir.iree import compile_module
@@ -92,7 +93,8 @@ def encoder(vocab: int = 64, d: int = 32, heads: int = 2, layers: int = 1, seq: 
             return x
 
     torch.manual_seed(0)
-    ids = torch.randint(1, vocab, (1, seq), generator=torch.Generator().manual_seed(1))
+    # int32 ids: OpenVINO computes i64 in 32 bits and so takes i64 only from constants (test below).
+    ids = torch.randint(1, vocab, (1, seq), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
     ids[0, -3:] = 0
     return Encoder().eval(), ids
 
@@ -158,3 +160,162 @@ def test_whole_model_in_one_region(model, backend, references, tmp_path):
         got = np.array(got)
     tol = get_backend(backend).tolerance
     np.testing.assert_allclose(np.asarray(got), want, rtol=tol.rtol, atol=tol.atol)
+
+
+# --- Element-type coverage, probed: every op on every element type a backend accepts runs on its engine
+# and matches ONNX's reference evaluator (numpy) within the backend's tolerance (exactly for integers).
+
+PROBE_TYPES = ("f32", "f64", "i32", "i64", "i1")
+ONNX_ENGINES = {"ort": "onnxruntime", "openvino": "openvino"}
+
+
+def _probe_functions() -> dict[str, str]:
+    """name → a one-op StableHLO function, for each op the ONNX export translates, on each type."""
+    out = {}
+    for t in PROBE_TYPES:
+        T, S = f"tensor<4x6x{t}>", f"tensor<{t}>"
+
+        def fn(name, args, result, body):
+            sig = ", ".join(f"%{chr(97 + k)}: {a}" for k, a in enumerate(args))
+            out[f"{name}_{t}"] = f"func.func @{name}_{t}({sig}) -> {result} {{\n  {body}\n  return %0 : {result}\n}}"
+
+        for op in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "and", "or", "xor"):
+            fn(op, [T, T], T, f"%0 = stablehlo.{op} %a, %b : {T}")
+        for op in ("negate", "abs", "exponential", "log", "sqrt", "rsqrt", "tanh", "logistic", "floor", "ceil",
+                   "sine", "cosine", "not"):
+            fn(op, [T], T, f"%0 = stablehlo.{op} %a : {T}")
+        for d in ("EQ", "NE", "LT", "GE"):
+            fn(f"compare{d}", [T, T], "tensor<4x6xi1>", f"%0 = stablehlo.compare {d}, %a, %b : ({T}, {T}) -> tensor<4x6xi1>")
+        fn("select", ["tensor<4x6xi1>", T, T], T, f"%0 = stablehlo.select %a, %b, %c : tensor<4x6xi1>, {T}")
+        for u in PROBE_TYPES:
+            if u != t:
+                fn(f"convert_to_{u}", [T], f"tensor<4x6x{u}>", f"%0 = stablehlo.convert %a : ({T}) -> tensor<4x6x{u}>")
+        fn("clamp", [T, T, T], T, f"%0 = stablehlo.clamp %a, %b, %c : {T}")
+        fn("transpose", [T], f"tensor<6x4x{t}>", f"%0 = stablehlo.transpose %a, dims = [1, 0] : ({T}) -> tensor<6x4x{t}>")
+        fn("broadcast", [T], f"tensor<4x3x6x{t}>",
+           f"%0 = stablehlo.broadcast_in_dim %a, dims = [0, 2] : ({T}) -> tensor<4x3x6x{t}>")
+        fn("reshape", [T], f"tensor<24x{t}>", f"%0 = stablehlo.reshape %a : ({T}) -> tensor<24x{t}>")
+        fn("concatenate", [T, T], f"tensor<4x12x{t}>",
+           f"%0 = stablehlo.concatenate %a, %b, dim = 1 : ({T}, {T}) -> tensor<4x12x{t}>")
+        fn("slice", [T], f"tensor<3x3x{t}>", f"%0 = stablehlo.slice %a [1:4, 0:6:2] : ({T}) -> tensor<3x3x{t}>")
+        pad = f"stablehlo.pad %a, %b, low = [1, 0], high = [0, 2], interior = [0, 0] : ({T}, {S}) -> tensor<5x8x{t}>"
+        fn("pad", [T, S], f"tensor<5x8x{t}>", f"%0 = {pad}")
+        fn("pad_const", [T], f"tensor<5x8x{t}>", f"%b = stablehlo.constant dense<{'true' if t == 'i1' else 1}> : {S}\n  %0 = {pad}")
+        for kind in ("add", "multiply", "maximum", "minimum", "and", "or"):
+            fn(f"reduce_{kind}", [T, S], f"tensor<4x{t}>",
+               f"%0 = stablehlo.reduce(%a init: %b) applies stablehlo.{kind} across dimensions = [1] : ({T}, {S}) -> tensor<4x{t}>")
+        fn("iota", [T], T, f"%i = stablehlo.iota dim = 1 : {T}\n  %0 = stablehlo.add %i, %a : {T}")
+        fn("dot_general", [T, f"tensor<6x5x{t}>"], f"tensor<4x5x{t}>",
+           f"%0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : ({T}, tensor<6x5x{t}>) -> tensor<4x5x{t}>")
+        fn("convolution", [f"tensor<1x2x5x5x{t}>", f"tensor<3x2x3x3x{t}>"], f"tensor<1x3x5x5x{t}>",
+           "%0 = stablehlo.convolution(%a, %b) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = "
+           "{stride = [1, 1], pad = [[1, 1], [1, 1]], rhs_dilate = [1, 1]} {batch_group_count = 1 : i64, "
+           f"feature_group_count = 1 : i64}} : (tensor<1x2x5x5x{t}>, tensor<3x2x3x3x{t}>) -> tensor<1x3x5x5x{t}>")
+        fn("max_pool", [f"tensor<1x2x7x7x{t}>", S], f"tensor<1x2x3x3x{t}>",
+           f'%0 = "stablehlo.reduce_window"(%a, %b) ({{\n  ^bb0(%x: {S}, %y: {S}):\n    %r = stablehlo.maximum %x, %y : {S}\n'
+           f"    stablehlo.return %r : {S}\n  }}) {{window_dimensions = array<i64: 1, 1, 3, 3>, "
+           f"window_strides = array<i64: 1, 1, 2, 2>}} : (tensor<1x2x7x7x{t}>, {S}) -> tensor<1x2x3x3x{t}>")
+        fn("gather", [T, "tensor<5xi32>"], f"tensor<5x6x{t}>",
+           '%0 = "stablehlo.gather"(%a, %b) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], '
+           "collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, 6>}> "
+           f": ({T}, tensor<5xi32>) -> tensor<5x6x{t}>")
+    return out
+
+
+def _probe_input(tt, k: int, rng) -> np.ndarray:
+    """Unit-range floats (positive, for log/sqrt), small positive integers (no zero divisors) and, in
+    a first i64 operand, one value past 2**32 (a 32-bit engine loses its high bits; one, so that
+    products do not overflow)."""
+    shape, et = tuple(tt[0]), tt[1]
+    if et == "i1":
+        return np.asarray(rng.random(shape) < 0.5)
+    if et in ("i32", "i64"):
+        v = np.array(rng.integers(1, 9, shape), dtype=np.int32 if et == "i32" else np.int64)
+        if et == "i64" and k == 0:
+            v.flat[0] += 2**33
+        return v
+    return np.asarray(rng.random(shape) * 2 + 0.25, dtype=np.float32 if et == "f32" else np.float64)
+
+
+def _run_engine(engine: str, model_bytes: bytes, feeds: dict) -> list:
+    if engine == "ort":
+        import onnxruntime
+
+        return onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"]).run(None, feeds)
+    import openvino
+
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(model_bytes, b""), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    results = compiled(feeds)
+    return [np.asarray(results[o]) for o in compiled.outputs]
+
+
+@pytest.mark.parametrize("engine", sorted(ONNX_ENGINES))
+def test_engine_type_coverage(engine):
+    """All probes the backend accepts go into one ONNX model (one session, one compile); a failure
+    reruns them one by one to name the op and type."""
+    pytest.importorskip(ONNX_ENGINES[engine])
+    from onnx import compose, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from collage_mlir.dialects.stablehlo import tensor_type
+    from collage_mlir.ir import parse_module
+
+    backend = get_backend(engine)
+    context, rng = new_context(), np.random.default_rng(0)
+    graphs, feeds, accepted, modules = [], {}, [], []
+    for name, text in _probe_functions().items():
+        try:
+            modules.append(parse_module(text, context))
+        except CollageError:  # StableHLO does not define this op on this type
+            continue
+        func = modules[-1].body.operations[0]
+        if any(backend.supports(o.operation) for o in list(func.regions[0].blocks[0].operations)[:-1]):
+            continue
+        model = compose.add_prefix(translate(func), f"{name}.")
+        graphs.append(model.graph)
+        feeds.update({i.name: _probe_input(tensor_type(a), k, rng)
+                      for k, (i, a) in enumerate(zip(model.graph.input, func.regions[0].blocks[0].arguments))})
+        accepted.append(name)
+    assert len(accepted) > 80  # the export's ops on f32/f64/i32/i64/i1, less what the engine lacks
+    merged = helper.make_model(helper.make_graph(
+        [n for g in graphs for n in g.node], "probes", [i for g in graphs for i in g.input],
+        [o for g in graphs for o in g.output], [t for g in graphs for t in g.initializer]),
+        opset_imports=graphs and [helper.make_opsetid("", 18)])
+    merged.ir_version = 10
+    want = ReferenceEvaluator(merged).run(None, feeds)
+    try:
+        got = _run_engine(engine, merged.SerializeToString(), feeds)
+    except Exception as exc:  # noqa: BLE001 - find which probe the engine refuses
+        bad = []
+        for g in graphs:
+            m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+            m.ir_version = 10
+            try:
+                _run_engine(engine, m.SerializeToString(), {i.name: feeds[i.name] for i in g.input})
+            except Exception as e:  # noqa: BLE001
+                bad.append(f"{g.output[0].name}: {str(e).splitlines()[0][:100]}")
+        pytest.fail(f"{engine} cannot run probes it accepts: {bad or exc}")
+    tol = backend.tolerance
+    wrong = []
+    for out, g, w in zip(merged.graph.output, got, want):
+        if g.dtype != w.dtype or g.shape != w.shape:
+            wrong.append(f"{out.name}: {g.dtype}{g.shape} vs {w.dtype}{w.shape}")
+        elif w.dtype.kind == "f" and not np.allclose(g, w, rtol=tol.rtol, atol=tol.atol):
+            wrong.append(f"{out.name}: max abs error {np.max(np.abs(g - w)):.3g}")
+        elif w.dtype.kind != "f" and not np.array_equal(g, w):
+            wrong.append(f"{out.name}: {np.ravel(g)[:3]} vs {np.ravel(w)[:3]}")
+    assert not wrong, f"{engine} differs from the ONNX reference on probes it accepts: {wrong}"
+
+
+@pytest.mark.parametrize("backend", sorted(GRAPH_BACKENDS))
+def test_complex_is_refused(backend):
+    """No graph backend takes complex numbers (ONNX has no complex type; XLA's differ from IREE's)."""
+    from collage_mlir.ir import parse_module
+
+    T = "tensor<4xcomplex<f32>>"
+    module = parse_module(f"func.func @f(%p: tensor<4xi1>, %a: {T}, %b: {T}) -> {T} {{\n"
+                          f"  %0 = stablehlo.select %p, %a, %b : tensor<4xi1>, {T}\n  return %0 : {T}\n}}",
+                          new_context())
+    op = module.body.operations[0].regions[0].blocks[0].operations[0].operation
+    assert "complex" in (get_backend(backend).supports(op) or "")
