@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backends import DEFAULT_BACKEND, get_backend
+from .backends.base import crossing_type_problem
 from .errors import CollageError
 from .graph import Graph
 
@@ -118,7 +119,7 @@ class Plan:
             if not graph.is_convex(r.ops):
                 raise CollageError("ops are not a convex set of one function (a path leaves the region and "
                                    "comes back); split it", where=where)
-            why = backend.accepts(graph, r.ops)
+            why = backend.accepts(graph, r.ops) or crossing_type_problem(graph, r.ops)
             if why:
                 first = graph.nodes[min(r.ops)]
                 raise CollageError(f"backend '{r.backend}' cannot take it at {first.location}: {why}",

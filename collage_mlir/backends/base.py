@@ -117,6 +117,20 @@ def boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
     return None
 
 
+def crossing_type_problem(graph: Graph, ids: frozenset[int]) -> str | None:
+    """Why a call boundary around the region ``ids`` cannot exist, whatever backend runs it, else None:
+    IREE cannot legalize a ``func.call`` carrying quantized (``!quant.uniform``) tensors, so such values
+    must stay inside one region (its neighbours join it, or the boundary moves)."""
+    ops = [graph.nodes[i].op for i in sorted(ids)]
+    inside = {o for op in ops for o in nested_ops(op)}
+    crossing = external_operands(ops) + [r for op in ops for r in op.results
+                                         if any(u.owner.operation not in inside for u in r.uses)]
+    for v in crossing:
+        if "!quant." in str(v.type):
+            return f"a quantized tensor ({v.type}) would cross the region boundary, which IREE cannot compile"
+    return None
+
+
 class OpSetBackend(Backend):
     """A backend that takes any convex set of ops it supports, not only fixed fusion shapes: graph-level
     engines (ONNX Runtime, OpenVINO, XLA) and codegen. ``patterns`` are single-op patterns (op name +
@@ -136,6 +150,8 @@ class OpSetBackend(Backend):
         out = []
         for region in grow_regions(graph, ok, self.max_region_ops):
             if self.kind != BackendKind.CODEGEN and boundary_problem(graph, region):
+                continue
+            if crossing_type_problem(graph, region):
                 continue
             out.append((graph.nodes[min(region)].name if len(region) == 1 else "subgraph", region))
         return out

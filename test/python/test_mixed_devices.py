@@ -121,3 +121,46 @@ def test_random_plans_mixing_devices_and_libraries(model, torch, tmp_path):
         rtol, atol = _tolerance(plan)
         for y in _runs(out, x.numpy()):
             np.testing.assert_allclose(y, ref, rtol=rtol, atol=atol, err_msg=f"{model} {plan.source}")
+
+
+# Programs IREE alone runs that random plans used to break: quantized tensors crossing a region boundary
+# (IREE cannot legalize such a func.call) and complex constants (the partitioner crashed reading them).
+QUANT = """
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %q = stablehlo.uniform_quantize %x : (tensor<4xf32>) -> tensor<4x!quant.uniform<i8:f32, 0.5:3>>
+  %a = stablehlo.add %q, %q : (tensor<4x!quant.uniform<i8:f32, 0.5:3>>, tensor<4x!quant.uniform<i8:f32, 0.5:3>>) -> tensor<4x!quant.uniform<i8:f32, 0.5:3>>
+  %d = stablehlo.uniform_dequantize %a : (tensor<4x!quant.uniform<i8:f32, 0.5:3>>) -> tensor<4xf32>
+  %t = stablehlo.tanh %d : tensor<4xf32>
+  return %t : tensor<4xf32>
+}
+"""
+COMPLEX = """
+func.func @main(%x: tensor<4xcomplex<f32>>) -> tensor<4xcomplex<f32>> {
+  %c = stablehlo.constant dense<[(1.0, 2.0), (0.5, -1.0), (0.0, 0.25), (-2.0, 1.0)]> : tensor<4xcomplex<f32>>
+  %0 = stablehlo.add %x, %c : tensor<4xcomplex<f32>>
+  %1 = stablehlo.multiply %0, %c : tensor<4xcomplex<f32>>
+  return %1 : tensor<4xcomplex<f32>>
+}
+"""
+
+
+@pytest.mark.parametrize("name, src, x", [
+    ("quant", QUANT, np.array([0.3, -1.2, 2.5, 0.0], np.float32)),
+    ("complex", COMPLEX, (np.arange(4) + 1j * np.arange(4)[::-1]).astype(np.complex64)),
+])
+def test_random_plans_keep_programs_iree_runs(name, src, x, tmp_path):
+    compile_module(parse_module(src, new_context()), "default", tmp_path / "ref")
+    with collage_runtime.load(tmp_path / "ref") as prog:
+        (ref,) = prog.invoke("main", x)
+    for seed in range(4):
+        compile_module(parse_module(src, new_context()), f"random:{seed}", tmp_path / f"r{seed}")
+        with collage_runtime.load(tmp_path / f"r{seed}") as prog:
+            np.testing.assert_allclose(prog.invoke("main", x)[0], ref, rtol=1e-6, atol=1e-6)
+
+
+def test_a_plan_cutting_through_quantized_values_is_refused(tmp_path):
+    from collage_mlir.errors import CollageError
+
+    plan = Plan([Region("q", "iree-cpu", frozenset({0}))], source="cut.json")
+    with pytest.raises(CollageError, match=r"cut.json: region 'q': .*quantized tensor .* would cross the region boundary"):
+        compile_module(parse_module(QUANT, new_context()), plan, tmp_path / "o")
