@@ -158,6 +158,22 @@ def test_unsupported_ops_are_refused():
     assert XlaCpuBackend().supports(ops[0]) and XlaCpuBackend().supports(ops[1])
 
 
+def test_types_outside_its_tolerance_are_refused():
+    """f16 (XLA accumulates in f32, IREE in f16: rel errors of 1e-1 on a matmul) and complex."""
+    from collage_mlir.backends.xla_cpu import XlaCpuBackend
+
+    module = parse_module("""
+    func.func @f(%h: tensor<4xf16>, %c: tensor<4xcomplex<f32>>) -> (tensor<4xf16>, tensor<4xcomplex<f32>>) {
+      %0 = stablehlo.tanh %h : tensor<4xf16>
+      %1 = stablehlo.negate %c : tensor<4xcomplex<f32>>
+      return %0, %1 : tensor<4xf16>, tensor<4xcomplex<f32>>
+    }
+    """, new_context())
+    f16, cplx = (op.operation for op in list(module.body.operations[0].regions[0].blocks[0].operations)[:2])
+    assert "f16" in XlaCpuBackend().supports(f16)
+    assert "complex" in XlaCpuBackend().supports(cplx)
+
+
 def test_region_boundaries_keep_f64_and_constants_on_iree():
     from collage_mlir.graph import Graph
     from collage_mlir.passes.number_ops import NumberOpsPass
