@@ -13,8 +13,8 @@ could cover. That is still complete: if the region holding u in some acyclic pla
 its ancestor regions is, and it holds such an ancestor. Unrelated ready ops (the many constants of a
 model) are never interleaved in every order, which would make the states exponential.
 
-Region costs are asked lazily, in one batch per frontier size: only for candidates some reached state
-can take.
+Region costs are asked lazily, in one batch (so a measured estimator builds them in parallel): only
+for candidates some reachable state can take, found by walking the covered sets first.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from ..errors import CollageError
 from ..plan import Plan, Region
-from .cost import Cost, CostEstimator
+from .cost import Cost, CostEstimator, CostKind
 from .index import CandidateIndex, SearchCandidate
 
 
@@ -45,7 +46,6 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
     full = (1 << n) - 1
     bit = {op: 1 << g.pos[op] for op in g.order}
     anc_mask = _ancestor_masks(index)
-    costs: dict[tuple[frozenset[int], str], Cost] = {}
     trans: dict[tuple[str, str, int], float] = {}
 
     def transition(src: str, dst: str, nbytes: int) -> float:
@@ -55,6 +55,8 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
             trans[key] = c.seconds if c.usable else math.inf
         return trans[key]
 
+    reachable = reachable_candidates(index)
+    costs = dict(zip(reachable, estimator.region_costs(reachable)))
     # state: (covered mask, frontier labels: ((op, backend), ...)) → (cost, previous state, candidate)
     start = (0, ())
     best: dict[tuple, tuple[float, tuple | None, SearchCandidate | None]] = {start: (0.0, None, None)}
@@ -62,30 +64,19 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
     expanded = 0
     for size in range(n + 1):
         states = sorted(buckets.pop(size, []))
-        # Every candidate a state of this size can take, costed in one batch.
-        steps: dict[tuple, list[SearchCandidate]] = {}
-        wanted: dict[tuple[frozenset[int], str], None] = {}
-        for state in states:
-            covered = state[0]
-            options = []
-            for c in () if covered == full else _steps(index, covered, bit, anc_mask):
-                options.append(c)
-                if (c.ops, c.backend) not in costs:
-                    wanted[(c.ops, c.backend)] = None
-            steps[state] = options
-        if wanted:
-            pairs = list(wanted)
-            costs.update(zip(pairs, estimator.region_costs(pairs)))
         for state in states:
             expanded += 1
             base = best[state][0]
             covered, labels = state
             label = dict(labels)
-            for c in steps[state]:
+            for c in () if covered == full else _steps(index, covered, bit, anc_mask):
                 rc = costs[(c.ops, c.backend)]
-                if not rc.usable:
+                if rc.usable:
+                    total = base + rc.seconds
+                elif rc.kind is CostKind.UNKNOWN and c.backend == index.default_backend and len(c.ops) == 1:
+                    total = base  # not measured (budget spent): an op left where it is, at no predicted cost
+                else:
                     continue
-                total = base + rc.seconds
                 for p in c.inputs:
                     total += transition(label[p], c.backend, g.out_bytes[p])
                 if not math.isfinite(total):
@@ -103,7 +94,7 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
             on_progress(size, n)
     finals = [s for s in best if s[0] == full]
     if not finals:
-        raise ValueError("no plan covers every op with usable costs (the default backend failed on some op)")
+        raise CollageError("no plan covers every op with usable costs (the default backend failed on some op)")
     end = min(finals, key=lambda s: (best[s][0], s))
     chosen: list[SearchCandidate] = []
     s = end
@@ -113,6 +104,27 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
     chosen.reverse()
     return DpResult(to_plan(index, chosen, "dp"), best[end][0],
                     [(c, costs[(c.ops, c.backend)]) for c in chosen], expanded, costs)
+
+
+def reachable_candidates(index: CandidateIndex) -> list[tuple[frozenset[int], str]]:
+    """Every (ops, backend) some state of the DP can take, in index order: what must be costed (found
+    from the states' covered sets alone, so the costs can be asked in one batch)."""
+    g = index.graph
+    full = (1 << len(g.order)) - 1
+    bit = {op: 1 << g.pos[op] for op in g.order}
+    anc_mask = _ancestor_masks(index)
+    seen_states, stack, found = {0}, [0], set()
+    while stack:
+        covered = stack.pop()
+        if covered == full:
+            continue
+        for c in _steps(index, covered, bit, anc_mask):
+            found.add(id(c))
+            nxt = covered | c.mask
+            if nxt not in seen_states:
+                seen_states.add(nxt)
+                stack.append(nxt)
+    return [(c.ops, c.backend) for c in index.candidates if id(c) in found]
 
 
 def _ancestor_masks(index: CandidateIndex) -> dict[int, int]:

@@ -84,8 +84,8 @@ class SearchGraph:
 def _result_bytes(op: ir.Operation) -> int:
     total = 0
     for r in op.results:
-        if ir.RankedTensorType.isinstance(r.type):
-            t = ir.RankedTensorType(r.type)
+        t = r.type
+        if isinstance(t, ir.RankedTensorType):
             if t.has_static_shape:
                 total += math.prod(t.shape) * max(1, t.element_type.width // 8)
     return total

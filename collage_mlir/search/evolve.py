@@ -1,0 +1,283 @@
+"""Graph-level optimizer (Collage's second level): an evolutionary search over whole plans judged by
+measured end-to-end time, then a side-by-side re-measurement of the finalists.
+
+The genome has one gene per *unit*: the common refinement of the seed plans' regions (ops that every
+seed keeps together). A gene is (backend choice among those that can take the unit, join bit); decoding
+labels each unit, joins adjacent units of one backend whose join bits are set (a merge; a cleared bit
+is a split), keeps a joined group only where it is convex and the backend takes it (else grows it
+greedily unit by unit), and splits any region that would close a cycle. Collage's settings are the
+defaults: population 50, two-point crossover with probability 0.5, bit-flip mutation, tournament of 5.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..errors import CollageError
+from ..plan import Plan, Region
+from .cost import Cost, CostEstimator
+from .index import SearchGraph
+
+Accepts = Callable[[str, frozenset[int]], bool]
+
+
+@dataclass
+class EvolveOptions:
+    population: int = 50
+    crossover: float = 0.5
+    tournament: int = 5
+    max_generations: int = 30
+    patience: int = 4  # generations without a better plan before stopping early
+    finalists: int = 3  # best evolved plans re-measured beside the seeds
+    rounds: int = 3  # interleaved re-measurement rounds
+    seed: int = 0
+    deadline: float | None = None  # time.monotonic() after which no generation starts
+
+
+@dataclass
+class Finalist:
+    plan: Plan
+    name: str  # "evolved", "dp", or the single backend's name
+    times: list[float] = field(default_factory=list)  # the search's measurement, then each round's
+    spread: float = 0.0
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times) if self.times else math.inf
+
+
+@dataclass
+class EvolveResult:
+    plan: Plan
+    chosen: Finalist
+    incumbent: Finalist  # the best single-backend plan: what the choice had to beat
+    finalists: list[Finalist]
+    generations: int
+    plans_timed: int
+    why: str
+
+
+class _Decoder:
+    def __init__(self, graph: SearchGraph, units: list[frozenset[int]], options: list[list[str]], accepts: Accepts,
+                 default_backend: str):
+        self.g, self.units, self.options, self.accepts, self.default = graph, units, options, accepts, default_backend
+        unit_of = {op: k for k, u in enumerate(units) for op in u}
+        self.adjacent = [sorted({unit_of[p] for op in u for p in graph.producers[op]} - {k}) for k, u in enumerate(units)]
+        self._ok: dict[tuple[str, frozenset[int]], bool] = {}
+
+    def ok(self, backend: str, ops: frozenset[int]) -> bool:
+        key = (backend, ops)
+        if key not in self._ok:
+            self._ok[key] = self.g.is_convex(ops) and self.accepts(backend, ops)
+        return self._ok[key]
+
+    def decode(self, genome: list[tuple[int, int]], source: str) -> Plan:
+        label = [self.options[k][c] for k, (c, _) in enumerate(genome)]
+        parent = list(range(len(self.units)))
+
+        def find(a: int) -> int:
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+
+        for k, preds in enumerate(self.adjacent):
+            for p in preds:
+                if label[k] == label[p] != self.default and genome[k][1] and genome[p][1]:
+                    parent[find(k)] = find(p)
+        groups: dict[int, list[int]] = {}
+        for k in range(len(self.units)):
+            if label[k] != self.default:
+                groups.setdefault(find(k), []).append(k)
+        proposed: list[tuple[str, list[int]]] = []
+        for members in groups.values():
+            backend = label[members[0]]
+            if len(members) > 1 and self.ok(backend, frozenset().union(*(self.units[m] for m in members))):
+                proposed.append((backend, members))
+                continue
+            current: list[int] = []
+            for m in members:  # units are in topological order
+                grown = frozenset().union(*(self.units[x] for x in (*current, m)))
+                if current and self.ok(backend, grown):
+                    current.append(m)
+                    continue
+                if current:
+                    proposed.append((backend, current))
+                current = [m] if self.ok(backend, self.units[m]) else []
+            if current:
+                proposed.append((backend, current))
+        proposed.sort(key=lambda bm: bm[1][0])
+        regions: list[tuple[str, frozenset[int]]] = []
+        for backend, members in proposed:
+            ops = frozenset().union(*(self.units[m] for m in members))
+            if self.g.acyclic([r for _, r in regions] + [ops]):
+                regions.append((backend, ops))
+                continue
+            for m in members:  # split what would close a cycle; units that still do stay on the default
+                if self.ok(backend, self.units[m]) and self.g.acyclic([r for _, r in regions] + [self.units[m]]):
+                    regions.append((backend, self.units[m]))
+        regions.sort(key=lambda r: min(self.g.pos[i] for i in r[1]))
+        return Plan([Region(f"region_{k}", b, ops) for k, (b, ops) in enumerate(regions)], self.default, source)
+
+    def encode(self, plan: Plan) -> list[tuple[int, int]]:
+        owner = {op: r for r in plan.regions for op in r.ops}
+        genome = []
+        for k, unit in enumerate(self.units):
+            r = owner.get(next(iter(unit)))
+            backend = r.backend if r is not None else self.default
+            choice = self.options[k].index(backend) if backend in self.options[k] else 0
+            genome.append((choice, int(r is not None and len(r.ops) > len(unit))))
+        return genome
+
+
+def refine(graph: SearchGraph, plans: Sequence[Plan]) -> list[frozenset[int]]:
+    """The units: ops grouped by the region each plan puts them in, split into connected pieces, in
+    topological order of their first op."""
+    owner = [{op: k for k, r in enumerate(p.regions) for op in r.ops} for p in plans]
+    groups: dict[tuple, set[int]] = {}
+    for op in graph.order:
+        groups.setdefault(tuple(o.get(op, -1 - op) for o in owner), set()).add(op)
+    units: list[frozenset[int]] = []
+    for ops in groups.values():
+        left = set(ops)
+        while left:
+            start = min(left, key=graph.pos.__getitem__)
+            piece, stack = {start}, [start]
+            while stack:
+                n = stack.pop()
+                for m in (*graph.producers[n], *graph.users[n]):
+                    if m in left and m not in piece:
+                        piece.add(m)
+                        stack.append(m)
+            left -= piece
+            units.append(frozenset(piece))
+    return sorted(units, key=lambda u: min(graph.pos[i] for i in u))
+
+
+def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequence[str], accepts: Accepts,
+           estimator: CostEstimator, options: EvolveOptions | None = None,
+           on_progress: Callable[[str, int, float], None] | None = None) -> EvolveResult:
+    """The plan with the lowest measured end-to-end time found from ``seeds`` ((name, plan): the DP plan
+    and every single-backend plan); never one that loses to the best single-backend seed beyond the
+    spread of their side-by-side re-measurement."""
+    opt = options or EvolveOptions()
+    rng = random.Random(opt.seed)
+    default = estimator.default_backend
+    units = refine(graph, [p for _, p in seeds])
+    choices = [[default] + [b for b in backends if b != default and accepts(b, u)] for u in units]
+    dec = _Decoder(graph, units, choices, accepts, default)
+    times: dict[str, Cost] = {}
+    plans: dict[str, Plan] = {}
+
+    def key(plan: Plan) -> str:
+        return repr(plan.to_json()["regions"])
+
+    def fitness(genome) -> float:
+        plan = dec.decode(genome, "evolved")
+        k = key(plan)
+        if k not in times:
+            times[k] = estimator.plan_time(plan)
+            plans[k] = plan
+        return times[k].seconds if times[k].usable else math.inf
+
+    for _, plan in seeds:
+        if key(plan) not in times:
+            times[key(plan)] = estimator.plan_time(plan, tag="seed")
+        plans.setdefault(key(plan), plan)
+    population = [dec.encode(p) for _, p in seeds]
+    n = len(units)
+
+    def mutate(genome, rate: float):
+        out = []
+        for k, (c, j) in enumerate(genome):
+            if len(choices[k]) > 1 and rng.random() < rate:
+                c = rng.choice([x for x in range(len(choices[k])) if x != c])
+            if rng.random() < rate:
+                j = 1 - j
+            out.append((c, j))
+        return out
+
+    tries = 0
+    while len(population) < opt.population and tries < 10 * opt.population and n:
+        tries += 1
+        child = mutate(population[tries % len(seeds)], 2.0 / n)
+        if child not in population:
+            population.append(child)
+    scores = [fitness(g) for g in population]
+    best = min(scores)
+    stale = generation = 0
+    if on_progress:
+        on_progress("evolve", 0, best)
+    while generation < opt.max_generations and stale < opt.patience and n:
+        if opt.deadline is not None and time.monotonic() > opt.deadline:
+            break
+        generation += 1
+
+        def pick():
+            contenders = [rng.randrange(len(population)) for _ in range(opt.tournament)]
+            return population[min(contenders, key=lambda i: (scores[i], i))]
+
+        elite = population[min(range(len(population)), key=lambda i: (scores[i], i))]
+        nxt = [elite]
+        while len(nxt) < len(population):
+            a, b = pick(), pick()
+            if rng.random() < opt.crossover and n > 1:
+                i, j = sorted(rng.sample(range(n + 1), 2))
+                child = a[:i] + b[i:j] + a[j:]
+            else:
+                child = list(a)
+            nxt.append(mutate(child, 1.0 / n))
+        population, scores = nxt, [fitness(g) for g in nxt]
+        gen_best = min(scores)
+        stale = 0 if gen_best < best else stale + 1
+        best = min(best, gen_best)
+        if on_progress:
+            on_progress("evolve", generation, best)
+    return _final(seeds, times, plans, estimator, opt, generation, on_progress, key)
+
+
+def _final(seeds, times: dict[str, Cost], plans: dict[str, Plan], estimator: CostEstimator, opt: EvolveOptions,
+           generations: int, on_progress, key) -> EvolveResult:
+    """Re-measures the best evolved plans, the DP plan and the best single-backend plan side by side,
+    interleaved, and keeps the single-backend plan unless another's median wins by more than the larger
+    relative spread of the two and it is faster in most rounds."""
+    seed_names = {key(p): name for name, p in seeds}
+    ranked = sorted((k for k, c in times.items() if c.usable), key=lambda k: (times[k].seconds, k))
+    singles = [k for k in ranked if seed_names.get(k) not in (None, "dp")]
+    picks = [k for k in ranked if k not in seed_names][:opt.finalists]
+    picks += [k for k in ranked if seed_names.get(k) == "dp"] + singles[:1]
+    if not singles:
+        picks += [k for k in ranked if seed_names.get(k, "dp") != "dp"][:1]
+    finalists = [Finalist(plans[k], seed_names.get(k, "evolved"), [times[k].seconds], times[k].spread)
+                 for k in dict.fromkeys(picks)]
+    for r in range(opt.rounds):
+        for f in finalists:  # interleaved: every finalist once per round
+            c = estimator.plan_time(f.plan, tag=f"final{r}")
+            if c.usable:
+                f.times.append(c.seconds)
+                f.spread = max(f.spread, c.spread)
+        if on_progress:
+            on_progress("finalists", r + 1, min((f.median_s for f in finalists), default=math.inf))
+    if not finalists:
+        raise CollageError("no plan could be measured (every seed failed or the budget was spent)")
+    incumbent = next((f for f in finalists if f.name not in ("evolved", "dp")), finalists[0])
+    challenger = min(finalists, key=lambda f: (f.median_s, f.name))
+    win = (incumbent.median_s - challenger.median_s) / incumbent.median_s
+    margin = max(incumbent.spread, challenger.spread)
+    # The rounds were interleaved: a real win also shows in most of them, not only in the medians.
+    rounds_won = sum(c < i for c, i in zip(challenger.times[1:], incumbent.times[1:]))
+    if challenger is not incumbent and win > margin and rounds_won * 2 > len(incumbent.times[1:]):
+        chosen, why = challenger, (f"{challenger.name} plan beat the best single backend ({incumbent.name}) by "
+                                   f"{win:.1%}, more than the measured spread {margin:.1%}")
+    else:
+        chosen = incumbent
+        why = (f"best single backend ({incumbent.name}): no plan beat it by more than the measured spread "
+               f"{margin:.1%} (best other: {challenger.name}, {win:+.1%})" if challenger is not incumbent
+               else f"best single backend ({incumbent.name}) was also the fastest finalist")
+    plan = Plan(chosen.plan.regions, chosen.plan.default_backend, "tune")
+    return EvolveResult(plan, chosen, incumbent, finalists, generations, len(times), why)

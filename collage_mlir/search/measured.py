@@ -1,0 +1,179 @@
+"""The measured cost estimator: region costs from the harness and cost DB (measured when the DB does
+not hold them, committed row by row), transition costs fitted over probes of several sizes, and
+whole-plan times from ``PlanTimer``, validated against IREE alone and stored in the same DB (so a rerun
+on the same DB gets the same answers and the same plan)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..backends import DEFAULT_BACKEND, Backend, get_backend
+from ..ir import ir
+from ..measure import HARNESS_VERSION
+from ..measure.db import CostDB, Measurement
+from ..measure.device import device_fingerprint
+from ..measure.harness import MeasureOptions, Progress, measure_regions
+from ..measure.plan_timing import PlanTimer
+from ..measure.reference import model_inputs
+from ..measure.transitions import measure_transitions
+from ..plan import Plan
+from .cost import Cost, CostEstimator, TransitionFit
+
+#: Probe sides for the transition fit: 16 KiB, 64 KiB and 256 KiB of f32 cross each boundary.
+PROBE_SIZES = (64, 128, 256)
+#: What the whole-plan rows are filed under in the cost DB.
+PLAN_ROW = "collage-plan"
+
+
+class MeasuredEstimator(CostEstimator):
+    """Costs of one numbered module on this machine. After ``deadline`` (``time.monotonic()``) no new
+    region or untagged plan is measured (questions the DB cannot answer are ``unknown``); tagged plan
+    timings (the seeds, the finalists' rounds) are always taken, so a plan can always be chosen."""
+
+    def __init__(self, module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: str | Path, *,
+                 examples: Mapping[str, Sequence[np.ndarray]] | None = None, options: MeasureOptions | None = None,
+                 deadline: float | None = None, on_progress: Callable[[str, Progress], None] | None = None):
+        self.module = module
+        self.backends = list(backends)
+        self.db = db
+        self.work = Path(work_dir)
+        self.examples = dict(examples or {})
+        self.options = options or MeasureOptions()
+        self.deadline = deadline
+        self.on_progress = on_progress
+        self.device, _ = device_fingerprint()
+        self._regions: dict[tuple[frozenset[int], str], Cost] = {}
+        self._fits: dict[tuple[str, str], TransitionFit | str] = {}
+        buf = io.BytesIO()
+        module.operation.write_bytecode(buf)
+        self._bytecode = buf.getvalue()
+        self.inputs = model_inputs(module, self.examples, self.options.seed).get("main", [])
+        digest = hashlib.sha256(self._bytecode)
+        for a in self.inputs:
+            digest.update(np.ascontiguousarray(a).tobytes())
+        self._model_digest = digest.hexdigest()
+        self._reference: list[np.ndarray] | None = None
+        self._timer: PlanTimer | None = None
+        self.measured = 0  # rows measured now (not DB hits): regions and plans
+        self.cache_hits = 0
+
+    def _spent(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    # -- regions ----------------------------------------------------------------------------------
+    def region_costs(self, pairs):
+        pairs = list(pairs)
+        todo = [p for p in pairs if p not in self._regions]
+        if todo and self._spent():
+            for p in todo:
+                self._regions[p] = Cost.unknown("tuning budget spent before it was measured")
+            todo = []
+        if todo:
+            summary = measure_regions(self.module, todo, self.db, examples=self.examples, options=self.options,
+                                      on_progress=(lambda p: self.on_progress("regions", p)) if self.on_progress else None)
+            self.measured += summary.measured
+            self.cache_hits += summary.cache_hits
+            for ops, backend, why in summary.skipped:
+                # A region where only constants flow in is folded by the compiler: it costs nothing.
+                self._regions[(ops, backend)] = (Cost.known(0.0, "folded at compile time") if "only constants" in why
+                                                 else Cost.invalid(why))
+            for key, m in summary.rows.items():
+                self._regions[key] = (Cost.known(m.median_s, spread=m.spread or 0.0) if m.usable
+                                      else Cost.invalid(f"{m.status}: {m.message}"[:200]))
+        return [self._regions.get(p, Cost.unknown("not measured")) for p in pairs]
+
+    # -- transitions ------------------------------------------------------------------------------
+    def fit_transitions(self, on_progress: Callable[[int, int], None] | None = None) -> None:
+        """Measures (or reads from the DB) the probe of every ordered backend pair at each probe size and
+        fits cost = fixed + per-byte · bytes per pair."""
+        if [b.name for b in self.backends] == [self.default_backend]:
+            return  # no boundary but default → default, which costs nothing
+        points: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        failed: dict[tuple[str, str], str] = {}
+        pairs_per_size = len(self.backends) ** 2
+        for k, n in enumerate(PROBE_SIZES):
+            progress = (lambda i, total, k=k: on_progress(k * pairs_per_size + i, len(PROBE_SIZES) * pairs_per_size)
+                        ) if on_progress else None
+            for t in measure_transitions(self.backends, self.db, self.options, n=n, on_progress=progress):
+                if t.status == "ok":
+                    points.setdefault((t.src, t.dst), []).append((t.nbytes, t.cost_s))
+                else:
+                    failed[(t.src, t.dst)] = f"{t.status}: {t.message}"[:200]
+        for a in self.backends:
+            for b in self.backends:
+                key = (a.name, b.name)
+                pts = points.get(key, [])
+                self._fits[key] = TransitionFit.fit(pts) if len(pts) >= 2 else failed.get(key, "no probe measured")
+
+    def transition_fits(self) -> dict[tuple[str, str], TransitionFit | str]:
+        return dict(self._fits)
+
+    def transition_cost(self, src, dst, nbytes):
+        if src == dst == self.default_backend:
+            return Cost.known(0.0, "one IREE dispatch stream")
+        fit = self._fits.get((src, dst))
+        if fit is None:
+            return Cost.unknown("transition probes not measured")
+        if isinstance(fit, str):
+            return Cost.invalid(fit)
+        return Cost.known(fit.at(nbytes))
+
+    # -- whole plans ------------------------------------------------------------------------------
+    def _plan_key(self, plan: Plan, tag: str) -> tuple:
+        text = json.dumps({"model": self._model_digest, "plan": plan.to_json(), "tag": tag}, sort_keys=True)
+        names = sorted({plan.default_backend, *(r.backend for r in plan.regions)})
+        versions = ",".join(f"{n}={get_backend(n).version()}" for n in names)
+        return (hashlib.sha256(text.encode()).hexdigest(), PLAN_ROW, versions, self.device, HARNESS_VERSION)
+
+    def reference(self) -> list[np.ndarray]:
+        """``@main``'s results with IREE alone (what every plan's results are checked against)."""
+        if self._reference is None:
+            import collage_runtime
+
+            from ..artifact import compile_module
+            from ..ir import new_context, parse_module
+
+            with tempfile.TemporaryDirectory(dir=self.work) as tmp:
+                compile_module(parse_module(self._bytecode, new_context()), Plan(source="reference"), tmp)
+                with collage_runtime.load(tmp) as prog:
+                    self._reference = [np.array(a, copy=True) for a in prog.invoke("main", *self.inputs)]
+        return self._reference
+
+    def plan_time(self, plan, tag=""):
+        key = self._plan_key(plan, tag)
+        row = self.db.get(*key)
+        if row is not None:
+            self.cache_hits += 1
+        elif self._spent() and not tag:
+            return Cost.unknown("tuning budget spent before it was measured")
+        else:
+            if self._timer is None:
+                self._timer = PlanTimer(self.work / "plans", self.options)
+            used = [get_backend(n) for n in {plan.default_backend, *(r.backend for r in plan.regions)}]
+            # A whole model through several backends: ten times the loosest tolerance, as the transition probe.
+            rtol = 10 * max(b.tolerance.rtol for b in used)
+            atol = 10 * max(b.tolerance.atol for b in used)
+            outcome = self._timer.time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol)
+            v = outcome.value if outcome.ok else {"status": outcome.status, "message": outcome.message}
+            row = Measurement(*key, status=v["status"], median_s=v.get("median_s"), min_s=v.get("min_s"),
+                              spread=v.get("spread"), repeats=v.get("repeats"), threads=v.get("threads"),
+                              max_abs_err=v.get("max_abs_err"), max_rel_err=v.get("max_rel_err"),
+                              message=v.get("message", "")[:500], region=f"plan {tag} of {len(plan.regions)} regions")
+            self.db.put(row)
+            self.measured += 1
+        if not row.usable:
+            return Cost.invalid(f"{row.status}: {row.message}"[:200])
+        return Cost.known(row.median_s, spread=row.spread or 0.0)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None

@@ -1,0 +1,183 @@
+"""`collage tune`: the two-level search end to end. Candidates (with maximal regions) → transition
+fit → operator-level DP on measured region costs → evolutionary search on measured whole-plan times,
+seeded with the DP plan and every single-backend plan → side-by-side re-measurement of the finalists →
+a plan JSON that says, per region, what it costs, what came second and why."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..backends import DEFAULT_BACKEND, Backend, get_backend
+from ..errors import CollageError
+from ..graph import Graph
+from ..ir import ir
+from ..measure.db import CostDB
+from ..measure.harness import MeasureOptions
+from ..passes.number_ops import NumberOpsPass
+from ..plan import Plan, Region
+from .cost import Cost
+from .dp import optimize
+from .evolve import EvolveOptions, EvolveResult, evolve
+from .index import CandidateIndex, SearchGraph, plan_cost
+from .measured import MeasuredEstimator
+from .regions import maximal_regions
+from .simple_plans import preferred_plan
+
+#: on_progress(stage, done, total, note): stage is "candidates", "transitions", "regions", "evolve",
+#: "finalists"; total is None when unknown.
+OnProgress = Callable[[str, int, "int | None", str], None]
+
+
+@dataclass
+class TuneResult:
+    plan: Plan
+    document: dict  # the plan JSON with the tuning record
+    evolved: EvolveResult
+    dp_plan: Plan
+    single: dict[str, Plan]
+    candidates: int
+    estimator: MeasuredEstimator
+
+
+def single_backend_plans(graph: Graph, backends: Sequence[Backend]) -> dict[str, Plan]:
+    """Each backend alone: a graph-level engine takes its maximal regions, a library or codegen
+    backend the largest candidate at each op (the default backend is the empty plan)."""
+    plans: dict[str, Plan] = {}
+    for b in backends:
+        if b.name == DEFAULT_BACKEND:
+            plans[b.name] = Plan(source=b.name)
+            continue
+        regions = maximal_regions(graph, b)
+        if regions:
+            plan = Plan([Region(f"region_{k}", b.name, r) for k, r in enumerate(regions)], source=b.name)
+        else:
+            plan = preferred_plan(graph, [b])
+            plan.source = b.name
+        if plan.regions:
+            plans[b.name] = plan
+    return plans
+
+
+def accepts_fn(graph: Graph) -> Callable[[str, frozenset[int]], bool]:
+    cache: dict[tuple[str, frozenset[int]], bool] = {}
+
+    def accepts(backend: str, ops: frozenset[int]) -> bool:
+        if (backend, ops) not in cache:
+            cache[(backend, ops)] = backend == DEFAULT_BACKEND or get_backend(backend).accepts(graph, ops) is None
+        return cache[(backend, ops)]
+
+    return accepts
+
+
+def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: str | Path, *, budget_s: float,
+         seed: int = 0, examples: Mapping[str, Sequence[np.ndarray]] | None = None,
+         measure: MeasureOptions | None = None, evolve_options: EvolveOptions | None = None,
+         on_progress: OnProgress | None = None) -> TuneResult:
+    """Finds the plan of ``module`` with the lowest measured end-to-end time on ``backends`` (the default
+    backend is always added) within ``budget_s`` seconds of search; the finalists' re-measurement
+    (at most 3 rounds of a handful of plans) runs after it."""
+    report = on_progress or (lambda *a: None)
+    deadline = time.monotonic() + budget_s
+    if DEFAULT_BACKEND not in {b.name for b in backends}:
+        backends = [get_backend(DEFAULT_BACKEND), *backends]
+    names = [b.name for b in backends]
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    if "main" not in {n.func for n in graph.nodes.values()}:
+        raise CollageError("the model has no public @main function to time")
+    report("candidates", 0, None, "")
+    index = CandidateIndex.build(graph, backends)
+    report("candidates", len(index), len(index), f"{len(index)} candidates")
+    measure = measure or MeasureOptions()
+    measure.seed = seed
+    est = MeasuredEstimator(module, backends, db, work_dir, examples=examples, options=measure, deadline=deadline,
+                            on_progress=lambda stage, p: report(stage, p.done, p.total,
+                                                                f"hits {p.cache_hits}  failures {p.failures}"))
+    try:
+        est.fit_transitions(on_progress=lambda k, n: report("transitions", k, n, ""))
+        dp = optimize(index, est)
+        sg = index.graph
+        single = single_backend_plans(graph, backends)
+        # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
+        # incumbent the search must beat is always measured as such).
+        seeds: list[tuple[str, Plan]] = []
+        seen: set[str] = set()
+        for name, plan in [*single.items(), ("dp", dp.plan)]:
+            if repr(plan.to_json()["regions"]) not in seen:
+                seen.add(repr(plan.to_json()["regions"]))
+                seeds.append((name, plan))
+        opts = evolve_options or EvolveOptions()
+        opts.seed, opts.deadline = seed, deadline
+        accepts = accepts_fn(graph)
+        evolved = evolve(sg, seeds, names, accepts, est, opts,
+                         on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
+                                                                   else opts.rounds, f"best {best * 1e3:.3f} ms"))
+        document = _document(evolved, dp.plan, single, sg, est, accepts, names, seed, budget_s, len(index))
+    finally:
+        est.close()
+    return TuneResult(evolved.plan, document, evolved, dp.plan, single, len(index), est)
+
+
+def _document(evolved: EvolveResult, dp_plan: Plan, single: dict[str, Plan], sg: SearchGraph, est: MeasuredEstimator,
+              accepts, names: list[str], seed: int, budget_s: float, candidates: int) -> dict:
+    """The plan JSON (readable by ``Plan.from_json``) with a record of the tuning: per region its cost,
+    runner-up and why; predicted and measured end-to-end times of the plan, the DP plan and each
+    single-backend plan. Holds no wall-clock figures, so a rerun on the same DB writes the same bytes."""
+    plan = evolved.plan
+
+    def predicted(p: Plan) -> float | None:
+        t = plan_cost(p, sg.order, sg.producers, sg.out_bytes, est)
+        return t if math.isfinite(t) else None
+
+    def measured_s(p: Plan) -> float | None:
+        f = next((f for f in evolved.finalists if f.plan.to_json()["regions"] == p.to_json()["regions"]), None)
+        if f is not None:
+            return f.median_s
+        c = est.plan_time(p)
+        return c.seconds if c.usable else None
+
+    doc = plan.to_json()
+    for entry, region in zip(doc["regions"], plan.regions):
+        others = [b for b in names if b not in (region.backend, DEFAULT_BACKEND) and accepts(b, region.ops)]
+        costs = est.region_costs([(region.ops, region.backend)] + [(region.ops, b) for b in others])
+        mine, rest = costs[0], list(zip(others, costs[1:]))
+        # The default backend runs a region's ops one by one, as the DP prices them.
+        alone = est.region_costs([(frozenset({i}), DEFAULT_BACKEND) for i in sorted(region.ops)])
+        if all(c.usable for c in alone):
+            rest.append((DEFAULT_BACKEND, Cost.known(sum(c.seconds for c in alone))))
+        rest.sort(key=lambda bc: (bc[1].seconds, bc[0]))
+        entry["cost_s"] = mine.seconds if mine.usable else None
+        runner = next(((b, c) for b, c in rest if c.usable), None)
+        entry["runner_up"] = runner[0] if runner else None
+        entry["runner_up_cost_s"] = runner[1].seconds if runner else None
+        if runner is None:
+            entry["why"] = f"no other backend takes these ops (or every other fails on them)"
+        elif runner[1].seconds >= entry["cost_s"]:
+            entry["why"] = f"cheapest measured region ({runner[0]} next, {runner[1].seconds / entry['cost_s']:.2f}x)"
+        else:
+            entry["why"] = (f"{runner[0]} is cheaper alone ({runner[1].seconds / entry['cost_s']:.2f}x) but the whole "
+                            "plan measured faster this way (boundaries, shared cores)")
+    doc["tuning"] = {
+        "seed": seed,
+        "budget_s": budget_s,
+        "backends": names,
+        "candidates": candidates,
+        "generations": evolved.generations,
+        "plans_timed": evolved.plans_timed,
+        "why": evolved.why,
+        "plan": {"predicted_s": predicted(plan), "measured_s": evolved.chosen.median_s,
+                 "spread": evolved.chosen.spread, "from": evolved.chosen.name},
+        "dp": {"predicted_s": predicted(dp_plan), "measured_s": measured_s(dp_plan),
+               "regions": len(dp_plan.regions)},
+        "single_backend": {name: {"predicted_s": predicted(p), "measured_s": measured_s(p),
+                                  "regions": len(p.regions)} for name, p in single.items()},
+        "finalists": [{"from": f.name, "regions": len(f.plan.regions), "times_s": f.times, "spread": f.spread}
+                      for f in evolved.finalists],
+    }
+    return doc
