@@ -1,34 +1,38 @@
 """Per-boundary overhead of each library and graph-level backend, in µs, vs tensor size.
 
-A region's end-to-end time through a compiled artifact (IREE calls the ``collage_rt`` import, which maps
-the buffers, allocates the result and runs the executor) minus the executor's own ``run`` on the same
-arrays in-process is what crossing the boundary costs. The region is one matmul (M x 8) x (8 x 8)
-with M = N / 8, so input and output both hold N floats.
+The region is one matmul (M x 8) x (8 x 8) with M = N / 8, so input and output both hold N floats; the
+compiled function is that region alone, so a call is: Python → IREE VM → ``collage_rt`` import (map the
+inputs, allocate and map the result) → executor → back. Three times per backend and size, each the
+minimum over interleaved rounds (the overhead is a difference of noisy times; the minimum is stable):
 
-    python bench/boundary.py [--backends ...] [--sizes 1024,16384,...] [--out bench/results/boundary]
+- ``e2e``: the compiled function called with device arrays (``Program.device_function``);
+- ``alone``: the executor's own ``run`` on numpy arrays in-process (the engine call with its binding);
+- ``floor``: the same function with the executor replaced by a no-op: Python → VM → import glue → back.
+
+``overhead = e2e - alone`` is what crossing the boundary costs; ``floor`` is its engine-independent part.
+Times are the process's CPU time (``time.process_time``, all threads: an engine's helper threads and any
+spinning count) unless ``--wall``: on a shared 2-core machine wall time mostly measures the neighbours.
+
+    python bench/boundary.py [--backends ...] [--sizes 256,4096,...] [--rounds 5] [--wall] [--out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cpu_ops import time_call  # noqa: E402
-
 import collage_runtime  # noqa: E402
-from collage_mlir.iree import compile_module  # noqa: E402
-from collage_mlir.backends import BackendKind  # noqa: E402
-from collage_mlir.ir import new_context, parse_module  # noqa: E402
-from collage_mlir.search import available_backends  # noqa: E402
+from collage_runtime import rt_module
+from collage_runtime.engines import Engines
+from collage_runtime.executors import executor
 
-SIZES = (1024, 16384, 262144, 1048576, 4194304)
+SIZES = (256, 4096, 65536, 1048576, 4194304)  # floats: 1 KB ... 16 MB
 
 
 def _module(m: int) -> str:
@@ -37,43 +41,93 @@ def _module(m: int) -> str:
             f"tensor<8x8xf32>) -> tensor<{m}x8xf32>\n  return %0 : tensor<{m}x8xf32>\n}}\n")
 
 
-def measure(backend: str, n: int) -> dict:
+def compile_region(backend: str, n: int, out_dir: Path) -> dict:
+    """Compiles the N-float matmul as one ``backend`` region into ``out_dir``; returns its manifest entry."""
+    from collage_mlir.iree import compile_module
+    from collage_mlir.ir import new_context, parse_module
+
+    art = compile_module(parse_module(_module(n // 8), new_context()), f"prefer:{backend}", out_dir)
+    (region,) = art.manifest["regions"]
+    return region
+
+
+def _per_call(fn, calls: int, clock) -> float:
+    fn()
+    t0 = clock()
+    for _ in range(calls):
+        fn()
+    return (clock() - t0) / calls
+
+
+def measure(backend: str, n: int, rounds: int = 5, wall: bool = False, threads: int | None = None) -> dict:
+    """Times e2e, alone and floor (see the module docstring) for an N-float region of ``backend``; µs."""
+    clock = time.perf_counter if wall else time.process_time
     m = n // 8
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+    out = np.empty((m, 8), np.float32)
+    calls = max(3, min(300, int(2e6 // max(n, 1))))
     with tempfile.TemporaryDirectory() as tmp:
-        art = compile_module(parse_module(_module(m), new_context()), f"prefer:{backend}", tmp)
-        (region,) = art.manifest["regions"]
-        with collage_runtime.load(tmp) as prog:
-            e2e = time_call(prog.device_function("mm"), [prog.to_device(a), prog.to_device(b)], budget_s=1.0)
-        run = importlib.import_module(region["executor"]).load(Path(tmp) / region["artifact"])
-        out = np.empty((m, 8), np.float32)
-        alone = time_call(lambda: run([a, b], [out]), [], budget_s=1.0)
-    # Minimums: the overhead is a difference of two noisy times, and the minimum is the stable statistic.
-    return {"backend": backend, "elements": n, "e2e_us": e2e["min_ms"] * 1e3, "executor_us": alone["min_ms"] * 1e3,
-            "overhead_us": (e2e["min_ms"] - alone["min_ms"]) * 1e3}
+        region = compile_region(backend, n, Path(tmp) / "art")
+        prog = collage_runtime.load(Path(tmp) / "art", threads=threads)
+        run = executor(region["executor"])(Path(tmp) / "art" / region["artifact"], Engines(prog.engines.threads))
+        real = rt_module.load_executor
+        rt_module.load_executor = lambda *args: (lambda inputs, outputs: None)
+        try:
+            floor_prog = collage_runtime.load(Path(tmp) / "art", threads=threads)
+        finally:
+            rt_module.load_executor = real
+        with prog, floor_prog:
+            f, g = prog.device_function("mm"), floor_prog.device_function("mm")
+            da, db = prog.to_device(a), prog.to_device(b)
+            times: dict[str, list[float]] = {"e2e": [], "alone": [], "floor": []}
+            for _ in range(rounds):  # interleaved
+                times["e2e"].append(_per_call(lambda: f(da, db), calls, clock))
+                times["alone"].append(_per_call(lambda: run([a, b], [out]), calls, clock))
+                times["floor"].append(_per_call(lambda: g(da, db), calls, clock))
+    row = {k: min(v) * 1e6 for k, v in times.items()}
+    return {"backend": backend, "elements": n, "bytes": n * 4, "clock": "wall" if wall else "process_cpu",
+            "e2e_us": row["e2e"], "alone_us": row["alone"], "floor_us": row["floor"],
+            "overhead_us": row["e2e"] - row["alone"]}
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
+
+
+def table(rows: list[dict], key: str) -> str:
+    sizes = sorted({r["bytes"] for r in rows})
+    lines = ["| backend | " + " | ".join(_size(n) for n in sizes) + " |", "|---|" + "---:|" * len(sizes)]
+    for b in dict.fromkeys(r["backend"] for r in rows):
+        cells = {r["bytes"]: r for r in rows if r["backend"] == b}
+        lines.append(f"| {b} | " + " | ".join(f"{cells[n][key]:.1f}" if n in cells else "" for n in sizes) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
+    from collage_mlir.backends import BackendKind
+    from collage_mlir.search import available_backends
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backends", default=",".join(b.name for b in available_backends()
                                                   if b.kind != BackendKind.CODEGEN))
-    p.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="tensor sizes in floats")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--wall", action="store_true", help="wall-clock instead of process CPU time")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "boundary"))
     a = p.parse_args()
-    rows = [measure(b, int(n)) for b in a.backends.split(",") for n in a.sizes.split(",")]
-    sizes = sorted({r["elements"] for r in rows})
-    lines = ["| backend | " + " | ".join(f"{n} floats" for n in sizes) + " |", "|---|" + "---:|" * len(sizes)]
-    for b in dict.fromkeys(r["backend"] for r in rows):
-        cells = {r["elements"]: r for r in rows if r["backend"] == b}
-        lines.append(f"| {b} | " + " | ".join(f"{cells[n]['overhead_us']:.0f}" for n in sizes) + " |")
-    table = ("Per-boundary overhead, µs (minimum end-to-end region time minus minimum time of the executor alone, "
-             "same arrays):\n\n" + "\n".join(lines))
+    rows = [measure(b, int(n), a.rounds, a.wall, a.threads) for b in a.backends.split(",") for n in a.sizes.split(",")]
+    clock = "wall" if a.wall else "process CPU"
+    text = (f"Per-boundary overhead, µs ({clock} time; minimum over {a.rounds} interleaved rounds of e2e minus the "
+            f"executor alone on the same arrays):\n\n{table(rows, 'overhead_us')}\n\n"
+            f"Floor (the same call with a no-op executor: Python → VM → collage_rt glue → back), µs:\n\n"
+            f"{table(rows, 'floor_us')}\n\nExecutor alone, µs:\n\n{table(rows, 'alone_us')}\n")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    out.with_suffix(".md").write_text(table + "\n")
-    print(table)
+    out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -34,19 +34,26 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     return 0
 
 
-def _load_program(out_dir: str):
+def _positive_int(text: str) -> int:
+    value = int(text) if text.isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
+def _load_program(out_dir: str, threads: int | None = None):
     import collage_runtime
     from collage_runtime.program import ArtifactError
 
     try:
-        return collage_runtime.load(out_dir)
+        return collage_runtime.load(out_dir, threads=threads)
     except ArtifactError as exc:
         raise CollageError(str(exc)) from None
 
 
 def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
     inputs = load_input_arrays(args.input)
-    program = _load_program(args.artifact)
+    program = _load_program(args.artifact, args.threads)
     try:
         outputs = _invoke(program, args.function, inputs, args.input)
     finally:
@@ -141,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--function", default="main")
     r.add_argument("--input", action="append", default=[], help=".npy file, once per argument, in order")
     r.add_argument("--output-dir", help="write out_0.npy, out_1.npy, ... here")
+    r.add_argument("--threads", type=_positive_int, default=None,
+                   help="cores the program's engines share (default: all this process may use)")
     d = sub.add_parser("demo", help="compile a small CNN with a plan mixing two backends and check it")
     d.add_argument("--out", default="collage-demo", help="artifact directory (default: ./collage-demo)")
     sub.add_parser("backends", help="list the registered backends")

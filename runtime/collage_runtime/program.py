@@ -10,6 +10,7 @@ import iree.runtime as rt
 import numpy as np
 
 from .manifest import MANIFEST, ArtifactError, load_manifest
+from .engines import Engines, iree_device, usable_cores
 from .rt_module import create_rt_module
 from .types import SUB_BYTE_BITS, Signature, TensorSpec, parse_declaration
 
@@ -29,10 +30,13 @@ class InputError(ValueError):
 class Program:
     """A loaded artifact. ``invoke(name, *arrays)`` runs a public function and returns numpy arrays."""
 
-    def __init__(self, root: str | Path, *, driver: str = "local-task", extra_modules: Sequence[ModuleFactory] = ()):
+    def __init__(self, root: str | Path, *, driver: str = "local-task", extra_modules: Sequence[ModuleFactory] = (),
+                 threads: int | None = None):
         self.root = Path(root)
         self.manifest = load_manifest(self.root)
-        self.config = rt.Config(driver)
+        # One thread budget for every engine in the program (default: all usable cores).
+        self.engines = Engines(usable_cores() if threads is None else threads)
+        self.config = rt.Config(device=iree_device(driver, self.engines.threads))
         device = self.config.device
         devices = len(self.manifest.get("devices") or ()) or 1
         if devices > 1:
@@ -48,7 +52,7 @@ class Program:
             raise ArtifactError(f"{self.root / self.manifest['module']}: IREE cannot load the module "
                                 f"({' '.join(str(exc).split())[:200]})") from None
         # Keep every module object alive as long as the context: a temporary segfaults later.
-        self._modules = [create_rt_module(device, self.root, self.manifest["regions"])]
+        self._modules = [create_rt_module(device, self.root, self.manifest["regions"], self.engines)]
         self._modules += [factory(device) for factory in extra_modules]
         self._context = rt.SystemContext(
             vm_modules=(*self.config.default_vm_modules, *self._modules, self._main), config=self.config

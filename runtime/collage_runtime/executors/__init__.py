@@ -1,3 +1,37 @@
-"""Region executors. An executor module exposes ``load(path: Path) -> Callable`` returning a callable
-``run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None`` that reads the (zero-copy, mapped)
-input arrays and writes each result into the matching pre-allocated output array."""
+"""Region executors and their registry.
+
+An executor is a function ``load(path: Path, engines: Engines) -> Run`` registered by an installed package
+under the entry-point group ``collage_runtime.executors``; a manifest names it by its entry-point name.
+``Run(inputs, outputs)`` reads the (zero-copy, mapped, C-contiguous) input arrays and writes each result
+into the matching pre-allocated output array. Only registered executors serve regions: a manifest is data
+and never chooses which Python code is imported.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..engines import Engines
+
+GROUP = "collage_runtime.executors"
+
+Run = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
+Loader = Callable[[Path, "Engines"], Run]
+
+
+@lru_cache(maxsize=1)
+def registered() -> dict:
+    """Entry-point name → entry point, for every executor installed packages register."""
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def executor(name: object) -> Loader | None:
+    """The loader registered as ``name``, or None when no installed package registers it."""
+    ep = registered().get(name) if isinstance(name, str) else None
+    return ep.load() if ep is not None else None

@@ -5,12 +5,20 @@ into the mapped output buffers (the last step of a result writes there directly 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+# OpenMP workers sleep between regions instead of spinning for ~300k iterations (GNU OpenMP's default),
+# which would take cores from the engine that runs next. Read once, when torch loads libgomp.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from ..engines import Engines  # noqa: E402
+from . import Run  # noqa: E402
 
 _DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "i32": torch.int32,
            "i64": torch.int64, "i1": torch.bool}
@@ -112,8 +120,9 @@ def _step(step: dict, args: list[torch.Tensor]) -> torch.Tensor:
     raise ValueError(f"unknown step op {op!r}")
 
 
-def load(path: Path) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
-    """The callable that runs the step program stored at ``path``."""
+def load(path: Path, engines: Engines) -> Run:
+    """The callable that runs the step program stored at ``path`` with the program's thread budget."""
+    engines.torch()
     program = json.loads(Path(path).read_text())
     if program.get("version") != 2:
         raise ValueError(f"{path}: step program version {program.get('version')} (this runtime reads 2)")

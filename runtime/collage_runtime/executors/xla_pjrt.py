@@ -5,48 +5,41 @@ buffer) becomes a PJRT buffer with ``HostBufferSemantics.ZERO_COPY``, which alia
 when it is 64-byte aligned (IREE's mapped buffers are) instead of copying it; XLA's results are then
 copied into the pre-allocated, mapped output arrays (one copy per result, from a zero-copy view).
 
-One private PJRT client per process, synchronous dispatch (less per-call overhead than jax's
-asynchronous default for small regions), fast math off. i64 inputs keep 64 bits (``enable_x64`` per
-transfer, without touching jax's global ``jax_enable_x64``). Threads: jaxlib 0.10.2 exposes no
-thread-count option on the CPU client; XLA sizes its intra-op pool to the CPUs this process may be
-scheduled on (``sched_getaffinity``), so bound it with ``taskset``/cgroups if needed.
+One private PJRT client per process (``Engines.xla_client``), fast math off. i64 inputs keep 64 bits
+(``enable_x64`` per transfer, without touching jax's global ``jax_enable_x64``). Threads: jaxlib 0.10.2
+exposes no thread-count option on the CPU client; XLA sizes its intra-op pool to the CPUs this process
+may be scheduled on (``sched_getaffinity``), so bound it with ``taskset``/cgroups if needed.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-
-@lru_cache(maxsize=1)
-def _client():
-    from jax._src.lib import xla_client as xc
-
-    return xc.make_cpu_client(asynchronous=False)
+from ..engines import Engines
+from . import Run
 
 
-def compile_text(text: str):
+def compile_text(text: str, engines: Engines):
     """Compiles StableHLO module text (entry ``@main``) for the CPU client; returns (executable, device)."""
     from jax._src.lib import xla_client as xc
 
-    client = _client()
+    client = engines.xla_client()
     device = client.local_devices()[0]
     options = xc.CompileOptions()
     options.executable_build_options.debug_options.xla_cpu_enable_fast_math = False
     return client.compile_and_load(text, xc.DeviceList((device,)), options), device
 
 
-def load(path: Path) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
+def load(path: Path, engines: Engines) -> Run:
     """The callable that runs the XLA region module stored at ``path``."""
     from jax._src import core
     from jax._src.lib import _jax
     from jax._src.lib import xla_client as xc
     from jax.sharding import SingleDeviceSharding
 
-    executable, device = compile_text(Path(path).read_text())
+    executable, device = compile_text(Path(path).read_text(), engines)
     sharding = SingleDeviceSharding(device)
     devices = [device]
     put = xc.batched_device_put

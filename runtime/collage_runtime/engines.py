@@ -1,0 +1,121 @@
+"""One thread budget for a whole program, and the engine handles its regions share.
+
+A collage program runs one region at a time: IREE's dispatches, then an ONNX Runtime region, then an
+OpenVINO one, ... So every engine may use all of the program's threads, but none may keep cores busy
+while another engine runs. ``Engines`` gives each engine that budget and shares what can be shared:
+
+- IREE (local-task): ``--task_topology_group_count=N`` workers, set before the process's first device
+  (the driver creates its executor once); workers never spin (``--task_worker_spin_us`` defaults to 0),
+  they block on the task queue.
+- ONNX Runtime: each session gets ``intra_op_num_threads=N`` with ``session.intra_op.allow_spinning=0``
+  (workers block when idle; ORT's default spins them after every op, which with hundreds of sessions
+  starved every other engine), ``inter_op_num_threads=1`` (sequential execution).
+- OpenVINO: one ``ov.Core`` for every region (one TBB arena set, one plugin instance), compiled models with
+  ``INFERENCE_NUM_THREADS=N``, one stream, the latency hint, no CPU pinning or reservation (the cores are
+  shared with the other engines).
+- torch (oneDNN/MKL): ``torch.set_num_threads(N)``; OpenMP workers passive (``OMP_WAIT_POLICY=PASSIVE``
+  unless set; ``executors.torch_steps`` sets it before it imports torch, which only takes effect if
+  nothing imported torch earlier), so they sleep instead of spinning between regions.
+- XLA (jaxlib PJRT CPU): one client per process; jaxlib exposes no thread count, XLA sizes its pool to the
+  usable cores (bound it with ``taskset`` when ``N`` is smaller).
+
+Engine objects are created on first use, so a program without OpenVINO regions never imports OpenVINO.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import iree.runtime as rt
+
+
+def usable_cores() -> int:
+    """CPUs this process may be scheduled on (its affinity mask, cgroup-pinned containers included)."""
+    return len(os.sched_getaffinity(0))
+
+
+#: IREE task workers per driver, fixed by the first device this process created (see ``iree_device``).
+IREE_POOLS: dict[str, int] = {}
+
+
+def iree_device(driver: str, threads: int) -> rt.HalDevice:
+    """The process's (cached) IREE device of ``driver``. local-task creates its task executor with the
+    driver, once per process, from the ``--task_topology_group_count`` flag: the first program loaded in a
+    process sizes IREE's pool to its budget, later ones share that pool (``IREE_POOLS`` says its size)."""
+    if driver == "local-task" and driver not in IREE_POOLS:
+        rt.flags.parse_flags(f"--task_topology_group_count={threads}")
+        IREE_POOLS[driver] = threads
+    return rt.get_device(driver)
+
+
+@dataclass
+class Engines:
+    """The thread budget of one program and the engine handles its regions share (created lazily)."""
+
+    threads: int
+    _openvino_core: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
+
+    def ort_session_options(self):
+        """SessionOptions for an ONNX Runtime region: the budget's intra-op threads, no spinning."""
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        opts.log_severity_level = 3
+        return opts
+
+    def openvino_core(self):
+        """The program's one ``ov.Core``."""
+
+        if self._openvino_core is None:
+            import openvino as ov
+
+            self._openvino_core = ov.Core()
+        return self._openvino_core
+
+    def openvino_config(self) -> dict:
+        """compile_model properties for an OpenVINO region (f32 stated: the CPU may support bf16)."""
+        import openvino as ov
+        import openvino.properties as props
+        import openvino.properties.hint as hints
+
+        return {
+            props.inference_num_threads: self.threads,
+            props.num_streams: 1,
+            hints.performance_mode: hints.PerformanceMode.LATENCY,
+            hints.inference_precision: ov.Type.f32,
+            hints.enable_cpu_pinning: False,
+            hints.enable_cpu_reservation: False,
+        }
+
+    def torch(self):
+        """torch with the budget's intra-op threads (process-wide: the last program loaded sets it)."""
+
+        import torch
+
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        return torch
+
+    def xla_client(self):
+        """The process's PJRT CPU client (synchronous dispatch: less per-call overhead for small regions)."""
+        return _xla_client()
+
+
+@lru_cache(maxsize=1)
+def _xla_client():
+    from jax._src.lib import xla_client as xc
+
+    return xc.make_cpu_client(asynchronous=False)
