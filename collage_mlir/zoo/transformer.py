@@ -18,7 +18,7 @@ def _transformers():
         import transformers
     except ImportError as exc:
         raise CollageError(f"BERT and GPT-2 need Hugging Face transformers ({exc}); "
-                           "run `pip install 'collage-mlir[zoo]'`") from None
+                           "run `pip install 'collage-mlir[bench]'`") from None
     return transformers
 
 

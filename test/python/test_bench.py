@@ -1,0 +1,77 @@
+"""The model zoo's small variants import and run under IREE alone (equal to PyTorch eager), and
+`collage bench` runs end to end on one small model with two peers, writing its JSON, table and chart."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from collage_mlir import zoo
+from collage_mlir.measure.validate import compare
+
+# IREE's llvm-cpu codegen against PyTorch eager on the same fp32 weights: sums in another order only.
+RTOL = 1e-4
+
+
+# Two run by default (a transformer here, a CNN through `collage bench` below); every small variant with -m bench.
+DEFAULT_ZOO_TESTS = {"gpt2_small"}
+
+
+@pytest.mark.parametrize("name", [n if n in DEFAULT_ZOO_TESTS else pytest.param(n, marks=pytest.mark.bench)
+                                  for n in zoo.MODELS])
+def test_zoo_small_variant_runs_under_iree_alone(name, torch, tmp_path):
+    import collage_runtime
+
+    from collage_mlir.iree import compile_module
+    from collage_mlir.ir import new_context
+
+    model, inputs = zoo.build(name, small=True)
+    with torch.inference_mode():
+        expected = model(*inputs)
+    module = zoo.import_stablehlo(name, new_context(), small=True)
+    compile_module(module, "default", tmp_path / "out", source=name)
+    with collage_runtime.load(tmp_path / "out") as program:
+        got = program.invoke("main", *[x.numpy() for x in inputs])
+    check = compare(got, [expected.numpy()], RTOL, 0.0)
+    assert check.ok, check.message
+    assert np.abs(expected.numpy()).max() > 0  # not a degenerate all-zero model
+
+
+def test_zoo_build_is_deterministic_and_cached(torch):
+    from collage_mlir.frontends.torch import model_key
+
+    (m1, x1), (m2, x2) = zoo.build("dcgan", small=True), zoo.build("dcgan", small=True)
+    assert model_key(m1, x1) == model_key(m2, x2)  # so the import cache hits across processes
+    assert zoo.flops("dcgan", small=True) > 0
+
+
+def test_unknown_model_is_one_error_line(capsys):
+    from collage_mlir.tools.cli import main
+
+    assert main(["bench", "resnet51", "--small"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown model 'resnet51'" in err[0] and "resnet50" in err[0]
+
+
+def test_bench_end_to_end_two_peers(torch, tmp_path, capsys):
+    from collage_mlir.tools.cli import main
+
+    assert main(["bench", "dcgan", "--small", "--vs", "torch,xla", "--seconds", "1.5", "-o", str(tmp_path),
+                 "--name", "ci"]) == 0
+    result = json.loads((tmp_path / "ci.json").read_text())
+    (model,) = result["models"]
+    by_name = {c["name"]: c for c in model["contenders"]}
+    assert list(by_name) == ["collage", "torch", "xla"]
+    for c in by_name.values():
+        assert c["status"] == "ok", c
+        assert c["median_ms"] > 0 and c["calls"] >= 5 and c["compile_s"] >= 0
+        assert c["max_rel_err"] <= 1e-3
+    assert by_name["torch"]["max_rel_err"] == 0.0  # the reference itself
+    best = min(("torch", "xla"), key=lambda n: by_name[n]["median_ms"])
+    assert model["best_peer"] == best
+    assert model["ratio_to_best_peer"] == pytest.approx(by_name[best]["median_ms"] / by_name["collage"]["median_ms"])
+    table = (tmp_path / "ci.md").read_text()
+    assert "| dcgan |" in table and "Geomean" in table
+    assert (tmp_path / "ci.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
