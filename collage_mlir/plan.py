@@ -89,6 +89,8 @@ class Plan:
         except json.JSONDecodeError as exc:
             raise CollageError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                                where=str(path)) from None
+        except (UnicodeDecodeError, RecursionError) as exc:
+            raise CollageError(f"not a JSON text ({type(exc).__name__})", where=str(path)) from None
         return cls.from_json(data, str(path))
 
     def validate(self, graph: Graph) -> None:

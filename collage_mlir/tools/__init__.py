@@ -19,8 +19,11 @@ def load_input_arrays(paths: list[str]) -> list:
     for path in paths:
         try:
             arrays.append(np.load(path, allow_pickle=False))
-        except (OSError, ValueError) as exc:
-            raise CollageError(f"cannot read input array: {exc}; inputs are .npy files", where=path) from None
+        except Exception as exc:  # noqa: BLE001  untrusted bytes: numpy's header parser raises many types
+            why = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise CollageError(f"cannot read input array ({why}); inputs are .npy files", where=path) from None
+        if not isinstance(arrays[-1], np.ndarray):
+            raise CollageError("not a single array (an .npz archive?); inputs are .npy files", where=path)
     return arrays
 
 

@@ -79,8 +79,12 @@ def run_subprocess(path: Path, plans: str) -> dict:
     """``run`` in a fresh interpreter, so a crash costs one file."""
     import subprocess
 
-    proc = subprocess.run([sys.executable, __file__, str(path), "--plans", plans, "--json"], capture_output=True,
-                          text=True, timeout=600)
+    try:
+        proc = subprocess.run([sys.executable, __file__, str(path), "--plans", plans, "--json"], capture_output=True,
+                              text=True, timeout=120 * len(plans.split(",")))
+    except subprocess.TimeoutExpired as exc:
+        return {"file": _rel(path), "kind": _kind(path), "baseline": {"compiled": None, "functions": {}}, "plans": {},
+                "mismatches": [f"timed out after {exc.timeout:.0f} s"]}
     for line in proc.stdout.splitlines():
         if line.startswith(_JSON_MARK):
             return json.loads(line[len(_JSON_MARK):])
@@ -89,9 +93,13 @@ def run_subprocess(path: Path, plans: str) -> dict:
             "mismatches": [f"crashed (rc={proc.returncode}): {tail}"]}
 
 
-def sweep(plans: str) -> str:
-    """Runs every conformance file; returns a markdown summary (counts per plan, regions per backend)."""
-    results = [run_subprocess(p, plans) for p in sorted(CONFORMANCE.rglob("*.mlir"))]
+def sweep(plans: str, jobs: int = 1) -> str:
+    """Runs every conformance file (``jobs`` at a time); returns a markdown summary (counts per plan,
+    regions per backend)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(lambda p: run_subprocess(p, plans), sorted(CONFORMANCE.rglob("*.mlir"))))
     names = plans.split(",")
     alone = sum(1 for r in results for f in r["baseline"]["functions"].values() if f["status"] == "pass")
     lines = [f"Command: `python test/conformance/collage_run.py --all --plans {plans}`", "",
@@ -118,9 +126,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--all", action="store_true", help="sweep every conformance file")
     ap.add_argument("--md", help="with --all: also write the summary here")
+    ap.add_argument("--jobs", type=int, default=1, help="with --all: files run at the same time")
     args = ap.parse_args()
     if args.all:
-        text = sweep(args.plans)
+        text = sweep(args.plans, args.jobs)
         print(text)
         if args.md:
             Path(args.md).write_text(text)
