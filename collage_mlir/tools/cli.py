@@ -5,6 +5,7 @@
     collage demo
     collage backends
     collage measure model.mlir --backends B1,B2 [--db PATH]
+    collage tune model.mlir [--backends B1,B2] [--budget 10m] [--seed N] [--db PATH] -o plan.json
     collage db stats|export FILE.json|import FILE.json|prune [--db PATH]
     collage bench MODEL... [--small] [--plan PLAN] [--vs torch,ort,...] [--threads N]
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CollageError
-from . import OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, run_tool
+from . import OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, positive_int, run_tool, tune_cmd
 
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -28,17 +29,16 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
 
     check_artifact_dir(args.output)
     module = load_module(args.model, new_context())
-    result = compile_module(module, args.plan, args.output, source=str(args.model), iree_args=passthrough)
+    plan = args.plan
+    if args.tune or plan == "tune":  # every available backend, the default budget and DB
+        tuned = tune_cmd.tune_model(module, {}, tune_cmd.parse_backends(None),
+                                    tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET), 0, None)
+        tune_cmd.print_summary(tuned, "(tuned)")
+        plan = tuned.plan
+    result = compile_module(module, plan, args.output, source=str(args.model), iree_args=passthrough)
     regions = result.manifest["regions"]
     print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")
     return 0
-
-
-def _positive_int(text: str) -> int:
-    value = int(text) if text.isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return value
 
 
 def _load_program(out_dir: str, threads: int | None = None):
@@ -52,6 +52,8 @@ def _load_program(out_dir: str, threads: int | None = None):
 
 
 def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
+    if not args.in_process:
+        return _run_isolated(args)
     inputs = load_input_arrays(args.input)
     program = _load_program(args.artifact, args.threads)
     try:
@@ -73,19 +75,41 @@ def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
     return 0
 
 
+def _run_isolated(args: argparse.Namespace) -> int:
+    """Runs ``collage run`` again in a child process: engines run inside the program's process, and one
+    that crashes (a signal) then costs one error line here instead of the whole CLI without a word."""
+    import signal
+    import subprocess
+
+    argv = [sys.executable, "-m", "collage_mlir.tools.cli", "run", args.artifact, "--function", args.function,
+            "--in-process", *[a for path in args.input for a in ("--input", path)]]
+    if args.output_dir:
+        argv += ["--output-dir", args.output_dir]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    code = subprocess.run(argv, stdin=subprocess.DEVNULL).returncode
+    if code >= 0:
+        return code
+    if -code == signal.SIGINT:
+        raise KeyboardInterrupt
+    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+    raise CollageError(f"the program died of {name} while running '{args.function}' (an engine crashed in a "
+                       "region; `collage run --in-process` shows where)", where=args.artifact)
+
+
 def _invoke(program, function: str, inputs: list[np.ndarray], paths: list[str]) -> tuple[np.ndarray, ...]:
-    from collage_runtime.program import ArtifactError, InputError
+    from collage_runtime.program import ArtifactError, InputError, RegionFailure
 
     try:
         return program.invoke(function, *inputs)
     except InputError as exc:
         where = paths[exc.index] if exc.index is not None and exc.index < len(paths) else "--input"
         raise CollageError(str(exc), where=where, exit_code=2) from None
-    except ArtifactError as exc:
-        raise CollageError(str(exc)) from None
-    except (RuntimeError, ValueError) as exc:
-        raise CollageError(f"running '{function}' failed: {' '.join(str(exc).split())[:300]} "
-                           "(check the number, shapes and dtypes of --input arrays)", where=program.root.name) from None
+    except (ArtifactError, RegionFailure) as exc:
+        raise CollageError(str(exc), where=str(program.root)) from None
+    except (RuntimeError, ValueError) as exc:  # IREE's own run-time errors
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise CollageError(f"running '{function}' failed: {first[:300]}", where=str(program.root)) from None
 
 
 def _pattern_lines(patterns) -> list[str]:
@@ -141,26 +165,31 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="Unknown --iree-* flags are passed through to iree-compile.")
     c.add_argument("model", help="StableHLO module (.mlir text or .mlirbc bytecode)")
     c.add_argument("--plan", default="default",
-                   help="default | random:SEED | prefer:BACKEND[,BACKEND] | PLAN.json (default: default)")
+                   help="default | random:SEED | prefer:BACKEND[,BACKEND] | tune | PLAN.json (default: default)")
+    c.add_argument("--tune", action="store_true", help="same as --plan tune: `collage tune` first, then compile")
     c.add_argument("-o", "--output", required=True, help="artifact directory to write")
     r = sub.add_parser("run", help="run a compiled artifact on .npy inputs")
     r.add_argument("artifact", help="artifact directory written by `collage compile`")
     r.add_argument("--function", default="main")
     r.add_argument("--input", action="append", default=[], help=".npy file, once per argument, in order")
     r.add_argument("--output-dir", help="write out_0.npy, out_1.npy, ... here")
-    r.add_argument("--threads", type=_positive_int, default=None,
+    r.add_argument("--in-process", action="store_true",
+                   help="run in this process (default: a child process, so an engine crash is one error line)")
+    r.add_argument("--threads", type=positive_int, default=None,
                    help="cores the program's engines share (default: all this process may use)")
     d = sub.add_parser("demo", help="compile a small CNN with a plan mixing two backends and check it")
     d.add_argument("--out", default="collage-demo", help="artifact directory (default: ./collage-demo)")
     sub.add_parser("backends", help="list the registered backends")
     measure_cmd.add_parser(sub)
+    tune_cmd.add_parser(sub)
     db_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
     return p
 
 
 COMMANDS = {"compile": _cmd_compile, "run": _cmd_run, "backends": _cmd_backends, "demo": _cmd_demo,
-            "measure": lambda args, _: measure_cmd.run(args), "db": lambda args, _: db_cmd.run(args),
+            "measure": lambda args, _: measure_cmd.run(args),
+            "tune": lambda args, _: tune_cmd.run(args), "db": lambda args, _: db_cmd.run(args),
             "bench": lambda args, _: bench_cmd.run(args)}
 
 

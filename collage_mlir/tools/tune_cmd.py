@@ -1,0 +1,146 @@
+"""`collage tune MODEL --backends B1,B2,... [--budget 10m] [--seed N] [--db PATH] -o PLAN.json`: finds the
+placement with the lowest measured end-to-end time and writes it as a plan, with progress (stage,
+measured/total, cache hits, best plan so far). Every finished measurement is in the cost DB at once, so
+an interrupted tune loses nothing: run it again and it goes on from the DB."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from ..errors import CollageError
+from . import backend_names, load_input_arrays, positive_int
+
+DEFAULT_BUDGET = "10m"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
+
+
+def parse_budget(text: str) -> float:
+    """Seconds from ``600``, ``90s``, ``10m`` or ``1h``; anything else (or <= 0) is a CollageError (exit 2)."""
+    m = _DURATION.match(text)
+    seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)] if m else 0.0
+    if seconds <= 0:
+        raise CollageError(f"budget must be a positive duration such as 600, 90s or 10m, got '{text}'",
+                           where="--budget", exit_code=2)
+    return seconds
+
+
+def parse_backends(text: str | None) -> list:
+    """The named backends (usable here), or every available one when ``text`` is None."""
+    from ..backends import registry
+    from ..search import available_backends
+
+    if text is None:
+        return available_backends()
+    found = []
+    for name in backend_names(text):
+        info = registry().get(name)
+        if info is None or info.backend is None:
+            raise CollageError(f"unknown backend '{name}' (known: {', '.join(sorted(registry()))})",
+                               where="--backends", exit_code=2)
+        if info.problem:
+            raise CollageError(f"backend '{name}' is not usable here: {info.problem}", where="--backends",
+                               exit_code=2)
+        found.append(info.backend)
+    return found
+
+
+def load_model(spec: str, context, inputs: list):
+    """(numbered module, example inputs for @main) from a StableHLO file, or from ``package.module:factory``
+    where ``factory()`` returns ``(torch model, example inputs)``."""
+    from ..ir import load_module
+
+    path = Path(spec)
+    if path.suffix in (".mlir", ".mlirbc") or path.exists() or ":" not in spec:
+        return load_module(spec, context), inputs
+    import importlib
+
+    from ..frontends.torch import import_torch
+
+    mod_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise CollageError(f"cannot load the model factory: {exc}", where=spec, exit_code=2) from None
+    model, example = factory()
+    example = list(example)
+    module = import_torch(model, example, context)
+    return module, inputs or [t.detach().numpy() for t in example]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..measure.db import default_db_path
+
+    t = sub.add_parser("tune", help="find the placement with the lowest measured end-to-end time")
+    t.add_argument("model", help="StableHLO module (.mlir/.mlirbc) or a PyTorch factory package.module:function "
+                                 "returning (model, example inputs)")
+    t.add_argument("--backends", default=None, help="comma-separated backends (default: every available one)")
+    t.add_argument("--budget", default=DEFAULT_BUDGET,
+                   help=f"search time: seconds or a duration such as 90s, 10m (default {DEFAULT_BUDGET}); the "
+                        "finalists' re-measurement runs after it")
+    t.add_argument("--seed", type=int, default=0, help="search seed (same DB + same seed → same plan)")
+    t.add_argument("--db", default=None, help=f"cost database (default: $COLLAGE_DB or {default_db_path()})")
+    t.add_argument("--input", action="append", default=[], help="example input .npy for @main, once per argument")
+    t.add_argument("--jobs", type=positive_int, default=None, help="parallel candidate builds (default: CPU count)")
+    t.add_argument("-o", "--output", required=True, help="plan JSON to write")
+
+
+def tune_model(module, examples: dict, backends: list, budget_s: float, seed: int, db_path: str | None,
+               jobs: int | None = None):
+    """Tunes ``module`` with a rich progress display; returns the TuneResult."""
+    import tempfile
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ..measure.db import CostDB, default_db_path
+    from ..measure.harness import MeasureOptions
+    from ..search.tune import tune
+
+    options = MeasureOptions()
+    if jobs:
+        options.jobs = jobs
+    console = Console(stderr=True)
+    with CostDB(db_path or default_db_path()) as db, tempfile.TemporaryDirectory(prefix="collage-tune-") as work, \
+            Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]:<11}"), BarColumn(), MofNCompleteColumn(),
+                     TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("", total=None, stage="tune")
+
+        def show(stage: str, done: int, total: int | None, note: str) -> None:
+            bar.update(task, stage=stage, completed=done, total=total, description=note)
+
+        return tune(module, backends, db, work, budget_s=budget_s, seed=seed, examples=examples, measure=options,
+                    on_progress=show)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..ir import new_context
+
+    budget = parse_budget(args.budget)
+    backends = parse_backends(args.backends)
+    module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input))
+    result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs)
+    Path(args.output).write_text(json.dumps(result.document, indent=1) + "\n")
+    print_summary(result, args.output)
+    return 0
+
+
+def print_summary(result, output: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    doc = result.document["tuning"]
+
+    def ms(v) -> str:
+        return f"{v * 1e3:.3f}" if v is not None else "-"
+
+    table = Table(title=f"plan {output}: {len(result.plan.regions)} regions ({doc['why']})")
+    for col in ("plan", "regions", "predicted ms", "measured ms"):
+        table.add_column(col, justify="right" if col != "plan" else "left")
+    table.add_row("[bold]tuned", str(len(result.plan.regions)), ms(doc["plan"]["predicted_s"]), ms(doc["plan"]["measured_s"]))
+    table.add_row("dp", str(doc["dp"]["regions"]), ms(doc["dp"]["predicted_s"]), ms(doc["dp"]["measured_s"]))
+    for name, row in doc["single_backend"].items():
+        table.add_row(f"{name} alone", str(row["regions"]), ms(row["predicted_s"]), ms(row["measured_s"]))
+    Console().print(table)
