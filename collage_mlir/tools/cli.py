@@ -138,7 +138,7 @@ def _cmd_backends(args: argparse.Namespace, _: list[str]) -> int:
 def _cmd_demo(args: argparse.Namespace, _: list[str]) -> int:
     from .demo import run_demo
 
-    return run_demo(Path(args.out))
+    return run_demo(Path(args.out), tune_cmd.parse_budget(args.tune) if args.tune else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cores the program's engines share (default: all this process may use)")
     d = sub.add_parser("demo", help="compile a small CNN with a plan mixing two backends and check it")
     d.add_argument("--out", default="collage-demo", help="artifact directory (default: ./collage-demo)")
+    d.add_argument("--tune", metavar="BUDGET", help="place by `collage tune` (search budget such as 2m) instead "
+                                                    "of prefer:onednn,iree-cpu")
     sub.add_parser("backends", help="list the registered backends")
     measure_cmd.add_parser(sub)
     tune_cmd.add_parser(sub)

@@ -22,7 +22,9 @@ def build_cnn():
     ).eval()
 
 
-def run_demo(out: Path) -> int:
+def run_demo(out: Path, tune_budget_s: float | None = None) -> int:
+    """Builds, compiles (by ``prefer:onednn,iree-cpu``, or by a plan `collage tune` finds within
+    ``tune_budget_s`` over iree-cpu and onednn), runs and checks the demo CNN."""
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -38,8 +40,17 @@ def run_demo(out: Path) -> int:
     model = build_cnn()
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     console.print("[bold]1.[/] importing a small CNN through torch-mlir (cached after the first run)")
-    mixed = compile_module(import_torch(model, [x], new_context()), "prefer:onednn,iree-cpu", out / "mixed",
-                           source="demo-cnn")
+    module = import_torch(model, [x], new_context())
+    plan = "prefer:onednn,iree-cpu"
+    if tune_budget_s is not None:
+        from .tune_cmd import print_summary, tune_model
+
+        console.print(f"    tuning its placement over iree-cpu and onednn ({tune_budget_s:.0f} s search budget)")
+        tuned = tune_model(module, {"main": [x.numpy()]}, [get_backend("iree-cpu"), get_backend("onednn")],
+                           tune_budget_s, 0, None)
+        print_summary(tuned, "(demo)")
+        plan = tuned.plan
+    mixed = compile_module(module, plan, out / "mixed", source="demo-cnn")
     console.print("[bold]2.[/] compiling the same model with IREE alone (the reference)")
     alone = compile_module(import_torch(model, [x], new_context()), "default", out / "iree-only", source="demo-cnn")
 
@@ -53,7 +64,7 @@ def run_demo(out: Path) -> int:
     ok = np.allclose(y_mixed, y_ref, rtol=tol.rtol, atol=tol.atol)
     err = float(np.max(np.abs(y_mixed - y_ref)))
 
-    table = Table(title="placement (plan prefer:onednn,iree-cpu)")
+    table = Table(title=f"placement (plan {mixed.plan.source})")
     for col in ("region", "backend", "ops"):
         table.add_column(col)
     for r in mixed.plan.regions:
