@@ -9,8 +9,8 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
   evaluator) — except ``Expand``, which would only make a big constant out of a small one;
 - an ``Expand`` feeding a broadcasting op is dropped when broadcasting gives the same result shape,
   and a splat constant operand shrinks to a scalar (same rule);
-- ``x * 1``, ``x + 0``, ``x - 0``, ``x / 1``, ``Identity``, reshapes to the same shape and chained
-  reshapes collapse;
+- ``x * 1``, ``x + 0``, ``x - 0``, ``x / 1``, ``x and true``, ``x or false``, ``Identity``,
+  reshapes to the same shape, identity transposes, chained reshapes and chained transposes collapse;
 - a per-channel ``Add``/``Sub``/``Mul``/``Div`` by a constant after a ``Conv`` with constant weights
   is folded into the weights and bias (batch norm, bias adds, scales);
 - ``Max(x, 0)`` → ``Relu``, ``Min(Relu(x), 6)`` → ``Clip``, ``MatMul`` + bias ``Add`` → ``Gemm``,
@@ -163,6 +163,8 @@ def _bypass(g: _Graph, node, source: str) -> bool:
 
 
 def _drop_identities(g: _Graph) -> bool:
+    from onnx import helper
+
     changed = False
     neutral = {"Mul": 1.0, "Add": 0.0, "Sub": 0.0, "Div": 1.0}
     for n in list(g.nodes):
@@ -184,6 +186,23 @@ def _drop_identities(g: _Graph) -> bool:
                     not np.any(g.consts[n.input[1]] <= 0):
                 n.input[0] = p.input[0]
                 changed = True
+        elif n.op_type == "Transpose":
+            perm = list(_attr(n, "perm", []))
+            p = g.producer(n.input[0])
+            if perm == sorted(perm):
+                same = n.input[0]
+            elif p is not None and p.op_type == "Transpose":  # compose: out[i] = in[inner[perm[i]]]
+                inner = list(_attr(p, "perm", []))
+                del n.attribute[:]
+                n.attribute.extend([helper.make_attribute("perm", [inner[k] for k in perm])])
+                n.input[0] = p.input[0]
+                changed = True
+        elif n.op_type in ("And", "Or") and len(n.input) == 2:
+            for k in (0, 1):
+                c = g.consts.get(n.input[k])
+                if c is not None and c.dtype == np.bool_ and np.all(c == (n.op_type == "And")) and \
+                        g.shapes.get(n.input[1 - k]) == out:
+                    same = n.input[1 - k]
         elif n.op_type in neutral and len(n.input) == 2:
             for k in ((1,) if n.op_type in ("Sub", "Div") else (0, 1)):
                 x, other = n.input[k], n.input[1 - k]
