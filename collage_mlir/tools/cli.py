@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CollageError
-from . import OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, run_tool, tune_cmd
+from . import (OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, positive_int,
+               run_tool, tune_cmd)
 
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -41,13 +42,6 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text) if text.isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return value
-
-
 def _load_program(out_dir: str, threads: int | None = None):
     import collage_runtime
     from collage_runtime.program import ArtifactError
@@ -59,6 +53,8 @@ def _load_program(out_dir: str, threads: int | None = None):
 
 
 def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
+    if not args.in_process:
+        return _run_isolated(args)
     inputs = load_input_arrays(args.input)
     program = _load_program(args.artifact, args.threads)
     try:
@@ -80,19 +76,41 @@ def _cmd_run(args: argparse.Namespace, _: list[str]) -> int:
     return 0
 
 
+def _run_isolated(args: argparse.Namespace) -> int:
+    """Runs ``collage run`` again in a child process: engines run inside the program's process, and one
+    that crashes (a signal) then costs one error line here instead of the whole CLI without a word."""
+    import signal
+    import subprocess
+
+    argv = [sys.executable, "-m", "collage_mlir.tools.cli", "run", args.artifact, "--function", args.function,
+            "--in-process", *[a for path in args.input for a in ("--input", path)]]
+    if args.output_dir:
+        argv += ["--output-dir", args.output_dir]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    code = subprocess.run(argv, stdin=subprocess.DEVNULL).returncode
+    if code >= 0:
+        return code
+    if -code == signal.SIGINT:
+        raise KeyboardInterrupt
+    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+    raise CollageError(f"the program died of {name} while running '{args.function}' (an engine crashed in a "
+                       "region; `collage run --in-process` shows where)", where=args.artifact)
+
+
 def _invoke(program, function: str, inputs: list[np.ndarray], paths: list[str]) -> tuple[np.ndarray, ...]:
-    from collage_runtime.program import ArtifactError, InputError
+    from collage_runtime.program import ArtifactError, InputError, RegionFailure
 
     try:
         return program.invoke(function, *inputs)
     except InputError as exc:
         where = paths[exc.index] if exc.index is not None and exc.index < len(paths) else "--input"
         raise CollageError(str(exc), where=where, exit_code=2) from None
-    except ArtifactError as exc:
-        raise CollageError(str(exc)) from None
-    except (RuntimeError, ValueError) as exc:
-        raise CollageError(f"running '{function}' failed: {' '.join(str(exc).split())[:300]} "
-                           "(check the number, shapes and dtypes of --input arrays)", where=program.root.name) from None
+    except (ArtifactError, RegionFailure) as exc:
+        raise CollageError(str(exc), where=str(program.root)) from None
+    except (RuntimeError, ValueError) as exc:  # IREE's own run-time errors
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise CollageError(f"running '{function}' failed: {first[:300]}", where=str(program.root)) from None
 
 
 def _pattern_lines(patterns) -> list[str]:
@@ -156,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--function", default="main")
     r.add_argument("--input", action="append", default=[], help=".npy file, once per argument, in order")
     r.add_argument("--output-dir", help="write out_0.npy, out_1.npy, ... here")
-    r.add_argument("--threads", type=_positive_int, default=None,
+    r.add_argument("--in-process", action="store_true",
+                   help="run in this process (default: a child process, so an engine crash is one error line)")
+    r.add_argument("--threads", type=positive_int, default=None,
                    help="cores the program's engines share (default: all this process may use)")
     d = sub.add_parser("demo", help="compile a small CNN with a plan mixing two backends and check it")
     d.add_argument("--out", default="collage-demo", help="artifact directory (default: ./collage-demo)")

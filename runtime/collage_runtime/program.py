@@ -11,7 +11,7 @@ import numpy as np
 
 from .manifest import MANIFEST, ArtifactError, load_manifest
 from .engines import Engines, iree_device, usable_cores
-from .rt_module import create_rt_module
+from .rt_module import RegionFailure, create_rt_module
 from .types import SUB_BYTE_BITS, Signature, TensorSpec, parse_declaration
 
 #: Builds an extra VM module (e.g. IREE's `check` module for conformance tests) on the program's device.
@@ -52,7 +52,8 @@ class Program:
             raise ArtifactError(f"{self.root / self.manifest['module']}: IREE cannot load the module "
                                 f"({' '.join(str(exc).split())[:200]})") from None
         # Keep every module object alive as long as the context: a temporary segfaults later.
-        self._modules = [create_rt_module(device, self.root, self.manifest["regions"], self.engines)]
+        self._failures: list[Exception] = []
+        self._modules = [create_rt_module(device, self.root, self.manifest["regions"], self.engines, self._failures)]
         self._modules += [factory(device) for factory in extra_modules]
         self._context = rt.SystemContext(
             vm_modules=(*self.config.default_vm_modules, *self._modules, self._main), config=self.config
@@ -79,7 +80,13 @@ class Program:
         signature = self._signatures.get(name)
         if signature is not None:
             check_inputs(name, signature, arrays)
-        result = self._functions[name](*[np.require(a, requirements="C") for a in arrays])  # keeps rank 0
+        self._failures.clear()
+        try:
+            result = self._functions[name](*[np.require(a, requirements="C") for a in arrays])  # keeps rank 0
+        except RuntimeError:
+            if self._failures:  # a region's engine raised: say which, in one line
+                raise self._failures[-1] from None
+            raise
         if result is None:
             return ()
         if not isinstance(result, (tuple, list)):

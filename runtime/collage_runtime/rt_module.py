@@ -27,9 +27,37 @@ _HAL_TYPES = {
     "i8": rt.HalElementType.SINT_8, "i16": rt.HalElementType.SINT_16, "i32": rt.HalElementType.SINT_32,
     "i64": rt.HalElementType.SINT_64, "i1": rt.HalElementType.BOOL_8, "ui8": rt.HalElementType.UINT_8,
 }
+_DTYPE_NAMES = {numpy_dtype(name): name for name in _HAL_TYPES}
 
 
-def _region_function(device: rt.HalDevice, run: Run, inputs: list[dict], outputs: list[dict]):
+def _family(hal_type: int) -> tuple[int, int]:
+    """(numerical type, bits) of a HAL element type (``numerical_type << 24 | bits``), integers of any
+    signedness and booleans counted as one numerical type."""
+    numerical = (hal_type >> 24) & 0xFF
+    return (0x10 if numerical in (0x10, 0x11, 0x12, 0x13) else numerical), hal_type & 0xFF
+
+
+class RegionFailure(Exception):
+    """A region's engine raised while serving a call: which region, which backend, what it said."""
+
+    def __init__(self, region: str, backend: str, cause: BaseException):
+        why = " ".join(str(cause).split())[:300]
+        super().__init__(f"region '{region}' ({backend}) failed: {type(cause).__name__}: {why}")
+
+
+def _check_views(region: str, refs, in_specs, view_type) -> None:
+    """Raises unless the program hands the region buffers of the element types and shapes its manifest
+    entry states: the executor reads them with those dtypes, so a mismatch (an edited manifest) would be
+    silently reinterpreted memory."""
+    for k, (ref, (shape, dtype)) in enumerate(zip(refs, in_specs)):
+        bv = ref.deref(view_type)
+        if tuple(bv.shape) != shape or _family(int(bv.element_type)) != _family(int(_HAL_TYPES[_DTYPE_NAMES[dtype]])):
+            raise ArtifactError(f"region '{region}': input {k} is {list(bv.shape)} of HAL type {bv.element_type}, "
+                                f"but the manifest states {list(shape)} {dtype}; recompile the artifact")
+
+
+def _region_function(device: rt.HalDevice, run: Run, region: str, backend: str, inputs: list[dict],
+                     outputs: list[dict], failures: list[Exception]):
     in_specs = [(tuple(s["shape"]), numpy_dtype(s["dtype"])) for s in inputs]
     out_specs = []
     for s in outputs:
@@ -41,15 +69,26 @@ def _region_function(device: rt.HalDevice, run: Run, inputs: list[dict], outputs
     usage = rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING
     view_type, ndarray = rt.HalBufferView, np.ndarray
 
+    unchecked = [True]
+
     def call(_state, *refs):
-        # ndarray over the mapping's buffer protocol: ~1 µs, where MappedMemory.asarray takes ~3-8 µs.
-        arrays = [ndarray(shape, dtype, ref.deref(view_type).map()) for ref, (shape, dtype) in zip(refs, in_specs)]
-        views, outs = [], []
-        for shape, dtype, hal_type, nbytes in out_specs:
-            buf = allocate(memory_type=mem, allowed_usage=usage, allocation_size=nbytes)
-            views.append(view_type(buf, shape, hal_type).ref)
-            outs.append(ndarray(shape, dtype, buf.map()))
-        run(arrays, outs)
+        try:
+            if unchecked:  # the compiled program's buffer types never change: checking the first call is enough
+                _check_views(region, refs, in_specs, view_type)
+                unchecked.clear()
+            # ndarray over the mapping's buffer protocol: ~1 µs, where MappedMemory.asarray takes ~3-8 µs.
+            arrays = [ndarray(shape, dtype, ref.deref(view_type).map()) for ref, (shape, dtype) in zip(refs, in_specs)]
+            views, outs = [], []
+            for shape, dtype, hal_type, nbytes in out_specs:
+                buf = allocate(memory_type=mem, allowed_usage=usage, allocation_size=nbytes)
+                views.append(view_type(buf, shape, hal_type).ref)
+                outs.append(ndarray(shape, dtype, buf.map()))
+            run(arrays, outs)
+        except Exception as exc:
+            # IREE turns the exception into a RuntimeError with the Python traceback folded into its
+            # text; the program reports this one line instead (Program.invoke).
+            failures.append(exc if isinstance(exc, ArtifactError) else RegionFailure(region, backend, exc))
+            raise
         return views[0] if len(views) == 1 else tuple(views)
 
     signature = "0" + ("r" * len(inputs) or "v") + "_" + ("r" * len(outputs) or "v")
@@ -66,8 +105,10 @@ def load_executor(root: Path, region: dict, engines: Engines) -> Run:
     return loader(confined(root, region.get("artifact"), f"region '{name}' artifact"), engines)
 
 
-def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engines: Engines) -> rt.VmModule:
-    """Builds the ``collage_rt`` module serving ``regions`` (manifest entries of library regions)."""
+def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engines: Engines,
+                     failures: list[Exception]) -> rt.VmModule:
+    """Builds the ``collage_rt`` module serving ``regions`` (manifest entries of library regions); what a
+    region raises while serving a call is appended to ``failures`` before IREE sees it."""
 
     class State:
         def __init__(self, iface):
@@ -75,7 +116,7 @@ def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engi
 
     iface = rt.PyModuleInterface("collage_rt", State)
     for region in regions:
-        fn, signature = _region_function(device, load_executor(root, region, engines), region["inputs"],
-                                         region["outputs"])
+        fn, signature = _region_function(device, load_executor(root, region, engines), region["name"],
+                                         str(region.get("backend")), region["inputs"], region["outputs"], failures)
         iface.export(region["name"], signature, fn)
     return iface.create()

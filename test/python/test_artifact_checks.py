@@ -234,3 +234,31 @@ def test_db_reading_commands_never_create_a_database(tmp_path):
         r = collage("db", *cmd, "--db", str(missing))
         assert r.returncode == 1 and "no cost database here" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert not missing.parent.exists()
+
+
+FAULTY = Path(__file__).resolve().parent / "faulty"
+ADD = """
+func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.add %a, %b : tensor<4xf32>
+  %1 = stablehlo.tanh %0 : tensor<4xf32>
+  return %1 : tensor<4xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("backend, message", [
+    ("faulty-raise", "region 'r' (faulty-raise) failed: ValueError: the engine refused this input"),
+    ("faulty-crash", "the program died of SIGABRT while running 'main'"),
+])
+def test_an_engine_failing_at_run_time_is_one_line(backend, message, tmp_path, monkeypatch):
+    """Fault injection: a region's engine raising, or crashing the process, inside a built artifact."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTY), os.environ.get("PYTHONPATH", "")]))
+    (tmp_path / "m.mlir").write_text(ADD)
+    (tmp_path / "plan.json").write_text(json.dumps({"format": "collage-plan", "version": 1, "regions": [
+        {"name": "r", "backend": backend, "ops": [0]}]}))
+    r = collage("compile", str(tmp_path / "m.mlir"), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    for k in (0, 1):
+        np.save(tmp_path / f"x{k}.npy", np.ones(4, np.float32))
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x0.npy"), "--input", str(tmp_path / "x1.npy"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr and not r.stdout, r.stderr

@@ -1,6 +1,7 @@
 """A backend that fails on purpose, registered by test_measure through its own entry points (this
 directory holds a dist-info): ``faulty-crash`` aborts the process when run, ``faulty-hang`` never
-returns, ``faulty-wrong`` returns results off by one, ``faulty-build`` fails to build."""
+returns, ``faulty-wrong`` returns results off by one, ``faulty-build`` fails to build, ``faulty-raise`` raises when
+run. Its executor is registered the same way (``collage_runtime.executors``)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,7 @@ class Wrong(_Faulty):
 
 class BuildFails(_Faulty):
     name, mode = "faulty-build", "build"
+
+
+class Raise(_Faulty):
+    name, mode = "faulty-raise", "raise"

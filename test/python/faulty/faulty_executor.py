@@ -7,12 +7,14 @@ import time
 import numpy as np
 
 
-def load(path):
+def load(path, engines=None):
     spec = json.loads(open(path).read())
 
     def run(inputs, outputs):
         if spec["mode"] == "crash":
             os.abort()
+        if spec["mode"] == "raise":
+            raise ValueError("the engine refused this input")
         if spec["mode"] == "hang":
             time.sleep(3600)
         fn = np.add if spec["op"] == "stablehlo.add" else np.multiply
