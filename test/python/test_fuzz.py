@@ -150,7 +150,8 @@ def _reference(root: Path, arrays: list[np.ndarray]):
 def _check_run(root: Path, artifact: Path, inputs: list[Path], work: Path) -> None:
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
-    rc, err = cli("run", str(artifact), *[a for p in inputs for a in ("--input", str(p))], "--output-dir", str(out))
+    rc, err = cli("run", str(artifact), "--in-process", *[a for p in inputs for a in ("--input", str(p))],
+                  "--output-dir", str(out))
     if rc != 0:
         assert_clean_failure(rc, err)
         return
