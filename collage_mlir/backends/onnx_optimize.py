@@ -14,7 +14,9 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
 - a per-channel ``Add``/``Sub``/``Mul``/``Div`` by a constant after a ``Conv`` with constant weights
   is folded into the weights and bias (batch norm, bias adds, scales);
 - ``Max(x, 0)`` → ``Relu``, ``Min(Relu(x), 6)`` → ``Clip``, ``MatMul`` + bias ``Add`` → ``Gemm``,
-  ``ReduceSum`` divided by the count it summed → ``ReduceMean``.
+  ``ReduceSum`` divided by the count it summed → ``ReduceMean``, max-subtracted exp over its sum →
+  ``Softmax``, and any elementwise subgraph that computes GELU (torch-mlir writes ~30 ops of an erf
+  approximation; recognised by evaluation, ``epilogue.classify``) → the erf form both engines fuse.
 
 Every rewrite keeps each surviving value's name and shape, so the graph's outputs never change.
 """
@@ -74,10 +76,11 @@ def optimize(model):
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     shapes.update({k: tuple(v.shape) for k, v in consts.items()})
     g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output})
-    rules = (_fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations, _gemm, _mean)
+    # Pruning first: dead readers would break the single-user checks of the fusions.
+    rules = (_prune, _fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations, _gemm, _mean,
+             _softmax, _gelu)
     while any([rule(g) for rule in rules]):
         pass
-    _prune(g)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
@@ -336,14 +339,134 @@ def _mean(g: _Graph) -> bool:
     return changed
 
 
-def _prune(g: _Graph) -> None:
-    """Drops nodes and initializers nothing needed reads."""
+def _users_index(g: _Graph) -> dict[str, list]:
+    users: dict[str, list] = {}
+    for n in g.nodes:
+        for x in set(n.input):
+            users.setdefault(x, []).append(n)
+    return users
+
+
+def _softmax(g: _Graph) -> bool:
+    """``Div(e, Reshape(ReduceSum(e)))`` with ``e = Exp(Sub(x, Reshape(ReduceMax(x))))`` over one axis."""
+    from onnx import helper
+
+    users = _users_index(g)
+
+    def only(name: str, op_type: str):
+        n = g.producer(name)
+        ok = n is not None and n.op_type == op_type and len(users.get(n.output[0], [])) == 1 and \
+            n.output[0] not in g.outputs
+        return n if ok else None
+
+    def reduced(name: str, op_type: str, x: str):
+        """The reduction axis when ``name`` is Reshape(op_type(x, [axis], keepdims=0)) back to x's rank."""
+        r = only(name, "Reshape")
+        red = r and only(r.input[0], op_type)
+        if not red or red.input[0] != x or len(red.input) < 2 or red.input[1] not in g.consts:
+            return None
+        axes = g.consts[red.input[1]].reshape(-1)
+        shape = g.shapes.get(x)
+        if shape is None or len(axes) != 1 or g.shapes.get(r.output[0]) != \
+                tuple(1 if k == axes[0] % len(shape) else d for k, d in enumerate(shape)):
+            return None
+        return int(axes[0]) % len(shape), [r, red]
+
+    for div in list(g.nodes):
+        if div.op_type != "Div":
+            continue
+        exp = g.producer(div.input[0])
+        if exp is None or exp.op_type != "Exp" or len(users.get(exp.output[0], [])) != 2 or exp.output[0] in g.outputs:
+            continue
+        sub = only(exp.input[0], "Sub")
+        if sub is None:
+            continue
+        x = sub.input[0]
+        total, top = reduced(div.input[1], "ReduceSum", exp.output[0]), reduced(sub.input[1], "ReduceMax", x)
+        if not total or not top or total[0] != top[0]:
+            continue
+        for n in [exp, sub] + total[1] + top[1]:
+            g.nodes.remove(n)
+        g.nodes[g.nodes.index(div)] = helper.make_node("Softmax", [x], list(div.output), name=div.name, axis=top[0])
+        return True
+    return False
+
+
+#: Elementwise ONNX ops an activation subgraph may hold (single input plus scalar constants).
+ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Clip", "Tanh", "Erf", "Sigmoid",
+                         "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal"})
+#: How many nodes past a value the GELU search looks (torch-mlir's erf approximation is ~30).
+WINDOW = 48
+
+
+def _evaluate(g: _Graph, nodes: list, x: str, probe: np.ndarray) -> np.ndarray | None:
+    from onnx.reference import ReferenceEvaluator
+
+    env = {x: probe}
+    try:
+        with np.errstate(all="ignore"):
+            for n in nodes:
+                feeds = {i: env[i] if i in env else g.consts[i].astype(probe.dtype).reshape(()) for i in n.input if i}
+                env[n.output[0]] = ReferenceEvaluator(n).run(None, feeds)[0]
+    except (KeyError, ValueError, TypeError):
+        return None
+    return np.asarray(env[nodes[-1].output[0]], dtype=np.float64)
+
+
+def _gelu(g: _Graph) -> bool:
+    from onnx import helper
+
+    from .epilogue import _PROBE, classify
+
+    users = _users_index(g)
+    for k, start in enumerate(g.nodes):
+        x = start.output[0]
+        if not any(u.op_type in ELEMENTWISE for u in users.get(x, [])):
+            continue
+        live, taken, best = {x}, [], None
+        for n in g.nodes[k + 1:k + 1 + WINDOW]:
+            ins = [i for i in n.input if i]
+            if n.op_type not in ELEMENTWISE or not any(i in live for i in ins) or \
+                    not all(i in live or (i in g.consts and g.consts[i].size == 1) for i in ins):
+                continue
+            taken.append(n)
+            live.add(n.output[0])
+            inside = {id(t) for t in taken}
+            escaping = {v for v in live if v in g.outputs or any(id(u) not in inside for u in users.get(v, []))}
+            if len(taken) > 5 and escaping == {n.output[0]} and g.shapes.get(n.output[0]) == g.shapes.get(x):
+                f = _evaluate(g, taken, x, _PROBE)
+                act = classify(f) if f is not None else None
+                if act is not None and act.name == "gelu" and act.algorithm == "none":
+                    best = list(taken)
+        if best is None:
+            continue
+        dtype = next(g.consts[i].dtype for n in best for i in n.input if i in g.consts)
+        c = {v: g.fresh_const(np.asarray(v, dtype), "gelu") for v in (np.sqrt(2.0), 1.0, 0.5)}
+        out = best[-1].output[0]
+        names = [f"{out}_gelu{j}" for j in range(4)]
+        canonical = [helper.make_node("Div", [x, c[np.sqrt(2.0)]], [names[0]], name=names[0]),
+                     helper.make_node("Erf", [names[0]], [names[1]], name=names[1]),
+                     helper.make_node("Add", [names[1], c[1.0]], [names[2]], name=names[2]),
+                     helper.make_node("Mul", [x, names[2]], [names[3]], name=names[3]),
+                     helper.make_node("Mul", [names[3], c[0.5]], [out], name=out)]
+        at = g.nodes.index(best[-1])
+        g.nodes[at:at + 1] = canonical
+        for n in best[:-1]:
+            g.nodes.remove(n)
+        return True
+    return False
+
+
+def _prune(g: _Graph) -> bool:
+    """Drops nodes and initializers nothing needed reads; True when it dropped a node."""
     live = set(g.outputs)
     keep = []
     for n in reversed(g.nodes):
         if any(o in live for o in n.output):
             keep.append(n)
             live.update(x for x in n.input if x)
+    changed = len(keep) != len(g.nodes)
     g.nodes[:] = reversed(keep)
     for name in [k for k in g.consts if k not in live]:
         del g.consts[name]
+    return changed

@@ -131,6 +131,22 @@ def test_resnet_onnx_is_as_small_as_torch_export(torch):
         np.testing.assert_allclose(session.run(None, {"in0": x.numpy()})[0], want, rtol=1e-4, atol=1e-5)
 
 
+def test_encoder_onnx_has_the_fused_forms(torch):
+    """Softmax and GELU come out as the forms ORT and OpenVINO fuse (GELU found by evaluation of
+    torch-mlir's 30-op erf approximation); the simplified graph computes the same."""
+    ort = pytest.importorskip("onnxruntime")
+    model, ids = encoder()
+    module = import_torch(model, [ids], new_context())
+    raw, simple = translate(_main(module), simplify=False), translate(_main(module))
+    ops = collections.Counter(n.op_type for n in simple.graph.node)
+    assert ops["Softmax"] == 1 and ops["Erf"] == 1 and ops["Gather"] >= 1, ops
+    assert len(simple.graph.node) < len(raw.graph.node) / 2, (len(simple.graph.node), len(raw.graph.node))
+    with torch.no_grad():
+        want = model(ids).numpy()
+    session = ort.InferenceSession(simple.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"in0": ids.numpy()})[0], want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def references(torch, tmp_path_factory):
     """Per model: (input, IREE-alone output)."""
