@@ -16,7 +16,9 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
 - ``Max(x, 0)`` → ``Relu``, ``Min(Relu(x), 6)`` → ``Clip``, ``MatMul`` + bias ``Add`` → ``Gemm``,
   ``ReduceSum`` divided by the count it summed → ``ReduceMean``, max-subtracted exp over its sum →
   ``Softmax``, and any elementwise subgraph that computes GELU (torch-mlir writes ~30 ops of an erf
-  approximation; recognised by evaluation, ``epilogue.classify``) → the erf form both engines fuse.
+  approximation; recognised by evaluation, ``epilogue.classify``) → the erf form both engines fuse,
+  and any subgraph that evaluates to a layer norm over the last axis (plus its scale and shift)
+  → ``LayerNormalization``.
 
 Every rewrite keeps each surviving value's name and shape, so the graph's outputs never change.
 """
@@ -40,6 +42,8 @@ class _Graph:
     consts: dict[str, np.ndarray]
     shapes: dict[str, tuple[int, ...]]
     outputs: set[str]
+    #: ONNX element type (TensorProto number) of each value shape inference typed.
+    types: dict[str, int] = field(default_factory=dict)
     count: int = field(default=0)
 
     def users(self, name: str) -> list:
@@ -68,17 +72,18 @@ def optimize(model):
     from onnx import numpy_helper
 
     inferred = onnx.shape_inference.infer_shapes(model)
-    shapes = {}
+    shapes, types = {}, {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        types[vi.name] = vi.type.tensor_type.elem_type
         dims = vi.type.tensor_type.shape.dim
         if all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(d.dim_value for d in dims)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     shapes.update({k: tuple(v.shape) for k, v in consts.items()})
-    g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output})
+    g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output}, types)
     # Pruning first: dead readers would break the single-user checks of the fusions.
     rules = (_prune, _fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations, _gemm, _mean,
-             _softmax, _gelu)
+             _softmax, _gelu, _layer_norm)
     while any([rule(g) for rule in rules]):
         pass
     out = onnx.ModelProto()
@@ -399,18 +404,52 @@ ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Clip"
 WINDOW = 48
 
 
-def _evaluate(g: _Graph, nodes: list, x: str, probe: np.ndarray) -> np.ndarray | None:
+#: Ops a layer-norm subgraph may hold besides the elementwise ones.
+NORMALIZING = ELEMENTWISE | {"ReduceMean", "ReduceSum", "Reshape", "Cast", "Pow"}
+
+
+def _evaluate(g: _Graph, nodes: list, x: str, probe: np.ndarray, scalars: bool) -> np.ndarray | None:
+    """The last node's output with ``x`` = ``probe`` (scalar constants as 0-d arrays when ``scalars``)."""
     from onnx.reference import ReferenceEvaluator
 
     env = {x: probe}
     try:
         with np.errstate(all="ignore"):
             for n in nodes:
-                feeds = {i: env[i] if i in env else g.consts[i].astype(probe.dtype).reshape(()) for i in n.input if i}
+                feeds = {i: env[i] if i in env else
+                         (g.consts[i].astype(probe.dtype).reshape(()) if scalars else g.consts[i])
+                         for i in n.input if i}
                 env[n.output[0]] = ReferenceEvaluator(n).run(None, feeds)[0]
     except (KeyError, ValueError, TypeError):
         return None
     return np.asarray(env[nodes[-1].output[0]], dtype=np.float64)
+
+
+def _subgraphs(g: _Graph, k: int, allowed: frozenset, users: dict, const_ok):
+    """Growing sets of the nodes after ``g.nodes[k]`` that read only its output ``x``, each other and
+    constants (``const_ok``), yielded (as lists, graph order) whenever exactly one value leaves the set
+    and it has ``x``'s shape."""
+    x = g.nodes[k].output[0]
+    live, taken = {x}, []
+    for n in g.nodes[k + 1:k + 1 + WINDOW]:
+        ins = [i for i in n.input if i]
+        if n.op_type not in allowed or not any(i in live for i in ins) or \
+                not all(i in live or (i in g.consts and const_ok(g.consts[i])) for i in ins):
+            continue
+        taken.append(n)
+        live.add(n.output[0])
+        inside = {id(t) for t in taken}
+        escaping = {v for v in live if v in g.outputs or any(id(u) not in inside for u in users.get(v, []))}
+        if escaping == {n.output[0]} and g.shapes.get(n.output[0]) == g.shapes.get(x):
+            yield list(taken)
+
+
+def _replace(g: _Graph, old: list, new: list) -> None:
+    """Puts ``new`` where the last of ``old`` was (it writes the same output) and drops ``old``."""
+    at = g.nodes.index(old[-1])
+    g.nodes[at:at + 1] = new
+    for n in old[:-1]:
+        g.nodes.remove(n)
 
 
 def _gelu(g: _Graph) -> bool:
@@ -423,36 +462,82 @@ def _gelu(g: _Graph) -> bool:
         x = start.output[0]
         if not any(u.op_type in ELEMENTWISE for u in users.get(x, [])):
             continue
-        live, taken, best = {x}, [], None
-        for n in g.nodes[k + 1:k + 1 + WINDOW]:
-            ins = [i for i in n.input if i]
-            if n.op_type not in ELEMENTWISE or not any(i in live for i in ins) or \
-                    not all(i in live or (i in g.consts and g.consts[i].size == 1) for i in ins):
-                continue
-            taken.append(n)
-            live.add(n.output[0])
-            inside = {id(t) for t in taken}
-            escaping = {v for v in live if v in g.outputs or any(id(u) not in inside for u in users.get(v, []))}
-            if len(taken) > 5 and escaping == {n.output[0]} and g.shapes.get(n.output[0]) == g.shapes.get(x):
-                f = _evaluate(g, taken, x, _PROBE)
-                act = classify(f) if f is not None else None
-                if act is not None and act.name == "gelu" and act.algorithm == "none":
-                    best = list(taken)
+        best = None
+        for taken in _subgraphs(g, k, ELEMENTWISE, users, lambda c: c.size == 1):
+            f = _evaluate(g, taken, x, _PROBE, scalars=True) if len(taken) > 5 else None
+            act = classify(f) if f is not None else None
+            if act is not None and act.name == "gelu" and act.algorithm == "none":
+                best = taken
         if best is None:
             continue
         dtype = next(g.consts[i].dtype for n in best for i in n.input if i in g.consts)
         c = {v: g.fresh_const(np.asarray(v, dtype), "gelu") for v in (np.sqrt(2.0), 1.0, 0.5)}
         out = best[-1].output[0]
         names = [f"{out}_gelu{j}" for j in range(4)]
-        canonical = [helper.make_node("Div", [x, c[np.sqrt(2.0)]], [names[0]], name=names[0]),
-                     helper.make_node("Erf", [names[0]], [names[1]], name=names[1]),
-                     helper.make_node("Add", [names[1], c[1.0]], [names[2]], name=names[2]),
-                     helper.make_node("Mul", [x, names[2]], [names[3]], name=names[3]),
-                     helper.make_node("Mul", [names[3], c[0.5]], [out], name=out)]
-        at = g.nodes.index(best[-1])
-        g.nodes[at:at + 1] = canonical
-        for n in best[:-1]:
-            g.nodes.remove(n)
+        _replace(g, best, [helper.make_node("Div", [x, c[np.sqrt(2.0)]], [names[0]], name=names[0]),
+                           helper.make_node("Erf", [names[0]], [names[1]], name=names[1]),
+                           helper.make_node("Add", [names[1], c[1.0]], [names[2]], name=names[2]),
+                           helper.make_node("Mul", [x, names[2]], [names[3]], name=names[3]),
+                           helper.make_node("Mul", [names[3], c[0.5]], [out], name=out)])
+        return True
+    return False
+
+
+def _layer_norm(g: _Graph) -> bool:
+    """A subgraph reading one f32 value that evaluates to its layer norm over the last axis (any
+    spelling: torch-mlir computes the variance in f64), then an optional per-feature scale and shift,
+    → ``LayerNormalization``. The epsilon is the scalar constant the subgraph adds that makes it match."""
+    import onnx
+    from onnx import helper
+
+    users = _users_index(g)
+    rng = np.random.default_rng(0)
+    for k, start in enumerate(g.nodes):
+        x = start.output[0]
+        shape = g.shapes.get(x)
+        if not shape or g.types.get(x) != onnx.TensorProto.FLOAT or \
+                not any(u.op_type in ("ReduceMean", "ReduceSum", "Cast") for u in users.get(x, [])):
+            continue
+        probe = (rng.standard_normal(shape) * 3.0 + 1.0).astype(np.float32)
+        found = None
+        for taken in _subgraphs(g, k, NORMALIZING, users, lambda c: True):
+            if not any(n.op_type in ("ReduceMean", "ReduceSum") for n in taken) or len(taken) < 5:
+                continue
+            f = _evaluate(g, taken, x, probe, scalars=False)
+            if f is None:
+                continue
+            p64 = probe.astype(np.float64)
+            centred = p64 - p64.mean(-1, keepdims=True)
+            for eps in {float(g.consts[i].reshape(-1)[0]) for n in taken for i in n.input
+                        if i in g.consts and g.consts[i].size == 1 and g.consts[i].dtype.kind == "f"}:
+                want = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + eps)
+                if np.allclose(f, want, rtol=1e-5, atol=1e-5):
+                    found = (taken, eps)
+                    break
+            if found:
+                break
+        if found is None:
+            continue
+        taken, eps = found
+        width = shape[-1]
+        scale, bias = np.ones(width, np.float32), np.zeros(width, np.float32)
+        for op_type in ("Mul", "Add"):  # the affine part, when per-feature constants follow
+            after = users.get(taken[-1].output[0], [])
+            if len(after) != 1 or after[0].op_type != op_type or taken[-1].output[0] in g.outputs:
+                break
+            other = next((i for i in after[0].input if i != taken[-1].output[0]), None)
+            c = g.consts.get(other)
+            if c is None or c.size != width or g.shapes.get(after[0].output[0]) != shape:
+                break
+            if op_type == "Mul":
+                scale = c.reshape(-1).astype(np.float32)
+            else:
+                bias = c.reshape(-1).astype(np.float32)
+            taken = taken + after
+        out = taken[-1].output[0]
+        _replace(g, taken, [helper.make_node("LayerNormalization", [x, g.fresh_const(scale, "ln_scale"),
+                                                                     g.fresh_const(bias, "ln_bias")],
+                                             [out], name=out, axis=-1, epsilon=eps)])
         return True
     return False
 
