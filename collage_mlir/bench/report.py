@@ -109,7 +109,9 @@ def to_markdown(result: BenchResult, command: str) -> str:
                      + f" | {best.name if best else '—'} | {f'{ratio:.2f}x' if ratio else '—'} | {gflops} |")
     g = geomean_ratio(result)
     lines += ["", f"Geomean of collage over the best peer: **{g:.2f}x**" if g else "Geomean: no model has a ratio.", ""]
-    lines += ["Compile time (s, from nothing to the first result; the torch-mlir import is cached and not counted):",
+    lines += ["Compile time (s, from nothing to the first result; the torch-mlir import, done once before, is not "
+              "counted: " + ", ".join(f"{m.model} {m.import_s:.1f} s" for m in result.models if m.import_s is not None)
+              + "):",
               "", "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for m in result.models:
         lines.append(f"| {m.model} | " + " | ".join(
@@ -141,17 +143,19 @@ def to_png(result: BenchResult, path: Path) -> None:
                                    gridspec_kw={"width_ratios": [3, 1]})
     width = 0.8 / max(len(names), 1)
     for k, n in enumerate(names):
-        xs, ys = [], []
+        bars = []  # (x, latency / best peer's, ms)
         for i, m in enumerate(models):
             c, best = m.result(n), m.best(peers(result)) or m.best(names)
             if c and c.median_ms is not None and best and c.status is Status.OK:
-                xs.append(i + (k - (len(names) - 1) / 2) * width)
-                ys.append(c.median_ms / best.median_ms)
-        ax1.bar(xs, ys, width, label=n, hatch="//" if n == COLLAGE else None)
+                bars.append((i + (k - (len(names) - 1) / 2) * width, c.median_ms / best.median_ms, c.median_ms))
+        ax1.bar([b[0] for b in bars], [b[1] for b in bars], width, label=n, hatch="//" if n == COLLAGE else None)
+        for x, y, ms in bars:
+            ax1.annotate(f"{ms:.3g}", (x, y), ha="center", va="bottom", fontsize=6, rotation=90)
     ax1.set_yscale("log")
+    ax1.set_ylim(bottom=0.5)  # the best peer's bar (1.0) stays visible
     ax1.axhline(1.0, color="black", linewidth=0.8)
     ax1.set_xticks(range(len(models)), [m.model for m in models], rotation=20)
-    ax1.set_ylabel("latency / best peer's (lower is better)")
+    ax1.set_ylabel("latency / best peer's (lower is better; labels: ms)")
     ax1.legend(fontsize=7, ncol=2)
     ax1.set_title(f"{result.options.threads} threads, median of interleaved runs")
     ratios = [m.ratio(COLLAGE, peers(result)) or 0.0 for m in models]

@@ -73,6 +73,7 @@ class ModelResult:
     gflop: float
     contenders: list[ContenderResult]
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after the timing
+    import_s: float | None = None  # torch-mlir import (~0 from the cache), not in any compile time
 
     def result(self, name: str) -> ContenderResult | None:
         return next((c for c in self.contenders if c.name == name), None)
@@ -103,8 +104,9 @@ def _one_line(text: str, limit: int = 240) -> str:
 
 
 def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: Path,
-                log: Callable[[str], None] = print) -> ModelResult:
-    """Sets up, checks and times ``names`` on the zoo model ``model``; workers are stopped at the end."""
+                log: Callable[[str], None] = print, plan: str | None = None) -> ModelResult:
+    """Sets up, checks and times ``names`` on the zoo model ``model`` (the collage contender by ``plan``,
+    else ``options.plan``); workers are stopped at the end."""
     from .. import zoo
 
     entry = zoo.get(model)
@@ -115,17 +117,18 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
         ref_file = work / "reference.npz"
         ref_worker = Worker(f"bench-{model}-reference", work)
         workers[REFERENCE] = ref_worker
-        info = ref_worker.call(f"{TASKS}:model_info", options.setup_timeout_s, model=model, small=options.small)
+        info = ref_worker.call(f"{TASKS}:model_info", options.setup_timeout_s, model=model, small=options.small,
+                               stablehlo=any(CONTENDERS[n].compiles_stablehlo for n in names))
         if not info.ok:
             raise CollageError(f"{model}: PyTorch eager reference failed: {_one_line(info.message)}")
-        gflop = info.value["flop"] / 1e9
+        gflop, import_s = info.value["flop"] / 1e9, info.value["import_s"]
         for n in [REFERENCE] + [n for n in names if n != REFERENCE]:
             worker = workers.setdefault(n, Worker(f"bench-{model}-{n}", work))
             out_file = ref_file if n == REFERENCE else work / f"{n}.npz"
             log(f"{model}: setting up {n} ...")
             outcome = worker.call(f"{TASKS}:prepare", options.setup_timeout_s, contender=n, model=model,
                                   small=options.small, threads=options.threads, work_dir=str(work / n),
-                                  plan=options.plan, outputs_file=str(out_file))
+                                  plan=plan or options.plan, outputs_file=str(out_file))
             if n == REFERENCE and not outcome.ok:
                 raise CollageError(f"{model}: PyTorch eager reference failed: {_one_line(outcome.message)}")
             if n not in results:
@@ -151,7 +154,7 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
             q25, q50, q75 = np.percentile(np.asarray(times) * 1e3, [25, 50, 75])
             res.median_ms, res.p25_ms, res.p75_ms, res.calls = float(q50), float(q25), float(q75), len(times)
         return ModelResult(model, entry.small_description if options.small else entry.description, gflop,
-                           [results[n] for n in names], load_avg)
+                           [results[n] for n in names], load_avg, import_s)
     finally:
         for w in workers.values():
             w.stop()
@@ -189,8 +192,9 @@ def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict
 
 
 def run_bench(models: Sequence[str], names: Sequence[str], options: BenchOptions, work_dir: str | Path,
-              log: Callable[[str], None] = print) -> BenchResult:
-    """Benchmarks each zoo model against the contenders ``names`` (collage among them, or not)."""
+              log: Callable[[str], None] = print, plans: dict[str, str] | None = None) -> BenchResult:
+    """Benchmarks each zoo model against the contenders ``names`` (collage among them, or not); the
+    collage contender runs ``plans[model]`` where given, else ``options.plan``."""
     from .. import zoo
 
     for m in models:
@@ -200,5 +204,5 @@ def run_bench(models: Sequence[str], names: Sequence[str], options: BenchOptions
         raise CollageError(f"unknown contender '{unknown[0]}' (known: {', '.join(CONTENDERS)})", where="--vs")
     result = BenchResult(options, list(names))
     for m in models:
-        result.models.append(bench_model(m, names, options, Path(work_dir) / m, log))
+        result.models.append(bench_model(m, names, options, Path(work_dir) / m, log, (plans or {}).get(m)))
     return result

@@ -56,8 +56,16 @@ def sample(seconds: float, min_calls: int = 1) -> list[float]:
     return times
 
 
-def model_info(model: str, small: bool) -> dict:
-    """The zoo model's floating-point operations per inference (see ``zoo.flops``)."""
+def model_info(model: str, small: bool, stablehlo: bool) -> dict:
+    """The zoo model's floating-point operations per inference (see ``zoo.flops``) and, with ``stablehlo``,
+    the seconds its torch-mlir import took (~0 when cached): done once here so that no contender's
+    compile time includes it."""
     from .. import zoo
+    from ..ir import new_context
 
-    return {"flop": zoo.flops(model, small)}
+    info = {"flop": zoo.flops(model, small), "import_s": None}
+    if stablehlo:
+        t0 = time.perf_counter()
+        zoo.import_stablehlo(model, new_context(), small)
+        info["import_s"] = time.perf_counter() - t0
+    return info

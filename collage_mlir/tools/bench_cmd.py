@@ -22,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--plan", default="default",
                    help="the collage contender's plan: default | prefer:B1,B2 | random:SEED | PLAN.json "
                         "(a JSON plan is for one model)")
+    b.add_argument("--tune", metavar="BUDGET", default=None,
+                   help="tune each model first (`collage tune` on every available backend with this budget: "
+                        "90s, 10m; the default cost DB) and bench the tuned plan, written to OUT/NAME_MODEL.plan.json")
     b.add_argument("--vs", default=",".join(PEERS), help=f"comma-separated peers (default: {','.join(PEERS)})")
     b.add_argument("--threads", type=int, default=2, help="threads of every contender (default 2)")
     b.add_argument("--seconds", type=float, default=20.0,
@@ -43,14 +46,43 @@ def run(args: argparse.Namespace) -> int:
         raise CollageError(f"--threads must be at least 1, got {args.threads}")
     if len(args.models) > 1 and args.plan.endswith(".json"):
         raise CollageError("a JSON plan names op ids of one model: bench one model with it", where="--plan")
-    options = BenchOptions(threads=args.threads, seconds=args.seconds, rtol=args.rtol, plan=args.plan,
+    if args.tune and args.plan != "default":
+        raise CollageError("--tune and --plan both choose the collage contender's plan: give one", where="--tune")
+    plans = _tune(args) if args.tune else {}
+    options = BenchOptions(threads=args.threads, seconds=args.seconds, rtol=args.rtol,
+                           plan=f"tuned, --tune {args.tune}" if args.tune else args.plan,
                            small=args.small)
     with tempfile.TemporaryDirectory(prefix="collage-bench-") as work:
         result = run_bench(args.models, [COLLAGE, *dict.fromkeys(p for p in peers if p != COLLAGE)], options, work,
-                           log=lambda line: print(line, file=sys.stderr, flush=True))
+                           log=lambda line: print(line, file=sys.stderr, flush=True), plans=plans)
     command = "collage " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if Path(sys.argv[0]).name == "collage" \
         else "collage bench " + " ".join(shlex.quote(a) for a in args.models)
     paths = report.write(result, args.output, args.name, command)
     print(report.to_markdown(result, command))
     print("wrote " + ", ".join(map(str, paths)))
     return 0
+
+
+def _tune(args: argparse.Namespace) -> dict[str, str]:
+    """Tunes each model (`collage tune`'s search, its progress display) before any contender starts;
+    returns model → the tuned plan document's path."""
+    import json
+
+    from .. import zoo
+    from ..ir import new_context
+    from . import tune_cmd
+
+    budget = tune_cmd.parse_budget(args.tune)
+    backends = tune_cmd.parse_backends(None)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    plans = {}
+    for m in args.models:
+        module = zoo.import_stablehlo(m, new_context(), args.small)
+        _, inputs = zoo.build(m, args.small)
+        result = tune_cmd.tune_model(module, {"main": [x.numpy() for x in inputs]}, backends, budget, 0, None)
+        path = out / f"{args.name}_{m}.plan.json"
+        path.write_text(json.dumps(result.document, indent=1) + "\n")
+        tune_cmd.print_summary(result, str(path))
+        plans[m] = str(path)
+    return plans

@@ -36,7 +36,10 @@ def test_zoo_small_variant_runs_under_iree_alone(name, torch, tmp_path):
         got = program.invoke("main", *[x.numpy() for x in inputs])
     check = compare(got, [expected.numpy()], RTOL, 0.0)
     assert check.ok, check.message
-    assert np.abs(expected.numpy()).max() > 0  # not a degenerate all-zero model
+    with torch.inference_mode():
+        other = model(*[torch.randn_like(x) if x.is_floating_point() else torch.randint_like(x, 100) for x in inputs])
+    # The output depends on the input (no saturated activations), so a wrong engine cannot pass the check.
+    assert compare([other.numpy()], [expected.numpy()], 1e-2, 0.0).max_rel > 0.1
 
 
 def test_zoo_build_is_deterministic_and_cached(torch):

@@ -37,6 +37,7 @@ class Contender:
     description: str
     setup: Callable[[SetupContext], Prepared]
     is_collage: bool = False
+    compiles_stablehlo: bool = False  # starts from the torch-mlir import (cached)
 
 
 def _registry() -> dict[str, Contender]:

@@ -1,6 +1,7 @@
 """Contenders compiled by ``collage compile`` from the cached StableHLO import: collage itself (the
 plan given to ``collage bench``), IREE llvm-cpu alone (the default plan, without and with data tiling)
-and XLA:CPU (the whole model as one ``xla-cpu`` region). IREE's task pool gets ``threads`` workers."""
+and XLA:CPU (the whole model as one ``xla-cpu`` region). The program's thread budget (IREE's task pool and
+any engine serving a region) is ``threads``."""
 
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ def whole_plan(module, backend_name: str):
 
 
 def _setup(ctx: SetupContext, plan: str | None = None, flags: tuple[str, ...] = (), whole: str | None = None) -> Prepared:
-    import iree.runtime as rt
     import numpy as np
 
     import collage_runtime
@@ -42,14 +42,12 @@ def _setup(ctx: SetupContext, plan: str | None = None, flags: tuple[str, ...] = 
     from ...iree import compile_module
     from ...ir import new_context
 
-    # The task pool is created with the device, so the flag goes first.
-    rt.flags.parse_flags(f"--task_topology_max_group_count={ctx.threads}")
     context = new_context()
     module = zoo.import_stablehlo(ctx.model, context, ctx.small)
     plan_spec = whole_plan(module, whole) if whole else plan or ctx.plan
     out = ctx.work_dir / "artifact"
     compile_module(module, plan_spec, out, source=f"zoo:{ctx.model}", iree_args=list(flags))
-    program = collage_runtime.load(out)
+    program = collage_runtime.load(out, threads=ctx.threads)
     _, inputs = zoo.build(ctx.model, ctx.small)
     fn = program.device_function("main")
     args = [program.to_device(np.ascontiguousarray(x.numpy())) for x in inputs]
@@ -63,9 +61,11 @@ def _setup(ctx: SetupContext, plan: str | None = None, flags: tuple[str, ...] = 
 
 
 CONTENDERS = (
-    Contender("collage", "collage (the plan given)", _setup, is_collage=True),
-    Contender("iree", "IREE llvm-cpu alone (no data tiling)", partial(_setup, plan="default", flags=IREE_FLAGS)),
+    Contender("collage", "collage (the plan given)", _setup, is_collage=True, compiles_stablehlo=True),
+    Contender("iree", "IREE llvm-cpu alone (no data tiling)", partial(_setup, plan="default", flags=IREE_FLAGS),
+              compiles_stablehlo=True),
     Contender("iree-dt", "IREE llvm-cpu alone (data tiling + ukernels)",
-              partial(_setup, plan="default", flags=IREE_DT_FLAGS)),
-    Contender("xla", "XLA:CPU (whole model as one xla-cpu region)", partial(_setup, plan=None, whole=XLA_BACKEND)),
+              partial(_setup, plan="default", flags=IREE_DT_FLAGS), compiles_stablehlo=True),
+    Contender("xla", "XLA:CPU (whole model as one xla-cpu region)", partial(_setup, plan=None, whole=XLA_BACKEND),
+              compiles_stablehlo=True),
 )

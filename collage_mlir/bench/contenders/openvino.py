@@ -8,6 +8,9 @@ from .onnxruntime import export_onnx
 
 
 def setup(ctx: SetupContext) -> Prepared:
+    from collage_runtime.telemetry import disable_engine_telemetry
+
+    disable_engine_telemetry()  # before openvino's first import, as the runtime does
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
