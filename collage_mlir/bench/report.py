@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 from dataclasses import asdict
 from enum import Enum
@@ -38,8 +39,6 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    import os
-
     return f"{model}, {len(os.sched_getaffinity(0))} CPUs"
 
 
@@ -125,8 +124,9 @@ def to_markdown(result: BenchResult, command: str) -> str:
              if c.status is not Status.OK]
     if notes:
         lines += ["", "Failed or wrong:", "", *notes]
-    lines += ["", "Load average (1 min) before / after timing: " + ", ".join(
-        f"{m.model} {m.load_avg[0]:.1f}/{m.load_avg[1]:.1f}" for m in result.models), ""]
+    lines += ["", "Timed at, and the 1-minute load average before / after timing (the machine has "
+              f"{os.cpu_count()} CPUs): " + ", ".join(
+                  f"{m.model} {m.timed_at[11:16]} {m.load_avg[0]:.1f}/{m.load_avg[1]:.1f}" for m in result.models), ""]
     return "\n".join(lines)
 
 

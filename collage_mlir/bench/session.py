@@ -74,6 +74,7 @@ class ModelResult:
     contenders: list[ContenderResult]
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after the timing
     import_s: float | None = None  # torch-mlir import (~0 from the cache), not in any compile time
+    timed_at: str = ""  # UTC time the interleaved timing started
 
     def result(self, name: str) -> ContenderResult | None:
         return next((c for c in self.contenders if c.name == name), None)
@@ -146,7 +147,7 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
         if REFERENCE not in names:
             workers.pop(REFERENCE).stop()
         live = [n for n in names if results[n].status is not Status.FAILED]
-        samples, load_avg = _time_interleaved(live, workers, results, options, model, log)
+        samples, load_avg, timed_at = _time_interleaved(live, workers, results, options, model, log)
         for n, times in samples.items():
             res = results[n]
             if res.status is Status.FAILED or not times:
@@ -154,7 +155,7 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
             q25, q50, q75 = np.percentile(np.asarray(times) * 1e3, [25, 50, 75])
             res.median_ms, res.p25_ms, res.p75_ms, res.calls = float(q50), float(q25), float(q75), len(times)
         return ModelResult(model, entry.small_description if options.small else entry.description, gflop,
-                           [results[n] for n in names], load_avg, import_s)
+                           [results[n] for n in names], load_avg, import_s, timed_at)
     finally:
         for w in workers.values():
             w.stop()
@@ -163,9 +164,10 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
 
 def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict[str, ContenderResult],
                       options: BenchOptions, model: str, log: Callable[[str], None]
-                      ) -> tuple[dict[str, list[float]], tuple[float, float]]:
+                      ) -> tuple[dict[str, list[float]], tuple[float, float], str]:
     """Warm-up, then rounds of one slice per contender in a fixed order until the time is spent.
-    Returns seconds per call of each contender and the 1-minute load average before and after."""
+    Returns seconds per call of each contender, the 1-minute load average before and after, and when
+    the timing started."""
     samples: dict[str, list[float]] = {n: [] for n in live}
 
     def take(n: str, seconds: float, min_calls: int) -> list[float]:
@@ -179,7 +181,7 @@ def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict
 
     for n in live:
         take(n, options.warmup_s, 2)
-    load0 = os.getloadavg()[0]
+    load0, started = os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     rounds = max(options.min_rounds, math.ceil(options.seconds / max(len(live), 1) / options.slice_s))
     log(f"{model}: timing {', '.join(live)} interleaved, {rounds} rounds")
     start = time.perf_counter()
@@ -188,7 +190,7 @@ def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict
             samples[n] += take(n, options.slice_s, 1)
         if r + 1 >= options.min_rounds and time.perf_counter() - start > 3 * options.seconds:
             break  # slow contenders (one call longer than a slice) stretch rounds: keep the run bounded
-    return samples, (load0, os.getloadavg()[0])
+    return samples, (load0, os.getloadavg()[0]), started
 
 
 def run_bench(models: Sequence[str], names: Sequence[str], options: BenchOptions, work_dir: str | Path,
