@@ -7,11 +7,12 @@ covered; its cost is the region's cost plus one transition per (producer op, reg
 States are expanded in order of how many ops they cover, so each is final when expanded.
 
 Collage steps by "the first uncovered op" u; that alone cannot tell a plan whose regions feed each
-other in a cycle from a valid one. Here a step takes a candidate whose inputs are all covered (so every
-plan reached is acyclic) and that contains u or an uncovered ancestor of an op some candidate at u
-could cover. That is still complete: if the region holding u in some acyclic plan is not ready, one of
-its ancestor regions is, and it holds such an ancestor. Unrelated ready ops (the many constants of a
-model) are never interleaved in every order, which would make the states exponential.
+other in a cycle from a valid one. Here a step takes a *ready* candidate (its inputs all covered, so
+every plan reached is acyclic): one at u, or, where a candidate at u is not ready, one at its first
+uncovered ancestor outside it, and so on up. That is still complete: if the region holding u in some
+acyclic plan is not ready, following first uncovered ancestors climbs that plan's region DAG to a
+ready region. Unrelated ready ops (the many constants of a model) are never taken in every order,
+which would make the states exponential.
 
 Region costs are asked lazily, in one batch (so a measured estimator builds them in parallel): only
 for candidates some reachable state can take, found by walking the covered sets first.
@@ -128,7 +129,7 @@ def reachable_candidates(index: CandidateIndex) -> list[tuple[frozenset[int], st
 
 
 def _ancestor_masks(index: CandidateIndex) -> dict[int, int]:
-    """op → mask of its transitive producers."""
+    """id(candidate) → mask of the transitive producers of its ops."""
     g = index.graph
     anc: dict[int, int] = {}
     for op in g.order:
@@ -136,34 +137,36 @@ def _ancestor_masks(index: CandidateIndex) -> dict[int, int]:
         for p in g.producers[op]:
             m |= anc[p] | (1 << g.pos[p])
         anc[op] = m
-    return anc
+    out = {}
+    for c in index.candidates:
+        m = 0
+        for op in c.ops:
+            m |= anc[op]
+        out[id(c)] = m
+    return out
 
 
 def _steps(index: CandidateIndex, covered: int, bit: dict[int, int], anc_mask: dict[int, int]):
-    """The candidates a state may take next (see the module docstring), in index order."""
+    """The candidates a state may take next (see the module docstring), in index order: the ready ones
+    at the first uncovered op u, and for each candidate that is not ready, recursively, those at its
+    first uncovered ancestor outside it (an op whose producers are all covered)."""
     g = index.graph
     u = next(op for op in g.order if not covered & bit[op])
-    reach = 0
-    for c in index.candidates_at(u):
-        if not c.mask & covered:
-            reach |= c.mask
-    wanted = 0
-    m = reach
-    while m:
-        low = m & -m
-        wanted |= anc_mask[g.order[low.bit_length() - 1]]
-        m ^= low
-    wanted = (wanted & ~covered) | bit[u]
-    seen: set[int] = set()
-    m = wanted
-    while m:
-        low = m & -m
-        m ^= low
-        for c in index.candidates_at(g.order[low.bit_length() - 1]):
-            if id(c) in seen or c.mask & covered or c.inputs_mask & ~covered:
+    visited, stack, found = {u}, [u], {}
+    while stack:
+        w = stack.pop()
+        for c in index.candidates_at(w):
+            if c.mask & covered:
                 continue
-            seen.add(id(c))
-            yield c
+            if not c.inputs_mask & ~covered:
+                found[id(c)] = c
+                continue
+            above = anc_mask[id(c)] & ~covered & ~c.mask
+            nxt = g.order[(above & -above).bit_length() - 1]
+            if nxt not in visited:
+                visited.add(nxt)
+                stack.append(nxt)
+    return sorted(found.values(), key=lambda c: index.rank[id(c)])
 
 
 def to_plan(index: CandidateIndex, chosen: list[SearchCandidate], source: str) -> Plan:

@@ -122,6 +122,7 @@ class CandidateIndex:
                                                    inputs, graph.mask(inputs), maximal)
         self.candidates = sorted(seen.values(), key=lambda c: (graph.pos[c.first], -len(c.ops), c.backend,
                                                                 sorted(c.ops)))
+        self.rank = {id(c): k for k, c in enumerate(self.candidates)}  # deterministic order of steps
         self._at: dict[int, list[SearchCandidate]] = {op: [] for op in graph.order}
         self._start: dict[int, list[SearchCandidate]] = {op: [] for op in graph.order}
         for c in self.candidates:
