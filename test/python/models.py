@@ -25,7 +25,7 @@ def mlp():
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5)).eval()
 
 
-def lstm():
+def lstm(inputs: int = 8, hidden: int = 16):
     """A one-layer LSTM over the sequence and a linear head (its zero initial state is a splat constant)."""
     import torch
     from torch import nn
@@ -33,8 +33,8 @@ def lstm():
     class Lstm(nn.Module):
         def __init__(self):
             super().__init__()
-            self.lstm = nn.LSTM(8, 16)
-            self.head = nn.Linear(16, 4)
+            self.lstm = nn.LSTM(inputs, hidden)
+            self.head = nn.Linear(hidden, 4)
 
         def forward(self, x):
             y, _ = self.lstm(x)
