@@ -52,6 +52,22 @@ def run_with_plan(path: Path, plan: str, kind: str) -> dict:
     return rec
 
 
+def _plan_key(path: Path, plan: str) -> str | None:
+    """The plan ``plan`` resolves to on this file, as JSON (None when it does not resolve)."""
+    from collage_mlir.errors import CollageError
+    from collage_mlir.graph import Graph
+    from collage_mlir.ir import load_module, new_context
+    from collage_mlir.passes.number_ops import NumberOpsPass
+    from collage_mlir.search import resolve_plan
+
+    try:
+        module = load_module(path, new_context())
+        NumberOpsPass().run(module)
+        return json.dumps(resolve_plan(plan, Graph(module)).to_json(), sort_keys=True)
+    except CollageError:
+        return None
+
+
 def run(path: str | Path, plans: tuple[str, ...] = DEFAULT_PLANS) -> dict:
     """IREE alone, then each plan; ``mismatches`` lists every function that passes alone but not with a plan."""
     path = Path(path)
@@ -60,8 +76,12 @@ def run(path: str | Path, plans: tuple[str, ...] = DEFAULT_PLANS) -> dict:
     res = {"file": _rel(path), "kind": kind, "baseline": base, "plans": {}, "mismatches": []}
     if not base["compiled"]:
         return res
+    seen: dict[str, dict] = {}  # plan JSON -> record: random plans of tiny functions often coincide
     for plan in plans:
-        rec = run_with_plan(path, plan, kind)
+        key = _plan_key(path, plan)
+        rec = seen[key] if key in seen else run_with_plan(path, plan, kind)
+        if key is not None:
+            seen[key] = rec
         res["plans"][plan] = rec
         for name, ref in base["functions"].items():
             if ref["status"] != "pass":
