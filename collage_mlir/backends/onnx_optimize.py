@@ -357,6 +357,7 @@ def _softmax(g: _Graph) -> bool:
     from onnx import helper
 
     users = _users_index(g)
+    changed = False
 
     def only(name: str, op_type: str):
         n = g.producer(name)
@@ -393,8 +394,8 @@ def _softmax(g: _Graph) -> bool:
         for n in [exp, sub] + total[1] + top[1]:
             g.nodes.remove(n)
         g.nodes[g.nodes.index(div)] = helper.make_node("Softmax", [x], list(div.output), name=div.name, axis=top[0])
-        return True
-    return False
+        changed = True
+    return changed
 
 
 #: Elementwise ONNX ops an activation subgraph may hold (single input plus scalar constants).
@@ -457,13 +458,14 @@ def _gelu(g: _Graph) -> bool:
 
     from .epilogue import _PROBE, classify
 
+    changed = False
     users = _users_index(g)
-    for k, start in enumerate(g.nodes):
+    for start in list(g.nodes):
         x = start.output[0]
-        if not any(u.op_type in ELEMENTWISE for u in users.get(x, [])):
+        if not any(u.op_type in ELEMENTWISE for u in users.get(x, [])) or not _present(g, start):
             continue
         best = None
-        for taken in _subgraphs(g, k, ELEMENTWISE, users, lambda c: c.size == 1):
+        for taken in _subgraphs(g, g.nodes.index(start), ELEMENTWISE, users, lambda c: c.size == 1):
             f = _evaluate(g, taken, x, _PROBE, scalars=True) if len(taken) > 5 else None
             act = classify(f) if f is not None else None
             if act is not None and act.name == "gelu" and act.algorithm == "none":
@@ -479,8 +481,13 @@ def _gelu(g: _Graph) -> bool:
                            helper.make_node("Add", [names[1], c[1.0]], [names[2]], name=names[2]),
                            helper.make_node("Mul", [x, names[2]], [names[3]], name=names[3]),
                            helper.make_node("Mul", [names[3], c[0.5]], [out], name=out)])
-        return True
-    return False
+        users = _users_index(g)
+        changed = True
+    return changed
+
+
+def _present(g: _Graph, node) -> bool:
+    return any(n is node for n in g.nodes)
 
 
 def _layer_norm(g: _Graph) -> bool:
@@ -490,14 +497,16 @@ def _layer_norm(g: _Graph) -> bool:
     import onnx
     from onnx import helper
 
+    changed = False
     users = _users_index(g)
     rng = np.random.default_rng(0)
-    for k, start in enumerate(g.nodes):
+    for start in list(g.nodes):
         x = start.output[0]
         shape = g.shapes.get(x)
-        if not shape or g.types.get(x) != onnx.TensorProto.FLOAT or \
+        if not shape or g.types.get(x) != onnx.TensorProto.FLOAT or not _present(g, start) or \
                 not any(u.op_type in ("ReduceMean", "ReduceSum", "Cast") for u in users.get(x, [])):
             continue
+        k = g.nodes.index(start)
         probe = (rng.standard_normal(shape) * 3.0 + 1.0).astype(np.float32)
         found = None
         for taken in _subgraphs(g, k, NORMALIZING, users, lambda c: True):
@@ -538,8 +547,9 @@ def _layer_norm(g: _Graph) -> bool:
         _replace(g, taken, [helper.make_node("LayerNormalization", [x, g.fresh_const(scale, "ln_scale"),
                                                                      g.fresh_const(bias, "ln_bias")],
                                              [out], name=out, axis=-1, epsilon=eps)])
-        return True
-    return False
+        users = _users_index(g)
+        changed = True
+    return changed
 
 
 def _prune(g: _Graph) -> bool:
