@@ -69,6 +69,14 @@ class TransitionFit:
         return cls(float(intercept), float(slope), tuple(int(v) for v in x))
 
 
+def transition_seconds(cost: Cost) -> float:
+    """A boundary's cost for the DP: an unknown one (probes not measured within the budget) counts as
+    free, since the graph-level search judges whole plans by measured time anyway; an invalid one bars it."""
+    if cost.usable:
+        return cost.seconds
+    return 0.0 if cost.kind is CostKind.UNKNOWN else math.inf
+
+
 class CostEstimator(ABC):
     """What the search knows of costs. Region costs are asked in batches, only for candidates the
     search reaches (a measured estimator measures them then, and reuses its database)."""

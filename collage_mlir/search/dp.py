@@ -26,7 +26,7 @@ from typing import Callable
 
 from ..errors import CollageError
 from ..plan import Plan, Region
-from .cost import Cost, CostEstimator, CostKind
+from .cost import Cost, CostEstimator, CostKind, transition_seconds
 from .index import CandidateIndex, SearchCandidate
 
 
@@ -52,8 +52,7 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
     def transition(src: str, dst: str, nbytes: int) -> float:
         key = (src, dst, nbytes)
         if key not in trans:
-            c = estimator.transition_cost(src, dst, nbytes)
-            trans[key] = c.seconds if c.usable else math.inf
+            trans[key] = transition_seconds(estimator.transition_cost(src, dst, nbytes))
         return trans[key]
 
     reachable = reachable_candidates(index)

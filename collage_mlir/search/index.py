@@ -16,7 +16,7 @@ from ..graph import Graph
 from ..ir import ir
 from ..plan import Plan
 from .candidates import enumerate_candidates
-from .cost import CostEstimator
+from .cost import CostEstimator, transition_seconds
 
 
 @dataclass
@@ -155,7 +155,9 @@ class CandidateIndex:
 def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[int]], out_bytes: dict[int, int],
               estimator: CostEstimator) -> float:
     """The additive cost of ``plan``: its regions, every other op alone on the default backend, and one
-    transition per (producer op, consuming region) crossing a boundary; inf when any part is unusable."""
+    transition per (producer op, consuming region) crossing a boundary (as the DP counts them); inf when
+    a region or boundary is invalid."""
+
     label: dict[int, tuple[str, int]] = {}
     regions: list[tuple[str, frozenset[int]]] = [(r.backend, frozenset(r.ops)) for r in plan.regions]
     covered = {i for _, ops in regions for i in ops}
@@ -170,8 +172,5 @@ def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[in
         total += cost.seconds
     for k, (backend, ops) in enumerate(regions):
         for p in sorted({p for q in ops for p in producers.get(q, ()) if p not in ops}):
-            t = estimator.transition_cost(label[p][0], backend, out_bytes[p])
-            if not t.usable:
-                return math.inf
-            total += t.seconds
+            total += transition_seconds(estimator.transition_cost(label[p][0], backend, out_bytes[p]))
     return total

@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..backends import DEFAULT_BACKEND, Backend, get_backend
+from ..backends import Backend, get_backend
 from ..ir import ir
 from ..measure import HARNESS_VERSION
 from ..measure.db import CostDB, Measurement
@@ -76,9 +76,15 @@ class MeasuredEstimator(CostEstimator):
             for p in todo:
                 self._regions[p] = Cost.unknown("tuning budget spent before it was measured")
             todo = []
-        if todo:
-            summary = measure_regions(self.module, todo, self.db, examples=self.examples, options=self.options,
-                                      on_progress=(lambda p: self.on_progress("regions", p)) if self.on_progress else None)
+        # In chunks, so the budget is looked at between them (a chunk runs to its end).
+        chunk = 4 * self.options.batch
+        for start in range(0, len(todo), chunk):
+            if self._spent():
+                for p in todo[start:]:
+                    self._regions[p] = Cost.unknown("tuning budget spent before it was measured")
+                break
+            summary = measure_regions(self.module, todo[start:start + chunk], self.db, examples=self.examples,
+                                      options=self.options, on_progress=self._region_progress(start, len(todo)))
             self.measured += summary.measured
             self.cache_hits += summary.cache_hits
             for ops, backend, why in summary.skipped:
@@ -90,6 +96,15 @@ class MeasuredEstimator(CostEstimator):
                                       else Cost.invalid(f"{m.status}: {m.message}"[:200]))
         return [self._regions.get(p, Cost.unknown("not measured")) for p in pairs]
 
+    def _region_progress(self, offset: int, total: int):
+        if self.on_progress is None:
+            return None
+
+        def show(p: Progress) -> None:
+            self.on_progress("regions", Progress(total=total, done=offset + p.done, cache_hits=self.cache_hits + p.cache_hits,
+                                                 failures=p.failures, current=p.current))
+        return show
+
     # -- transitions ------------------------------------------------------------------------------
     def fit_transitions(self, on_progress: Callable[[int, int], None] | None = None) -> None:
         """Measures (or reads from the DB) the probe of every ordered backend pair at each probe size and
@@ -100,6 +115,8 @@ class MeasuredEstimator(CostEstimator):
         failed: dict[tuple[str, str], str] = {}
         pairs_per_size = len(self.backends) ** 2
         for k, n in enumerate(PROBE_SIZES):
+            if self._spent() and k >= 2:
+                break  # two sizes still give a line; fewer leave the pair unknown
             progress = (lambda i, total, k=k: on_progress(k * pairs_per_size + i, len(PROBE_SIZES) * pairs_per_size)
                         ) if on_progress else None
             for t in measure_transitions(self.backends, self.db, self.options, n=n, on_progress=progress):
