@@ -10,18 +10,51 @@ pass parser (``--canonicalize``, ``--cse``, ``--inline``...).
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import __version__
 from ..errors import CollageError
-from ..ir import new_context, parse_module, passmanager
+from ..ir import load_module, new_context, parse_module, passmanager
 from ..passes import registry, run_pipeline
 from . import exit_quietly, run_tool
 
 SPLIT_MARKER = "// -----"
+BYTECODE_MAGIC = b"ML\xefR"
 USAGE = """usage: collage-opt [FILE|-] [-o OUT] [--split-input-file] [--PASS[="opt=val ..."]]... [--pass-pipeline=PIPE]
+                   [--mlir-print-ir-after-all] [--mlir-print-ir-before-all] [--mlir-print-debuginfo]
+                   [--mlir-elide-elementsattrs-if-larger=N] [--mlir-print-op-generic] [--version]
+FILE is MLIR text or bytecode (.mlirbc); upstream MLIR/IREE passes are accepted as --NAME too.
 collage passes:
 """
+
+
+@dataclass
+class Options:
+    """collage-opt's command line: input, output, splitting, the pass pipeline and MLIR printing flags."""
+
+    source: str = "-"
+    output: str | None = None
+    split: bool = False
+    elements: list[str] = field(default_factory=list)
+    print_after_all: bool = False
+    print_before_all: bool = False
+    debug_info: bool = False
+    generic: bool = False
+    elide_larger: int | None = None
+
+
+def _usage(ours: dict) -> str:
+    lines = [USAGE]
+    for name, cls in ours.items():
+        lines.append(f"  --{name:<24}{cls.summary}\n")
+        for f in dataclasses.fields(cls):
+            if f.init and f.default is not dataclasses.MISSING:  # options; results have factories
+                lines.append(f"      {f.name.replace('_', '-')}=<{f.type}> (default: {f.default!r})\n")
+    return "".join(lines)
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -67,65 +100,124 @@ def build_pass_manager(elements: list[str], context) -> passmanager.PassManager:
     return pm
 
 
-def parse_args(argv: list[str]) -> tuple[str, str | None, bool, list[str]]:
-    """(input, output, split, pipeline elements) from mlir-opt-style arguments, in order."""
+def parse_args(argv: list[str]) -> Options:
+    """collage-opt's options from mlir-opt-style arguments (passes in order)."""
     ours = registry()
-    source, output, split, elements = "-", None, False, []
+    opts, inputs = Options(), []
     it = iter(argv)
     for arg in it:
         if arg in ("-h", "--help"):
-            print(USAGE + "".join(f"  --{n:<22}{c.summary}\n" for n, c in ours.items()), end="")
+            print(_usage(ours), end="")
+            raise SystemExit(0)
+        if arg == "--version":
+            print(f"collage-opt {__version__} (IREE compiler {_iree_version()})")
             raise SystemExit(0)
         if arg == "-o":
-            output = next(it, None)
+            opts.output = next(it, None)
+            if opts.output is None:
+                raise CollageError("-o needs a file name", exit_code=2)
         elif arg.startswith("-o") and len(arg) > 2:
-            output = arg[2:]
+            opts.output = arg[2:]
         elif arg == "--split-input-file":
-            split = True
+            opts.split = True
+        elif arg == "--mlir-print-ir-after-all":
+            opts.print_after_all = True
+        elif arg == "--mlir-print-ir-before-all":
+            opts.print_before_all = True
+        elif arg == "--mlir-print-debuginfo":
+            opts.debug_info = True
+        elif arg == "--mlir-print-op-generic":
+            opts.generic = True
+        elif arg.startswith("--mlir-elide-elementsattrs-if-larger="):
+            value = arg.split("=", 1)[1]
+            if not value.isdigit():
+                raise CollageError(f"{arg}: expected a number of elements", exit_code=2)
+            opts.elide_larger = int(value)
+        elif arg.startswith("--mlir-"):
+            raise CollageError(f"unsupported MLIR option '{arg}'", exit_code=2)
         elif arg.startswith("--pass-pipeline="):
-            elements += _pipeline_elements(arg.split("=", 1)[1])
+            opts.elements += _pipeline_elements(arg.split("=", 1)[1])
         elif arg.startswith("--"):
-            name, eq, opts = arg[2:].partition("=")
-            opts = opts.strip("\"'")
-            elements.append(f"{name}{{{opts}}}" if eq and opts else name)
+            name, eq, pass_opts = arg[2:].partition("=")
+            pass_opts = pass_opts.strip("\"'")
+            opts.elements.append(f"{name}{{{pass_opts}}}" if eq and pass_opts else name)
         else:
-            source = arg
-    return source, output, split, elements
+            inputs.append(arg)
+    if len(inputs) > 1:
+        raise CollageError(f"one input file at a time (got {', '.join(inputs)})", exit_code=2)
+    opts.source = inputs[0] if inputs else "-"
+    return opts
+
+
+def _iree_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("iree-base-compiler")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _read_input(source: str) -> bytes:
+    if source == "-":
+        return sys.stdin.buffer.read()
+    path = Path(source)
+    if not path.is_file():
+        raise CollageError("no such file", where=source)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CollageError(f"cannot read: {exc.strerror}", where=source) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
 
     def body() -> int:
-        source, output, split, elements = parse_args(argv)
-        where = "<stdin>" if source == "-" else source
-        if source == "-":
-            text = sys.stdin.read()
+        opts = parse_args(argv)
+        where = "<stdin>" if opts.source == "-" else opts.source
+        data = _read_input(opts.source)
+        if data.startswith(BYTECODE_MAGIC):
+            chunks: list[str | bytes] = [data]  # bytecode: one module, never split
         else:
-            path = Path(source)
-            if not path.is_file():
-                raise CollageError("no such file", where=source)
-            text = path.read_text()
-        chunks = text.split(SPLIT_MARKER) if split else [text]
+            try:
+                text = data.decode()
+            except UnicodeDecodeError:
+                raise CollageError("neither MLIR text (UTF-8) nor MLIR bytecode", where=where) from None
+            chunks = list(text.split(SPLIT_MARKER)) if opts.split else [text]
         results, failed, line = [], 0, 0
         for chunk in chunks:
-            # Pad with newlines so locations keep the original file's line numbers.
-            padded = "\n" * line + chunk
-            line += chunk.count("\n")
+            # Pad text with newlines so locations keep the original file's line numbers.
+            padded = chunk if isinstance(chunk, bytes) else "\n" * line + chunk
+            line += chunk.count("\n") if isinstance(chunk, str) else 0
             try:
                 context = new_context()
-                module = parse_module(padded, context, where=where)
-                pm = build_pass_manager(elements, context)
+                if opts.split or opts.source == "-":
+                    module = parse_module(padded, context, where=where)
+                else:  # parsed from the file, so locations (--mlir-print-debuginfo) name it
+                    module = load_module(opts.source, context)
+                pm = build_pass_manager(opts.elements, context)
+                if opts.print_after_all or opts.print_before_all:
+                    pm.enable_ir_printing(print_before_all=opts.print_before_all,
+                                          print_after_all=opts.print_after_all,
+                                          large_elements_limit=opts.elide_larger, enable_debug_info=opts.debug_info)
                 run_pipeline(pm, module)
-                results.append(str(module.operation))
+                buf = io.StringIO()
+                module.operation.print(large_elements_limit=opts.elide_larger, enable_debug_info=opts.debug_info,
+                                       print_generic_op_form=opts.generic, file=buf)
+                results.append(buf.getvalue().rstrip("\n") + "\n" if opts.debug_info or opts.generic
+                               or opts.elide_larger is not None else str(module.operation))
             except CollageError as exc:
-                if not split:
+                if not opts.split:
                     raise
                 print(f"collage-opt: error: {exc}", file=sys.stderr)
                 failed += 1
         out = f"\n{SPLIT_MARKER}\n".join(results)
-        if output and output != "-":
-            Path(output).write_text(out)
+        if opts.output and opts.output != "-":
+            try:
+                Path(opts.output).write_text(out)
+            except OSError as exc:
+                raise CollageError(f"cannot write: {exc.strerror}", where=opts.output) from None
         else:
             sys.stdout.write(out)
         return 1 if failed else 0

@@ -5,6 +5,13 @@
 // RUN: not collage-opt %s --collage-assign="colour=red" 2>&1 | filecheck %s --check-prefix=BADOPT
 // RUN: not collage-opt %S/Inputs/missing.mlir 2>&1 | filecheck %s --check-prefix=MISSING
 // RUN: not collage-opt %S/Inputs/syntax-error.mlir 2>&1 | filecheck %s --check-prefix=SYNTAX
+// RUN: not collage-opt %s %s 2>&1 | filecheck %s --check-prefix=TWO
+// RUN: not collage-opt %s -o 2>&1 | filecheck %s --check-prefix=NOOUT
+// RUN: collage-opt --version | filecheck %s --check-prefix=VERSION
+// RUN: collage-opt %s --collage-number-ops --mlir-print-ir-after-all 2>&1 >/dev/null | filecheck %s --check-prefix=AFTER
+// RUN: collage-opt %s --mlir-elide-elementsattrs-if-larger=2 | filecheck %s --check-prefix=ELIDE
+// RUN: collage-opt %s --mlir-print-debuginfo | filecheck %s --check-prefix=DEBUG
+// RUN: collage-opt --help | filecheck %s --check-prefix=HELP
 
 // Collage passes and upstream passes mix in one pipeline: ids survive canonicalization, which erases
 // the dead add (id 2).
@@ -26,3 +33,16 @@ func.func @fold(%a: tensor<4xf32>) -> tensor<4xf32> {
 // BADOPT: collage-opt: error: collage-opt: unknown option 'colour=red' for --collage-assign (options: plan)
 // MISSING: collage-opt: error: {{.*}}missing.mlir: no such file
 // SYNTAX: collage-opt: error: cannot parse MLIR: {{.*}}syntax-error.mlir:3:26: use of undeclared SSA value name
+
+// TWO: collage-opt: error: one input file at a time
+// NOOUT: collage-opt: error: -o needs a file name
+// VERSION: collage-opt {{[0-9.]+}} (IREE compiler {{.*}})
+// AFTER: IR Dump After NumberOpsPass: collage-number-ops
+// ELIDE: dense_resource<__elided__> : tensor<3xf32>
+// DEBUG: loc("{{.*}}collage-opt.mlir":{{[0-9]+}}:{{[0-9]+}})
+// HELP: --collage-assign
+// HELP-NEXT: plan=<str | Plan>
+func.func @elided() -> tensor<3xf32> {
+  %c = stablehlo.constant dense<[1.0, 2.0, 3.0]> : tensor<3xf32>
+  return %c : tensor<3xf32>
+}
