@@ -14,6 +14,7 @@ Times are the process's CPU time (``time.process_time``, all threads: an engine'
 spinning count) unless ``--wall``: on a shared 2-core machine wall time mostly measures the neighbours.
 
     python bench/boundary.py [--backends ...] [--sizes 256,4096,...] [--rounds 5] [--wall] [--out PATH]
+    python bench/boundary.py --steps     # each step of a boundary, timed alone
 """
 
 from __future__ import annotations
@@ -91,6 +92,50 @@ def measure(backend: str, n: int, rounds: int = 5, wall: bool = False, threads: 
             "overhead_us": row["e2e"] - row["alone"]}
 
 
+def steps(reps: int = 20000) -> list[tuple[str, float]]:
+    """The boundary's steps one by one (µs, minimum of 5 x ``reps`` calls, process CPU): what a call of a
+    1-input, 1-output region costs apart from the engine, and ONNX Runtime's per-tensor binding."""
+    import timeit
+
+    import iree.runtime as rt
+    import onnxruntime as ort
+    from onnxruntime.capi import _pybind_state as C
+
+    device = rt.get_device("local-task")
+    mem, usage = rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE, rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING
+    f32, shape, hal = np.dtype(np.float32), (32, 8), rt.HalElementType.FLOAT_32
+    buf = device.allocator.allocate_buffer(memory_type=mem, allowed_usage=usage, allocation_size=1024)
+    bv = rt.HalBufferView(buf, shape, hal)
+    ref, mapped, arr = bv.ref, bv.map(), np.zeros(shape, f32)
+    cpu = ort.OrtDevice.make("cpu", 0)._get_c_device()
+    value = C.OrtValue.ortvalue_from_numpy(arr, cpu)
+    binding = ort.InferenceSession(_onnx_identity(), providers=["CPUExecutionProvider"]).io_binding()._iobinding
+    rows = [
+        ("input: VmRef.deref(HalBufferView)", lambda: ref.deref(rt.HalBufferView)),
+        ("input: HalBufferView.map()", lambda: bv.map()),
+        ("input: np.ndarray over the mapping", lambda: np.ndarray(shape, f32, mapped)),
+        ("(was) MappedMemory.asarray", lambda: mapped.asarray(shape, f32)),
+        ("output: allocate_buffer", lambda: device.allocator.allocate_buffer(
+            memory_type=mem, allowed_usage=usage, allocation_size=1024)),
+        ("output: HalBufferView(...).ref", lambda: rt.HalBufferView(buf, shape, hal).ref),
+        ("ort: OrtValue over the array", lambda: C.OrtValue.ortvalue_from_numpy(arr, cpu)),
+        ("ort: bind_ortvalue_input", lambda: binding.bind_ortvalue_input("x", value)),
+        ("(was) IOBinding.bind_input(ptr)", lambda: binding.bind_input("x", cpu, f32, list(shape), arr.ctypes.data)),
+    ]
+    return [(name, min(timeit.repeat(fn, number=reps, repeat=5, timer=time.process_time)) / reps * 1e6)
+            for name, fn in rows]
+
+
+def _onnx_identity() -> bytes:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 8])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity", [x], [y])
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
 def _size(nbytes: int) -> str:
     return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
 
@@ -116,7 +161,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--wall", action="store_true", help="wall-clock instead of process CPU time")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "boundary"))
+    p.add_argument("--steps", action="store_true", help="time the boundary's steps one by one instead")
     a = p.parse_args()
+    if a.steps:
+        print("| step | µs |\n|---|---:|\n" + "\n".join(f"| {n} | {us:.2f} |" for n, us in steps()))
+        return
     rows = [measure(b, int(n), a.rounds, a.wall, a.threads) for b in a.backends.split(",") for n in a.sizes.split(",")]
     clock = "wall" if a.wall else "process CPU"
     text = (f"Per-boundary overhead, µs ({clock} time; minimum over {a.rounds} interleaved rounds of e2e minus the "

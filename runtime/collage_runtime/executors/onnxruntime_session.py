@@ -3,8 +3,8 @@ spinning off: see ``collage_runtime.engines``).
 
 Inputs and outputs are bound zero-copy with I/O binding: the session reads the mapped IREE input
 buffers in place and writes its results straight into the pre-allocated mapped output buffers.
-Graph inputs are ``in0..`` and outputs ``out0..`` in argument / result order; the arrays the runtime
-passes have the model's own static shapes, which the region was built for. The binding and the CPU device
+Graph inputs are ``in0..`` and outputs ``out0..`` in argument / result order, bound with the model's
+own static shapes, which the region was built for. The binding and the CPU device
 are prepared at load; a call wraps each array in an OrtValue (zero-copy on the CPU) and binds it, through
 the pybind layer under ``IOBinding``/``InferenceSession``: their Python wrappers build a device object and
 check graph-capture state on every bind and run (~2 µs more per tensor).
@@ -31,13 +31,15 @@ def load(path: Path, engines: Engines) -> Run:
     wrap = C.OrtValue.ortvalue_from_numpy  # zero-copy on the CPU device
     bind_input, bind_output = binding.bind_ortvalue_input, binding.bind_ortvalue_output
     execute = session._sess.run_with_iobinding
-    in_names, out_names = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+    # The model's own static shapes: a scalar may be [] in the program and [1] in the ONNX graph.
+    ins = [(i.name, tuple(i.shape)) for i in session.get_inputs()]
+    outs = [(o.name, tuple(o.shape)) for o in session.get_outputs()]
 
     def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
-        for name, arr in zip(in_names, inputs):
-            bind_input(name, wrap(arr, cpu))
-        for name, out in zip(out_names, outputs):
-            bind_output(name, wrap(out, cpu))
+        for (name, shape), arr in zip(ins, inputs):
+            bind_input(name, wrap(arr if arr.shape == shape else arr.reshape(shape), cpu))
+        for (name, shape), out in zip(outs, outputs):
+            bind_output(name, wrap(out if out.shape == shape else out.reshape(shape), cpu))
         execute(binding, None)
 
     return run
