@@ -14,6 +14,7 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
 - a per-channel ``Add``/``Sub``/``Mul``/``Div`` by a constant after a ``Conv`` with constant weights
   is folded into the weights and bias (batch norm, bias adds, scales);
 - ``Max(x, 0)`` → ``Relu``, ``Min(Relu(x), 6)`` → ``Clip``, ``MatMul`` + bias ``Add`` → ``Gemm``,
+  a 2-D ``MatMul`` of rows flattened from leading dims → a batched ``MatMul`` on the unflattened input,
   ``ReduceSum`` divided by the count it summed → ``ReduceMean``, max-subtracted exp over its sum →
   ``Softmax``, and any elementwise subgraph that computes GELU (torch-mlir writes ~30 ops of an erf
   approximation; recognised by evaluation, ``epilogue.classify``) → the erf form both engines fuse,
@@ -82,7 +83,8 @@ def optimize(model):
     shapes.update({k: tuple(v.shape) for k, v in consts.items()})
     g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output}, types)
     # Pruning first: dead readers would break the single-user checks of the fusions.
-    rules = (_prune, _fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations, _gemm, _mean,
+    rules = (_prune, _fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations,
+             _batched_matmul, _gemm, _mean,
              _softmax, _gelu, _layer_norm)
     while any([rule(g) for rule in rules]):
         pass
@@ -295,6 +297,29 @@ def _activations(g: _Graph) -> bool:
                     g.nodes.remove(p)
                     changed = True
                     break
+    return changed
+
+
+def _batched_matmul(g: _Graph) -> bool:
+    """``Reshape(MatMul(Reshape(a, [M, K]), b))`` → ``Reshape(MatMul(a, b))`` (a linear layer on a batch
+    of rows: ONNX MatMul broadcasts over the leading dims itself)."""
+    changed = False
+    for mm in list(g.nodes):
+        if mm.op_type != "MatMul":
+            continue
+        before, users = g.producer(mm.input[0]), g.users(mm.output[0])
+        b = g.shapes.get(mm.input[1])
+        if before is None or before.op_type != "Reshape" or len(users) != 1 or users[0].op_type != "Reshape" or \
+                b is None or len(b) != 2 or mm.output[0] in g.outputs:
+            continue
+        a = g.shapes.get(before.input[0])
+        if a is None or len(a) < 3 or a[-1] != b[0] or g.shapes.get(before.output[0]) != (int(np.prod(a[:-1])), a[-1]):
+            continue
+        # Only a Reshape reads the product, so its new (unflattened) shape changes nothing else; the
+        # Reshape then goes when it restores exactly that shape.
+        mm.input[0] = before.input[0]
+        g.shapes[mm.output[0]] = a[:-1] + (b[1],)
+        changed = True
     return changed
 
 
