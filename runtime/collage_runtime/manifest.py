@@ -92,5 +92,7 @@ def load_manifest(root: Path) -> dict:
             raise ArtifactError(f"{path}: region '{name}': no executor")
         _tensor_specs(root, region.get("inputs"), f"region '{name}' inputs")
         _tensor_specs(root, region.get("outputs"), f"region '{name}' outputs")
+        if not region["outputs"]:
+            raise ArtifactError(f"{path}: region '{name}' outputs: a region returns at least one tensor")
         verified_file(root, region.get("artifact"), region.get("sha256"), f"region '{name}' artifact")
     return manifest

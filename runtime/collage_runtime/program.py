@@ -55,9 +55,14 @@ class Program:
         self._failures: list[Exception] = []
         self._modules = [create_rt_module(device, self.root, self.manifest["regions"], self.engines, self._failures)]
         self._modules += [factory(device) for factory in extra_modules]
-        self._context = rt.SystemContext(
-            vm_modules=(*self.config.default_vm_modules, *self._modules, self._main), config=self.config
-        )
+        try:
+            self._context = rt.SystemContext(
+                vm_modules=(*self.config.default_vm_modules, *self._modules, self._main), config=self.config
+            )
+        except RuntimeError as exc:  # e.g. a region's signature in the manifest does not match the module's import
+            why = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+            raise ArtifactError(f"{self.root / MANIFEST}: the module does not link with the manifest's regions "
+                                f"({why[:240]}); recompile the artifact") from None
         self._functions = getattr(self._context.modules, self._main.name)
         self._signatures: dict[str, Signature | None] = {
             f: parse_declaration(self._main.lookup_function(f).reflection.get("iree.abi.declaration", ""))
