@@ -87,6 +87,12 @@ def measure(name: str, engines_: list[str], rounds: int, threads: int | None, tm
     buf = io.BytesIO()
     torch.onnx.export(model, (x,), buf, dynamo=False)
     onnx_torch.write_bytes(buf.getvalue())
+    import onnx
+
+    probe_module = import_torch(model, [x], new_context())
+    real = [n for n in onnx.load_from_string(buf.getvalue()).graph.node if n.op_type not in ("Constant", "Identity")]
+    counts = {"model": name, "collage_op_by_op": len(translate(_main(probe_module), simplify=False).graph.node),
+              "collage": len(translate(_main(probe_module)).graph.node), "torch_export": len(real)}
     variants: dict[tuple[str, str], object] = {}
     programs = []
     for engine in engines_:
@@ -136,7 +142,7 @@ def measure(name: str, engines_: list[str], rounds: int, threads: int | None, tm
                 med = statistics.median(ts)
                 rows.append({"model": name, "engine": engine, "variant": label, "median_ms": med * 1e3,
                              "min_ms": min(ts) * 1e3, "max_ms": max(ts) * 1e3, "ratio": med / base})
-    return rows
+    return rows, counts
 
 
 def main() -> None:
@@ -147,14 +153,19 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     a = p.parse_args()
-    rows = []
+    rows, counts = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
-            rows += measure(name, a.engines.split(","), a.rounds, a.threads, Path(tmp))
+            r, c = measure(name, a.engines.split(","), a.rounds, a.threads, Path(tmp))
+            rows, counts = rows + r, counts + [c]
     lines = ["| model | engine | variant | median ms | min–max ms | vs engine alone |", "|---|---|---|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['engine']} | {r['variant']} | {r['median_ms']:.3f} | "
               f"{r['min_ms']:.3f}–{r['max_ms']:.3f} | {r['ratio']:.2f}x |" for r in rows]
-    write_report(a.out, "whole_model", {**header("whole_model"), "rows": rows}, "\n".join(lines) + "\n")
+    lines += ["", "ONNX nodes (torch.onnx.export's without its Constant and Identity nodes):", "",
+              "| model | collage op by op | collage simplified | torch.onnx.export |", "|---|---:|---:|---:|"]
+    lines += [f"| {c['model']} | {c['collage_op_by_op']} | {c['collage']} | {c['torch_export']} |" for c in counts]
+    write_report(a.out, "whole_model", {**header("whole_model"), "rows": rows, "onnx_nodes": counts},
+                 "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
