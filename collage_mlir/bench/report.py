@@ -11,7 +11,8 @@ from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .contenders import COLLAGE, CONTENDERS
+from ..errors import CollageError
+from .contenders import COLLAGE
 from .session import BenchResult, ModelResult, Status
 
 #: Packages whose versions a result records.
@@ -73,6 +74,32 @@ def to_json(result: BenchResult, command: str) -> dict:
     return {"benchmark": "collage bench", "command": command, "machine": machine(), "versions": versions(),
             "options": asdict(result.options), "contenders": result.contenders,
             "geomean_ratio_to_best_peer": geomean_ratio(result), "models": models}
+
+
+def from_json(doc: dict) -> BenchResult:
+    """A result written by ``to_json`` (for merging the models of several runs into one report)."""
+    from dataclasses import fields
+
+    from .session import BenchOptions, ContenderResult
+
+    options = BenchOptions(**{f.name: doc["options"][f.name] for f in fields(BenchOptions) if f.name in doc["options"]})
+    models = []
+    for m in doc["models"]:
+        contenders = [ContenderResult(**(c | {"status": Status(c["status"])})) for c in m["contenders"]]
+        models.append(ModelResult(m["model"], m["description"], m["gflop"], contenders, tuple(m["load_avg"]),
+                                  m.get("import_s"), m.get("timed_at", "")))
+    return BenchResult(options, doc["contenders"], models)
+
+
+def merge(docs: list[dict]) -> BenchResult:
+    """One result holding every model of ``docs`` (runs with the same contenders and thread count)."""
+    results = [from_json(d) for d in docs]
+    first = results[0]
+    for r in results[1:]:
+        if r.contenders != first.contenders or r.options.threads != first.options.threads:
+            raise CollageError("merged bench results must have the same contenders and --threads")
+        first.models += r.models
+    return first
 
 
 def _cell(m: ModelResult, name: str, bold: bool) -> str:

@@ -194,9 +194,11 @@ def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict
 
 
 def run_bench(models: Sequence[str], names: Sequence[str], options: BenchOptions, work_dir: str | Path,
-              log: Callable[[str], None] = print, plans: dict[str, str] | None = None) -> BenchResult:
+              log: Callable[[str], None] = print, plans: dict[str, str] | None = None,
+              on_model: Callable[[BenchResult], None] | None = None) -> BenchResult:
     """Benchmarks each zoo model against the contenders ``names`` (collage among them, or not); the
-    collage contender runs ``plans[model]`` where given, else ``options.plan``."""
+    collage contender runs ``plans[model]`` where given, else ``options.plan``. ``on_model`` sees the
+    result so far after each model (a long run keeps what it measured if stopped)."""
     from .. import zoo
 
     for m in models:
@@ -207,4 +209,6 @@ def run_bench(models: Sequence[str], names: Sequence[str], options: BenchOptions
     result = BenchResult(options, list(names))
     for m in models:
         result.models.append(bench_model(m, names, options, Path(work_dir) / m, log, (plans or {}).get(m)))
+        if on_model:
+            on_model(result)
     return result

@@ -17,7 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     b = sub.add_parser("bench", help="benchmark zoo models compiled by collage against other engines",
                        epilog=f"models: {', '.join(MODELS)}")
-    b.add_argument("models", nargs="+", metavar="MODEL", help="zoo model names (see below)")
+    b.add_argument("models", nargs="*", metavar="MODEL", help="zoo model names (see below)")
+    b.add_argument("--merge", nargs="+", metavar="RESULT.json",
+                   help="no run: write one report (table, chart, geomean) of the models of earlier results")
     b.add_argument("--small", action="store_true", help="the models' small (CI) variants")
     b.add_argument("--plan", default="default",
                    help="the collage contender's plan: default | prefer:B1,B2 | random:SEED | PLAN.json "
@@ -41,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.session import BenchOptions, run_bench
     from ..errors import CollageError
 
+    if args.merge:
+        return _merge(args)
+    if not args.models:
+        raise CollageError("name at least one zoo model (or --merge earlier results)")
     peers = [n.strip() for n in args.vs.split(",") if n.strip()]
     if args.threads < 1:
         raise CollageError(f"--threads must be at least 1, got {args.threads}")
@@ -52,11 +58,12 @@ def run(args: argparse.Namespace) -> int:
     options = BenchOptions(threads=args.threads, seconds=args.seconds, rtol=args.rtol,
                            plan=f"tuned, --tune {args.tune}" if args.tune else args.plan,
                            small=args.small)
-    with tempfile.TemporaryDirectory(prefix="collage-bench-") as work:
-        result = run_bench(args.models, [COLLAGE, *dict.fromkeys(p for p in peers if p != COLLAGE)], options, work,
-                           log=lambda line: print(line, file=sys.stderr, flush=True), plans=plans)
     command = "collage " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if Path(sys.argv[0]).name == "collage" \
         else "collage bench " + " ".join(shlex.quote(a) for a in args.models)
+    with tempfile.TemporaryDirectory(prefix="collage-bench-") as work:
+        result = run_bench(args.models, [COLLAGE, *dict.fromkeys(p for p in peers if p != COLLAGE)], options, work,
+                           log=lambda line: print(line, file=sys.stderr, flush=True), plans=plans,
+                           on_model=lambda partial: report.write(partial, args.output, args.name, command))
     paths = report.write(result, args.output, args.name, command)
     print(report.to_markdown(result, command))
     print("wrote " + ", ".join(map(str, paths)))
@@ -86,3 +93,23 @@ def _tune(args: argparse.Namespace) -> dict[str, str]:
         tune_cmd.print_summary(result, str(path))
         plans[m] = str(path)
     return plans
+
+
+def _merge(args: argparse.Namespace) -> int:
+    import json
+
+    from ..bench import report
+    from ..errors import CollageError
+
+    docs = []
+    for path in args.merge:
+        try:
+            docs.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as exc:
+            raise CollageError(f"cannot read bench result: {exc}", where=path) from None
+    result = report.merge(docs)
+    command = "; ".join(d["command"] for d in docs)
+    paths = report.write(result, args.output, args.name, command)
+    print(report.to_markdown(result, command))
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0

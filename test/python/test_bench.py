@@ -78,3 +78,9 @@ def test_bench_end_to_end_two_peers(torch, tmp_path, capsys):
     table = (tmp_path / "ci.md").read_text()
     assert "| dcgan |" in table and "Geomean" in table
     assert (tmp_path / "ci.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Results of separate runs merge into one report (here the same run twice: two rows, same ratio).
+    assert main(["bench", "--merge", str(tmp_path / "ci.json"), str(tmp_path / "ci.json"), "-o", str(tmp_path),
+                 "--name", "merged"]) == 0
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert [m["model"] for m in merged["models"]] == ["dcgan", "dcgan"]
+    assert merged["geomean_ratio_to_best_peer"] == pytest.approx(model["ratio_to_best_peer"])
