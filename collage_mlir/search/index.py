@@ -39,7 +39,13 @@ class SearchGraph:
 
     @classmethod
     def from_graph(cls, graph: Graph) -> "SearchGraph":
-        return cls(graph.topological_order(), {i: tuple(graph.producers(i)) for i in graph.nodes},
+        """The module's ops in an as-late-as-possible topological order: each op right before its first
+        use, so a weight sits beside its conv, not with every other constant at the top of the function
+        (the DP climbs to first uncovered ancestors; far-away constants would make it branch on them)."""
+        ids = graph.topological_order()
+        rank = {op: k for k, op in enumerate(ids)}
+        late = list(nx.lexicographical_topological_sort(graph.dag.reverse(copy=False), key=lambda op: -rank[op]))
+        return cls(late[::-1], {i: tuple(graph.producers(i)) for i in graph.nodes},
                    {i: _result_bytes(n.op) for i, n in graph.nodes.items()})
 
     def mask(self, ops: Iterable[int]) -> int:
