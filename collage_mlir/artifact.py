@@ -10,11 +10,14 @@ import json
 import shutil
 import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from collage_runtime.manifest import FORMAT, MANIFEST, VERSION, sha256_file
+from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
+from collage_runtime.package import pack
 
 from . import __version__
 from .backends import registry
@@ -87,7 +90,8 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs
 
 def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str = "<module>",
                    iree_args: Sequence[str] = (), **iree_kwargs) -> CompileResult:
-    """Partitions ``module`` by ``plan`` and writes the artifact directory ``out_dir``.
+    """Partitions ``module`` by ``plan`` and writes the artifact directory ``out_dir`` (or, for a path
+    ending in ``.collage``, one file packing that directory).
 
     The artifact is built in a new directory beside ``out_dir`` and renamed into place once complete, so a
     failed or interrupted compile leaves the previous artifact as it was (or nothing), never a mix."""
@@ -126,7 +130,11 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
             "regions": parts.regions,
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        _replace_dir(stage, out)
+        if out.suffix == PACKAGE_SUFFIX:  # one deployable file
+            pack(stage, out)
+            shutil.rmtree(stage, ignore_errors=True)
+        else:
+            _replace_dir(stage, out)
     except OSError as exc:
         shutil.rmtree(stage, ignore_errors=True)
         raise CollageError(f"cannot write the artifact: {exc.strerror} ({exc.filename})", where=str(out)) from None
@@ -152,6 +160,10 @@ def check_artifact_dir(out_dir: str | Path) -> None:
     """Refuses an output path that is a file, or a non-empty directory that holds no collage artifact
     (compiling replaces the whole directory)."""
     out = Path(out_dir)
+    if out.suffix == PACKAGE_SUFFIX:
+        if out.exists() and not zipfile.is_zipfile(out):
+            raise CollageError(f"output path exists and is not a packed {PACKAGE_SUFFIX} artifact", where=str(out))
+        return
     if out.exists() and not out.is_dir():
         raise CollageError("output path exists and is not a directory", where=str(out))
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import shutil
+import weakref
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -10,6 +12,7 @@ import iree.runtime as rt
 import numpy as np
 
 from .manifest import MANIFEST, ArtifactError, load_manifest
+from .package import is_package, unpack
 from .engines import Engines, iree_device, usable_cores
 from .rt_module import RegionFailure, create_rt_module
 from .types import SUB_BYTE_BITS, Signature, TensorSpec, parse_declaration
@@ -28,11 +31,16 @@ class InputError(ValueError):
 
 
 class Program:
-    """A loaded artifact. ``invoke(name, *arrays)`` runs a public function and returns numpy arrays."""
+    """A loaded artifact (a directory, or one packed ``.collage`` file). ``invoke(name, *arrays)`` runs a
+    public function and returns numpy arrays."""
 
     def __init__(self, root: str | Path, *, driver: str = "local-task", extra_modules: Sequence[ModuleFactory] = (),
                  threads: int | None = None):
         self.root = Path(root)
+        if is_package(self.root):
+            self.root = unpack(self.root)
+            # The unpacked copy goes when the program is closed or collected, or at exit.
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.manifest = load_manifest(self.root)
         # One thread budget for every engine in the program (default: all usable cores).
         self.engines = Engines(usable_cores() if threads is None else threads)
@@ -116,6 +124,8 @@ class Program:
             if hasattr(self, attr):
                 delattr(self, attr)
         gc.collect()
+        if hasattr(self, "_cleanup"):
+            self._cleanup()
 
     def __enter__(self) -> "Program":
         return self

@@ -264,3 +264,31 @@ def test_an_engine_failing_at_run_time_is_one_line(backend, message, tmp_path, m
         np.save(tmp_path / f"x{k}.npy", np.ones(4, np.float32))
     r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x0.npy"), "--input", str(tmp_path / "x1.npy"))
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr and not r.stdout, r.stderr
+
+
+def test_one_deployable_file(built, tmp_path):
+    """``-o model.collage`` packs the artifact into one file that loads like the directory; a damaged or
+    malicious archive is one line."""
+    packed = tmp_path / "model.collage"
+    compile_module(parse_module(MLP, new_context()), PLAN, packed)
+    assert packed.is_file()
+    with collage_runtime.load(packed) as prog:
+        unpacked = prog.root
+        np.testing.assert_allclose(prog.invoke("main", *_inputs())[0], built[1], rtol=1e-4, atol=1e-5)
+    assert not unpacked.exists()  # the private copy goes with the program
+
+    data = packed.read_bytes()
+    (tmp_path / "cut.collage").write_bytes(data[: len(data) // 2])
+    corrupt = bytearray(data)
+    corrupt[200] ^= 0xFF  # inside the first member's compressed data
+    (tmp_path / "flip.collage").write_bytes(bytes(corrupt))
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "slip.collage", "w") as zf:
+        zf.writestr("manifest.json", "{}")
+        zf.writestr("../../escape.txt", "x")
+    for name, message in [("cut", "not a collage artifact"), ("flip", "packed artifact"),
+                          ("slip", "would lie outside the artifact")]:
+        with pytest.raises(ArtifactError, match=message):
+            collage_runtime.load(tmp_path / f"{name}.collage")
+    assert not (tmp_path.parent / "escape.txt").exists()
