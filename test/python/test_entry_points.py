@@ -1,0 +1,51 @@
+"""Framework entry points: collage_mlir.torch.compile and torch.compile(backend="collage") equal eager
+PyTorch (rtol 1e-4, atol 1e-5); a graph collage cannot import falls back to eager with one warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from models import mlp
+
+
+def test_readme_torch_example(torch):
+    import collage_mlir.torch
+
+    model, x = mlp(), torch.randn(4, 32)
+    compiled = collage_mlir.torch.compile(model, [x])            # the default plan
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    y = torch.compile(model, backend="collage")(x)              # registered through torch's entry points
+    torch.testing.assert_close(y, model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_plans_other_than_default(torch):
+    import collage_mlir.torch
+
+    model, x = mlp(), torch.randn(4, 32)
+    compiled = collage_mlir.torch.compile(model, [x], plan="prefer:onednn")
+    assert {r.backend for r in compiled.plan.regions} == {"onednn"}
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_graph_collage_cannot_take_runs_eagerly_with_one_warning(torch):
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.fft(x).real  # complex FFT: the StableHLO lowering refuses it
+
+    x = torch.randn(4, 32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = torch.compile(Spectrum(), backend="collage")(x)
+    ours = [w for w in caught if "collage: running this graph eagerly" in str(w.message)]
+    assert len(ours) == 1
+    torch.testing.assert_close(y, torch.fft.fft(x).real)
+
+
+def test_unknown_plan_is_a_collage_error(torch):
+    import collage_mlir.torch
+    from collage_mlir.errors import CollageError
+
+    with pytest.raises(CollageError, match="no-such-backend"):
+        collage_mlir.torch.compile(mlp(), [torch.randn(4, 32)], plan="prefer:no-such-backend")
