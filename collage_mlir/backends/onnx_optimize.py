@@ -139,6 +139,7 @@ def _broadcast_shape(shapes) -> tuple[int, ...] | None:
 def _drop_broadcasts(g: _Graph) -> bool:
     """Operands of broadcasting ops that only repeat a smaller tensor become that smaller tensor."""
     changed = False
+    producers = {o: n for n in g.nodes for o in n.output}  # this rule rewires inputs only
     for n in g.nodes:
         if n.op_type not in BROADCASTING or n.output[0] not in g.shapes:
             continue
@@ -147,7 +148,7 @@ def _drop_broadcasts(g: _Graph) -> bool:
             if None in others:
                 continue
             smaller = None
-            p = g.producer(x)
+            p = producers.get(x)
             if p is not None and p.op_type == "Expand" and p.input[0] in g.shapes:
                 smaller = p.input[0]
             elif x in g.consts and g.consts[x].size > 1 and np.all(g.consts[x] == g.consts[x].flat[0]):

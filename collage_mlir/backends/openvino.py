@@ -39,7 +39,7 @@ def _from_constants(value: ir.Value) -> bool:
 
 
 def exact_types(op: ir.Operation) -> str | None:
-    """i64 only computed from constants (OpenVINO's CPU plugin computes i64 in 32 bits); a constant pad value"""
+    """i64 only from constants (OpenVINO computes i64 in 32 bits); constant pad values"""
     # Probed (test_graph_translation.py::test_engine_type_coverage): 2**40 + 3 comes back as 3, and a pad
     # value given at run time is ignored (zeros). f64 runs in f32 — as IREE runs it (it demotes f64).
     for v in list(op.operands) + list(op.results):

@@ -14,7 +14,7 @@ from .onnx_export import OnnxGraphBackend, engine_patterns
 
 
 def ort_kernels(op: ir.Operation) -> str | None:
-    """element types ONNX Runtime's CPU kernels run (no f64 Conv, no Where on i1, no integer divide)"""
+    """no f64 Conv, no Where on i1, no integer divide (ONNX Runtime's CPU kernels)"""
     # Found by probing every op on every element type (test_graph_translation.py::test_engine_type_coverage);
     # the ONNX op list promises more than the CPU execution provider has kernels for.
     et = tensor_type(op.results[0])[1] if op.results and tensor_type(op.results[0]) else ""
