@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__
+from collage_runtime.types import split_top_level
+
 from ..errors import CollageError
 from ..ir import load_module, new_context, parse_module, passmanager
 from ..passes import registry, run_pipeline
@@ -57,29 +59,12 @@ def _usage(ours: dict) -> str:
     return "".join(lines)
 
 
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "({":
-            depth += 1
-        elif ch in ")}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur.strip())
-    return parts
-
-
 def _pipeline_elements(pipeline: str) -> list[str]:
     """``builtin.module(a,b{x=1},func.func(c))`` → ``["a", "b{x=1}", "func.func(c)"]``."""
     text = pipeline.strip()
     if text.startswith("builtin.module(") and text.endswith(")"):
         text = text[len("builtin.module("):-1]
-    return _split_top_level(text)
+    return split_top_level(text, "({")
 
 
 def build_pass_manager(elements: list[str], context) -> passmanager.PassManager:

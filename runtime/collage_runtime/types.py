@@ -72,20 +72,23 @@ class Signature:
     outputs: tuple[TensorSpec | None, ...]
 
 
-def _split_top(text: str) -> list[str]:
+def split_top_level(text: str, brackets: str = "(<{") -> list[str]:
+    """``text`` split at the commas outside any of ``brackets`` (and their closing partners), stripped."""
+    closing = {"(": ")", "<": ">", "{": "}", "[": "]"}
+    opens, closes = set(brackets), {closing[b] for b in brackets}
     parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "<(":
+    for k, ch in enumerate(text):
+        if ch in opens:
             depth += 1
-        elif ch in ">)":
+        elif ch in closes and not (ch == ">" and k and text[k - 1] == "-"):  # "->" closes nothing
             depth -= 1
         if ch == "," and depth == 0:
-            parts.append("".join(cur))
+            parts.append("".join(cur).strip())
             cur = []
         else:
             cur.append(ch)
     if "".join(cur).strip():
-        parts.append("".join(cur))
+        parts.append("".join(cur).strip())
     return parts
 
 
@@ -103,7 +106,7 @@ def _types(text: str) -> tuple[TensorSpec | None, ...]:
     text = text.strip()
     if text.startswith("(") and text.endswith(")"):
         text = text[1:-1]
-    return tuple(_type_of(p) for p in _split_top(text))
+    return tuple(_type_of(p) for p in split_top_level(text))
 
 
 def parse_declaration(decl: str) -> Signature | None:
