@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-import collage_runtime  # noqa: E402
+import collage_runtime
 from collage_runtime import rt_module
 from collage_runtime.engines import Engines
 from collage_runtime.executors import executor
@@ -180,4 +180,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # What the runtime sets when it is first to import torch (executors/torch_steps.py); here the compiler
+    # imports torch before it, and spinning OpenMP workers made onednn's CPU times vary 40-330 µs.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     main()

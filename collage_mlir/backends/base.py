@@ -27,7 +27,7 @@ class BackendKind(str, Enum):
 @dataclass(frozen=True)
 class RegionArtifact:
     """What ``Backend.build`` wrote: a file (relative to the artifact dir) and the runtime executor
-    (an importable module path under ``collage_runtime``'s executor protocol) that serves it."""
+    that serves it (its name in the ``collage_runtime.executors`` entry-point group)."""
 
     file: str
     executor: str
