@@ -88,8 +88,15 @@ def main() -> None:
             with CostDB(work / "costs.sqlite") as db:
                 for kind in ("cold", "warm"):
                     t0 = time.perf_counter()
+                    stages: list[str] = []
+
+                    def show(stage, done, total, note, t0=t0, stages=stages):
+                        if not stages or stages[-1] != stage:
+                            stages.append(stage)
+                            print(f"  {name} {kind}: {stage} at {time.perf_counter() - t0:.0f} s", flush=True)
+
                     r = tune(module, backends, db, work / kind, budget_s=args.budget, examples={"main": inputs},
-                             measure=MeasureOptions())
+                             measure=MeasureOptions(), on_progress=show)
                     runs.append((kind, time.perf_counter() - t0, r))
                     print(f"{name}: {kind} tune {runs[-1][1]:.1f} s, {r.candidates} candidates, "
                           f"{r.estimator.measured} measured now, {r.estimator.cache_hits} DB hits", flush=True)
@@ -107,6 +114,10 @@ def main() -> None:
                  "dp_vs_best_single": m[best_single] / m["dp"] if m["dp"] else None}
         result["models"][name] = entry
         rows.append((name, entry, m))
+        _write(args, result, rows)  # after each model: a long run keeps what it finished
+
+
+def _write(args, result: dict, rows: list) -> None:
     md = [f"# Tuning: wall time and plan quality\n\n`{result['command']}`\n\n{result['device']}; backends "
           f"{', '.join(result['backends'])}; budget {args.budget:.0f} s; {args.rounds} interleaved rounds.\n",
           "| model | candidates | cold tune s | warm tune s | same plan warm | tuned ms | DP ms | best single | "

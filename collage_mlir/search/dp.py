@@ -11,8 +11,12 @@ other in a cycle from a valid one. Here a step takes a *ready* candidate (its in
 every plan reached is acyclic): one at u, or, where a candidate at u is not ready, one at its first
 uncovered ancestor outside it, and so on up. That is still complete: if the region holding u in some
 acyclic plan is not ready, following first uncovered ancestors climbs that plan's region DAG to a
-ready region. Unrelated ready ops (the many constants of a model) are never taken in every order,
-which would make the states exponential.
+ready region. Unrelated ready ops (the many constants of a model) are never taken in every order.
+Even so the covered sets of a real model are too many (ResNet's small variant: > 300 000 after 40 s
+with one graph engine's 8-op candidates), so above ``EXACT_MAX_OPS`` ops the DP takes Collage's rule
+with readiness: only ready candidates at u. That misses plans whose region holding u needs an op
+placed later in the order; the graph-level search and the maximal-region seeds cover the large
+regions it would miss.
 
 Region costs are asked lazily, in one batch (so a measured estimator builds them in parallel): only
 for candidates some reachable state can take, found by walking the covered sets first.
@@ -39,9 +43,14 @@ class DpResult:
     costs: dict[tuple[frozenset[int], str], Cost]  # every region cost asked
 
 
-def optimize(index: CandidateIndex, estimator: CostEstimator,
+#: Up to this many ops the DP is exact (climbs to ancestors); above, it takes Collage's rule.
+EXACT_MAX_OPS = 48
+
+
+def optimize(index: CandidateIndex, estimator: CostEstimator, *, exact: bool | None = None,
              on_progress: Callable[[int, int], None] | None = None) -> DpResult:
-    """The plan of ``index``'s candidates with the lowest additive cost under ``estimator``."""
+    """The plan of ``index``'s candidates with the lowest additive cost under ``estimator`` (exactly, over
+    every acyclic plan, when ``exact``; by default for graphs of at most ``EXACT_MAX_OPS`` ops)."""
     g = index.graph
     n = len(g.order)
     full = (1 << n) - 1
@@ -55,7 +64,8 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
             trans[key] = transition_seconds(estimator.transition_cost(src, dst, nbytes))
         return trans[key]
 
-    reachable = reachable_candidates(index)
+    exact = len(index.graph.order) <= EXACT_MAX_OPS if exact is None else exact
+    reachable = reachable_candidates(index, exact)
     costs = dict(zip(reachable, estimator.region_costs(reachable)))
     # state: (covered mask, frontier labels: ((op, backend), ...)) → (cost, previous state, candidate)
     start = (0, ())
@@ -69,7 +79,7 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
             base = best[state][0]
             covered, labels = state
             label = dict(labels)
-            for c in () if covered == full else _steps(index, covered, bit, anc_mask):
+            for c in () if covered == full else _steps(index, covered, bit, anc_mask, exact):
                 rc = costs[(c.ops, c.backend)]
                 if rc.usable:
                     total = base + rc.seconds
@@ -84,7 +94,7 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
                 new_cov = covered | c.mask
                 merged = label | {op: c.backend for op in c.ops}
                 frontier = tuple((op, merged[op]) for op in sorted(merged, key=g.pos.__getitem__)
-                                 if any(not new_cov & bit[u] for u in g.users[op]))
+                                 if op not in g.constant and any(not new_cov & bit[u] for u in g.users[op]))
                 nxt = (new_cov, frontier)
                 if nxt not in best or total < best[nxt][0]:
                     if nxt not in best:
@@ -106,7 +116,7 @@ def optimize(index: CandidateIndex, estimator: CostEstimator,
                     [(c, costs[(c.ops, c.backend)]) for c in chosen], expanded, costs)
 
 
-def reachable_candidates(index: CandidateIndex) -> list[tuple[frozenset[int], str]]:
+def reachable_candidates(index: CandidateIndex, exact: bool) -> list[tuple[frozenset[int], str]]:
     """Every (ops, backend) some state of the DP can take, in index order: what must be costed (found
     from the states' covered sets alone, so the costs can be asked in one batch)."""
     g = index.graph
@@ -118,7 +128,7 @@ def reachable_candidates(index: CandidateIndex) -> list[tuple[frozenset[int], st
         covered = stack.pop()
         if covered == full:
             continue
-        for c in _steps(index, covered, bit, anc_mask):
+        for c in _steps(index, covered, bit, anc_mask, exact):
             found.add(id(c))
             nxt = covered | c.mask
             if nxt not in seen_states:
@@ -145,13 +155,16 @@ def _ancestor_masks(index: CandidateIndex) -> dict[int, int]:
     return out
 
 
-def _steps(index: CandidateIndex, covered: int, bit: dict[int, int], anc_mask: dict[int, int]):
+def _steps(index: CandidateIndex, covered: int, bit: dict[int, int], anc_mask: dict[int, int], exact: bool):
     """The candidates a state may take next (see the module docstring), in index order: the ready ones
     at the first uncovered op u, and for each candidate that is not ready, recursively, those at its
     first uncovered ancestor outside it (an op whose producers are all covered)."""
     g = index.graph
     u = next(op for op in g.order if not covered & bit[op])
     visited, stack, found = {u}, [u], {}
+    if not exact:
+        found = {id(c): c for c in index.candidates_at(u) if not c.mask & covered and not c.inputs_mask & ~covered}
+        stack = []
     while stack:
         w = stack.pop()
         for c in index.candidates_at(w):

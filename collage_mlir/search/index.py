@@ -12,7 +12,8 @@ from typing import Iterable, Sequence
 import networkx as nx
 
 from ..backends import DEFAULT_BACKEND, Backend
-from ..graph import Graph
+from ..dialects import collage
+from ..graph import Graph, external_operands, producer
 from ..ir import ir
 from ..plan import Plan
 from .candidates import enumerate_candidates
@@ -26,6 +27,9 @@ class SearchGraph:
     order: list[int]
     producers: dict[int, tuple[int, ...]]
     out_bytes: dict[int, int]
+    #: Constant expressions (no function argument flows in): a region they feed gets its own copy, so
+    #: no boundary is paid for them and the DP needs no backend for them.
+    constant: frozenset[int] = frozenset()
     users: dict[int, tuple[int, ...]] = field(init=False)
     pos: dict[int, int] = field(init=False)
 
@@ -45,8 +49,14 @@ class SearchGraph:
         ids = graph.topological_order()
         rank = {op: k for k, op in enumerate(ids)}
         late = list(nx.lexicographical_topological_sort(graph.dag.reverse(copy=False), key=lambda op: -rank[op]))
+        constant: set[int] = set()
+        for op in ids:
+            node = graph.nodes[op]
+            if all(producer(v) is not None and collage.op_id(producer(v)) in constant
+                   for v in external_operands([node.op])):
+                constant.add(op)
         return cls(late[::-1], {i: tuple(graph.producers(i)) for i in graph.nodes},
-                   {i: _result_bytes(n.op) for i, n in graph.nodes.items()})
+                   {i: _result_bytes(n.op) for i, n in graph.nodes.items()}, frozenset(constant))
 
     def mask(self, ops: Iterable[int]) -> int:
         m = 0
@@ -99,8 +109,9 @@ def _result_bytes(op: ir.Operation) -> int:
 
 @dataclass(frozen=True)
 class SearchCandidate:
-    """One (backend, region): ``mask`` has bit ``pos[op]`` set per op; ``inputs`` are the ops outside
-    it whose results flow in; ``first`` is its first op in topological order."""
+    """One (backend, region): ``mask`` has bit ``pos[op]`` set per op; ``inputs`` are the ops outside it
+    whose results flow in across a boundary (constant expressions are copied in, not passed);
+    ``inputs_mask`` has every op outside it that flows in; ``first`` is its first op in topological order."""
 
     backend: str
     ops: frozenset[int]
@@ -124,8 +135,9 @@ class CandidateIndex:
             if (backend, ops) in seen:
                 continue
             inputs = graph.external_producers(ops)
+            charged = tuple(p for p in inputs if p not in graph.constant)
             seen[(backend, ops)] = SearchCandidate(backend, ops, graph.mask(ops), min(ops, key=graph.pos.__getitem__),
-                                                   inputs, graph.mask(inputs), maximal)
+                                                   charged, graph.mask(inputs), maximal)
         self.candidates = sorted(seen.values(), key=lambda c: (graph.pos[c.first], -len(c.ops), c.backend,
                                                                 sorted(c.ops)))
         self.rank = {id(c): k for k, c in enumerate(self.candidates)}  # deterministic order of steps
@@ -159,7 +171,7 @@ class CandidateIndex:
 
 
 def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[int]], out_bytes: dict[int, int],
-              estimator: CostEstimator) -> float:
+              estimator: CostEstimator, constant: frozenset[int] = frozenset()) -> float:
     """The additive cost of ``plan``: its regions, every other op alone on the default backend, and one
     transition per (producer op, consuming region) crossing a boundary (as the DP counts them); inf when
     a region or boundary is invalid."""
@@ -177,6 +189,6 @@ def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[in
             return math.inf
         total += cost.seconds
     for k, (backend, ops) in enumerate(regions):
-        for p in sorted({p for q in ops for p in producers.get(q, ()) if p not in ops}):
+        for p in sorted({p for q in ops for p in producers.get(q, ()) if p not in ops and p not in constant}):
             total += transition_seconds(estimator.transition_cost(label[p][0], backend, out_bytes[p]))
     return total

@@ -132,7 +132,7 @@ def _document(evolved: EvolveResult, dp_plan: Plan, single: dict[str, Plan], sg:
     plan = evolved.plan
 
     def predicted(p: Plan) -> float | None:
-        t = plan_cost(p, sg.order, sg.producers, sg.out_bytes, est)
+        t = plan_cost(p, sg.order, sg.producers, sg.out_bytes, est, sg.constant)
         return t if math.isfinite(t) else None
 
     def measured_s(p: Plan) -> float | None:

@@ -19,13 +19,14 @@ BACKENDS = ("lib", "engine")
 
 
 def random_case(seed: int, n: int):
-    """A random DAG of ``n`` ops (ids shuffled against topological order) and random convex connected
-    candidates of up to 4 ops on two backends."""
+    """A random DAG of ``n`` ops (ids shuffled against topological order; some sources are constants)
+    and random convex connected candidates of up to 4 ops on two backends."""
     rng = random.Random(seed)
     ids = list(range(100, 100 + n))
     rng.shuffle(ids)
     producers = {ids[j]: tuple(sorted({ids[i] for i in range(j) if rng.random() < 0.3})) for j in range(n)}
-    graph = SearchGraph(ids, producers, {i: rng.choice((64, 4096, 1 << 20)) for i in ids})
+    constant = frozenset(i for i in ids if not producers[i] and rng.random() < 0.4)
+    graph = SearchGraph(ids, producers, {i: rng.choice((64, 4096, 1 << 20)) for i in ids}, constant)
     regions = []
     for _ in range(3 * n):
         grown = {rng.choice(ids)}
@@ -52,7 +53,7 @@ def brute_force(index: CandidateIndex, estimator: MockEstimator) -> float:
             if g.acyclic(c.ops for c in chosen):
                 plan = Plan([Region(f"r{k}", c.backend, c.ops) for k, c in enumerate(chosen)
                              if c.backend != index.default_backend])
-                best = min(best, plan_cost(plan, g.order, g.producers, g.out_bytes, estimator))
+                best = min(best, plan_cost(plan, g.order, g.producers, g.out_bytes, estimator, g.constant))
             return
         for c in index.candidates_at(rest[0]):
             if not c.ops & covered:
@@ -71,9 +72,21 @@ def test_dp_equals_brute_force(seed, n):
     expected = brute_force(index, est)
     assert math.isclose(result.cost_s, expected, rel_tol=1e-9), (result.cost_s, expected)
     # The plan it returns costs what it says, and is a valid plan (acyclic, each region a candidate).
-    assert math.isclose(plan_cost(result.plan, graph.order, graph.producers, graph.out_bytes, est), expected,
+    assert math.isclose(plan_cost(result.plan, graph.order, graph.producers, graph.out_bytes, est, graph.constant), expected,
                         rel_tol=1e-9)
     assert graph.acyclic(r.ops for r in result.plan.regions)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 12))
+def test_collage_rule_dp_is_valid_and_never_below_the_exact_one(seed, n):
+    graph, index = random_case(seed, n)
+    est = MockEstimator(seed, graph.order, graph.out_bytes, producers=graph.producers)
+    exact, restricted = optimize(index, est, exact=True), optimize(index, est, exact=False)
+    assert restricted.cost_s >= exact.cost_s * (1 - 1e-9)
+    assert math.isclose(plan_cost(restricted.plan, graph.order, graph.producers, graph.out_bytes, est, graph.constant),
+                        restricted.cost_s, rel_tol=1e-9)
+    assert graph.acyclic(r.ops for r in restricted.plan.regions)
 
 
 def test_dp_asks_costs_lazily_once():
