@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collage_runtime.types import byte_dtype
+
 from ..ir import ir
 
 
@@ -181,8 +183,6 @@ def permutation(op: ir.Operation) -> list[int]:
 
 #: Ops that only reshape or convert their operand: a tree of them over constants is a constant.
 CONST_EXPR_OPS = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim")
-_NP_TYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i1": np.bool_, "i8": np.int8,
-             "i32": np.int32, "i64": np.int64}
 
 
 def const_expr_ops(value: ir.Value, max_ops: int = 8) -> list[ir.Operation] | None:
@@ -220,11 +220,11 @@ def const_expr_value(value: ir.Value) -> np.ndarray | None:
     result = constant_value(ops[0])
     for op in ops[1:]:
         tt = tensor_type(op.results[0])
-        if tt is None or tt[1] not in _NP_TYPES:
+        if tt is None or byte_dtype(tt[1]) is None:
             return None
         shape, dtype = tt
         if op.name == "stablehlo.convert":
-            result = result.astype(_NP_TYPES[dtype])
+            result = result.astype(byte_dtype(dtype))
         elif op.name == "stablehlo.reshape":
             result = result.reshape(shape)
         else:
@@ -260,12 +260,12 @@ def resource_arrays(ops: list[ir.Operation]) -> list[np.ndarray | None]:
     out: list[np.ndarray | None] = []
     for op, key in zip(ops, keys):
         tt = tensor_type(op.results[0])
-        if not key or key not in blobs or tt is None or tt[1] not in _NP_TYPES:
+        if not key or key not in blobs or tt is None or byte_dtype(tt[1]) is None:
             out.append(None)
             continue
         shape, dtype = tt
         raw = bytes.fromhex(blobs[key])[4:]  # the first 4 bytes are the blob's alignment
-        np_dtype = np.dtype(_NP_TYPES[dtype])
+        np_dtype = byte_dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
         if len(raw) == count * np_dtype.itemsize:
             out.append(np.frombuffer(raw, dtype=np_dtype).reshape(shape).copy())

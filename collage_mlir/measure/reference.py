@@ -13,14 +13,14 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from collage_runtime.types import byte_dtype
+
 from ..dialects import collage
 from ..errors import CollageError
 from ..graph import public_funcs
 from ..ir import ir, new_context, parse_module
 from .extract import ValueRef
 
-_NP = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "bf16": None, "i1": np.bool_, "i8": np.int8,
-       "i16": np.int16, "i32": np.int32, "i64": np.int64, "ui8": np.uint8}
 
 #: Generated integers lie in [0, INT_RANGE): small enough to be valid indices into most dimensions.
 INT_RANGE = 4
@@ -33,7 +33,7 @@ def generated_input(type_: ir.Type, rng: np.random.Generator) -> np.ndarray:
         raise CollageError(f"cannot generate an input of type {type_}; pass example inputs with --input")
     tt = ir.RankedTensorType(type_)
     et = str(tt.element_type)
-    dtype = _NP.get(et)
+    dtype = byte_dtype(et)
     if dtype is None:
         raise CollageError(f"cannot generate {et} data; pass example inputs with --input")
     shape = tuple(tt.shape)

@@ -31,6 +31,12 @@ def numpy_dtype(element: str) -> np.dtype | None:
     return NUMPY_DTYPES.get(element)
 
 
+def byte_dtype(element: str) -> np.dtype | None:
+    """The numpy dtype whose bytes are exactly ``element``'s in memory (None for sub-byte and unknown types,
+    whose memory is packed differently): for reading raw buffers and blobs."""
+    return None if element in SUB_BYTE_BITS else NUMPY_DTYPES.get(element)
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """A tensor in a function signature: its shape (None for a dynamic dimension) and element type."""
