@@ -13,7 +13,8 @@ from pathlib import Path
 
 from . import artifact
 from .graph import Graph
-from .ir import ir, load_module, new_context, parse_module
+from .frontends import load_model
+from .ir import ir, new_context, parse_module
 from .passes.number_ops import NumberOpsPass
 from .plan import Plan
 from .search import resolve_plan
@@ -30,7 +31,7 @@ def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str |
                  **iree_kwargs) -> dict:
     """Compiles a StableHLO file with ``plan``; ``iree_kwargs`` go to ``iree.compiler.tools.compile_str``
     (``extra_args``, ``target_backends``, ...). Returns the artifact manifest."""
-    module = load_module(input_file, new_context())
+    module = load_model(input_file, new_context())
     return compile_module(module, plan, output_dir, source=str(input_file), **iree_kwargs).manifest
 
 

@@ -8,6 +8,15 @@ from pathlib import Path
 from ..ir import load_module  # noqa: F401  (the .mlir / .mlirbc frontend)
 
 
+def load_model(path: str | Path, context) -> "ir.Module":
+    """A model file as StableHLO: ``.onnx`` through the ONNX frontend, ``.mlir``/``.mlirbc`` as they are."""
+    if Path(path).suffix == ".onnx":
+        from .onnx import import_onnx
+
+        return import_onnx(path, context)
+    return load_module(path, context)
+
+
 def cache_dir() -> Path:
     """The user's collage cache directory (``$COLLAGE_CACHE_DIR`` or ``$XDG_CACHE_HOME/collage-mlir``)."""
     if os.environ.get("COLLAGE_CACHE_DIR"):

@@ -25,11 +25,12 @@ from . import (OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     from ..artifact import check_artifact_dir
-    from ..ir import load_module, new_context
+    from ..frontends import load_model
+    from ..ir import new_context
     from ..iree import compile_module
 
     check_artifact_dir(args.output)
-    module = load_module(args.model, new_context())
+    module = load_model(args.model, new_context())
     plan = args.plan
     if args.tune or plan == "tune":  # every available backend, the default budget and DB
         tuned = tune_cmd.tune_model(module, {}, tune_cmd.parse_backends(None),

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..backends import get_backend
     from ..graph import Graph
-    from ..ir import load_module, new_context
+    from ..frontends import load_model
+    from ..ir import new_context
     from ..measure.db import CostDB, default_db_path
     from ..measure.harness import MeasureOptions, measure_regions
     from ..measure.timing import TimingOptions
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     backends = [get_backend(n, where="--backends") for n in names]
     arrays = load_input_arrays(args.input)
     examples = {"main": arrays} if arrays else {}
-    module = load_module(args.model, new_context())
+    module = load_model(args.model, new_context())
     NumberOpsPass().run(module)
     candidates = enumerate_candidates(Graph(module), backends)
     options = MeasureOptions(timing=TimingOptions(budget_s=args.budget, rel_spread=args.spread),

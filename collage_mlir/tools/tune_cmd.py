@@ -50,11 +50,11 @@ def parse_backends(text: str | None) -> list:
 def load_model(spec: str, context, inputs: list):
     """(numbered module, example inputs for @main) from a StableHLO file, or from ``package.module:factory``
     where ``factory()`` returns ``(torch model, example inputs)``."""
-    from ..ir import load_module
+    from ..frontends import load_model as load_file
 
     path = Path(spec)
-    if path.suffix in (".mlir", ".mlirbc") or path.exists() or ":" not in spec:
-        return load_module(spec, context), inputs
+    if path.suffix in (".mlir", ".mlirbc", ".onnx") or path.exists() or ":" not in spec:
+        return load_file(spec, context), inputs
     import importlib
 
     from ..frontends.torch import import_torch

@@ -1,0 +1,66 @@
+"""ONNX frontend: an ``.onnx`` file to StableHLO through torch-mlir's ONNX importer and lowering.
+
+    ONNX model ──(onnx shape inference)──► torch-mlir onnx_importer (torch.operator "onnx.*")
+      ──► convert-torch-onnx-to-torch ──► torch backend contract ──► torch-backend-to-stablehlo-backend-pipeline
+
+The StableHLO is handed to IREE's context as bytecode (two MLIR builds, as for the torch frontend). The
+model's graph becomes ``@main``. What it cannot import: ONNX ops torch-mlir has no conversion for, graphs
+whose shapes ONNX's shape inference cannot resolve statically, and external-data models whose data files
+are missing; each is one CollageError naming the cause.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from ..errors import CollageError
+from ..ir import ir, parse_module
+
+PIPELINE = ("builtin.module(func.func(convert-torch-onnx-to-torch),torch-lower-to-backend-contract,"
+            "torch-backend-to-stablehlo-backend-pipeline)")
+
+
+def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main") -> ir.Module:
+    """Imports the ONNX model at ``path`` as StableHLO into ``context`` (its graph as ``@func_name``)."""
+    try:
+        import onnx
+        from torch_mlir import ir as tm_ir
+        from torch_mlir.compiler_utils import TorchMlirCompilerError, run_pipeline_with_repro_report
+        from torch_mlir.dialects import torch as torch_d
+        from torch_mlir.extras import onnx_importer
+    except ImportError as exc:
+        raise CollageError(f"the ONNX frontend needs onnx and torch-mlir ({exc}); "
+                           "run `pip install 'collage-mlir[torch,ort]'`") from None
+    where = str(path)
+    try:
+        model = onnx.load(str(path))
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as exc:  # noqa: BLE001  onnx raises DecodeError, ValidationError, OSError...
+        raise CollageError(f"cannot read the ONNX model: {' '.join(str(exc).split())[:300]}", where=where) from None
+    tm_context = tm_ir.Context()
+    torch_d.register_dialect(tm_context)
+    diagnostics: list[str] = []
+
+    def collect(diagnostic) -> bool:  # handled here: torch-mlir would print it to stderr
+        diagnostics.append(str(diagnostic.message))
+        return True
+
+    handler = tm_context.attach_diagnostic_handler(collect)
+    try:
+        info = onnx_importer.ModelInfo(model)
+        module = info.create_module(context=tm_context).operation
+        onnx_importer.NodeImporter.define_function(info.main_graph, module).import_all()
+        run_pipeline_with_repro_report(module, PIPELINE, "ONNX to StableHLO")
+    except (TorchMlirCompilerError, onnx_importer.OnnxImportError, ValueError, RuntimeError) as exc:
+        why = diagnostics[0] if diagnostics else str(exc)
+        raise CollageError(f"cannot import the ONNX model: {' '.join(why.split())[:300]}", where=where) from None
+    finally:
+        handler.detach()
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name == "func.func":
+            op.operation.attributes["sym_name"] = tm_ir.StringAttr.get(func_name, tm_context)
+            break
+    buf = io.BytesIO()
+    module.write_bytecode(buf)
+    return parse_module(buf.getvalue(), context, where=where)

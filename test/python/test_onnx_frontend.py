@@ -1,0 +1,62 @@
+"""ONNX in: `collage compile model.onnx` through torch-mlir's ONNX importer and StableHLO lowering; the
+program equals ONNX Runtime running the same file (rtol 1e-4, atol 1e-5); unreadable or unsupported
+models are one error line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+
+def _cnn(path) -> None:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.3, n) for n, s in
+             [("w", (4, 3, 3, 3)), ("b", (4,)), ("fc", (4, 5)), ("fb", (5,))]]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+def collage(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("plan", ["default", "prefer:ort"])
+def test_onnx_model_compiles_and_equals_onnxruntime(plan, tmp_path):
+    _cnn(tmp_path / "cnn.onnx")
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = collage("compile", str(tmp_path / "cnn.onnx"), "--plan", plan, "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    (want,) = ort.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(np.load(tmp_path / "o" / "out_0.npy"), want, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_onnx_is_one_line(tmp_path):
+    (tmp_path / "junk.onnx").write_bytes(b"\x08\x07not a protobuf at all")
+    graph = helper.make_graph([helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "custom.onnx"))
+    for name, message in [("junk", "cannot read the ONNX model"), ("custom", "cannot import the ONNX model")]:
+        r = collage("compile", str(tmp_path / f"{name}.onnx"), "-o", str(tmp_path / name))
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
