@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import CollageError
 from . import (OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, positive_int,
-               run_tool, tune_cmd)
+               report_cmd, run_tool, tune_cmd)
 
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -188,13 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     tune_cmd.add_parser(sub)
     db_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
+    report_cmd.add_parser(sub)
     return p
 
 
 COMMANDS = {"compile": _cmd_compile, "run": _cmd_run, "backends": _cmd_backends, "demo": _cmd_demo,
             "measure": lambda args, _: measure_cmd.run(args),
             "tune": lambda args, _: tune_cmd.run(args), "db": lambda args, _: db_cmd.run(args),
-            "bench": lambda args, _: bench_cmd.run(args)}
+            "bench": lambda args, _: bench_cmd.run(args), "report": lambda args, _: report_cmd.run(args)}
 
 
 def main(argv: list[str] | None = None) -> int:

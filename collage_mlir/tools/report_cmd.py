@@ -1,0 +1,183 @@
+"""``collage report ARTIFACT_OR_PLAN [--model MODEL] [--db PATH] -o report.html``: the placement, to look at.
+
+One self-contained HTML page (inline SVG and CSS, no scripts, nothing fetched): the model's op graph drawn
+in layers with each op coloured by the backend that runs it; per region its ops, the measured cost of
+every backend the cost DB holds for it, and the tuning record (cost, runner-up, why) when the plan has one;
+the end-to-end figures of the plan, the DP plan and each single-backend plan; the provenance (tune seed,
+budget, DB, versions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import io
+import json
+from pathlib import Path
+
+from ..errors import CollageError
+
+PALETTE = {"iree-cpu": "#c8c8c8", "iree-cpu-dt": "#8fb3d9", "onednn": "#f2a65a", "ort": "#7fc97f",
+           "openvino": "#beaed4", "xla-cpu": "#f0027f"}
+_EXTRA = ["#ffff99", "#386cb0", "#bf5b17", "#666666"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("report", help="write an HTML page showing a plan's placement and its measured costs")
+    r.add_argument("source", help="an artifact (directory or .collage file) or a plan JSON")
+    r.add_argument("--model", help="the model the plan is for (default: the artifact's recorded source)")
+    r.add_argument("--db", default=None, help="cost database (default: $COLLAGE_DB or the user's)")
+    r.add_argument("-o", "--output", required=True, help="HTML file to write")
+
+
+def _plan_document(source: Path) -> tuple[dict, dict | None]:
+    """(plan JSON, manifest or None) from an artifact or a plan file."""
+    if source.suffix == ".json":
+        try:
+            return json.loads(source.read_text()), None
+        except (OSError, ValueError) as exc:
+            raise CollageError(f"cannot read plan: {exc}", where=str(source)) from None
+    import collage_runtime
+    from collage_runtime.manifest import ArtifactError
+
+    try:
+        with collage_runtime.load(source) as prog:
+            manifest = prog.manifest
+    except ArtifactError as exc:
+        raise CollageError(str(exc)) from None
+    return manifest["plan"], manifest
+
+
+def _colour(backend: str, seen: dict[str, str]) -> str:
+    if backend not in seen:
+        seen[backend] = PALETTE.get(backend) or _EXTRA[len(seen) % len(_EXTRA)]
+    return seen[backend]
+
+
+def _graph_svg(graph, owner: dict[int, str], colours: dict[str, str]) -> str:
+    """The op graph in topological layers, ops coloured by backend, as an SVG string."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import networkx as nx
+
+    layer = {}
+    for oid in graph.topological_order():
+        layer[oid] = 1 + max((layer[p] for p in graph.producers(oid)), default=-1)
+    rows: dict[int, list[int]] = {}
+    for oid, k in layer.items():
+        rows.setdefault(k, []).append(oid)
+    pos = {oid: (i - len(ids) / 2, -k) for k, ids in rows.items() for i, oid in enumerate(ids)}
+    width = max(4.0, min(40.0, 0.6 * max(len(v) for v in rows.values()))) if rows else 4.0
+    fig, ax = plt.subplots(figsize=(width, max(3.0, min(200.0, 0.45 * len(rows)))))
+    nx.draw_networkx_edges(graph.dag, pos, ax=ax, arrows=False, edge_color="#999999", width=0.6)
+    nx.draw_networkx_nodes(graph.dag, pos, ax=ax, node_size=180, linewidths=0.4, edgecolors="#333333",
+                           node_color=[colours[owner.get(o, "iree-cpu")] for o in graph.dag.nodes])
+    nx.draw_networkx_labels(graph.dag, pos, ax=ax, font_size=5,
+                            labels={o: graph.nodes[o].name.split(".")[-1][:10] for o in graph.dag.nodes})
+    ax.set_axis_off()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def _region_costs(graph, regions: list[dict], db_path) -> dict[str, dict[str, str]]:
+    """Region name → backend → its measured cost (or failure status) in the cost DB, for this device."""
+    from ..measure.db import CostDB, default_db_path
+    from ..measure.device import device_fingerprint
+    from ..measure.extract import extract_region
+
+    path = Path(db_path or default_db_path())
+    if not path.is_file():
+        return {}
+    device = device_fingerprint()[0]
+    out: dict[str, dict[str, str]] = {}
+    with CostDB(path) as db:
+        for r in regions:
+            try:
+                region_hash = extract_region(graph, frozenset(r["ops"])).hash
+            except CollageError:
+                continue
+            rows = db.measurements(region_hash=region_hash, device=device)
+            out[r["name"]] = {m.backend: (f"{m.median_s * 1e6:.1f} µs" if m.usable and m.median_s is not None
+                                          else m.status) for m in rows}
+    return out
+
+
+def _ms(seconds) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def render(plan: dict, manifest: dict | None, graph, db_path) -> str:
+    """The report page as HTML text."""
+    owner = {oid: r["backend"] for r in plan.get("regions", []) for oid in r["ops"]}
+    colours: dict[str, str] = {}
+    for b in ["iree-cpu", *sorted({r["backend"] for r in plan.get("regions", [])})]:
+        _colour(b, colours)
+    e = html.escape
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>collage placement report</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px;text-align:left}"
+             ".sw{display:inline-block;width:12px;height:12px;border:1px solid #333;margin-right:4px}</style>",
+             "</head><body><h1>collage placement report</h1>"]
+    parts.append("<p>" + " ".join(f"<span class='sw' style='background:{c}'></span>{e(b)}&nbsp;&nbsp;"
+                                  for b, c in colours.items()) + "</p>")
+    if graph is not None:
+        parts.append("<h2>Graph</h2>" + _graph_svg(graph, owner, colours))
+    costs = _region_costs(graph, plan.get("regions", []), db_path) if graph is not None else {}
+    backends = sorted({b for c in costs.values() for b in c})
+    parts.append("<h2>Regions</h2><table><tr><th>region</th><th>backend</th><th>ops</th><th>cost</th>"
+                 "<th>runner-up</th><th>why</th>" + "".join(f"<th>DB: {e(b)}</th>" for b in backends) + "</tr>")
+    for r in plan.get("regions", []):
+        ops = ", ".join(f"{i} {graph.nodes[i].name}" if graph is not None and i in graph.nodes else str(i)
+                        for i in r["ops"])
+        runner = f"{e(str(r['runner_up']))} ({_ms(r.get('runner_up_cost_s'))})" if r.get("runner_up") else "—"
+        parts.append(f"<tr><td>{e(r['name'])}</td><td><span class='sw' style='background:{colours[r['backend']]}'>"
+                     f"</span>{e(r['backend'])}</td><td>{e(ops)}</td><td>{_ms(r.get('cost_s'))}</td><td>{runner}</td>"
+                     f"<td>{e(str(r.get('why', '—')))}</td>"
+                     + "".join(f"<td>{e(costs.get(r['name'], {}).get(b, '—'))}</td>" for b in backends) + "</tr>")
+    parts.append("</table>")
+    tuning = plan.get("tuning")
+    if tuning:
+        parts.append("<h2>End to end</h2><table><tr><th>plan</th><th>predicted</th><th>measured</th><th>regions</th></tr>")
+        rows = [("this plan", tuning["plan"], len(plan.get("regions", []))), ("DP alone", tuning["dp"], None)]
+        rows += [(f"{name} alone", v, None) for name, v in sorted(tuning.get("single_backend", {}).items())]
+        for name, v, n in rows:
+            parts.append(f"<tr><td>{e(name)}</td><td>{_ms(v.get('predicted_s'))}</td><td>{_ms(v.get('measured_s'))}"
+                         f"</td><td>{n if n is not None else v.get('regions', '—')}</td></tr>")
+        parts.append("</table>")
+    prov = {"plan source": plan.get("source", ""), "DB": str(db_path or "default"), "tuning seed":
+            (tuning or {}).get("seed", "—"), "tuning budget (s)": (tuning or {}).get("budget_s", "—")}
+    if manifest:
+        prov |= {"artifact source": manifest.get("source", ""), **{f"version {k}": v
+                                                                   for k, v in manifest.get("versions", {}).items()}}
+    parts.append("<h2>Provenance</h2><table>" + "".join(f"<tr><th>{e(str(k))}</th><td>{e(str(v))}</td></tr>"
+                                                         for k, v in prov.items()) + "</table></body></html>")
+    return "\n".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..frontends import load_model
+    from ..graph import Graph
+    from ..ir import new_context
+    from ..passes.number_ops import NumberOpsPass
+
+    plan, manifest = _plan_document(Path(args.source))
+    model = args.model or (manifest or {}).get("source")
+    graph = None
+    if model and Path(model).is_file():
+        module = load_model(model, new_context())
+        NumberOpsPass().run(module)
+        graph = Graph(module)
+    elif args.model:
+        raise CollageError("no such model file", where=args.model)
+    page = render(plan, manifest, graph, args.db)
+    try:
+        Path(args.output).write_text(page)
+    except OSError as exc:
+        raise CollageError(f"cannot write the report: {exc.strerror}", where=args.output) from None
+    print(f"wrote {args.output}" + ("" if graph is not None else " (no model given: no graph drawn)"))
+    return 0

@@ -1,0 +1,63 @@
+"""`collage report`: one self-contained HTML page (checked with an HTML parser: no browser is installed
+here) with the graph drawn, each region's backend, ops and the costs the DB holds for it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+from collage_mlir.graph import Graph
+from collage_mlir.ir import new_context, parse_module
+from collage_mlir.measure import HARNESS_VERSION
+from collage_mlir.measure.db import CostDB, Measurement
+from collage_mlir.measure.device import device_fingerprint
+from collage_mlir.measure.extract import extract_region
+from collage_mlir.passes.number_ops import NumberOpsPass
+
+LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: dict[str, int] = {}
+        self.cells: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        self.external += [v for k, v in attrs if k in ("src", "href") and v and not v.startswith("#")]
+
+    def handle_data(self, data):
+        if data.strip():
+            self.cells.append(data.strip())
+
+
+def test_report_of_a_plan_with_db_costs(tmp_path):
+    model = LIT_INPUTS / "mlp.mlir"
+    module = parse_module(model.read_text(), new_context())
+    NumberOpsPass().run(module)
+    region_hash = extract_region(Graph(module), frozenset({1, 2, 3, 4})).hash
+    with CostDB(tmp_path / "costs.sqlite") as db:
+        for backend, median in (("onednn", 12e-6), ("ort", 30e-6)):
+            db.put(Measurement(region_hash, backend, "v", device_fingerprint()[0], HARNESS_VERSION, "ok",
+                               median_s=median, min_s=median))
+    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(LIT_INPUTS / "mlp-plan.json"),
+                        "--model", str(model), "--db", str(tmp_path / "costs.sqlite"), "-o", str(tmp_path / "r.html")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    page = _Page()
+    page.feed((tmp_path / "r.html").read_text())
+    assert page.tags.get("svg") == 1 and "script" not in page.tags and not page.external  # self-contained
+    cells = page.cells
+    assert "layer1" in cells and "onednn" in cells and "act" in cells
+    assert "1 stablehlo.dot_general, 2 stablehlo.broadcast_in_dim, 3 stablehlo.add, 4 stablehlo.maximum" in cells
+    assert "12.0 µs" in cells and "30.0 µs" in cells  # the DB's costs of region layer1 on each backend
+
+
+def test_report_errors_are_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(tmp_path / "nope"), "-o",
+                        str(tmp_path / "r.html")], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
