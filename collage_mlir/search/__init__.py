@@ -1,4 +1,5 @@
-"""Placement search: candidate enumeration and plan construction (random, preference-ordered)."""
+"""Placement search: candidates and their index by op, the cost seam, the operator-level DP, the
+graph-level evolutionary search, `tune`, and the plans that need no measurement (random, preference)."""
 
 from __future__ import annotations
 
