@@ -37,10 +37,34 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
                                     tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET), 0, None)
         tune_cmd.print_summary(tuned, "(tuned)")
         plan = tuned.plan
-    result = compile_module(module, plan, args.output, source=str(args.model), iree_args=passthrough)
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"compiling {args.model}"):  # a spinner while IREE and the engines build
+        result = compile_module(module, plan, args.output, source=str(args.model), iree_args=passthrough)
     regions = result.manifest["regions"]
+    _print_placement(result.plan)
     print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")
     return 0
+
+
+def _print_placement(plan) -> None:
+    """The placement table: per backend, its regions and ops (ops in no region run on iree-cpu)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not plan.regions:
+        return
+    table = Table(title="placement", title_justify="left")
+    for col in ("backend", "regions", "ops", "largest region"):
+        table.add_column(col)
+    by_backend: dict[str, list] = {}
+    for r in plan.regions:
+        by_backend.setdefault(r.backend, []).append(r)
+    for backend, regions in sorted(by_backend.items()):
+        largest = max(regions, key=lambda r: len(r.ops))
+        table.add_row(backend, str(len(regions)), str(sum(len(r.ops) for r in regions)),
+                      f"{largest.name} ({len(largest.ops)} ops)")
+    Console().print(table)
 
 
 def _load_program(out_dir: str, threads: int | None = None):
