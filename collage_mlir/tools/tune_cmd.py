@@ -124,6 +124,16 @@ def run(args: argparse.Namespace) -> int:
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs)
     Path(args.output).write_text(json.dumps(result.document, indent=1) + "\n")
     print_summary(result, args.output)
+    # The placement to look at, beside the plan (plan.json -> plan.html).
+    from ..graph import Graph
+    from ..passes.number_ops import NumberOpsPass
+    from . import report_cmd
+
+    numbered, _ = load_model(args.model, new_context(), inputs)
+    NumberOpsPass().run(numbered)
+    report = Path(args.output).with_suffix(".html")
+    report.write_text(report_cmd.render(result.document, None, Graph(numbered), args.db))
+    print(f"wrote {report}")
     return 0
 
 

@@ -61,6 +61,8 @@ def test_killed_tune_resumes_and_warm_rerun_writes_the_same_plan(tmp_path):
     assert (tmp_path / "b.json").read_bytes() == (tmp_path / "c.json").read_bytes()
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["format"] == "collage-plan" and doc["tuning"]["single_backend"]["iree-cpu"]["measured_s"] > 0
+    page = (tmp_path / "c.html").read_text()  # the report beside the plan
+    assert "<svg" in page and "iree-cpu alone" in page
 
 
 @pytest.mark.parametrize("args, message", [
