@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..ir import load_module  # noqa: F401  (the .mlir / .mlirbc frontend)
+from ..ir import ir, load_module
 
 
-def load_model(path: str | Path, context) -> "ir.Module":
+def load_model(path: str | Path, context: ir.Context) -> ir.Module:
     """A model file as StableHLO: ``.onnx`` through the ONNX frontend, ``.mlir``/``.mlirbc`` as they are."""
     if Path(path).suffix == ".onnx":
         from .onnx import import_onnx

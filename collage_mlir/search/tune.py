@@ -157,7 +157,7 @@ def _document(evolved: EvolveResult, dp_plan: Plan, single: dict[str, Plan], sg:
         entry["runner_up"] = runner[0] if runner else None
         entry["runner_up_cost_s"] = runner[1].seconds if runner else None
         if runner is None:
-            entry["why"] = f"no other backend takes these ops (or every other fails on them)"
+            entry["why"] = "no other backend takes these ops (or every other fails on them)"
         elif runner[1].seconds >= entry["cost_s"]:
             entry["why"] = f"cheapest measured region ({runner[0]} next, {runner[1].seconds / entry['cost_s']:.2f}x)"
         else:

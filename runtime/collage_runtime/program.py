@@ -14,7 +14,7 @@ import numpy as np
 from .manifest import MANIFEST, ArtifactError, load_manifest
 from .package import is_package, unpack
 from .engines import Engines, iree_device, usable_cores
-from .rt_module import RegionFailure, create_rt_module
+from .rt_module import RegionFailure, create_rt_module  # noqa: F401  (RegionFailure: raised by invoke)
 from .types import SUB_BYTE_BITS, Signature, TensorSpec, parse_declaration
 
 #: Builds an extra VM module (e.g. IREE's `check` module for conformance tests) on the program's device.

@@ -28,7 +28,6 @@ import collage_runtime
 from collage_mlir.iree import compile_module
 from collage_mlir.ir import new_context, parse_module
 from collage_mlir.tools.cli import main as collage_main
-from collage_runtime.manifest import ArtifactError
 from collage_runtime.program import InputError
 
 LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
