@@ -4,7 +4,8 @@ Inputs are mapped IREE buffer views (a numpy view of the mapping, no copy); each
 DEVICE_LOCAL|HOST_VISIBLE with MAPPING usage and the executor computes into its mapped array. Everything
 that does not depend on the call's buffers (dtypes, shapes, byte sizes, the executor with its session and
 bindings) is prepared at load. A result buffer cannot be reused across calls: the program may still hold
-the previous one (it may be a program result, or live across a loop), so each call allocates it.
+the previous one (it may be a program result, or live across a loop), so each call allocates it, from
+the device's caching allocator (``engines.iree_device``): a freed buffer is reused, not faulted in again.
 
 Regions are served only by executors that installed packages register (``executors.executor``), from
 files inside the artifact directory.
