@@ -155,16 +155,20 @@ def main() -> None:
     a = p.parse_args()
     rows, counts = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in a.models.split(","):
+        for name in a.models.split(","):  # the report is rewritten after each model: a stopped run keeps it
             r, c = measure(name, a.engines.split(","), a.rounds, a.threads, Path(tmp))
             rows, counts = rows + r, counts + [c]
+            report(a.out, rows, counts)
+
+
+def report(out: str, rows: list[dict], counts: list[dict]) -> None:
     lines = ["| model | engine | variant | median ms | min–max ms | vs engine alone |", "|---|---|---|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['engine']} | {r['variant']} | {r['median_ms']:.3f} | "
               f"{r['min_ms']:.3f}–{r['max_ms']:.3f} | {r['ratio']:.2f}x |" for r in rows]
     lines += ["", "ONNX nodes (torch.onnx.export's without its Constant and Identity nodes):", "",
               "| model | collage op by op | collage simplified | torch.onnx.export |", "|---|---:|---:|---:|"]
     lines += [f"| {c['model']} | {c['collage_op_by_op']} | {c['collage']} | {c['torch_export']} |" for c in counts]
-    write_report(a.out, "whole_model", {**header("whole_model"), "rows": rows, "onnx_nodes": counts},
+    write_report(out, "whole_model", {**header("whole_model"), "rows": rows, "onnx_nodes": counts},
                  "\n".join(lines) + "\n")
 
 
