@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..errors import CollageError
-from .contenders import COLLAGE
+from .contenders import COLLAGE, CONTENDERS
 from .session import BenchResult, ModelResult, Status
 
 #: Packages whose versions a result records.
@@ -121,7 +121,9 @@ def to_markdown(result: BenchResult, command: str) -> str:
              f"{machine()}; {o.threads} threads per contender; collage plan `{o.plan}`; "
              f"numerics within {o.rtol:g} x max|ref| of PyTorch eager.", "",
              "Median ms per inference ±(p75-p25)/median; **bold**: best peer; ratio: best peer / collage "
-             "(>1: collage faster); ~~struck~~: outputs wrong, not ranked.", ""]
+             "(>1: collage faster); ~~struck~~: outputs wrong, not ranked.", "",
+             "Contenders: " + "; ".join(f"`{n}` {CONTENDERS[n].description}" for n in result.contenders
+                                        if n in CONTENDERS) + ".", ""]
     names = result.contenders
     lines.append("| model | GFLOP | " + " | ".join(names) + " | best peer | collage ratio | best GFLOP/s |")
     lines.append("|---|---:|" + "---:|" * len(names) + "---|---:|---:|")
