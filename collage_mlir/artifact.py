@@ -22,12 +22,10 @@ from collage_runtime.package import pack
 from . import __version__
 from .backends import registry
 from .errors import CollageError
-from .ir import ir
-from .passes.assign import AssignPass
-from .passes.lower import LowerPass
-from .passes.number_ops import NumberOpsPass
-from .passes.outline import OutlinePass
-from .passes.place_devices import PlaceDevicesPass
+from .ir import ir, passmanager
+from .dialects import collage
+from .passes import partition_pipeline, run_pipeline
+from .passes.lower import library_regions
 from .plan import Plan
 
 MODULE_FILE = "main.vmfb"
@@ -58,16 +56,18 @@ def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
     ``random:7`` are the entry points' business: ``collage_mlir.search.resolve_plan``)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"partition takes a Plan, got {type(plan).__name__}; resolve plan strings first")
-    NumberOpsPass().run(module)
-    AssignPass(plan).run(module)
-    OutlinePass().run(module)
-    lower = LowerPass(str(artifact_dir) if artifact_dir else "")
-    lower.run(module)
     # The default device's executable target follows the program's llvm-cpu flags.
     cpu_flags = [a for a in (*DEFAULT_IREE_ARGS, *iree_args) if a.startswith("--iree-llvmcpu-")]
-    devices = PlaceDevicesPass(default_flags=",".join(cpu_flags))
-    devices.run(module)
-    return Partitioned(plan, lower.built, devices.devices, devices.iree_flags)
+    # The same PassManager pipeline as `collage-opt --collage-partition`, so IR printing and timing
+    # behave alike; the passes' results are read back from the IR.
+    with module.operation.context:
+        pm = passmanager.PassManager("builtin.module")
+    for p in partition_pipeline(plan, str(artifact_dir) if artifact_dir else "", ",".join(cpu_flags)):
+        p.add_to(pm)
+    run_pipeline(pm, module)
+    mod_op = module.operation
+    return Partitioned(plan, library_regions(module), collage.json_attr(mod_op, collage.DEVICES, []),
+                       collage.json_attr(mod_op, collage.IREE_FLAGS, []))
 
 
 def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs) -> bytes:

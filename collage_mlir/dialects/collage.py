@@ -4,6 +4,10 @@
 - ``collage.backend`` (string on an op or an outlined func): which backend runs it.
 - ``collage.region``  (string on an op or an outlined func): the plan region it belongs to.
 - ``collage.artifact`` (string on a lowered import): the region artifact file, relative to the artifact dir.
+- ``collage.executor`` (string on a lowered import): the runtime executor registered for its backend.
+- ``collage.devices`` (array of dictionaries on the module): the program's IREE devices, set by
+  ``collage-place-devices`` (name, ordinal, backends, executable target).
+- ``collage.iree_flags`` (array of strings on the module): IREE flags the program needs (a second device).
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ ID = "collage.id"
 BACKEND = "collage.backend"
 REGION = "collage.region"
 ARTIFACT = "collage.artifact"
+EXECUTOR = "collage.executor"
+DEVICES = "collage.devices"
+IREE_FLAGS = "collage.iree_flags"
 
 #: Symbol prefix of imports served by the runtime's `collage_rt` VM module.
 RT_MODULE = "collage_rt"
@@ -56,3 +63,42 @@ def is_public_func(op: ir.Operation) -> bool:
 def region_symbol(region: str) -> str:
     """Name of the import that serves a library region: ``collage_rt.<region>``."""
     return f"{RT_MODULE}.{region}"
+
+
+def set_json_attr(op: ir.Operation, name: str, value) -> None:
+    """Stores a JSON-like value (dicts, lists, strings, ints, bools) as an MLIR attribute."""
+    op.operation.attributes[name] = _to_attr(value)
+
+
+def json_attr(op: ir.Operation, name: str, default=None):
+    """The JSON-like value stored by ``set_json_attr``, or ``default`` when absent."""
+    attrs = op.operation.attributes
+    return _from_attr(attrs[name]) if name in attrs else default
+
+
+def _to_attr(value) -> ir.Attribute:
+    if isinstance(value, bool):
+        return ir.BoolAttr.get(value)
+    if isinstance(value, int):
+        return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+    if isinstance(value, str):
+        return ir.StringAttr.get(value)
+    if isinstance(value, (list, tuple)):
+        return ir.ArrayAttr.get([_to_attr(v) for v in value])
+    if isinstance(value, dict):
+        return ir.DictAttr.get({k: _to_attr(v) for k, v in value.items()})
+    raise TypeError(f"cannot store {type(value).__name__} as an attribute")
+
+
+def _from_attr(attr: ir.Attribute):
+    if isinstance(attr, ir.BoolAttr):
+        return attr.value
+    if isinstance(attr, ir.IntegerAttr):
+        return attr.value
+    if isinstance(attr, ir.StringAttr):
+        return attr.value
+    if isinstance(attr, ir.ArrayAttr):
+        return [_from_attr(a) for a in attr]
+    if isinstance(attr, ir.DictAttr):
+        return {attr[k].name: _from_attr(attr[k].attr) for k in range(len(attr))}
+    raise TypeError(f"unexpected attribute {attr}")

@@ -94,3 +94,21 @@ def registry() -> dict[str, type[ModulePass]]:
     from .place_devices import PlaceDevicesPass
 
     return {p.name: p for p in (NumberOpsPass, AssignPass, OutlinePass, LowerPass, PlaceDevicesPass)}
+
+
+#: The pipeline ``collage compile`` runs (and ``collage-opt --collage-partition``), in order.
+PARTITION = "collage-partition"
+
+
+def partition_pipeline(plan: "str | object" = "", artifact_dir: str = "",
+                       default_flags: str = "--iree-llvmcpu-target-cpu=host") -> list[ModulePass]:
+    """The collage passes that partition a module by ``plan`` (a Plan or a plan file): number ops, assign,
+    outline, lower (building region artifacts into ``artifact_dir`` when given), place devices."""
+    from .assign import AssignPass
+    from .lower import LowerPass
+    from .number_ops import NumberOpsPass
+    from .outline import OutlinePass
+    from .place_devices import PlaceDevicesPass
+
+    return [NumberOpsPass(), AssignPass(plan), OutlinePass(), LowerPass(artifact_dir),
+            PlaceDevicesPass(default_flags=default_flags)]

@@ -7,7 +7,7 @@ With ``artifact-dir`` empty the IR is rewritten and no artifact is built (for in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from iree.compiler.dialects import func as func_d
@@ -29,11 +29,8 @@ class LowerPass(ModulePass):
     name = "collage-lower"
     summary = "Turn library-backend regions into collage_rt imports and build their artifacts"
     artifact_dir: str = ""
-    #: Manifest entries of the regions built by the last run.
-    built: list[dict] = field(default_factory=list)
 
     def run(self, module: ir.Module | ir.Operation) -> None:
-        self.built = []
         block = module_block(module)
         with module.operation.context:
             for fn, backend in region_functions(block):
@@ -41,27 +38,45 @@ class LowerPass(ModulePass):
                     continue
                 region = collage.str_attr(fn, collage.REGION)
                 ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
-                entry = {
-                    "name": region,
-                    "backend": backend.name,
-                    "backend_version": backend.version(),
-                    "inputs": [_spec(t) for t in ftype.inputs],
-                    "outputs": [_spec(t) for t in ftype.results],
-                    "tolerance": {"rtol": backend.tolerance.rtol, "atol": backend.tolerance.atol},
-                }
-                if self.artifact_dir:
-                    art = backend.build(fn, Path(self.artifact_dir), region)
-                    entry.update(artifact=art.file, executor=art.executor)
+                art = backend.build(fn, Path(self.artifact_dir), region) if self.artifact_dir else None
                 symbol = collage.region_symbol(region)
                 with fn.location, ir.InsertionPoint(fn):
                     decl = func_d.FuncOp(symbol, ftype, visibility="private").operation
                 for attr in (collage.BACKEND, collage.REGION):
                     decl.attributes[attr] = fn.attributes[attr]
-                if "artifact" in entry:
-                    collage.set_str_attr(decl, collage.ARTIFACT, entry["artifact"])
+                if art is not None:
+                    collage.set_str_attr(decl, collage.ARTIFACT, art.file)
+                    collage.set_str_attr(decl, collage.EXECUTOR, art.executor)
                 _retarget_calls(block, region, symbol)
                 fn.erase()
-                self.built.append(entry)
+
+
+def library_regions(module: ir.Module | ir.Operation) -> list[dict]:
+    """The manifest entries of the library regions ``collage-lower`` left in ``module`` (its
+    ``collage_rt`` imports): name, backend and version, tensor signature, tolerance, artifact, executor."""
+    from ..backends import get_backend
+
+    entries = []
+    for op in module_block(module).operations:
+        decl = op.operation
+        region = collage.str_attr(decl, collage.REGION) if decl.name == "func.func" else None
+        if region is None or len(decl.regions[0].blocks):
+            continue
+        backend = get_backend(collage.str_attr(decl, collage.BACKEND))
+        ftype = ir.FunctionType(ir.TypeAttr(decl.attributes["function_type"]).value)
+        entry = {
+            "name": region,
+            "backend": backend.name,
+            "backend_version": backend.version(),
+            "inputs": [_spec(t) for t in ftype.inputs],
+            "outputs": [_spec(t) for t in ftype.results],
+            "tolerance": {"rtol": backend.tolerance.rtol, "atol": backend.tolerance.atol},
+        }
+        if collage.ARTIFACT in decl.attributes:
+            entry.update(artifact=collage.str_attr(decl, collage.ARTIFACT),
+                         executor=collage.str_attr(decl, collage.EXECUTOR))
+        entries.append(entry)
+    return entries
 
 
 def _retarget_calls(block: ir.Block, old: str, new: str) -> None:

@@ -16,26 +16,28 @@ When some region needs such a device, the pass
   3.13 may encode the shared value on the data-tiling device, and the default device reads a packed
   layout (measured: wrong results; with a shared argument the other order also failed to compile).
   Only shared values are pinned: a pin blocks fusion across it;
-- inside each region function on another device, transfers every constant an op reads to that
+- inside each region function on another device, transfers the constants its contractions read to that
   device. A constant sunk into such a region (a splat, a small weight) has no device of its own, so
   IREE 3.13 hoists its data-tiling encoding into an initializer on the default device, whose
   resolver lays it out plainly, while the data-tiled kernel reads it as packed (measured: NaN under
   both drivers for one matmul with an 8×8 constant weight; the zero initial state of an LSTM gave
   wrong numbers that changed between calls).
 
-Without such regions the module is left as it is. Run after ``collage-lower``.
+Its result is IR: the module's ``collage.devices`` (the program's devices, for the manifest) and
+``collage.iree_flags`` (what the whole program needs from iree-compile). Without such regions the module
+is otherwise left as it is. Run after ``collage-lower``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..backends import DEFAULT_BACKEND, BackendKind, get_backend
 from ..backends.iree_device import (DEFAULT_DEVICE_NAME, MULTI_DEVICE_FLAGS, IreeDevice, device_target,
                                     executable_target)
 from ..dialects import collage
 from ..errors import CollageError
-from ..graph import body_ops, module_block, nested_ops, producer, public_funcs
+from ..graph import body_ops, module_block, producer, public_funcs
 from ..ir import ir, location_text
 from . import ModulePass, region_functions
 
@@ -99,10 +101,6 @@ class PlaceDevicesPass(ModulePass):
     summary = "Run regions of codegen backends with their own IREE device there (flow.tensor.transfer at boundaries)"
     #: llvm-cpu flags of the default device's executable target (comma-separated).
     default_flags: str = "--iree-llvmcpu-target-cpu=host"
-    #: Manifest entries of the program's devices after the last run (the default device first).
-    devices: list[dict] = field(default_factory=list)
-    #: IREE flags the program now needs (empty when it has one device).
-    iree_flags: list[str] = field(default_factory=list)
 
     def run(self, module: ir.Module | ir.Operation) -> None:
         block = module_block(module)
@@ -111,23 +109,23 @@ class PlaceDevicesPass(ModulePass):
             placed = self._region_devices(block)
             codegen_backends = {DEFAULT_BACKEND} | {b for _, b in placed.values()}
             extra: dict[str, IreeDevice] = {d.name: d for d, _ in placed.values() if d is not None}
-            self.iree_flags = []
-            self.devices = [{"name": DEFAULT_DEVICE_NAME, "ordinal": 0,
-                             "backends": sorted(b for b in codegen_backends
-                                                if get_backend(b).iree_device is None)}]
+            devices = [{"name": DEFAULT_DEVICE_NAME, "ordinal": 0,
+                        "backends": sorted(b for b in codegen_backends if get_backend(b).iree_device is None)}]
             if not extra:
+                collage.set_json_attr(mod_op, collage.DEVICES, devices)
+                collage.set_json_attr(mod_op, collage.IREE_FLAGS, [])
                 return
             self._check_free(mod_op, block, extra)
             ordered = [extra[n] for n in sorted(extra)]
             default_target = executable_target(tuple(f for f in self.default_flags.split(",") if f), False)
-            self.devices[0]["executable_target"] = default_target
+            devices[0]["executable_target"] = default_target
             targets = [f"{DEFAULT_DEVICE_NAME} = {device_target(0, default_target)}"]
             for k, dev in enumerate(ordered, start=1):
                 target = executable_target(dev.target_flags, dev.data_tiling)
                 targets.append(f"{dev.name} = {device_target(k, target)}")
-                self.devices.append({"name": dev.name, "ordinal": k,
-                                     "backends": sorted({b for d, b in placed.values() if d is dev}),
-                                     "executable_target": target})
+                devices.append({"name": dev.name, "ordinal": k,
+                                "backends": sorted({b for d, b in placed.values() if d is dev}),
+                                "executable_target": target})
             names = [DEFAULT_DEVICE_NAME] + [d.name for d in ordered]
             links = ", ".join(f"(@{a} -> @{b} = {{unified_memory = true}})" for a in names for b in names if a != b)
             attrs = mod_op.attributes
@@ -136,7 +134,8 @@ class PlaceDevicesPass(ModulePass):
             attrs["stream.topology"] = ir.Attribute.parse(f"#hal.device.topology<links = [{links}]>")
             self._pin(module, placed)
             flags = [f for d in ordered for f in d.program_flags] + list(MULTI_DEVICE_FLAGS)
-            self.iree_flags = list(dict.fromkeys(flags))
+            collage.set_json_attr(mod_op, collage.DEVICES, devices)
+            collage.set_json_attr(mod_op, collage.IREE_FLAGS, list(dict.fromkeys(flags)))
 
     @staticmethod
     def _region_devices(block: ir.Block) -> dict[str, tuple[IreeDevice | None, str]]:
@@ -189,10 +188,13 @@ class PlaceDevicesPass(ModulePass):
 
 
 def _own_constants(fn: ir.Operation, device: str, is_constant: _ConstantCheck) -> None:
-    """Transfers to ``device`` each constant operand of the ops in region function ``fn`` that are not
-    themselves part of a constant expression."""
-    for op in nested_ops(fn)[1:]:
-        if len(op.results) and all(is_constant(r) for r in op.results):
+    """Transfers to ``device`` each constant operand of the contractions in region function ``fn``: the
+    values IREE gives data-tiling encodings. Only those: a transferred constant is no longer folded, and
+    transferring the scalar coefficients of a fused GELU epilogue overflowed the dispatch's stack
+    (measured); constants read by epilogues were never seen to be mis-encoded."""
+    for op in list(fn.regions[0].blocks[0].operations):
+        op = op.operation
+        if op.name not in CONTRACTIONS:
             continue
         for k, v in enumerate(list(op.operands)):
             if _is_tensor(v) and is_constant(v):

@@ -21,7 +21,7 @@ from collage_runtime.types import split_top_level
 
 from ..errors import CollageError
 from ..ir import load_module, new_context, parse_module, passmanager
-from ..passes import registry, run_pipeline
+from ..passes import PARTITION, partition_pipeline, registry, run_pipeline
 from . import exit_quietly, run_tool
 
 SPLIT_MARKER = "// -----"
@@ -74,6 +74,11 @@ def build_pass_manager(elements: list[str], context) -> passmanager.PassManager:
         pm = passmanager.PassManager("builtin.module")
         for elem in elements:
             name, _, opts = elem.partition("{")
+            if name == PARTITION:  # the pipeline `collage compile` runs, with its passes' options
+                values = _partition_options(opts.rstrip("}"))
+                for p in partition_pipeline(**values):
+                    p.add_to(pm)
+                continue
             if name in ours:
                 ours[name].from_options(opts.rstrip("}")).add_to(pm)
                 continue
@@ -83,6 +88,18 @@ def build_pass_manager(elements: list[str], context) -> passmanager.PassManager:
                 raise CollageError(f"unknown pass or bad pipeline element '{elem}': {' '.join(str(exc).split())}; "
                                    f"collage passes: {', '.join(ours)}", where="collage-opt") from None
     return pm
+
+
+def _partition_options(text: str) -> dict:
+    known = {"plan": "plan", "artifact-dir": "artifact_dir", "default-flags": "default_flags"}
+    values = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if not sep or key not in known:
+            raise CollageError(f"unknown option '{item}' for --{PARTITION} (options: {', '.join(known)})",
+                               where="collage-opt")
+        values[known[key]] = value
+    return values
 
 
 def parse_args(argv: list[str]) -> Options:

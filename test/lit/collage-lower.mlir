@@ -10,8 +10,9 @@
 // CHECK: func.func private @act(%arg0: tensor<2x4xf32>)
 // CHECK-NEXT: stablehlo.tanh
 
-// With an artifact dir, the import names the region artifact it was built into.
-// BUILT: func.func private @collage_rt.layer1({{.*}}) -> tensor<2x16xf32> attributes {collage.artifact = "regions/layer1.onednn.json", collage.backend = "onednn", collage.region = "layer1"}
+// With an artifact dir, the import names the region artifact it was built into and the executor that
+// serves it (the manifest's region entries are read back from these attributes).
+// BUILT: func.func private @collage_rt.layer1({{.*}}) -> tensor<2x16xf32> attributes {collage.artifact = "regions/layer1.onednn.json", collage.backend = "onednn", collage.executor = "collage_runtime.executors.torch_steps", collage.region = "layer1"}
 
 // The oneDNN step program: one GEMM step, the bias add and relu (max with the cloned zero) folded in.
 // STEPS: [{'in': [0, 1, 2], 'out': {{[0-9]+}}, 'op': 'matmul', 'transpose_rhs': False, 'bias': True, 'binary': None, 'act': 'relu', {{.*}}}]{{$}}

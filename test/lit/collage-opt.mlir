@@ -12,6 +12,7 @@
 // RUN: collage-opt %s --mlir-elide-elementsattrs-if-larger=2 | filecheck %s --check-prefix=ELIDE
 // RUN: collage-opt %s --mlir-print-debuginfo | filecheck %s --check-prefix=DEBUG
 // RUN: collage-opt --help | filecheck %s --check-prefix=HELP
+// RUN: collage-opt %S/Inputs/mlp.mlir --collage-partition="plan=%S/Inputs/mlp-plan.json" | filecheck %s --check-prefix=PART
 
 // Collage passes and upstream passes mix in one pipeline: ids survive canonicalization, which erases
 // the dead add (id 2).
@@ -46,3 +47,8 @@ func.func @elided() -> tensor<3xf32> {
   %c = stablehlo.constant dense<[1.0, 2.0, 3.0]> : tensor<3xf32>
   return %c : tensor<3xf32>
 }
+
+// `collage compile`'s pipeline, as one element: number, assign, outline, lower, place devices.
+// PART: module attributes {collage.devices = [{backends = ["iree-cpu"], name = "dev_default", ordinal = 0 : i64}], collage.iree_flags = []}
+// PART: call @collage_rt.layer1
+// PART: func.func private @collage_rt.layer1({{.*}}) -> tensor<2x16xf32> attributes {collage.backend = "onednn", collage.region = "layer1"}

@@ -100,17 +100,16 @@ module {
 
 // -----
 
-// Constants sunk into a region on the data-tiling device move to that device inside the region: left
+// Constants a contraction reads inside a region on the data-tiling device move to that device: left
 // without a device, IREE encodes them on the default one (plain layout) and the data-tiled kernel reads
-// them as packed (NaN, measured). Constant expressions themselves (the broadcast) stay as they are.
+// them as packed (NaN, measured). Constants only an epilogue reads (the zero) stay foldable.
 // CHECK-LABEL: func.func private @dt3
 // CHECK-NEXT: %[[W:.*]] = stablehlo.constant dense<5.000000e-01> : tensor<1x8xf32>
 // CHECK-NEXT: %[[WB:.*]] = stablehlo.broadcast_in_dim %[[W]]
 // CHECK-NEXT: %[[Z:.*]] = stablehlo.constant dense<0.000000e+00> : tensor<4x8xf32>
 // CHECK-NEXT: %[[WT:.*]] = flow.tensor.transfer %[[WB]] : tensor<8x8xf32> to #hal.device.affinity<@dev_iree_cpu_dt>
 // CHECK-NEXT: %[[D:.*]] = stablehlo.dot_general %arg0, %[[WT]]
-// CHECK-NEXT: %[[ZT:.*]] = flow.tensor.transfer %[[Z]] : tensor<4x8xf32> to #hal.device.affinity<@dev_iree_cpu_dt>
-// CHECK-NEXT: stablehlo.add %[[D]], %[[ZT]]
+// CHECK-NEXT: stablehlo.add %[[D]], %[[Z]]
 module {
   func.func @sunk(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
     %r = call @dt3(%x) : (tensor<4x8xf32>) -> tensor<4x8xf32>
@@ -128,8 +127,9 @@ module {
 
 // -----
 
-// Without regions needing a device of their own, the module is left as it is.
-// CHECK-LABEL: module {
+// Without regions needing a device of their own, the module only records its one device (for the
+// manifest) and that it needs no extra IREE flags.
+// CHECK-LABEL: module attributes {collage.devices = [{backends = ["iree-cpu"], name = "dev_default", ordinal = 0 : i64}], collage.iree_flags = []} {
 // CHECK-NOT: hal.device
 // CHECK-LABEL: func.func @single
 // CHECK-NEXT: call @cpu_only(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
