@@ -33,7 +33,7 @@ from collage_runtime.program import InputError
 LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
 MLP = (LIT_INPUTS / "mlp.mlir").read_text()
 PLAN = (LIT_INPUTS / "mlp-plan.json").read_text()
-SMALL = int(os.environ.get("COLLAGE_FUZZ_SMALL", "12"))
+SMALL = int(os.environ.get("COLLAGE_FUZZ_SMALL", "8"))
 CAMPAIGN = int(os.environ.get("COLLAGE_FUZZ_EXAMPLES", "1000"))
 
 # Tokens that break parsers in interesting ways when spliced in.

@@ -101,11 +101,21 @@ def test_the_lstm_plan_that_computed_wrong_numbers(torch, tmp_path):
 
 
 MODELS = {"lstm": (lstm, (6, 2, 8)), "branching": (branching, (3, 16))}
-PLANS_PER_MODEL = 3
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_random_plans_mixing_devices_and_libraries(model, torch, tmp_path):
+    """One random plan per model in the default suite (ten with ``-m bench``)."""
+    _random_plans_mixing(model, torch, tmp_path, plans=1)
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_many_random_plans_mixing_devices_and_libraries(model, torch, tmp_path):
+    _random_plans_mixing(model, torch, tmp_path, plans=10)
+
+
+def _random_plans_mixing(model, torch, tmp_path, plans: int) -> None:
     """Random plans over iree-cpu-dt and every library/graph backend, chosen so that values cross
     between the data-tiling device and collage_rt regions; every program equals IREE alone."""
     build, shape = MODELS[model]
@@ -121,15 +131,15 @@ def test_random_plans_mixing_devices_and_libraries(model, torch, tmp_path):
     graph = Graph(module)
     backends = [b for b in available_backends() if b.name == DT or b.kind != BackendKind.CODEGEN]
     assert DT in {b.name for b in backends} and len(backends) > 1
-    plans = []
+    chosen = []
     for seed in range(200):
         plan = random_plan(graph, backends, seed)
         if _crossings(graph, plan) >= 2:
-            plans.append(plan)
-        if len(plans) == PLANS_PER_MODEL:
+            chosen.append(plan)
+        if len(chosen) == plans:
             break
-    assert len(plans) == PLANS_PER_MODEL, "random plans should often cross between iree-cpu-dt and libraries"
-    for k, plan in enumerate(plans):
+    assert len(chosen) == plans, "random plans should often cross between iree-cpu-dt and libraries"
+    for k, plan in enumerate(chosen):
         out = tmp_path / f"plan{k}"
         compile_module(import_torch(build(), [x], new_context()), plan, out)
         rtol, atol = _tolerance(plan)
