@@ -44,56 +44,14 @@ NAME = "measure_throughput"
 BACKENDS = "iree-cpu,iree-cpu-dt,onednn,ort,openvino"
 
 
-def resnet50(blocks=(3, 4, 6, 3), num_classes: int = 1000):
-    """Bottleneck ResNet (torchvision's resnet50 layout for the default ``blocks``): 7x7 stem, max pool,
-    four stages of widths 64..512 with expansion 4 (stride on the 3x3 conv), BatchNorm, ReLU, average
-    pool, fully connected. Random weights (seed 0), eval mode."""
+def resnet50(blocks=(3, 4, 6, 3)):
+    """The zoo's bottleneck ResNet (torchvision's resnet50 layout for the default ``blocks``), seed 0, eval."""
     import torch
-    from torch import nn
 
-    class Bottleneck(nn.Module):
-        def __init__(self, cin: int, width: int, stride: int):
-            super().__init__()
-            cout = width * 4
-            self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
-            self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width)
-            self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
-            self.relu = nn.ReLU()
-            self.downsample = None
-            if stride != 1 or cin != cout:
-                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            identity = x if self.downsample is None else self.downsample(x)
-            y = self.relu(self.bn1(self.conv1(x)))
-            y = self.relu(self.bn2(self.conv2(y)))
-            return self.relu(self.bn3(self.conv3(y)) + identity)
-
-    class ResNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                                      nn.MaxPool2d(3, 2, 1))
-            layers, cin = [], 64
-            for stage, (n, width) in enumerate(zip(blocks, (64, 128, 256, 512))):
-                for k in range(n):
-                    layers.append(Bottleneck(cin, width, 2 if k == 0 and stage > 0 else 1))
-                    cin = width * 4
-            self.layers = nn.Sequential(*layers)
-            self.pool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(cin, num_classes)
-
-        def forward(self, x):
-            return self.fc(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
+    from collage_mlir.zoo.resnet import ResNet
 
     torch.manual_seed(0)
-    model = ResNet().eval()
-    with torch.no_grad():  # non-trivial BatchNorm statistics, so no op is an identity
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.1, 0.1)
-                m.running_var.uniform_(0.5, 1.5)
-    return model
+    return ResNet(blocks).eval()
 
 
 def choose(candidates: list[Candidate], backends: list[str], limit: int) -> list[Candidate]:

@@ -29,13 +29,9 @@ CONFIGS = ("collage", "ort-spinning", "ort-global-pool")
 
 
 def chain(links: int) -> str:
-    t = f"tensor<{N}x{N}xf32>"
-    body, value = [], "%x"
-    for k in range(links):
-        body.append(f"  %d{k} = stablehlo.dot_general {value}, %w, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}")
-        body.append(f"  %t{k} = stablehlo.tanh %d{k} : {t}")
-        value = f"%t{k}"
-    return f"func.func @main(%x: {t}, %w: {t}) -> {t} {{\n" + "\n".join(body) + f"\n  return {value} : {t}\n}}\n"
+    from collage_mlir.zoo.chain import matmul_tanh_chain
+
+    return matmul_tanh_chain(N, links)
 
 
 def build(out: Path, links: int) -> dict[str, Path]:

@@ -23,6 +23,7 @@ import collage_runtime
 from collage_mlir.iree import compile_module
 from collage_mlir.ir import new_context, parse_module
 from collage_mlir.plan import Plan, Region
+from collage_mlir.zoo.chain import matmul_tanh_chain
 from collage_runtime.engines import Engines
 from collage_runtime.executors import executor
 from collage_runtime.manifest import ArtifactError
@@ -32,16 +33,6 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 import boundary  # noqa: E402
 
 N, LINKS = 192, 8
-
-
-def _chain() -> str:
-    t = f"tensor<{N}x{N}xf32>"
-    body, value = [], "%x"
-    for k in range(LINKS):
-        body.append(f"  %d{k} = stablehlo.dot_general {value}, %w, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}")
-        body.append(f"  %t{k} = stablehlo.tanh %d{k} : {t}")
-        value = f"%t{k}"
-    return f"func.func @main(%x: {t}, %w: {t}) -> {t} {{\n" + "\n".join(body) + f"\n  return {value} : {t}\n}}\n"
 
 
 def _cpu_per_call(fn, clock=time.process_time, calls: int = 5) -> float:
@@ -56,7 +47,7 @@ def _cpu_per_call(fn, clock=time.process_time, calls: int = 5) -> float:
 def test_many_regions_cost_the_sum_of_their_regions(backend, tmp_path):
     pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
     plan = Plan([Region(f"link{k}", backend, frozenset({2 * k, 2 * k + 1})) for k in range(LINKS)], source="chain")
-    art = compile_module(parse_module(_chain(), new_context()), plan, tmp_path / "art")
+    art = compile_module(parse_module(matmul_tanh_chain(N, LINKS), new_context()), plan, tmp_path / "art")
     regions = art.manifest["regions"]
     assert len(regions) == LINKS
     rng = np.random.default_rng(0)
