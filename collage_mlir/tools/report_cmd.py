@@ -56,7 +56,10 @@ def _colour(backend: str, seen: dict[str, str]) -> str:
 
 def _graph_svg(graph, owner: dict[int, str], colours: dict[str, str]) -> str:
     """The op graph in topological layers, ops coloured by backend, as an SVG string."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise CollageError("drawing the graph needs matplotlib: pip install 'collage-mlir[bench]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
