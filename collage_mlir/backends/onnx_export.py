@@ -231,7 +231,7 @@ class _Builder:
         from onnx import numpy_helper
 
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.initializers.append(numpy_helper.from_array(np.require(value, requirements="C"), name))  # keeps rank 0
         return name
 
     def ints(self, values, hint: str = "shape") -> str:

@@ -93,7 +93,7 @@ def optimize(model):
     del out.graph.node[:]
     out.graph.node.extend(g.nodes)
     del out.graph.initializer[:]
-    out.graph.initializer.extend(numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in g.consts.items())
+    out.graph.initializer.extend(numpy_helper.from_array(np.require(v, requirements="C"), k) for k, v in g.consts.items())
     return out
 
 

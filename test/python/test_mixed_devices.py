@@ -188,3 +188,22 @@ def test_a_plan_cutting_through_quantized_values_is_refused(tmp_path):
     plan = Plan([Region("q", "iree-cpu", frozenset({0}))], source="cut.json")
     with pytest.raises(CollageError, match=r"cut.json: region 'q': .*quantized tensor .* would cross the region boundary"):
         compile_module(parse_module(QUANT, new_context()), plan, tmp_path / "o")
+
+
+SCALAR_POW = """
+func.func @main(%x: tensor<f32>) -> tensor<f32> {
+  %two = stablehlo.constant dense<2.0> : tensor<f32>
+  %0 = stablehlo.power %x, %two : tensor<f32>
+  return %0 : tensor<f32>
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_rank0_constants_keep_their_rank_in_onnx(backend, tmp_path):
+    """Found by the 20-random-plan conformance sweep: a rank-0 constant became a [1] initializer
+    (np.ascontiguousarray promotes rank 0), so ORT computed [1] where the program expects []."""
+    compile_module(parse_module(SCALAR_POW, new_context()), Plan([Region("p", backend, frozenset({1}))]), tmp_path)
+    with collage_runtime.load(tmp_path) as prog:
+        (y,) = prog.invoke("main", np.array(16.0, np.float32))
+    assert y.shape == () and y == 256.0

@@ -50,7 +50,7 @@ def _setup(ctx: SetupContext, plan: str | None = None, flags: tuple[str, ...] = 
     program = collage_runtime.load(out, threads=ctx.threads)
     _, inputs = zoo.build(ctx.model, ctx.small)
     fn = program.device_function("main")
-    args = [program.to_device(np.ascontiguousarray(x.numpy())) for x in inputs]
+    args = [program.to_device(np.require(x.numpy(), requirements="C")) for x in inputs]
     last = []
 
     def run():
