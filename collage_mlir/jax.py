@@ -52,14 +52,13 @@ def compile(fn: Callable, *example_args, plan: str = "default", threads: int | N
         raise CollageError(f"jax could not lower the function: {' '.join(str(exc).split())[:300]}") from None
     text = lowered.as_text()
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
-    numbered = parse_module(text, new_context(), where="<jax>")
-    NumberOpsPass().run(numbered)
-    resolved = resolve_plan(plan, Graph(numbered))
+    module = parse_module(text, new_context(), where="<jax>")
+    NumberOpsPass().run(module)  # idempotent: the compile driver numbers it again, to the same ids
+    resolved = resolve_plan(plan, Graph(module))
     key = hashlib.sha256(f"{text}:{resolved.to_json()}".encode()).hexdigest()[:16]
     out = cache_dir() / "compiled" / f"jax-{key}.collage"
     if not out.exists():
-        compile_module(parse_module(text, new_context(), where="<jax>"), resolved, out,
-                       source=f"jax:{getattr(fn, '__name__', 'fn')}")
+        compile_module(module, resolved, out, source=f"jax:{getattr(fn, '__name__', 'fn')}")
     return CompiledFunction(collage_runtime.load(out, threads=threads), out_tree, resolved)
 
 

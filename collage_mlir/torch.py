@@ -63,10 +63,9 @@ def compile(model, example_inputs: Sequence, *, plan: str = "default", budget_s:
     if plan == "tune":
         resolved = _tune(import_torch(model, list(example_inputs), new_context()), example_inputs, backends,
                          budget_s, seed, db)
-    else:
-        numbered = import_torch(model, list(example_inputs), new_context())
-        NumberOpsPass().run(numbered)
-        resolved = resolve_plan(plan, Graph(numbered))
+    else:  # numbering is idempotent: the compile driver numbers the same module again, to the same ids
+        NumberOpsPass().run(module)
+        resolved = resolve_plan(plan, Graph(module))
     key = hashlib.sha256(f"{source}:{resolved.to_json()}".encode()).hexdigest()[:16]
     out = cache_dir() / "compiled" / f"{key}.collage"
     if not out.exists():

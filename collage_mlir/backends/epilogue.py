@@ -45,7 +45,7 @@ ELEMENTWISE = set(_UNARY) | set(_BINARY) | {"stablehlo.clamp", "stablehlo.select
 
 #: How many ops past the chain value the search looks (GELU's erf expansion is ~30).
 WINDOW = 64
-_PROBE = np.concatenate([np.linspace(-8.0, 8.0, 1601), [-30.0, -12.0, 12.0, 30.0]])
+PROBE = np.concatenate([np.linspace(-8.0, 8.0, 1601), [-30.0, -12.0, 12.0, 30.0]])
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ _KNOWN = [
 ]
 
 
-def classify(f: np.ndarray, x: np.ndarray = _PROBE, atol: float = 2e-6) -> Activation | None:
+def classify(f: np.ndarray, x: np.ndarray = PROBE, atol: float = 2e-6) -> Activation | None:
     """The activation whose values on ``x`` are ``f`` (within ``atol`` relative to scale), else None."""
     if not np.all(np.isfinite(f)):
         return None
@@ -189,7 +189,7 @@ def activation_after(value: ir.Value) -> Epilogue | None:
         inside = set(taken)
         escaping = [v for v in live if any(u.owner.operation not in inside for u in v.uses)]
         if len(escaping) == 1 and escaping[0] == op.results[0] and sh.tensor_type(op.results[0]) == shape:
-            env = _evaluate(taken, value, _PROBE)
+            env = _evaluate(taken, value, PROBE)
             act = classify(env[-1][1]) if env else None
             if act is not None:
                 best = Epilogue(list(taken), op.results[0], act)

@@ -356,9 +356,8 @@ def _mean(g: _Graph) -> bool:
         if div.op_type != "Div" or div.input[1] not in g.consts or g.consts[div.input[1]].size != 1:
             continue
         src = g.producer(div.input[0])
-        reshape = None
         if src is not None and src.op_type == "Reshape" and len(g.users(src.output[0])) == 1:
-            reshape, src = src, g.producer(src.input[0])
+            src = g.producer(src.input[0])  # look through a single-use reshape
         if src is None or src.op_type != "ReduceSum" or len(src.input) < 2 or src.input[1] not in g.consts or \
                 len(g.users(src.output[0])) != 1 or src.input[0] not in g.shapes:
             continue
@@ -482,7 +481,7 @@ def _replace(g: _Graph, old: list, new: list) -> None:
 def _gelu(g: _Graph) -> bool:
     from onnx import helper
 
-    from .epilogue import _PROBE, classify
+    from .epilogue import PROBE, classify
 
     changed = False
     users = _users_index(g)
@@ -492,7 +491,7 @@ def _gelu(g: _Graph) -> bool:
             continue
         best = None
         for taken in _subgraphs(g, g.nodes.index(start), ELEMENTWISE, users, lambda c: c.size == 1):
-            f = _evaluate(g, taken, x, _PROBE, scalars=True) if len(taken) > 5 else None
+            f = _evaluate(g, taken, x, PROBE, scalars=True) if len(taken) > 5 else None
             act = classify(f) if f is not None else None
             if act is not None and act.name == "gelu" and act.algorithm == "none":
                 best = taken
