@@ -109,23 +109,30 @@ class Plan:
             if r.name in names:
                 raise CollageError("duplicate region name", where=where)
             names.add(r.name)
-            backend = get_backend(r.backend, where=where)
+            # Diagnostics go on the region's first op the module has (the module itself when none).
+            known = [graph.nodes[i] for i in sorted(r.ops) if i in graph.nodes]
+            loc = known[0].op.location if known else None
+            try:
+                backend = get_backend(r.backend, where=where)
+            except CollageError as exc:
+                exc.location = loc
+                raise
             for i in sorted(r.ops):
                 if i not in graph.nodes:
                     raise CollageError(f"unknown op id {i} (the module has ids {_id_range(graph)}); "
                                        "run `collage-opt --collage-number-ops` to see them", where=where)
                 if i in owner:
                     raise CollageError(f"op {i} is also in region '{owner[i]}'; regions must not overlap",
-                                       where=where)
+                                       where=where, location=graph.nodes[i].op.location)
                 owner[i] = r.name
             if not graph.is_convex(r.ops):
                 raise CollageError("ops are not a convex set of one function (a path leaves the region and "
-                                   "comes back); split it", where=where)
+                                   "comes back); split it", where=where, location=loc)
             why = backend.accepts(graph, r.ops) or crossing_type_problem(graph, r.ops)
             if why:
                 first = graph.nodes[min(r.ops)]
                 raise CollageError(f"backend '{r.backend}' cannot take it at {first.location}: {why}",
-                                   where=where)
+                                   where=where, location=loc)
         if not graph.regions_acyclic(r.ops for r in self.regions):
             raise CollageError("regions feed each other in a cycle (one region needs another's result and vice "
                                "versa); split or merge them", where=self.source)

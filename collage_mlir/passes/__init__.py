@@ -26,7 +26,11 @@ def region_functions(block: ir.Block) -> list[tuple[ir.Operation, "Backend"]]:
         fn = op.operation
         name = collage.str_attr(fn, collage.BACKEND) if fn.name == "func.func" else None
         if name is not None and len(fn.regions[0].blocks):
-            found.append((fn, get_backend(name, where=location_text(fn.location))))
+            try:
+                found.append((fn, get_backend(name, where=location_text(fn.location))))
+            except CollageError as exc:
+                exc.location = fn.location
+                raise
     return found
 
 
@@ -41,13 +45,17 @@ class ModulePass:
         raise TypeError(f"{type(self).__name__} does not define run()")
 
     def add_to(self, pm: passmanager.PassManager) -> None:
-        """Adds this pass to ``pm``; a CollageError raised inside is re-raised by ``run_pipeline``."""
+        """Adds this pass to ``pm``. A CollageError raised inside becomes an MLIR error diagnostic on the
+        op it names (else on the module), so diagnostic handlers and ``--verify-diagnostics`` see it, and
+        is re-raised by ``run_pipeline`` as the one-line error drivers print."""
 
         def run(op: ir.Operation, pass_) -> None:
             try:
                 self.run(op)
             except CollageError as exc:
                 _FAILURES.append(exc)
+                loc = exc.location if isinstance(exc.location, ir.Location) else op.location
+                loc.emit_error(str(exc))
                 pass_.signal_pass_failure()
 
         pm.add(run, name=type(self).__name__, argument=self.name, description=self.summary)

@@ -4,6 +4,10 @@
 A Python pattern-rewrite pass: one pattern per op name the plan mentions, driven by MLIR's
 ``walk_and_apply_patterns``. The plan is validated against the module's graph first, so a bad plan
 fails with one line before the IR changes.
+
+Without a ``plan`` option the plan is the module's ``collage.plan`` attribute, a dictionary shaped
+like the plan JSON (``{version = 1, regions = [{name = "r", backend = "onednn", ops = [1, 2]}]}``),
+so a module can carry its own placement (and a lit test its own bad plan).
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from dataclasses import dataclass
 from ..dialects import collage
 from ..errors import CollageError
 from ..graph import Graph
-from ..ir import ir, rewrite
-from ..plan import Plan
+from ..ir import ir, location_text, rewrite
+from ..plan import FORMAT, Plan
 from . import ModulePass
 
 
@@ -25,7 +29,7 @@ class AssignPass(ModulePass):
     plan: str | Plan = ""
 
     def run(self, module: ir.Module | ir.Operation) -> None:
-        plan = self.plan if isinstance(self.plan, Plan) else self._load(self.plan)
+        plan = self.plan if isinstance(self.plan, Plan) else self._load(self.plan, module.operation)
         graph = Graph(module)
         if not graph.nodes:
             raise CollageError("no op has a collage.id; run --collage-number-ops before --collage-assign")
@@ -51,7 +55,28 @@ class AssignPass(ModulePass):
             rewrite.walk_and_apply_patterns(module.operation, patterns.freeze())
 
     @staticmethod
-    def _load(path: str) -> Plan:
-        if not path:
-            raise CollageError("--collage-assign needs a plan: --collage-assign=\"plan=PLAN.json\"")
-        return Plan.load(path)
+    def _load(path: str, module: ir.Operation) -> Plan:
+        if path:
+            return Plan.load(path)
+        if PLAN_ATTR not in module.attributes:
+            raise CollageError("--collage-assign needs a plan: --collage-assign=\"plan=PLAN.json\" or a "
+                               f"{PLAN_ATTR} attribute on the module")
+        data = attribute_value(module.attributes[PLAN_ATTR])
+        if isinstance(data, dict):  # the attribute is the plan itself: its format is implied
+            data.setdefault("format", FORMAT)
+        return Plan.from_json(data, source=f"{location_text(module.location)}: {PLAN_ATTR}")
+
+
+#: Module attribute holding a plan, read when --collage-assign has no plan option.
+PLAN_ATTR = "collage.plan"
+
+
+def attribute_value(attr: ir.Attribute) -> object:
+    """A dictionary/array/string/integer/float/bool attribute as the JSON-like Python value."""
+    if isinstance(attr, ir.DictAttr):
+        return {n.name: attribute_value(n.attr) for n in attr}
+    if isinstance(attr, ir.ArrayAttr):
+        return [attribute_value(a) for a in attr]
+    if isinstance(attr, (ir.StringAttr, ir.BoolAttr, ir.IntegerAttr, ir.FloatAttr)):
+        return attr.value
+    return str(attr)  # kept as text: the plan's shape check names it

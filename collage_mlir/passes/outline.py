@@ -146,7 +146,8 @@ class OutlinePass(ModulePass):
                 for name, ops in regions.items():
                     if name in taken:
                         raise CollageError(f"region name '{name}' clashes with an existing symbol; rename the "
-                                           "region in the plan", where=location_text(ops[0].location))
+                                           "region in the plan", where=location_text(ops[0].location),
+                                           location=ops[0].location)
                     backend = collage.str_attr(ops[0], collage.BACKEND) or ""
                     outline_region(func, ops, name, backend)
                     taken.add(name)

@@ -52,7 +52,8 @@ def _transfer(value: ir.Value, device: str, loc: ir.Location, ip: ir.InsertionPo
     t = value.type
     if isinstance(t, ir.RankedTensorType) and not t.has_static_shape:
         raise CollageError(f"cannot move a dynamically shaped tensor ({t}) to device @{device}; "
-                           "regions on another IREE device need static shapes", where=location_text(loc))
+                           "regions on another IREE device need static shapes", where=location_text(loc),
+                           location=loc)
     target = ir.Attribute.parse(f"#hal.device.affinity<@{device}>")
     op = ir.Operation.create("flow.tensor.transfer", results=[t], operands=[value],
                              attributes={"target": target}, loc=loc, ip=ip)

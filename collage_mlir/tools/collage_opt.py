@@ -3,9 +3,12 @@
     collage-opt model.mlir --collage-number-ops --collage-assign="plan=p.json" --collage-outline
     collage-opt model.mlir --pass-pipeline="builtin.module(collage-number-ops,canonicalize)"
     collage-opt - --split-input-file --collage-number-ops < cases.mlir
+    collage-opt bad.mlir --split-input-file --verify-diagnostics --collage-number-ops --collage-assign
 
 Passes run in command-line order; a flag naming a pass that is not a collage pass is handed to MLIR's
-pass parser (``--canonicalize``, ``--cse``, ``--inline``...).
+pass parser (``--canonicalize``, ``--cse``, ``--inline``...). Errors of the collage passes are MLIR
+diagnostics on the op they are about; ``--verify-diagnostics`` checks them against the input's
+``expected-error {{...}}`` comments (see ``diagnostic_verifier``) instead of printing them.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from ..errors import CollageError
 from ..ir import load_module, new_context, parse_module, passmanager
 from ..passes import PARTITION, partition_pipeline, registry, run_pipeline
 from . import exit_quietly, run_tool
+from .diagnostic_verifier import DiagnosticVerifier
 
 SPLIT_MARKER = "// -----"
 BYTECODE_MAGIC = b"ML\xefR"
-USAGE = """usage: collage-opt [FILE|-] [-o OUT] [--split-input-file] [--PASS[="opt=val ..."]]... [--pass-pipeline=PIPE]
+USAGE = """usage: collage-opt [FILE|-] [-o OUT] [--split-input-file] [--verify-diagnostics]
+                   [--PASS[="opt=val ..."]]... [--pass-pipeline=PIPE]
                    [--mlir-print-ir-after-all] [--mlir-print-ir-before-all] [--mlir-print-debuginfo]
                    [--mlir-elide-elementsattrs-if-larger=N] [--mlir-print-op-generic] [--version]
 FILE is MLIR text or bytecode (.mlirbc); upstream MLIR/IREE passes are accepted as --NAME too.
@@ -41,6 +46,7 @@ class Options:
     source: str = "-"
     output: str | None = None
     split: bool = False
+    verify: bool = False
     elements: list[str] = field(default_factory=list)
     print_after_all: bool = False
     print_before_all: bool = False
@@ -122,6 +128,8 @@ def parse_args(argv: list[str]) -> Options:
             opts.output = arg[2:]
         elif arg == "--split-input-file":
             opts.split = True
+        elif arg == "--verify-diagnostics":
+            opts.verify = True
         elif arg == "--mlir-print-ir-after-all":
             opts.print_after_all = True
         elif arg == "--mlir-print-ir-before-all":
@@ -179,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse_args(argv)
         where = "<stdin>" if opts.source == "-" else opts.source
         data = _read_input(opts.source)
+        text = ""
         if data.startswith(BYTECODE_MAGIC):
             chunks: list[str | bytes] = [data]  # bytecode: one module, never split
         else:
@@ -187,18 +196,24 @@ def main(argv: list[str] | None = None) -> int:
             except UnicodeDecodeError:
                 raise CollageError("neither MLIR text (UTF-8) nor MLIR bytecode", where=where) from None
             chunks = list(text.split(SPLIT_MARKER)) if opts.split else [text]
+        # Locations name the file as given, or "-" for text parsed from a string.
+        verifier = DiagnosticVerifier(text, (where, opts.source, "-")) if opts.verify else None
         results, failed, line = [], 0, 0
         for chunk in chunks:
             # Pad text with newlines so locations keep the original file's line numbers.
             padded = chunk if isinstance(chunk, bytes) else "\n" * line + chunk
             line += chunk.count("\n") if isinstance(chunk, str) else 0
+            context = new_context()
+            if verifier is not None:
+                verifier.attach(context)
+            # A bad pipeline is the command's error, not the input's: it stops the run.
+            pm = build_pass_manager(opts.elements, context)
+            seen_before = len(verifier.seen) if verifier is not None else 0
             try:
-                context = new_context()
                 if opts.split or opts.source == "-":
                     module = parse_module(padded, context, where=where)
                 else:  # parsed from the file, so locations (--mlir-print-debuginfo) name it
                     module = load_module(opts.source, context)
-                pm = build_pass_manager(opts.elements, context)
                 if opts.print_after_all or opts.print_before_all:
                     pm.enable_ir_printing(print_before_all=opts.print_before_all,
                                           print_after_all=opts.print_after_all,
@@ -210,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(buf.getvalue().rstrip("\n") + "\n" if opts.debug_info or opts.generic
                                or opts.elide_larger is not None else str(module.operation))
             except CollageError as exc:
+                if verifier is not None:  # the chunk's diagnostics are checked below
+                    if len(verifier.seen) == seen_before:
+                        verifier.add_unlocated(str(exc))
+                    continue
                 if not opts.split:
                     raise
                 print(f"collage-opt: error: {exc}", file=sys.stderr)
@@ -222,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise CollageError(f"cannot write: {exc.strerror}", where=opts.output) from None
         else:
             sys.stdout.write(out)
+        if verifier is not None:
+            problems = verifier.verify()
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            return 1 if problems else 0
         return 1 if failed else 0
 
     return run_tool("collage-opt", body)
