@@ -11,6 +11,11 @@ from iree.compiler import rewrite  # noqa: F401  (re-exported)
 
 from .errors import CollageError
 
+# IREE's bindings have no Python module for stablehlo, so every OpView of a stablehlo op (``value.owner``)
+# retried a failing ``import iree.compiler.dialects.stablehlo`` (uncached on failure): 70 % of the
+# candidate enumeration's time. ``collage_mlir.dialects.stablehlo`` stands in as the dialect's module.
+ir._globals.append_dialect_search_prefix("collage_mlir.dialects")
+
 __all__ = ["ir", "passmanager", "rewrite", "new_context", "parse_module", "load_module", "diagnostics_text",
            "location_text"]
 
