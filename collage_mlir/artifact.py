@@ -89,9 +89,10 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs
 
 
 def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str = "<module>",
-                   iree_args: Sequence[str] = (), **iree_kwargs) -> CompileResult:
+                   iree_args: Sequence[str] = (), provenance: dict | None = None, **iree_kwargs) -> CompileResult:
     """Partitions ``module`` by ``plan`` and writes the artifact directory ``out_dir`` (or, for a path
-    ending in ``.collage``, one file packing that directory).
+    ending in ``.collage``, one file packing that directory). ``provenance`` (where the plan came from:
+    its tuning record, DB) is kept in the manifest for ``collage report``.
 
     The artifact is built in a new directory beside ``out_dir`` and renamed into place once complete, so a
     failed or interrupted compile leaves the previous artifact as it was (or nothing), never a mix."""
@@ -129,6 +130,8 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
             "devices": parts.devices,
             "regions": parts.regions,
         }
+        if provenance:
+            manifest["provenance"] = provenance
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if out.suffix == PACKAGE_SUFFIX:  # one deployable file
             pack(stage, out)

@@ -4,32 +4,31 @@
     y = compiled(x, w)                      # numpy arrays in, numpy arrays out (the function's pytree)
     g = collage_mlir.jax.jit(f)             # compiles on first call per input signature
 
-The function is lowered by ``jax.jit(fn).lower(*args)`` to StableHLO, placed by the plan and compiled into
-an artifact under the cache directory.
+The function is lowered by ``jax.jit(fn).lower(*args)`` to StableHLO, placed by a plan (as in
+``collage_mlir.torch``: the one named, else the one tuned before for this structure from the cost DB,
+else a tune within ``tune_budget``, else the default) and compiled into an artifact under the cache
+directory.
 """
 
 from __future__ import annotations
 
-import hashlib
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
-from .frontends import cache_dir
-from .graph import Graph
 from .ir import new_context, parse_module
-from .iree import compile_module
-from .passes.number_ops import NumberOpsPass
-from .search import resolve_plan
 
 
 class CompiledFunction:
     """A JAX function compiled by collage for one input signature."""
 
-    def __init__(self, program, out_tree, plan):
+    def __init__(self, program, out_tree, choice: PlanChoice):
         self.program = program
-        self.plan = plan
+        self.plan = choice.plan
+        self.plan_how = choice.how  # "given", "tuned before", "tuned now" or "default"
         self._out_tree = out_tree
 
     def __call__(self, *args):
@@ -39,9 +38,10 @@ class CompiledFunction:
         return jax.tree_util.tree_unflatten(self._out_tree, list(self.program.invoke("main", *leaves)))
 
 
-def compile(fn: Callable, *example_args, plan: str = "default", threads: int | None = None  # noqa: A001
-            ) -> CompiledFunction:
-    """Lowers ``fn`` for ``example_args``' shapes and dtypes and compiles it by ``plan``."""
+def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: float | None = None,  # noqa: A001
+            db: str | Path | None = None, threads: int | None = None) -> CompiledFunction:
+    """Lowers ``fn`` for ``example_args``' shapes and dtypes and compiles it by ``plan`` (None: tuned
+    before, else tuned within ``tune_budget`` seconds when given, else the default)."""
     import jax
 
     import collage_runtime
@@ -53,16 +53,13 @@ def compile(fn: Callable, *example_args, plan: str = "default", threads: int | N
     text = lowered.as_text()
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
     module = parse_module(text, new_context(), where="<jax>")
-    NumberOpsPass().run(module)  # idempotent: the compile driver numbers it again, to the same ids
-    resolved = resolve_plan(plan, Graph(module))
-    key = hashlib.sha256(f"{text}:{resolved.to_json()}".encode()).hexdigest()[:16]
-    out = cache_dir() / "compiled" / f"jax-{key}.collage"
-    if not out.exists():
-        compile_module(module, resolved, out, source=f"jax:{getattr(fn, '__name__', 'fn')}")
-    return CompiledFunction(collage_runtime.load(out, threads=threads), out_tree, resolved)
+    leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(example_args)]
+    choice = choose_plan(module, plan, tune_budget=tune_budget, db=db, examples={"main": leaves})
+    out = compile_cached(module, choice, source=f"jax:{getattr(fn, '__name__', 'fn')}")
+    return CompiledFunction(collage_runtime.load(out, threads=threads), out_tree, choice)
 
 
-def jit(fn: Callable, *, plan: str = "default") -> Callable[..., Any]:
+def jit(fn: Callable, *, plan: str | None = None) -> Callable[..., Any]:
     """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature."""
     import jax
 

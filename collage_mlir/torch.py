@@ -1,39 +1,40 @@
 """PyTorch entry points: ``torch.compile(model, backend="collage")`` and ``collage_mlir.torch.compile``.
 
-    compiled = collage_mlir.torch.compile(model, [x])            # the default plan: no tuning surprise
-    compiled = collage_mlir.torch.compile(model, [x], plan="tune", budget_s=120)
+    compiled = collage_mlir.torch.compile(model, [x])            # tuned before? that plan; else the default
+    compiled = collage_mlir.torch.compile(model, [x], tune_budget=120)   # else tune for up to 120 s
     y = compiled(x)
-    y = torch.compile(model, backend="collage")(x)              # registered through torch's entry points
+    y = torch.compile(model, backend="collage", options={"tune_budget": 120})(x)
 
 The model goes through the torch frontend (torch-mlir's fx importer to StableHLO, cached on disk), is
-placed by the plan (``default``, ``random:N``, ``prefer:B1,B2``, a plan file, or ``tune`` within
-``budget_s``), compiled into an artifact under the cache directory, and returned as a callable on torch
-tensors. A graph collage cannot take falls back to eager PyTorch with one warning naming the reason.
+placed by a plan (``collage_mlir.entry.choose_plan``: the one tuned before for this structure, found in the
+cost DB by structural hash; else a tune within ``tune_budget``; else the default plan; or the ``plan``
+named: ``default``, ``random:N``, ``prefer:B1,B2``, a plan file, ``tune``), compiled into an artifact
+under the cache directory, and returned as a callable on torch tensors. A graph collage cannot take
+falls back to eager PyTorch with one warning naming the reason.
 """
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
-from .frontends import cache_dir
 from .frontends.torch import import_torch
-from .graph import Graph
 from .ir import new_context
-from .iree import compile_module
-from .passes.number_ops import NumberOpsPass
-from .search import resolve_plan
+
+#: ``torch.compile(..., options={...})`` keys the ``collage`` backend takes (``compile``'s keywords).
+DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "seed", "db", "threads")
 
 
 class CompiledModule:
     """A model compiled by collage: call it with tensors like the model; results come back as tensors."""
 
-    def __init__(self, program, out_spec, plan):
+    def __init__(self, program, out_spec, choice: PlanChoice):
         self.program = program
-        self.plan = plan
+        self.plan = choice.plan
+        self.plan_how = choice.how  # "given", "tuned before", "tuned now" or "default"
         self._out_spec = out_spec
 
     def __call__(self, *args):
@@ -46,10 +47,12 @@ class CompiledModule:
         return pytree.tree_unflatten(tensors, self._out_spec)
 
 
-def compile(model, example_inputs: Sequence, *, plan: str = "default", budget_s: float = 60.0,  # noqa: A001
-            backends: Sequence[str] | None = None, seed: int = 0, db: str | Path | None = None,
-            threads: int | None = None) -> CompiledModule:
-    """Compiles ``model`` for ``example_inputs``' shapes and dtypes; raises CollageError when it cannot."""
+def compile(model, example_inputs: Sequence, *, plan: str | None = None,  # noqa: A001
+            tune_budget: float | None = None, backends: Sequence[str] | None = None, seed: int = 0,
+            db: str | Path | None = None, threads: int | None = None) -> CompiledModule:
+    """Compiles ``model`` for ``example_inputs``' shapes and dtypes; raises CollageError when it cannot.
+    The plan: ``plan`` when given, else the one tuned before for this model's structure (cost DB
+    ``db``), else a tune over ``backends`` within ``tune_budget`` seconds when given, else the default."""
     import torch
     from torch.utils import _pytree as pytree
 
@@ -57,42 +60,23 @@ def compile(model, example_inputs: Sequence, *, plan: str = "default", budget_s:
 
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(model(*example_inputs))
-    context = new_context()
-    module = import_torch(model, list(example_inputs), context)
-    source = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()[:16]
-    if plan == "tune":
-        resolved = _tune(import_torch(model, list(example_inputs), new_context()), example_inputs, backends,
-                         budget_s, seed, db)
-    else:  # numbering is idempotent: the compile driver numbers the same module again, to the same ids
-        NumberOpsPass().run(module)
-        resolved = resolve_plan(plan, Graph(module))
-    key = hashlib.sha256(f"{source}:{resolved.to_json()}".encode()).hexdigest()[:16]
-    out = cache_dir() / "compiled" / f"{key}.collage"
-    if not out.exists():
-        compile_module(module, resolved, out, source=f"torch:{type(model).__name__}")
-    return CompiledModule(collage_runtime.load(out, threads=threads), out_spec, resolved)
+    module = import_torch(model, list(example_inputs), new_context())
+    tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
+    examples = {"main": [a.detach().cpu().numpy() for a in example_inputs]} if tuning else None
+    choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
+                         examples=examples)
+    out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")
+    return CompiledModule(collage_runtime.load(out, threads=threads), out_spec, choice)
 
 
-def _tune(module, example_inputs: Sequence, backends: Sequence[str] | None, budget_s: float, seed: int,
-          db: str | Path | None):
-    """The plan ``collage tune`` finds for ``module`` on the example inputs (measurements go to the DB)."""
-    import tempfile
-
-    from .backends import get_backend
-    from .measure.db import CostDB, default_db_path
-    from .search import available_backends
-    from .search.tune import tune
-
-    chosen = [get_backend(b) for b in backends] if backends else available_backends()
-    arrays = [a.detach().cpu().numpy() for a in example_inputs]
-    with CostDB(db or default_db_path()) as cost_db, tempfile.TemporaryDirectory(prefix="collage-tune-") as work:
-        return tune(module, chosen, cost_db, work, budget_s=budget_s, seed=seed, examples={"main": arrays}).plan
-
-
-def dynamo_backend(gm, example_inputs: Sequence) -> Callable[..., Any]:
-    """torch.compile backend ``collage``: the default plan; eager with one warning where collage cannot."""
+def dynamo_backend(gm, example_inputs: Sequence, options: dict | None = None) -> Callable[..., Any]:
+    """torch.compile backend ``collage`` (``options``: ``compile``'s keywords, e.g. ``tune_budget``); eager
+    with one warning where collage cannot."""
     try:
-        compiled = compile(gm, example_inputs)
+        unknown = sorted(set(options or {}) - set(DYNAMO_OPTIONS))
+        if unknown:
+            raise CollageError(f"unknown collage option(s) {', '.join(unknown)} (known: {', '.join(DYNAMO_OPTIONS)})")
+        compiled = compile(gm, example_inputs, **(options or {}))
     except (CollageError, Exception) as exc:  # noqa: BLE001  any failure falls back, as torch backends do
         why = " ".join(str(exc).split())[:200] or type(exc).__name__
         warnings.warn(f"collage: running this graph eagerly: {why}", RuntimeWarning, stacklevel=2)

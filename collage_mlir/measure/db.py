@@ -107,6 +107,10 @@ CREATE TABLE devices (fingerprint TEXT PRIMARY KEY, description TEXT NOT NULL);
 CREATE INDEX measurements_by_backend ON measurements (backend, device);
 """
 
+# Created on first use, so databases of this schema version gain it without a migration.
+_PLANS_TABLE = """CREATE TABLE IF NOT EXISTS plans (module_hash TEXT NOT NULL, device TEXT NOT NULL,
+    document TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (module_hash, device))"""
+
 
 def default_db_path() -> Path:
     """``$COLLAGE_DB`` if set, else ``costs.sqlite`` in the user's collage cache directory."""
@@ -242,6 +246,22 @@ class CostDB:
         rows = self._query(f"SELECT {', '.join(_T_COLS)} FROM transitions{where} ORDER BY {', '.join(_T_KEY)}",
                            params)
         return [Transition(*r) for r in rows]
+
+    # -- tuned plans -------------------------------------------------------------------------------
+
+    def put_plan(self, module_hash: str, device: str, document: dict) -> None:
+        """Remembers the plan document ``collage tune`` found for a module (by structural hash) on ``device``."""
+        with self._tx() as c:
+            c.execute(_PLANS_TABLE)
+            c.execute("INSERT OR REPLACE INTO plans VALUES (?, ?, ?, ?)",
+                      (module_hash, device, json.dumps(document, sort_keys=True), time.time()))
+
+    def get_plan(self, module_hash: str, device: str) -> dict | None:
+        """The plan document last tuned for the module on ``device``, or None."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE type='table' AND name='plans'"):
+            return None
+        rows = self._query("SELECT document FROM plans WHERE module_hash=? AND device=?", (module_hash, device))
+        return json.loads(rows[0][0]) if rows else None
 
     # -- devices, stats ----------------------------------------------------------------------------
 

@@ -116,13 +116,16 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..entry import module_key, record_tuned_plan
     from ..ir import new_context
 
     budget = parse_budget(args.budget)
     backends = parse_backends(args.backends)
     module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input))
+    key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs)
     Path(args.output).write_text(json.dumps(result.document, indent=1) + "\n")
+    record_tuned_plan(args.db, key, result.document)
     print_summary(result, args.output)
     # The placement to look at, beside the plan (plan.json -> plan.html).
     from ..graph import Graph
