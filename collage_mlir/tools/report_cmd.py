@@ -1,10 +1,12 @@
-"""``collage report ARTIFACT_OR_PLAN [--model MODEL] [--db PATH] -o report.html``: the placement, to look at.
+"""``collage report ARTIFACT_OR_PLAN [--model MODEL] [--db PATH] [--input X.npy]... -o report.html``: the
+placement, to look at.
 
 One self-contained HTML page (inline SVG and CSS, no scripts, nothing fetched): the model's op graph drawn
 in layers with each op coloured by the backend that runs it; per region its ops, the measured cost of
 every backend the cost DB holds for it, and the tuning record (cost, runner-up, why) when the plan has one;
-the end-to-end figures of the plan, the DP plan and each single-backend plan; the provenance (tune seed,
-budget, DB, versions).
+the end-to-end figures of the plan, the DP plan and each single-backend plan; for an artifact, the
+breakdown of a run of it (each library region's engine time, the boundary around it, the rest of the IREE
+program) timed through the runtime's region timer; the provenance (tune seed, budget, DB, versions).
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import argparse
 import html
 import io
 import json
+import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
+from time import perf_counter
+
+import numpy as np
 
 from ..errors import CollageError
 
@@ -27,7 +34,80 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("source", help="an artifact (directory or .collage file) or a plan JSON")
     r.add_argument("--model", help="the model the plan is for (default: the artifact's recorded source)")
     r.add_argument("--db", default=None, help="cost database (default: $COLLAGE_DB or the user's)")
+    r.add_argument("--input", action="append", default=[],
+                   help="input .npy for @main of an artifact's timed run, once per argument (default: random)")
+    r.add_argument("--repeats", type=int, default=20, help="timed runs of an artifact (default 20)")
+    r.add_argument("--no-run", action="store_true", help="do not run the artifact (no end-to-end breakdown)")
     r.add_argument("-o", "--output", required=True, help="HTML file to write")
+
+
+@dataclass
+class Breakdown:
+    """Medians over timed runs of @main: the whole call, and per library region the engine's time and the
+    boundary around it (its ``collage_rt`` call less the engine: mapping inputs, allocating results)."""
+
+    repeats: int
+    total_s: float
+    regions: dict[str, float] = field(default_factory=dict)
+    boundaries: dict[str, float] = field(default_factory=dict)
+    inputs: str = "random"
+
+    @property
+    def outside_s(self) -> float:
+        """The rest: IREE's own code (ops outside library regions, codegen regions), inputs in, results out."""
+        return self.total_s - sum(self.regions.values()) - sum(self.boundaries.values())
+
+
+def measure_breakdown(artifact: Path, inputs: list[np.ndarray], repeats: int = 20) -> Breakdown:
+    """Runs @main of ``artifact`` ``repeats`` times (after one warm-up) with the runtime's region timer on."""
+    import collage_runtime
+    from collage_runtime.manifest import ArtifactError
+    from collage_runtime.types import parse_declaration
+
+    calls: list[tuple[str, float, float]] = []
+    totals: list[float] = []
+    regions: dict[str, list[float]] = {}
+    boundaries: dict[str, list[float]] = {}
+    try:
+        with collage_runtime.load(artifact, region_timer=lambda r, call_s, run_s: calls.append((r, call_s, run_s))
+                                  ) as prog:
+            if "main" not in prog.functions:
+                raise CollageError("the artifact has no @main to time; give --no-run", where=str(artifact))
+            if not inputs:
+                declaration = prog.vm_module.lookup_function("main").reflection.get("iree.abi.declaration", "")
+                inputs = _random_inputs(parse_declaration(declaration), artifact)
+            names = [r["name"] for r in prog.manifest.get("regions", [])]
+            for k in range(repeats + 1):
+                calls.clear()
+                t0 = perf_counter()
+                prog.invoke("main", *inputs)
+                total = perf_counter() - t0
+                if k == 0:
+                    continue  # warm-up: first-call allocations and engine setup
+                totals.append(total)
+                for name in names:
+                    mine = [(c, r) for n, c, r in calls if n == name]
+                    regions.setdefault(name, []).append(sum(r for _, r in mine))
+                    boundaries.setdefault(name, []).append(sum(c - r for c, r in mine))
+    except ArtifactError as exc:
+        raise CollageError(str(exc)) from None
+    median = statistics.median
+    return Breakdown(repeats, median(totals), {n: median(v) for n, v in regions.items()},
+                     {n: median(v) for n, v in boundaries.items()})
+
+
+def _random_inputs(signature, artifact: Path) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    arrays = []
+    for k, spec in enumerate(signature.inputs if signature is not None else ()):
+        if spec is None or spec.dtype is None or any(d is None for d in spec.shape):
+            raise CollageError(f"input {k} of @main is not a static tensor: give the inputs with --input",
+                               where=str(artifact))
+        if spec.dtype.kind == "f":
+            arrays.append(rng.standard_normal(spec.shape).astype(spec.dtype))
+        else:  # indices and masks: zeros are valid for any of them
+            arrays.append(np.zeros(spec.shape, spec.dtype))
+    return arrays
 
 
 def _plan_document(source: Path) -> tuple[dict, dict | None]:
@@ -114,7 +194,20 @@ def _ms(seconds) -> str:
     return "—" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
 
-def render(plan: dict, manifest: dict | None, graph, db_path) -> str:
+def _breakdown_table(b: Breakdown, plan: dict) -> str:
+    backend = {r["name"]: r["backend"] for r in plan.get("regions", [])}
+    rows = [(f"region {name} ({backend.get(name, '?')})", s) for name, s in b.regions.items()]
+    rows += [(f"boundary of {name} (collage_rt call less the engine)", s) for name, s in b.boundaries.items()]
+    rows += [("outside library regions (IREE program: other ops, codegen regions, inputs in, results out)",
+              b.outside_s), ("end to end", b.total_s)]
+    e = html.escape
+    return (f"<h2>End-to-end breakdown</h2><p>median of {b.repeats} runs of @main ({e(b.inputs)} inputs), "
+            "timed through the runtime's region timer</p><table><tr><th>part</th><th>time</th><th>share</th></tr>"
+            + "".join(f"<tr><td>{e(name)}</td><td>{_ms(s)}</td><td>{100 * s / b.total_s:.1f} %</td></tr>"
+                      for name, s in rows) + "</table>")
+
+
+def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdown | None = None) -> str:
     """The report page as HTML text."""
     owner = {oid: r["backend"] for r in plan.get("regions", []) for oid in r["ops"]}
     colours: dict[str, str] = {}
@@ -143,8 +236,10 @@ def render(plan: dict, manifest: dict | None, graph, db_path) -> str:
                      f"<td>{e(str(r.get('why', '—')))}</td>"
                      + "".join(f"<td>{e(costs.get(r['name'], {}).get(b, '—'))}</td>" for b in backends) + "</tr>")
     parts.append("</table>")
-    tuning = plan.get("tuning")
-    if tuning:
+    if breakdown is not None:
+        parts.append(_breakdown_table(breakdown, plan))
+    tuning = plan.get("tuning") or (manifest or {}).get("provenance")
+    if plan.get("tuning"):
         parts.append("<h2>End to end</h2><table><tr><th>plan</th><th>predicted</th><th>measured</th><th>regions</th></tr>")
         rows = [("this plan", tuning["plan"], len(plan.get("regions", []))), ("DP alone", tuning["dp"], None)]
         rows += [(f"{name} alone", v, None) for name, v in sorted(tuning.get("single_backend", {}).items())]
@@ -155,6 +250,8 @@ def render(plan: dict, manifest: dict | None, graph, db_path) -> str:
     prov = {"plan source": plan.get("source", ""), "DB": str(db_path or "default"), "tuning seed":
             (tuning or {}).get("seed", "—"), "tuning budget (s)": (tuning or {}).get("budget_s", "—")}
     if manifest:
+        recorded = manifest.get("provenance") or {}
+        prov |= {f"plan {k}": v for k, v in recorded.items() if k not in ("seed", "budget_s")}
         prov |= {"artifact source": manifest.get("source", ""), **{f"version {k}": v
                                                                    for k, v in manifest.get("versions", {}).items()}}
     parts.append("<h2>Provenance</h2><table>" + "".join(f"<tr><th>{e(str(k))}</th><td>{e(str(v))}</td></tr>"
@@ -177,7 +274,16 @@ def run(args: argparse.Namespace) -> int:
         graph = Graph(module)
     elif args.model:
         raise CollageError("no such model file", where=args.model)
-    page = render(plan, manifest, graph, args.db)
+    breakdown = None
+    if manifest is not None and not args.no_run:
+        from . import load_input_arrays
+
+        if args.repeats < 1:
+            raise CollageError("--repeats must be at least 1", exit_code=2)
+        inputs = load_input_arrays(args.input)
+        breakdown = measure_breakdown(Path(args.source), inputs, args.repeats)
+        breakdown.inputs = "given" if inputs else "random"
+    page = render(plan, manifest, graph, args.db, breakdown)
     try:
         Path(args.output).write_text(page)
     except OSError as exc:

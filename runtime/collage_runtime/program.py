@@ -14,7 +14,7 @@ import numpy as np
 from .manifest import MANIFEST, ArtifactError, load_manifest
 from .package import is_package, unpack
 from .engines import Engines, iree_device, usable_cores
-from .rt_module import RegionFailure, create_rt_module  # noqa: F401  (RegionFailure: raised by invoke)
+from .rt_module import RegionFailure, RegionTimer, create_rt_module  # noqa: F401  (RegionFailure: raised by invoke)
 from .types import SUB_BYTE_BITS, Signature, TensorSpec, parse_declaration
 
 #: Builds an extra VM module (e.g. IREE's `check` module for conformance tests) on the program's device.
@@ -35,7 +35,8 @@ class Program:
     public function and returns numpy arrays."""
 
     def __init__(self, root: str | Path, *, driver: str = "local-task", extra_modules: Sequence[ModuleFactory] = (),
-                 threads: int | None = None):
+                 threads: int | None = None, region_timer: RegionTimer | None = None):
+        # region_timer(region, call seconds, executor seconds) is told every library region call.
         self.root = Path(root)
         if is_package(self.root):
             self.root = unpack(self.root)
@@ -61,7 +62,8 @@ class Program:
                                 f"({' '.join(str(exc).split())[:200]})") from None
         # Keep every module object alive as long as the context: a temporary segfaults later.
         self._failures: list[Exception] = []
-        self._modules = [create_rt_module(device, self.root, self.manifest["regions"], self.engines, self._failures)]
+        self._modules = [create_rt_module(device, self.root, self.manifest["regions"], self.engines, self._failures,
+                                          region_timer)]
         self._modules += [factory(device) for factory in extra_modules]
         try:
             self._context = rt.SystemContext(

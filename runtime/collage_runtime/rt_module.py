@@ -13,7 +13,9 @@ files inside the artifact directory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from time import perf_counter
 
 import iree.runtime as rt
 import numpy as np
@@ -29,6 +31,9 @@ _HAL_TYPES = {
     "i64": rt.HalElementType.SINT_64, "i1": rt.HalElementType.BOOL_8, "ui8": rt.HalElementType.UINT_8,
 }
 _DTYPE_NAMES = {numpy_dtype(name): name for name in _HAL_TYPES}
+
+#: Optional per-call timing hook: (region, seconds inside its collage_rt call, seconds in its executor).
+RegionTimer = Callable[[str, float, float], None]
 
 
 def _family(hal_type: int) -> tuple[int, int]:
@@ -58,7 +63,7 @@ def _check_views(region: str, refs, in_specs, view_type) -> None:
 
 
 def _region_function(device: rt.HalDevice, run: Run, region: str, backend: str, inputs: list[dict],
-                     outputs: list[dict], failures: list[Exception]):
+                     outputs: list[dict], failures: list[Exception], timer: RegionTimer | None = None):
     in_specs = [(tuple(s["shape"]), numpy_dtype(s["dtype"])) for s in inputs]
     out_specs = []
     for s in outputs:
@@ -69,6 +74,14 @@ def _region_function(device: rt.HalDevice, run: Run, region: str, backend: str, 
     mem = rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE
     usage = rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING
     view_type, ndarray = rt.HalBufferView, np.ndarray
+    spent = [0.0]  # the executor's share of the current call, for `timer`
+    if timer is not None:
+        execute = run
+
+        def run(arrays, outs):  # the executor, timed alone
+            t0 = perf_counter()
+            execute(arrays, outs)
+            spent[0] = perf_counter() - t0
 
     unchecked = [True]
 
@@ -93,7 +106,16 @@ def _region_function(device: rt.HalDevice, run: Run, region: str, backend: str, 
         return views[0] if len(views) == 1 else tuple(views)
 
     signature = "0" + ("r" * len(inputs) or "v") + "_" + ("r" * len(outputs) or "v")
-    return call, signature
+    if timer is None:  # the untimed path stays as it is
+        return call, signature
+
+    def timed(state, *refs):
+        t0 = perf_counter()
+        result = call(state, *refs)
+        timer(region, perf_counter() - t0, spent[0])
+        return result
+
+    return timed, signature
 
 
 def load_executor(root: Path, region: dict, engines: Engines) -> Run:
@@ -107,9 +129,10 @@ def load_executor(root: Path, region: dict, engines: Engines) -> Run:
 
 
 def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engines: Engines,
-                     failures: list[Exception]) -> rt.VmModule:
+                     failures: list[Exception], timer: RegionTimer | None = None) -> rt.VmModule:
     """Builds the ``collage_rt`` module serving ``regions`` (manifest entries of library regions); what a
-    region raises while serving a call is appended to ``failures`` before IREE sees it."""
+    region raises while serving a call is appended to ``failures`` before IREE sees it. ``timer``, when
+    given, is told each call's time (``collage report --run`` uses it)."""
 
     class State:
         def __init__(self, iface):
@@ -118,6 +141,7 @@ def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engi
     iface = rt.PyModuleInterface("collage_rt", State)
     for region in regions:
         fn, signature = _region_function(device, load_executor(root, region, engines), region["name"],
-                                         str(region.get("backend")), region["inputs"], region["outputs"], failures)
+                                         str(region.get("backend")), region["inputs"], region["outputs"], failures,
+                                         timer)
         iface.export(region["name"], signature, fn)
     return iface.create()

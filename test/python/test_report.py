@@ -61,3 +61,40 @@ def test_report_errors_are_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(tmp_path / "nope"), "-o",
                         str(tmp_path / "r.html")], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+
+
+def _rows(page: _Page, first: str) -> dict[str, str]:
+    """Table rows after the cell ``first`` as {label: the next cell}."""
+    cells = page.cells[page.cells.index(first):]
+    return {cells[k]: cells[k + 1] for k in range(len(cells) - 1)}
+
+
+def test_report_of_an_artifact_breaks_a_run_down_and_states_provenance(tmp_path):
+    from collage_mlir.iree import compile_module
+
+    module = parse_module((LIT_INPUTS / "mlp.mlir").read_text(), new_context())
+    provenance = {"plan": "tuned", "seed": 3, "budget_s": 5.0, "db": "/some/costs.sqlite"}
+    compile_module(module, str(LIT_INPUTS / "mlp-plan.json"), tmp_path / "mlp.collage",
+                   source=str(LIT_INPUTS / "mlp.mlir"), provenance=provenance)
+    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(tmp_path / "mlp.collage"),
+                        "--db", str(tmp_path / "none.sqlite"), "--repeats", "5", "-o", str(tmp_path / "r.html")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    page = _Page()
+    page.feed((tmp_path / "r.html").read_text())
+    assert "End-to-end breakdown" in page.cells and page.tags.get("svg") == 1  # graph from the recorded source
+
+    def ms(text: str) -> float:
+        assert text.endswith(" ms"), text
+        return float(text.removesuffix(" ms"))
+
+    rows = _rows(page, "End-to-end breakdown")
+    region = ms(rows["region layer1 (onednn)"])  # the one library region, timed by the runtime's hook
+    boundary = ms(rows["boundary of layer1 (collage_rt call less the engine)"])
+    outside = next(ms(v) for k, v in rows.items() if k.startswith("outside library regions"))
+    total = ms(rows["end to end"])
+    assert region > 0 and boundary >= 0 and outside > 0
+    assert abs(region + boundary + outside - total) < 0.0015  # the parts add up (3-decimal rounding)
+    prov = _rows(page, "Provenance")
+    assert prov["tuning seed"] == "3" and prov["tuning budget (s)"] == "5.0" and prov["plan db"] == "/some/costs.sqlite"
+    assert prov["version collage-mlir"] and prov["artifact source"].endswith("mlp.mlir")
