@@ -1,5 +1,6 @@
-"""`collage report`: one self-contained HTML page (checked with an HTML parser: no browser is installed
-here) with the graph drawn, each region's backend, ops and the costs the DB holds for it."""
+"""`collage report`: one self-contained HTML page (checked here with an HTML parser, which CI has; in a real
+headless chromium by test_report_browser.py, marked bench) with the graph drawn, each region's backend,
+ops and the costs the DB holds for it, and an artifact's run broken down."""
 
 from __future__ import annotations
 
