@@ -1,6 +1,7 @@
-"""Runs a StableHLO region module (``@main``) with XLA through jaxlib's PJRT CPU client.
+"""Runs a StableHLO region module (``@main``, MLIR bytecode or text) with XLA through jaxlib's PJRT CPU
+client.
 
-The module text is compiled once at load. Per call, each input (a zero-copy view of a mapped IREE
+The module is compiled once at load. Per call, each input (a zero-copy view of a mapped IREE
 buffer) becomes a PJRT buffer with ``HostBufferSemantics.ZERO_COPY``, which aliases the host memory
 when it is 64-byte aligned (IREE's mapped buffers are) instead of copying it; XLA's results are then
 copied into the pre-allocated, mapped output arrays (one copy per result, from a zero-copy view).
@@ -21,15 +22,16 @@ from ..engines import Engines
 from . import Run
 
 
-def compile_text(text: str, engines: Engines):
-    """Compiles StableHLO module text (entry ``@main``) for the CPU client; returns (executable, device)."""
+def compile_module(module: bytes | str, engines: Engines):
+    """Compiles a StableHLO module, text or MLIR bytecode (entry ``@main``), for the CPU client; returns
+    (executable, device)."""
     from jax._src.lib import xla_client as xc
 
     client = engines.xla_client()
     device = client.local_devices()[0]
     options = xc.CompileOptions()
     options.executable_build_options.debug_options.xla_cpu_enable_fast_math = False
-    return client.compile_and_load(text, xc.DeviceList((device,)), options), device
+    return client.compile_and_load(module, xc.DeviceList((device,)), options), device
 
 
 def load(path: Path, engines: Engines) -> Run:
@@ -39,7 +41,8 @@ def load(path: Path, engines: Engines) -> Run:
     from jax._src.lib import xla_client as xc
     from jax.sharding import SingleDeviceSharding
 
-    executable, device = compile_text(Path(path).read_text(), engines)
+    # bytes either way: XLA's parser tells bytecode from text (a str would be copied once more)
+    executable, device = compile_module(Path(path).read_bytes(), engines)
     sharding = SingleDeviceSharding(device)
     devices = [device]
     put = xc.batched_device_put
