@@ -54,6 +54,12 @@ class MeasureOptions:
     seed: int = 0
     #: Where region files, data and artifacts go (a temporary directory when None; kept when given).
     work_dir: Path | None = None
+    #: ``time.monotonic()`` after which no new build starts (pairs not built get no row: a budgeted
+    #: search asks for them again next time). None: measure everything asked.
+    deadline: float | None = None
+
+    def spent(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
 
 
 @dataclass
@@ -137,11 +143,12 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
     progress = Progress(total=len(rows) + sum(len(j.rows) for j in jobs.values()), done=len(rows), cache_hits=hits)
     if on_progress:
         on_progress(progress)
-    if jobs:
+    if jobs and not options.spent():  # past the deadline: DB answers only (no reference capture either)
         with ExitStack() as stack:
             work = options.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="collage-measure-")))
             _measure(module, list(jobs.values()), db, work, examples or {}, options, rows, progress, on_progress)
-    return Summary(rows, skipped, hits, sum(len(j.rows) for j in jobs.values()), time.perf_counter() - started)
+    measured = sum(len(j.rows) for j in jobs.values() if (j.rows[0], j.backend.name) in rows)
+    return Summary(rows, skipped, hits, measured, time.perf_counter() - started)
 
 
 #: The last model's captured reference values, reused while the same module, inputs and seed come
@@ -204,7 +211,9 @@ def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options
         builders.put(w)
     timer = Worker("time", work)
 
-    def build(job: _Job) -> Outcome:
+    def build(job: _Job) -> Outcome | None:
+        if options.spent():
+            return None  # budget spent: not built, no row
         worker = builders.get()
         try:
             return worker.call(f"{TASKS}:build_plan", options.build_timeout_s,
@@ -231,8 +240,12 @@ def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options
                 progress.current = f"building {len(batch)}"
                 if on_progress:
                     on_progress(progress)
+                if options.spent():
+                    break
                 built = list(pool.map(build, batch))
                 for job, outcome in zip(batch, built):
+                    if outcome is None:
+                        continue
                     if not outcome.ok:
                         record(job, _row(job, outcome, "build"))
                         shutil.rmtree(job.out_dir, ignore_errors=True)

@@ -39,29 +39,40 @@ def probe_module(n: int = PROBE_SIZE) -> str:
 
 
 def measure_transitions(backends: Sequence[Backend], db: CostDB, options: MeasureOptions | None = None, *,
-                        n: int = PROBE_SIZE, on_progress: Callable[[int, int], None] | None = None
-                        ) -> list[Transition]:
-    """The transition cost of every ordered pair of ``backends`` (from the DB where it holds them)."""
+                        n: int = PROBE_SIZE, pairs: Sequence[tuple[Backend, Backend]] | None = None,
+                        on_progress: Callable[[int, int], None] | None = None) -> list[Transition]:
+    """The transition cost of each ordered pair of ``pairs`` (default: every pair of ``backends``), from
+    the DB where it holds them (they are facts of the machine, not of a model: any tune reuses them).
+    Past ``options.deadline`` no new probe starts; the pairs not probed are left out of the answer."""
     options = options or MeasureOptions()
     device, _ = device_fingerprint()
+    pairs = list(pairs) if pairs is not None else list(itertools.product(backends, repeat=2))
+    keys = [(a.name, b.name, a.version(), b.version(), device, HARNESS_VERSION, n * n * 4) for a, b in pairs]
+    stored = [None if options.remeasure else db.get_transition(*key) for key in keys]
+    found: list[Transition] = [t for t in stored if t is not None]
+    todo = [(k, a, b) for k, ((a, b), t) in enumerate(zip(pairs, stored)) if t is None]
+    if on_progress:
+        on_progress(len(found), len(pairs))
+    if not todo or options.spent():
+        return found
     module = parse_module(probe_module(n), new_context())
     NumberOpsPass().run(module)
-    alone = measure_regions(module, [(frozenset({0}), b.name) for b in backends], db, options=options).rows
+    used = list({b.name: b for _, a, b2 in todo for b in (a, b2)}.values())
+    alone = measure_regions(module, [(frozenset({0}), b.name) for b in used], db, options=options).rows
     rng = np.random.default_rng(options.seed)
     x, w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32), (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
     expected = (x.astype(np.float64) @ w @ w).astype(np.float32)
-    pairs = list(itertools.product(backends, repeat=2))
-    found: list[Transition] = []
     with tempfile.TemporaryDirectory(prefix="collage-transitions-") as tmp, PlanTimer(Path(tmp), options) as timer:
-        for k, (a, b) in enumerate(pairs):
-            key = (a.name, b.name, a.version(), b.version(), device, HARNESS_VERSION, n * n * 4)
-            t = None if options.remeasure else db.get_transition(*key)
-            if t is None:
-                t = _measure_pair(module, a, b, key, alone, timer, [x, w], expected)
-                db.put_transition(t)
+        for k, a, b in todo:
+            if options.spent():
+                break
+            if (frozenset({0}), a.name) not in alone or (frozenset({0}), b.name) not in alone:
+                continue  # a side not measured within the budget: nothing to store, ask again next time
+            t = _measure_pair(module, a, b, keys[k], alone, timer, [x, w], expected)
+            db.put_transition(t)
             found.append(t)
             if on_progress:
-                on_progress(k + 1, len(pairs))
+                on_progress(len(found), len(pairs))
     return found
 
 

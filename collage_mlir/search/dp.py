@@ -20,12 +20,22 @@ regions it would miss.
 
 Region costs are asked lazily, in one batch (so a measured estimator builds them in parallel): only
 for candidates some reachable state can take, found by walking the covered sets first.
+
+Bounds (``DpLimits``). The frontier labels multiply the states: with six backends BERT's small variant
+reached 186 000 states (54 s), and the full models more than a budget allows. So above
+``EXACT_MAX_OPS`` ops the DP is a beam: per covered set it keeps the ``labels_per_set`` cheapest label
+variants, and per size the ``sets_per_size`` covered sets with the cheapest state (the walk that finds
+the candidates to cost keeps as many covered sets per size, the first in a fixed order). Past the
+deadline both drop to Collage's own DP (one label variant per covered set, a handful of covered sets
+per size): every state can still finish (the default backend's op alone at the first uncovered op is
+always ready), so a plan always comes out, in time linear in the ops.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..errors import CollageError
@@ -47,10 +57,30 @@ class DpResult:
 EXACT_MAX_OPS = 48
 
 
+@dataclass(frozen=True)
+class DpLimits:
+    """How much of the state space the DP keeps (see the module docstring); None is unbounded."""
+
+    labels_per_set: int | None = 4  # label variants kept per covered set
+    sets_per_size: int | None = 256  # covered sets kept per number of covered ops
+    deadline: float | None = None  # time.monotonic() after which the limits drop to ``SPENT``
+
+    def spent(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+
+#: The exact DP: no beam (still stops beaming at nothing; its graphs are small).
+EXACT = DpLimits(None, None)
+#: What the limits drop to once the deadline has passed: Collage's DP, one cost per covered set.
+SPENT = DpLimits(1, 8)
+
+
 def optimize(index: CandidateIndex, estimator: CostEstimator, *, exact: bool | None = None,
+             limits: DpLimits | None = None, deadline: float | None = None,
              on_progress: Callable[[int, int], None] | None = None) -> DpResult:
     """The plan of ``index``'s candidates with the lowest additive cost under ``estimator`` (exactly, over
-    every acyclic plan, when ``exact``; by default for graphs of at most ``EXACT_MAX_OPS`` ops)."""
+    every acyclic plan, when ``exact``; by default for graphs of at most ``EXACT_MAX_OPS`` ops; else a
+    beam bounded by ``limits``); past ``deadline`` (``time.monotonic()``) it finishes as Collage's DP."""
     g = index.graph
     n = len(g.order)
     full = (1 << n) - 1
@@ -65,22 +95,24 @@ def optimize(index: CandidateIndex, estimator: CostEstimator, *, exact: bool | N
         return trans[key]
 
     exact = len(index.graph.order) <= EXACT_MAX_OPS if exact is None else exact
-    reachable = reachable_candidates(index, exact)
+    limits = replace(limits or (EXACT if exact else DpLimits()), deadline=deadline)
+    reachable = reachable_candidates(index, exact, limits)
     costs = dict(zip(reachable, estimator.region_costs(reachable)))
+    not_posed = Cost.unknown("not reached by the bounded walk")
     # state: (covered mask, frontier labels: ((op, backend), ...)) → (cost, previous state, candidate)
     start = (0, ())
     best: dict[tuple, tuple[float, tuple | None, SearchCandidate | None]] = {start: (0.0, None, None)}
     buckets: dict[int, list[tuple]] = {0: [start]}
     expanded = 0
     for size in range(n + 1):
-        states = sorted(buckets.pop(size, []))
+        states = _beam(buckets.pop(size, []), best, SPENT if limits.spent() else limits)
         for state in states:
             expanded += 1
             base = best[state][0]
             covered, labels = state
             label = dict(labels)
             for c in () if covered == full else _steps(index, covered, bit, anc_mask, exact):
-                rc = costs[(c.ops, c.backend)]
+                rc = costs.get((c.ops, c.backend), not_posed)
                 if rc.usable:
                     total = base + rc.seconds
                 elif rc.kind is CostKind.UNKNOWN and c.backend == index.default_backend and len(c.ops) == 1:
@@ -113,27 +145,40 @@ def optimize(index: CandidateIndex, estimator: CostEstimator, *, exact: bool | N
         s = best[s][1]
     chosen.reverse()
     return DpResult(to_plan(index, chosen, "dp"), best[end][0],
-                    [(c, costs[(c.ops, c.backend)]) for c in chosen], expanded, costs)
+                    [(c, costs.get((c.ops, c.backend), not_posed)) for c in chosen], expanded, costs)
 
 
-def reachable_candidates(index: CandidateIndex, exact: bool) -> list[tuple[frozenset[int], str]]:
+def _beam(states: list[tuple], best: dict, limits: DpLimits) -> list[tuple]:
+    """The states of one size to expand, in a fixed order: per covered set its ``labels_per_set``
+    cheapest label variants, of the ``sets_per_size`` covered sets with the cheapest state."""
+    by_set: dict[int, list[tuple]] = {}
+    for s in sorted(states, key=lambda s: (best[s][0], s)):
+        by_set.setdefault(s[0], []).append(s)
+    sets = sorted(by_set.values(), key=lambda v: (best[v[0]][0], v[0]))[:limits.sets_per_size]
+    return sorted(s for v in sets for s in v[:limits.labels_per_set])
+
+
+def reachable_candidates(index: CandidateIndex, exact: bool, limits: DpLimits | None = None
+                         ) -> list[tuple[frozenset[int], str]]:
     """Every (ops, backend) some state of the DP can take, in index order: what must be costed (found
-    from the states' covered sets alone, so the costs can be asked in one batch)."""
+    from the states' covered sets alone, so the costs can be asked in one batch). Visits covered sets by
+    size, at most ``limits.sets_per_size`` of them per size (the first by mask; past the deadline as
+    many as ``SPENT`` keeps)."""
     g = index.graph
+    limits = limits or (EXACT if exact else DpLimits())
     full = (1 << len(g.order)) - 1
     bit = {op: 1 << g.pos[op] for op in g.order}
     anc_mask = _ancestor_masks(index)
-    seen_states, stack, found = {0}, [0], set()
-    while stack:
-        covered = stack.pop()
-        if covered == full:
-            continue
-        for c in _steps(index, covered, bit, anc_mask, exact):
-            found.add(id(c))
-            nxt = covered | c.mask
-            if nxt not in seen_states:
-                seen_states.add(nxt)
-                stack.append(nxt)
+    buckets: dict[int, set[int]] = {0: {0}}
+    found: set[int] = set()
+    for size in range(len(g.order)):
+        cap = (SPENT if limits.spent() else limits).sets_per_size
+        for covered in sorted(buckets.pop(size, ()))[:cap]:
+            for c in _steps(index, covered, bit, anc_mask, exact):
+                found.add(id(c))
+                nxt = covered | c.mask
+                if nxt != full:
+                    buckets.setdefault(bin(nxt).count("1"), set()).add(nxt)
     return [(c.ops, c.backend) for c in index.candidates if id(c) in found]
 
 

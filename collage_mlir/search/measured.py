@@ -10,6 +10,7 @@ import io
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -31,6 +32,11 @@ from .cost import Cost, CostEstimator, TransitionFit
 PROBE_SIZES = (64, 128, 256)
 #: What the whole-plan rows are filed under in the cost DB.
 PLAN_ROW = "collage-plan"
+
+
+def _earliest(*deadlines: float | None) -> float | None:
+    given = [d for d in deadlines if d is not None]
+    return min(given) if given else None
 
 
 class MeasuredEstimator(CostEstimator):
@@ -84,7 +90,8 @@ class MeasuredEstimator(CostEstimator):
                     self._regions[p] = Cost.unknown("tuning budget spent before it was measured")
                 break
             summary = measure_regions(self.module, todo[start:start + chunk], self.db, examples=self.examples,
-                                      options=self.options, on_progress=self._region_progress(start, len(todo)))
+                                      options=replace(self.options, deadline=self.deadline),
+                                      on_progress=self._region_progress(start, len(todo)))
             self.measured += summary.measured
             self.cache_hits += summary.cache_hits
             for ops, backend, why in summary.skipped:
@@ -106,20 +113,30 @@ class MeasuredEstimator(CostEstimator):
         return show
 
     # -- transitions ------------------------------------------------------------------------------
-    def fit_transitions(self, on_progress: Callable[[int, int], None] | None = None) -> None:
-        """Measures (or reads from the DB) the probe of every ordered backend pair at each probe size and
-        fits cost = fixed + per-byte · bytes per pair."""
+    def fit_transitions(self, deadline: float | None = None,
+                        on_progress: Callable[[int, int], None] | None = None) -> None:
+        """Measures (or reads from the DB, where any earlier tune on this machine left them) the probe of
+        each ordered backend pair at each probe size and fits cost = fixed + per-byte · bytes per pair.
+        Pairs with the default backend come first (glue stays there, so those boundaries are the common
+        ones), sizes smallest and largest first (two give a line); no probe starts after ``deadline``. A
+        pair of two other backends without a fit of its own is priced as leaving through the default
+        backend and entering from it (A → default + default → B): backends² probes become 2·backends."""
         if [b.name for b in self.backends] == [self.default_backend]:
             return  # no boundary but default → default, which costs nothing
+        default = next(b for b in self.backends if b.name == self.default_backend)
+        others = [b for b in self.backends if b is not default]
+        pairs = [p for b in others for p in ((default, b), (b, default))]
+        pairs += [(a, b) for a in others for b in others]
+        sizes = sorted(PROBE_SIZES)
+        sizes = [sizes[0], sizes[-1], *sizes[1:-1]]
+        options = replace(self.options, deadline=_earliest(deadline, self.deadline))
         points: dict[tuple[str, str], list[tuple[int, float]]] = {}
         failed: dict[tuple[str, str], str] = {}
-        pairs_per_size = len(self.backends) ** 2
-        for k, n in enumerate(PROBE_SIZES):
-            if self._spent() and k >= 2:
-                break  # two sizes still give a line; fewer leave the pair unknown
-            progress = (lambda i, total, k=k: on_progress(k * pairs_per_size + i, len(PROBE_SIZES) * pairs_per_size)
-                        ) if on_progress else None
-            for t in measure_transitions(self.backends, self.db, self.options, n=n, on_progress=progress):
+        total = len(pairs) * len(sizes)
+        for k, n in enumerate(sizes):
+            wanted = pairs if k < 2 else [p for p in pairs if len(points.get((p[0].name, p[1].name), [])) >= 2]
+            progress = (lambda i, _n, k=k: on_progress(k * len(pairs) + i, total)) if on_progress else None
+            for t in measure_transitions(self.backends, self.db, options, n=n, pairs=wanted, on_progress=progress):
                 if t.status == "ok":
                     points.setdefault((t.src, t.dst), []).append((t.nbytes, t.cost_s))
                 else:
@@ -128,7 +145,16 @@ class MeasuredEstimator(CostEstimator):
             for b in self.backends:
                 key = (a.name, b.name)
                 pts = points.get(key, [])
-                self._fits[key] = TransitionFit.fit(pts) if len(pts) >= 2 else failed.get(key, "no probe measured")
+                if len(pts) >= 2:
+                    self._fits[key] = TransitionFit.fit(pts)
+                elif key in failed:
+                    self._fits[key] = failed[key]
+        for a in others:  # the rest through the default backend, where both halves were fitted
+            for b in others:
+                out, into = self._fits.get((a.name, default.name)), self._fits.get((default.name, b.name))
+                if (a.name, b.name) not in self._fits and isinstance(out, TransitionFit) and isinstance(into, TransitionFit):
+                    self._fits[(a.name, b.name)] = TransitionFit(out.fixed_s + into.fixed_s,
+                                                                 out.per_byte_s + into.per_byte_s)
 
     def transition_fits(self) -> dict[tuple[str, str], TransitionFit | str]:
         return dict(self._fits)
@@ -173,7 +199,8 @@ class MeasuredEstimator(CostEstimator):
             return Cost.unknown("tuning budget spent before it was measured")
         else:
             if self._timer is None:
-                self._timer = PlanTimer(self.work / "plans", self.options)
+                # Keeps the last few builds: the finalists' rounds re-time plans the search built.
+                self._timer = PlanTimer(self.work / "plans", self.options, keep=8)
             used = [get_backend(n) for n in {plan.default_backend, *(r.backend for r in plan.regions)}]
             # A whole model through several backends: ten times the loosest tolerance, as the transition probe.
             rtol = 10 * max(b.tolerance.rtol for b in used)

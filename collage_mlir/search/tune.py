@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -22,15 +22,16 @@ from ..measure.harness import MeasureOptions
 from ..passes.number_ops import NumberOpsPass
 from ..plan import Plan, Region
 from .cost import Cost
-from .dp import optimize
+from .dp import EXACT, EXACT_MAX_OPS, DpLimits, optimize, reachable_candidates
 from .evolve import EvolveOptions, EvolveResult, evolve
 from .index import CandidateIndex, SearchGraph, plan_cost
 from .measured import MeasuredEstimator
+from .priority import measure_by_priority
 from .regions import maximal_regions
 from .simple_plans import preferred_plan
 
-#: on_progress(stage, done, total, note): stage is "candidates", "transitions", "regions", "evolve",
-#: "finalists"; total is None when unknown.
+#: on_progress(stage, done, total, note): stage is "candidates", "seeds", "transitions", "regions",
+#: "evolve", "finalists"; total is None when unknown.
 OnProgress = Callable[[str, int, "int | None", str], None]
 
 
@@ -75,13 +76,25 @@ def accepts_fn(graph: Graph) -> Callable[[str, frozenset[int]], bool]:
     return accepts
 
 
+#: Of the budget left when they start, what the transition probes may use (a probe is a two-region
+#: build; they are facts of the machine, so the DB keeps them for every later tune).
+TRANSITION_SHARE = 0.15
+
+
 def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: str | Path, *, budget_s: float,
          seed: int = 0, examples: Mapping[str, Sequence[np.ndarray]] | None = None,
          measure: MeasureOptions | None = None, evolve_options: EvolveOptions | None = None,
          on_progress: OnProgress | None = None) -> TuneResult:
     """Finds the plan of ``module`` with the lowest measured end-to-end time on ``backends`` (the default
-    backend is always added) within ``budget_s`` seconds of search; the finalists' re-measurement
-    (at most 3 rounds of a handful of plans) runs after it."""
+    backend is always added) within ``budget_s`` seconds.
+
+    Stages, each starting no new unit of work past the deadline: candidate index; the single-backend
+    seed plans timed whole (the default backend's always: it is the fallback); transition probes (at
+    most ``TRANSITION_SHARE`` of what is left); region costs in priority order (``priority.py``); the
+    DP (a beam, Collage's own DP past the deadline); the evolution (one plan timing at a time). After
+    the deadline only the DP plan's timing and the finalists' re-timing (their builds are kept) run, so
+    a tune ends at most one unit in flight (a whole-plan build or a batch of region builds), the DP
+    plan's build and the finalists' rounds past its budget."""
     report = on_progress or (lambda *a: None)
     deadline = time.monotonic() + budget_s
     if DEFAULT_BACKEND not in {b.name for b in backends}:
@@ -100,15 +113,22 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                             on_progress=lambda stage, p: report(stage, p.done, p.total,
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
     try:
-        est.fit_transitions(on_progress=lambda k, n: report("transitions", k, n, ""))
-        dp = optimize(index, est)
-        sg = index.graph
         single = single_backend_plans(graph, backends)
+        timed = _time_seeds(single, est, deadline, report)
+        left = max(0.0, deadline - time.monotonic())
+        est.fit_transitions(deadline=time.monotonic() + TRANSITION_SHARE * left,
+                            on_progress=lambda k, n: report("transitions", k, n, ""))
+        exact = len(index.graph.order) <= EXACT_MAX_OPS
+        limits = replace(EXACT if exact else DpLimits(), deadline=deadline)
+        measure_by_priority(index, est, reachable_candidates(index, exact, limits))
+        dp = optimize(index, est, exact=exact, limits=limits, deadline=deadline)
+        sg = index.graph
         # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
-        # incumbent the search must beat is always measured as such).
+        # incumbent the search must beat is always measured as such). Seeds the budget left untimed
+        # are not seeds.
         seeds: list[tuple[str, Plan]] = []
         seen: set[str] = set()
-        for name, plan in [*single.items(), ("dp", dp.plan)]:
+        for name, plan in [*((n, p) for n, p in single.items() if n in timed), ("dp", dp.plan)]:
             if repr(plan.to_json()["regions"]) not in seen:
                 seen.add(repr(plan.to_json()["regions"]))
                 seeds.append((name, plan))
@@ -118,17 +138,33 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         evolved = evolve(sg, seeds, names, accepts, est, opts,
                          on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
                                                                    else opts.rounds, f"best {best * 1e3:.3f} ms"))
-        document = _document(evolved, dp.plan, single, sg, est, accepts, names, seed, budget_s, len(index))
+        document = _document(evolved, dp.plan, {n: p for n, p in single.items() if n in timed}, sg, est, accepts,
+                             names, seed, budget_s, len(index))
     finally:
         est.close()
     return TuneResult(evolved.plan, document, evolved, dp.plan, single, len(index), est)
+
+
+def _time_seeds(single: dict[str, Plan], est: MeasuredEstimator, deadline: float, report: OnProgress) -> set[str]:
+    """Times the single-backend plans whole (tag ``seed``), the default backend's first and always, the
+    others until the deadline; returns the names timed."""
+    order = sorted(single, key=lambda n: (n != DEFAULT_BACKEND, n))
+    timed: set[str] = set()
+    for k, name in enumerate(order):
+        if name != DEFAULT_BACKEND and time.monotonic() > deadline:
+            break
+        c = est.plan_time(single[name], tag="seed")
+        timed.add(name)
+        report("seeds", k + 1, len(order), f"{name} {c.seconds * 1e3:.3f} ms" if c.usable else f"{name} {c.kind.value}")
+    return timed
 
 
 def _document(evolved: EvolveResult, dp_plan: Plan, single: dict[str, Plan], sg: SearchGraph, est: MeasuredEstimator,
               accepts, names: list[str], seed: int, budget_s: float, candidates: int) -> dict:
     """The plan JSON (readable by ``Plan.from_json``) with a record of the tuning: per region its cost,
     runner-up and why; predicted and measured end-to-end times of the plan, the DP plan and each
-    single-backend plan. Holds no wall-clock figures, so a rerun on the same DB writes the same bytes."""
+    single-backend plan timed (``single``). Holds no wall-clock figures, so a rerun on the same DB writes
+    the same bytes."""
     plan = evolved.plan
 
     def predicted(p: Plan) -> float | None:
@@ -139,7 +175,7 @@ def _document(evolved: EvolveResult, dp_plan: Plan, single: dict[str, Plan], sg:
         f = next((f for f in evolved.finalists if f.plan.to_json()["regions"] == p.to_json()["regions"]), None)
         if f is not None:
             return f.median_s
-        c = est.plan_time(p)
+        c = est.plan_time(p, tag="seed")  # every plan here was timed as a seed: a DB answer
         return c.seconds if c.usable else None
 
     doc = plan.to_json()
