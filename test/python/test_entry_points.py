@@ -1,5 +1,6 @@
 """Framework entry points: collage_mlir.torch.compile and torch.compile(backend="collage") equal eager
-PyTorch (rtol 1e-4, atol 1e-5); a graph collage cannot import falls back to eager with one warning."""
+PyTorch (rtol 1e-4, atol 1e-5); a graph collage cannot import falls back to eager with one warning. The
+README's examples of both entry points run in test_readme_examples.py."""
 
 from __future__ import annotations
 
@@ -8,16 +9,6 @@ import warnings
 import pytest
 
 from models import mlp
-
-
-def test_readme_torch_example(torch):
-    import collage_mlir.torch
-
-    model, x = mlp(), torch.randn(4, 32)
-    compiled = collage_mlir.torch.compile(model, [x])            # the default plan
-    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
-    y = torch.compile(model, backend="collage")(x)              # registered through torch's entry points
-    torch.testing.assert_close(y, model(x), rtol=1e-4, atol=1e-5)
 
 
 def test_plans_other_than_default(torch):
@@ -49,23 +40,3 @@ def test_unknown_plan_is_a_collage_error(torch):
 
     with pytest.raises(CollageError, match="no-such-backend"):
         collage_mlir.torch.compile(mlp(), [torch.randn(4, 32)], plan="prefer:no-such-backend")
-
-
-def test_readme_jax_example():
-    jnp = pytest.importorskip("jax.numpy")
-    import numpy as np
-
-    import collage_mlir.jax
-
-    def f(x, w):
-        return {"y": jnp.tanh(x @ w) + 1.0, "s": jnp.sum(x)}
-
-    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
-    w = np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32)
-    compiled = collage_mlir.jax.compile(f, x, w, plan="prefer:xla-cpu")   # StableHLO via jax.jit(f).lower
-    out = compiled(x, w)
-    np.testing.assert_allclose(out["y"], np.asarray(f(x, w)["y"]), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out["s"], np.asarray(f(x, w)["s"]), rtol=1e-5, atol=1e-5)
-    assert {r.backend for r in compiled.plan.regions} == {"xla-cpu"}
-    g = collage_mlir.jax.jit(f)                                           # compiles per input signature
-    np.testing.assert_allclose(g(x, w)["y"], out["y"], rtol=1e-5, atol=1e-6)
