@@ -28,12 +28,13 @@ import numpy as np
 
 from . import HARNESS_VERSION
 from ..backends import Backend, get_backend
+from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..graph import Graph
 from ..ir import ir
 from .db import CostDB, Measurement
 from .device import device_fingerprint
-from .extract import ExtractedRegion, extract_region
+from .extract import ExtractedRegion, ValueRef, extract_region
 from .reference import capture, model_inputs
 from .tasks import INPUT, REFERENCE, TASKS
 from .timing import TimingOptions
@@ -156,7 +157,14 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
 _CAPTURED: dict = {"key": None, "values": {}}
 
 
-def _reference_values(module: ir.Module, wanted: set, examples, seed: int) -> dict:
+def _every_value(graph: Graph) -> set[ValueRef]:
+    """Every result of every op of ``graph`` that is not a constant expression: what any region of it can
+    take or give."""
+    return {ValueRef(n.func, oid, k) for oid, n in graph.nodes.items() for k, r in enumerate(n.op.results)
+            if sh.const_expr_ops(r) is None}
+
+
+def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph: Graph) -> dict:
     buf = io.BytesIO()
     module.operation.write_bytecode(buf)
     digest = hashlib.sha256(buf.getvalue())
@@ -169,6 +177,8 @@ def _reference_values(module: ir.Module, wanted: set, examples, seed: int) -> di
     values = _CAPTURED["values"]
     missing = wanted - values.keys()
     if missing:
+        # All at once: each capture compiles the whole model, and a search asks chunk after chunk.
+        missing |= _every_value(graph) - values.keys()
         values.update(capture(buf.getvalue(), missing, model_inputs(module, examples, seed)))
     return values
 
@@ -177,7 +187,7 @@ def _write_inputs(module: ir.Module, jobs: list[_Job], work: Path, examples, see
     """Captures the reference values every job needs and writes one data file per region hash."""
     regions = {j.region.hash: j.region for j in jobs}
     wanted = {r for region in regions.values() for r in (*region.inputs, *region.outputs)}
-    values = _reference_values(module, wanted, examples, seed)
+    values = _reference_values(module, wanted, examples, seed, Graph(module))
     files: dict[str, Path] = {}
     (work / "data").mkdir(parents=True, exist_ok=True)
     (work / "regions").mkdir(parents=True, exist_ok=True)
