@@ -87,7 +87,7 @@ def from_json(doc: dict) -> BenchResult:
     for m in doc["models"]:
         contenders = [ContenderResult(**(c | {"status": Status(c["status"])})) for c in m["contenders"]]
         models.append(ModelResult(m["model"], m["description"], m["gflop"], contenders, tuple(m["load_avg"]),
-                                  m.get("import_s"), m.get("timed_at", "")))
+                                  m.get("import_s"), m.get("timed_at", ""), m.get("breakdown")))
     return BenchResult(options, doc["contenders"], models)
 
 
@@ -149,6 +149,14 @@ def to_markdown(result: BenchResult, command: str) -> str:
     for m in result.models:
         lines.append(f"| {m.model} | " + " | ".join(
             f"{c.max_rel_err:.1e}" if c and c.max_rel_err is not None else "—" for c in map(m.result, names)) + " |")
+    if any(c.rss_mb is not None for m in result.models for c in m.contenders):
+        lines += ["", "Memory held by each contender's worker once set up, GB (peak in brackets; compiles run in a "
+                  "child process and are not counted):", "",
+                  "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for m in result.models:
+            lines.append(f"| {m.model} | " + " | ".join(
+                f"{c.rss_mb / 1024:.2f} ({c.peak_rss_mb / 1024:.2f})" if c and c.rss_mb is not None else "—"
+                for c in map(m.result, names)) + " |")
     notes = [f"- {m.model} / {c.name}: {c.status.value}: {c.message}" for m in result.models for c in m.contenders
              if c.status is not Status.OK]
     if notes:
@@ -156,7 +164,30 @@ def to_markdown(result: BenchResult, command: str) -> str:
     lines += ["", "Timed at, and the 1-minute load average before / after timing (the machine has "
               f"{os.cpu_count()} CPUs): " + ", ".join(
                   f"{m.model} {m.timed_at[11:16]} {m.load_avg[0]:.1f}/{m.load_avg[1]:.1f}" for m in result.models), ""]
+    lines += breakdown_markdown(result)
     return "\n".join(lines)
+
+
+def breakdown_markdown(result: BenchResult) -> list[str]:
+    """Where the collage contender's time goes, per model (after the timing, from runs of its artifact
+    with the runtime's region timer on; see ``bench.breakdown``)."""
+    from .breakdown import Breakdown, to_markdown as breakdown_table
+
+    parts = []
+    for m in result.models:
+        if not m.breakdown:
+            continue
+        if "error" in m.breakdown:
+            parts += [f"**{m.model}**: no breakdown: {m.breakdown['error']}", ""]
+        elif m.breakdown.get("regions") is not None:
+            parts += breakdown_table(m.model, Breakdown.from_json(m.breakdown))
+    if not parts:
+        return []
+    return ["## Where collage's time goes", "",
+            "Runs of the collage artifact after the timing, with the runtime's region timer on: per library "
+            "region the engine's time and its boundary (the `collage_rt` call less the engine), and the gap "
+            "before it (IREE's work since the previous region call, and the VM's transition); the largest shown.",
+            "", *parts]
 
 
 def to_png(result: BenchResult, path: Path) -> None:

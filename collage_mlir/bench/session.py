@@ -19,7 +19,7 @@ from ..errors import CollageError
 from ..measure.tasks import load_arrays
 from ..measure.validate import compare
 from ..measure.worker import Worker
-from .contenders import CONTENDERS
+from .contenders import COLLAGE, CONTENDERS
 
 TASKS = "collage_mlir.bench.tasks"
 REFERENCE = "torch"  # PyTorch eager gives every model's reference outputs
@@ -46,6 +46,7 @@ class BenchOptions:
     plan: str = "default"
     small: bool = False
     setup_timeout_s: float = 1800.0
+    breakdown_repeats: int = 20  # runs of the collage artifact with the region timer on, after the timing
 
 
 @dataclass
@@ -59,6 +60,8 @@ class ContenderResult:
     p75_ms: float | None = None
     calls: int = 0
     max_rel_err: float | None = None
+    rss_mb: float | None = None       # its worker's resident memory once set up (held while others run)
+    peak_rss_mb: float | None = None  # and its peak (the compile itself runs in a child, not counted)
 
     @property
     def spread(self) -> float | None:
@@ -75,6 +78,7 @@ class ModelResult:
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after the timing
     import_s: float | None = None  # torch-mlir import (~0 from the cache), not in any compile time
     timed_at: str = ""  # UTC time the interleaved timing started
+    breakdown: dict | None = None  # the collage contender's time per region (bench.breakdown.Breakdown JSON)
 
     def result(self, name: str) -> ContenderResult | None:
         return next((c for c in self.contenders if c.name == name), None)
@@ -116,10 +120,10 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
     results = {n: ContenderResult(n, Status.OK) for n in names}
     try:
         ref_file = work / "reference.npz"
-        ref_worker = Worker(f"bench-{model}-reference", work)
-        workers[REFERENCE] = ref_worker
-        info = ref_worker.call(f"{TASKS}:model_info", options.setup_timeout_s, model=model, small=options.small,
-                               stablehlo=any(CONTENDERS[n].compiles_stablehlo for n in names))
+        # A throwaway process: the import (BERT-base: ~1.8 GB at peak) is not held by any contender's worker.
+        with Worker(f"bench-{model}-info", work) as info_worker:
+            info = info_worker.call(f"{TASKS}:model_info", options.setup_timeout_s, model=model, small=options.small,
+                                    stablehlo=any(CONTENDERS[n].compiles_stablehlo for n in names))
         if not info.ok:
             raise CollageError(f"{model}: PyTorch eager reference failed: {_one_line(info.message)}")
         gflop, import_s = info.value["flop"] / 1e9, info.value["import_s"]
@@ -140,6 +144,7 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
                 worker.stop()
                 continue
             res.compile_s = outcome.value["compile_s"]
+            res.rss_mb, res.peak_rss_mb = outcome.value.get("rss_mb"), outcome.value.get("peak_rss_mb")
             check = compare(load_arrays(str(out_file), "out"), load_arrays(str(ref_file), "out"), options.rtol, 0.0)
             res.max_rel_err = check.max_rel
             if not check.ok:
@@ -154,8 +159,15 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
                 continue
             q25, q50, q75 = np.percentile(np.asarray(times) * 1e3, [25, 50, 75])
             res.median_ms, res.p25_ms, res.p75_ms, res.calls = float(q50), float(q25), float(q75), len(times)
+        breakdown = None
+        if COLLAGE in live and results[COLLAGE].status is not Status.FAILED and options.breakdown_repeats > 0:
+            # After the timing, so the region timer's few µs per call are in no timed figure.
+            log(f"{model}: breakdown of collage's time per region ...")
+            out = workers[COLLAGE].call(f"{TASKS}:breakdown", options.setup_timeout_s, threads=options.threads,
+                                        repeats=options.breakdown_repeats, max_seconds=max(options.seconds, 10.0))
+            breakdown = out.value if out.ok else {"error": _one_line(f"{out.status}: {out.message}")}
         return ModelResult(model, entry.small_description if options.small else entry.description, gflop,
-                           [results[n] for n in names], load_avg, import_s, timed_at)
+                           [results[n] for n in names], load_avg, import_s, timed_at, breakdown)
     finally:
         for w in workers.values():
             w.stop()

@@ -26,9 +26,22 @@ def _save(path: str, arrays) -> None:
     np.savez(path, **{f"out{k}": np.asarray(a) for k, a in enumerate(arrays)})
 
 
+def _memory_mb() -> tuple[float, float]:
+    """(resident now, peak resident) of this process in MB."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    try:
+        now = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return peak, peak
+    return now, max(now, peak)  # the kernel's high-water mark can trail the current count by a few pages
+
+
 def prepare(contender: str, model: str, small: bool, threads: int, work_dir: str, plan: str, outputs_file: str) -> dict:
     """Sets ``contender`` up on ``model`` and runs it once; writes that run's outputs to ``outputs_file``.
-    Returns the seconds from nothing to the first result (export/compile/load + first call)."""
+    Returns the seconds from nothing to the first result (export/compile/load + first call) and this
+    process's resident and peak memory (MB) after it: the contender holds that while the others run."""
     global _prepared
     from .contenders import CONTENDERS, SetupContext
 
@@ -41,7 +54,8 @@ def prepare(contender: str, model: str, small: bool, threads: int, work_dir: str
     compile_s = time.perf_counter() - t0
     _save(outputs_file, prepared.outputs())
     _prepared = prepared
-    return {"compile_s": compile_s}
+    rss, peak = _memory_mb()
+    return {"compile_s": compile_s, "rss_mb": rss, "peak_rss_mb": peak}
 
 
 def sample(seconds: float, min_calls: int = 1) -> list[float]:
@@ -54,6 +68,17 @@ def sample(seconds: float, min_calls: int = 1) -> list[float]:
         run()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def breakdown(threads: int, repeats: int, max_seconds: float) -> dict | None:
+    """Where the prepared contender's time goes (``bench.breakdown``), when it is a collage artifact;
+    the JSON form of the ``Breakdown``."""
+    from . import breakdown as bd
+
+    p = _prepared
+    if p is None or p.artifact is None:
+        return None
+    return bd.measure(p.artifact, p.inputs, threads, p.op_count, repeats, max_seconds).to_json()
 
 
 def model_info(model: str, small: bool, stablehlo: bool) -> dict:

@@ -22,8 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="no run: write one report (table, chart, geomean) of the models of earlier results")
     b.add_argument("--small", action="store_true", help="the models' small (CI) variants")
     b.add_argument("--plan", default="default",
-                   help="the collage contender's plan: default | prefer:B1,B2 | random:SEED | PLAN.json "
-                        "(a JSON plan is for one model)")
+                   help="the collage contender's plan: default | prefer:B1,B2 | random:SEED | whole:BACKEND (the whole "
+                        "model as one region) | PLAN.json (a JSON plan is for one model)")
     b.add_argument("--tune", metavar="BUDGET", default=None,
                    help="tune each model first (`collage tune` on every available backend with this budget: "
                         "90s, 10m; the default cost DB) and bench the tuned plan, written to OUT/NAME_MODEL.plan.json")
@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds of interleaved timing per model, all contenders together (default 20)")
     b.add_argument("--rtol", type=float, default=1e-3,
                    help="tolerance against PyTorch eager, relative to each output's largest |value| (default 1e-3)")
+    b.add_argument("--breakdown-repeats", type=int, default=20,
+                   help="after the timing, runs of the collage artifact with the region timer on, for the breakdown "
+                        "of its time per region (0: none; default 20)")
     b.add_argument("-o", "--output", default="bench/results", help="directory for the results (default bench/results)")
     b.add_argument("--name", default="bench", help="result file name stem (default: bench)")
 
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     plans = _tune(args) if args.tune else {}
     options = BenchOptions(threads=args.threads, seconds=args.seconds, rtol=args.rtol,
                            plan=f"tuned, --tune {args.tune}" if args.tune else args.plan,
-                           small=args.small)
+                           small=args.small, breakdown_repeats=args.breakdown_repeats)
     command = "collage " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if Path(sys.argv[0]).name == "collage" \
         else "collage bench " + " ".join(shlex.quote(a) for a in args.models)
     with tempfile.TemporaryDirectory(prefix="collage-bench-") as work:

@@ -61,8 +61,10 @@ def test_unknown_model_is_one_error_line(capsys):
 def test_bench_end_to_end_two_peers(torch, tmp_path, capsys):
     from collage_mlir.tools.cli import main
 
-    assert main(["bench", "dcgan", "--small", "--vs", "torch,xla", "--seconds", "1.5", "-o", str(tmp_path),
-                 "--name", "ci"]) == 0
+    # collage runs the whole model as one XLA region (ORT cannot take its stablehlo.reverse), so its
+    # breakdown has a library region to time.
+    assert main(["bench", "dcgan", "--small", "--vs", "torch,xla", "--plan", "whole:xla-cpu", "--seconds", "1.5",
+                 "--breakdown-repeats", "5", "-o", str(tmp_path), "--name", "ci"]) == 0
     result = json.loads((tmp_path / "ci.json").read_text())
     (model,) = result["models"]
     by_name = {c["name"]: c for c in model["contenders"]}
@@ -71,12 +73,22 @@ def test_bench_end_to_end_two_peers(torch, tmp_path, capsys):
         assert c["status"] == "ok", c
         assert c["median_ms"] > 0 and c["calls"] >= 5 and c["compile_s"] >= 0
         assert c["max_rel_err"] <= 1e-3
+        assert c["peak_rss_mb"] >= c["rss_mb"] > 0
     assert by_name["torch"]["max_rel_err"] == 0.0  # the reference itself
+    # Where collage's time went, from runs of its artifact: the one XLA region holds every op.
+    breakdown = model["breakdown"]
+    (region,) = breakdown["regions"]
+    assert region["backend"] == "xla-cpu" and region["ops"] > 10 and breakdown["default_ops"] == 0
+    assert breakdown["codegen"] == [] and breakdown["repeats"] >= 3
+    assert 0 < region["engine_ms"] and region["boundary_ms"] >= 0
+    assert breakdown["total_ms"] >= region["engine_ms"] + region["boundary_ms"]
+    assert breakdown["outside_ms"] == pytest.approx(breakdown["total_ms"] - region["engine_ms"] - region["boundary_ms"])
     best = min(("torch", "xla"), key=lambda n: by_name[n]["median_ms"])
     assert model["best_peer"] == best
     assert model["ratio_to_best_peer"] == pytest.approx(by_name[best]["median_ms"] / by_name["collage"]["median_ms"])
     table = (tmp_path / "ci.md").read_text()
     assert "| dcgan |" in table and "Geomean" in table
+    assert "## Where collage's time goes" in table and "| whole | xla-cpu |" in table
     assert (tmp_path / "ci.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Results of separate runs merge into one report (here the same run twice: two rows, same ratio).
     assert main(["bench", "--merge", str(tmp_path / "ci.json"), str(tmp_path / "ci.json"), "-o", str(tmp_path),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -25,8 +25,14 @@ class SetupContext:
 
 @dataclass
 class Prepared:
+    """``artifact``, ``inputs`` and ``op_count`` (the model's ops): for a contender that is a collage
+    artifact, what a breakdown of its time (``bench.breakdown``) loads and runs."""
+
     run: Callable[[], object]
     outputs: Callable[[], list[np.ndarray]]
+    artifact: Path | None = None
+    inputs: Sequence[np.ndarray] = ()
+    op_count: int | None = None
 
 
 @dataclass(frozen=True)
