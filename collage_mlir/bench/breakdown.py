@@ -67,7 +67,7 @@ class Breakdown:
                                "outside_ms": self.outside_ms}
 
     @staticmethod
-    def from_json(doc: dict) -> "Breakdown":
+    def from_json(doc: dict) -> Breakdown:
         regions = [RegionTime(**r) for r in doc["regions"]]
         return Breakdown(doc["repeats"], doc["total_ms"], regions, doc["tail_ms"],
                          [tuple(c) for c in doc["codegen"]], doc["default_ops"])

@@ -171,7 +171,8 @@ def to_markdown(result: BenchResult, command: str) -> str:
 def breakdown_markdown(result: BenchResult) -> list[str]:
     """Where the collage contender's time goes, per model (after the timing, from runs of its artifact
     with the runtime's region timer on; see ``bench.breakdown``)."""
-    from .breakdown import Breakdown, to_markdown as breakdown_table
+    from .breakdown import Breakdown
+    from .breakdown import to_markdown as breakdown_table
 
     parts = []
     for m in result.models:

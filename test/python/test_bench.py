@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from collage_mlir import zoo
@@ -24,8 +23,8 @@ DEFAULT_ZOO_TESTS = {"gpt2_small"}
 def test_zoo_small_variant_runs_under_iree_alone(name, torch, tmp_path):
     import collage_runtime
 
-    from collage_mlir.iree import compile_module
     from collage_mlir.ir import new_context
+    from collage_mlir.iree import compile_module
 
     model, inputs = zoo.build(name, small=True)
     with torch.inference_mode():

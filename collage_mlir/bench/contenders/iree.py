@@ -46,8 +46,8 @@ def compile_artifact(model: str, small: bool, plan: str, flags: list[str], out: 
     returns the number of ops the plan places."""
     from ... import zoo
     from ...graph import Graph
-    from ...iree import compile_module
     from ...ir import new_context
+    from ...iree import compile_module
     from ...passes.number_ops import NumberOpsPass
 
     module = zoo.import_stablehlo(model, new_context(), small)
@@ -59,9 +59,8 @@ def compile_artifact(model: str, small: bool, plan: str, flags: list[str], out: 
 
 
 def _setup(ctx: SetupContext, plan: str | None = None, flags: tuple[str, ...] = ()) -> Prepared:
-    import numpy as np
-
     import collage_runtime
+    import numpy as np
 
     from ... import zoo
     from ...measure.worker import Worker
