@@ -63,6 +63,11 @@ def test_killed_tune_resumes_and_warm_rerun_writes_the_same_plan(tmp_path):
     assert doc["format"] == "collage-plan" and doc["tuning"]["single_backend"]["iree-cpu"]["measured_s"] > 0
     page = (tmp_path / "c.html").read_text()  # the report beside the plan
     assert "<svg" in page and "iree-cpu alone" in page
+    # Recorded by structure, for the entry points to reuse (test_tuned_plans.py).
+    from collage_mlir.entry import choose_plan
+    from collage_mlir.ir import new_context, parse_module
+
+    assert choose_plan(parse_module(TINY, new_context()), db=db).how == "tuned before"
 
 
 @pytest.mark.parametrize("args, message", [
