@@ -94,10 +94,25 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
     return PlanChoice(result.plan, "tuned now", _provenance(result.document, db_path, key))
 
 
+def plan_provenance(spec: str, tuning: dict | None = None, db: str | Path | None = None) -> dict:
+    """Where a plan came from, for the artifact's manifest: its spec (or file) and, for a tuned plan, the
+    tuning record's seed, budget and backends (read from the plan file when not given) and the DB."""
+    if tuning is None and spec.endswith(".json") and Path(spec).is_file():
+        try:
+            document = json.loads(Path(spec).read_text())
+        except (OSError, ValueError):  # the plan's own loading reports it
+            document = {}
+        tuning = document.get("tuning") if isinstance(document, dict) else None
+    record: dict = {"plan": spec}
+    if isinstance(tuning, dict):
+        record |= {k: tuning[k] for k in ("seed", "budget_s", "backends") if k in tuning}
+    if db is not None:
+        record["db"] = str(db)
+    return record
+
+
 def _provenance(document: dict, db_path: Path, key: str) -> dict:
-    tuning = document.get("tuning", {})
-    return {"plan": "tuned", "db": str(db_path), "module_hash": key,
-            **{k: tuning[k] for k in ("seed", "budget_s", "backends") if k in tuning}}
+    return plan_provenance("tuned", document.get("tuning") or {}, db_path) | {"module_hash": key}
 
 
 def compile_cached(module: ir.Module, choice: PlanChoice, source: str) -> Path:

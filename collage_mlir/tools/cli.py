@@ -25,22 +25,27 @@ from . import (OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays
 
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     from ..artifact import check_artifact_dir
+    from ..entry import plan_provenance
     from ..frontends import load_model
     from ..ir import new_context
     from ..iree import compile_module
+    from ..measure.db import default_db_path
 
     check_artifact_dir(args.output)
     module = load_model(args.model, new_context())
     plan = args.plan
+    provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
     if args.tune or plan == "tune":  # every available backend, the default budget and DB
         tuned = tune_cmd.tune_model(module, {}, tune_cmd.parse_backends(None),
                                     tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET), 0, None)
         tune_cmd.print_summary(tuned, "(tuned)")
         plan = tuned.plan
+        provenance = plan_provenance("tune", tuned.document.get("tuning"), default_db_path())
     from rich.console import Console
 
     with Console(stderr=True).status(f"compiling {args.model}"):  # a spinner while IREE and the engines build
-        result = compile_module(module, plan, args.output, source=str(args.model), iree_args=passthrough)
+        result = compile_module(module, plan, args.output, source=str(args.model), iree_args=passthrough,
+                                provenance=provenance)
     regions = result.manifest["regions"]
     _print_placement(result.plan)
     print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")

@@ -247,11 +247,16 @@ def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdo
             parts.append(f"<tr><td>{e(name)}</td><td>{_ms(v.get('predicted_s'))}</td><td>{_ms(v.get('measured_s'))}"
                          f"</td><td>{n if n is not None else v.get('regions', '—')}</td></tr>")
         parts.append("</table>")
-    prov = {"plan source": plan.get("source", ""), "DB": str(db_path or "default"), "tuning seed":
-            (tuning or {}).get("seed", "—"), "tuning budget (s)": (tuning or {}).get("budget_s", "—")}
+    recorded = (manifest or {}).get("provenance") or {}  # written at compile time (collage_mlir.entry)
+    tuning = tuning or {}
+    backends = tuning.get("backends")
+    prov = {"plan": recorded.get("plan") or plan.get("source") or "—",
+            "tuning seed": tuning.get("seed", "—"), "tuning budget (s)": tuning.get("budget_s", "—"),
+            "tuning backends": ", ".join(backends) if isinstance(backends, list) else "—",
+            "tuning DB": recorded.get("db", "—"), "costs shown from DB": str(db_path or "default")}
+    if "module_hash" in recorded:
+        prov["module structural hash"] = recorded["module_hash"]
     if manifest:
-        recorded = manifest.get("provenance") or {}
-        prov |= {f"plan {k}": v for k, v in recorded.items() if k not in ("seed", "budget_s")}
         prov |= {"artifact source": manifest.get("source", ""), **{f"version {k}": v
                                                                    for k, v in manifest.get("versions", {}).items()}}
     parts.append("<h2>Provenance</h2><table>" + "".join(f"<tr><th>{e(str(k))}</th><td>{e(str(v))}</td></tr>"

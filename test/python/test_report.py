@@ -4,6 +4,7 @@ ops and the costs the DB holds for it, and an artifact's run broken down."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -71,12 +72,13 @@ def _rows(page: _Page, first: str) -> dict[str, str]:
 
 
 def test_report_of_an_artifact_breaks_a_run_down_and_states_provenance(tmp_path):
-    from collage_mlir.iree import compile_module
-
-    module = parse_module((LIT_INPUTS / "mlp.mlir").read_text(), new_context())
-    provenance = {"plan": "tuned", "seed": 3, "budget_s": 5.0, "db": "/some/costs.sqlite"}
-    compile_module(module, str(LIT_INPUTS / "mlp-plan.json"), tmp_path / "mlp.collage",
-                   source=str(LIT_INPUTS / "mlp.mlir"), provenance=provenance)
+    plan = json.loads((LIT_INPUTS / "mlp-plan.json").read_text())
+    plan["tuning"] = {"seed": 3, "budget_s": 5.0, "backends": ["iree-cpu", "onednn"]}  # as `collage tune` writes
+    (tmp_path / "tuned.json").write_text(json.dumps(plan))
+    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "compile", str(LIT_INPUTS / "mlp.mlir"),
+                        "--plan", str(tmp_path / "tuned.json"), "-o", str(tmp_path / "mlp.collage")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
     r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(tmp_path / "mlp.collage"),
                         "--db", str(tmp_path / "none.sqlite"), "--repeats", "5", "-o", str(tmp_path / "r.html")],
                        capture_output=True, text=True)
@@ -97,5 +99,6 @@ def test_report_of_an_artifact_breaks_a_run_down_and_states_provenance(tmp_path)
     assert region > 0 and boundary >= 0 and outside > 0
     assert abs(region + boundary + outside - total) < 0.0015  # the parts add up (3-decimal rounding)
     prov = _rows(page, "Provenance")
-    assert prov["tuning seed"] == "3" and prov["tuning budget (s)"] == "5.0" and prov["plan db"] == "/some/costs.sqlite"
+    assert prov["tuning seed"] == "3" and prov["tuning budget (s)"] == "5.0"
+    assert prov["tuning backends"] == "iree-cpu, onednn" and prov["plan"].endswith("tuned.json")
     assert prov["version collage-mlir"] and prov["artifact source"].endswith("mlp.mlir")
