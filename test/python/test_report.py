@@ -17,6 +17,7 @@ from collage_mlir.measure.db import CostDB, Measurement
 from collage_mlir.measure.device import device_fingerprint
 from collage_mlir.measure.extract import extract_region
 from collage_mlir.passes.number_ops import NumberOpsPass
+from collage_mlir.tools import cli
 
 LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
 
@@ -75,14 +76,11 @@ def test_report_of_an_artifact_breaks_a_run_down_and_states_provenance(tmp_path)
     plan = json.loads((LIT_INPUTS / "mlp-plan.json").read_text())
     plan["tuning"] = {"seed": 3, "budget_s": 5.0, "backends": ["iree-cpu", "onednn"]}  # as `collage tune` writes
     (tmp_path / "tuned.json").write_text(json.dumps(plan))
-    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "compile", str(LIT_INPUTS / "mlp.mlir"),
-                        "--plan", str(tmp_path / "tuned.json"), "-o", str(tmp_path / "mlp.collage")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(tmp_path / "mlp.collage"),
-                        "--db", str(tmp_path / "none.sqlite"), "--repeats", "5", "-o", str(tmp_path / "r.html")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    # In this process (two fewer interpreter starts): the CLI's compile, then its report.
+    assert cli.main(["compile", str(LIT_INPUTS / "mlp.mlir"), "--plan", str(tmp_path / "tuned.json"),
+                     "-o", str(tmp_path / "mlp.collage")]) == 0
+    assert cli.main(["report", str(tmp_path / "mlp.collage"), "--db", str(tmp_path / "none.sqlite"),
+                     "--repeats", "5", "-o", str(tmp_path / "r.html")]) == 0
     page = _Page()
     page.feed((tmp_path / "r.html").read_text())
     assert "End-to-end breakdown" in page.cells and page.tags.get("svg") == 1  # graph from the recorded source
