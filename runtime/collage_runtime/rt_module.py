@@ -14,6 +14,7 @@ files inside the artifact directory.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter
 
@@ -21,7 +22,7 @@ import iree.runtime as rt
 import numpy as np
 
 from .engines import Engines
-from .executors import Run, executor, registered
+from .executors import Run, executor, loads_concurrently, registered
 from .manifest import MANIFEST, ArtifactError, confined
 from .types import numpy_dtype
 
@@ -128,6 +129,20 @@ def load_executor(root: Path, region: dict, engines: Engines) -> Run:
     return loader(confined(root, region.get("artifact"), f"region '{name}' artifact"), engines)
 
 
+def load_executors(root: Path, regions: list[dict], engines: Engines) -> list[Run]:
+    """Each region's executor, in region order. Regions whose executor loads concurrently (OpenVINO: a
+    model compiled per region, ~20 ms of CPU each, with the GIL released) load on the budget's threads
+    while the others load on this thread (torch's thread count is per OS thread under OpenMP)."""
+    pooled = [k for k, r in enumerate(regions) if loads_concurrently(r.get("executor"))]
+    if engines.threads < 2 or len(pooled) < 2:
+        return [load_executor(root, r, engines) for r in regions]
+    with ThreadPoolExecutor(engines.threads, thread_name_prefix="collage-load") as pool:
+        futures = {k: pool.submit(load_executor, root, regions[k], engines) for k in pooled}
+        runs = {k: load_executor(root, r, engines) for k, r in enumerate(regions) if k not in futures}
+        runs.update((k, future.result()) for k, future in futures.items())
+    return [runs[k] for k in range(len(regions))]
+
+
 def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engines: Engines,
                      failures: list[Exception], timer: RegionTimer | None = None) -> rt.VmModule:
     """Builds the ``collage_rt`` module serving ``regions`` (manifest entries of library regions); what a
@@ -139,9 +154,8 @@ def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engi
             self.iface = iface
 
     iface = rt.PyModuleInterface("collage_rt", State)
-    for region in regions:
-        fn, signature = _region_function(device, load_executor(root, region, engines), region["name"],
-                                         str(region.get("backend")), region["inputs"], region["outputs"], failures,
-                                         timer)
+    for region, run in zip(regions, load_executors(root, regions, engines)):
+        fn, signature = _region_function(device, run, region["name"], str(region.get("backend")), region["inputs"],
+                                         region["outputs"], failures, timer)
         iface.export(region["name"], signature, fn)
     return iface.create()

@@ -3,7 +3,8 @@
 An executor is a function ``load(path: Path, engines: Engines) -> Run`` registered by an installed package
 under the entry-point group ``collage_runtime.executors``; a manifest names it by its entry-point name.
 ``Run(inputs, outputs)`` reads the (zero-copy, mapped, C-contiguous) input arrays and writes each result
-into the matching pre-allocated output array. Only registered executors serve regions: a manifest is data
+into the matching pre-allocated output array. A loader that sets ``concurrent_load = True`` may load
+several regions at once on other threads. Only registered executors serve regions: a manifest is data
 and never chooses which Python code is imported.
 """
 
@@ -35,3 +36,11 @@ def executor(name: object) -> Loader | None:
     """The loader registered as ``name``, or None when no installed package registers it."""
     ep = registered().get(name) if isinstance(name, str) else None
     return ep.load() if ep is not None else None
+
+
+def loads_concurrently(name: object) -> bool:
+    """Whether the executor registered as ``name`` may load several regions at once on other threads: its
+    loader says so with a true ``concurrent_load`` attribute (it releases the GIL and its engine is
+    thread-safe)."""
+    loader = executor(name)
+    return getattr(loader, "concurrent_load", False) is True
