@@ -67,13 +67,14 @@ def load(path: Path, engines: Engines) -> Run:
         hit = cached.get(i)
         if hit is not None and hit[0] == at:
             return hit[1]
-        if arr.nbytes == 0:
+        if arr.nbytes == 0 or at % 64:  # PJRT copies unaligned memory: nothing to reuse
+            cached.pop(i, None)
             return put(aval(arr), sharding, [arr], devices, True, False, zero_copy, True)
         view = np.frombuffer((ctypes.c_char * arr.nbytes).from_address(at), arr.dtype).reshape(arr.shape)
         buf = put(aval(arr), sharding, [view], devices, True, False, zero_copy, True)
         if buf.unsafe_buffer_pointer() == at:  # aliased: valid for as long as the address holds this input
             cached[i] = (at, buf)
-        else:  # PJRT copied (unaligned memory): the copy must not outlive this call's data
+        else:  # copied after all: the copy must not outlive this call's data
             cached.pop(i, None)
         return buf
 
