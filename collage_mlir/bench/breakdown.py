@@ -137,7 +137,7 @@ def to_markdown(model: str, b: Breakdown, top: int = 12) -> list[str]:
 
     codegen = ", ".join(f"{n} ops on {backend}" for backend, n in b.codegen) or "none"
     lines = [f"**{model}**: a run of the collage artifact takes {b.total_ms:.3g} ms (median of {b.repeats}, region "
-             f"timer on): {len(b.regions)} library region calls, engines {b.engine_ms:.3g} ms ({share(b.engine_ms)}), "
+             f"timer on): {len(b.regions)} library region call(s), engines {b.engine_ms:.3g} ms ({share(b.engine_ms)}), "
              f"their boundaries {b.boundary_ms:.3g} ms ({share(b.boundary_ms)}), outside library regions "
              f"{b.outside_ms:.3g} ms ({share(b.outside_ms)}: IREE's work and the VM's transitions, of which "
              f"{b.tail_ms:.3g} ms after the last region). IREE-compiled regions: {codegen}; "

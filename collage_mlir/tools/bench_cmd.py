@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     options = BenchOptions(threads=args.threads, seconds=args.seconds, rtol=args.rtol,
                            plan=f"tuned, --tune {args.tune}" if args.tune else args.plan,
                            small=args.small, breakdown_repeats=args.breakdown_repeats)
-    command = "collage " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if Path(sys.argv[0]).name == "collage" \
+    # The command line as given (`collage bench ...` or `python -m collage_mlir.tools.cli bench ...`).
+    command = "collage " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] \
         else "collage bench " + " ".join(shlex.quote(a) for a in args.models)
     with tempfile.TemporaryDirectory(prefix="collage-bench-") as work:
         result = run_bench(args.models, [COLLAGE, *dict.fromkeys(p for p in peers if p != COLLAGE)], options, work,
