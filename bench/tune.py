@@ -1,23 +1,26 @@
 """Tuning wall time (cold DB, then warm DB) and plan quality (DP alone vs the two-level search vs the best
 single backend, measured side by side) per model.
 
-For each model: ``tune()`` on a fresh cost DB (cold; transition probes shared by all models are kept in a
-separate run's DB only if ``--db`` is given), then again on the same DB (warm: every answer from the DB,
-and the plan bytes must be the same). Then the DP plan, the tuned plan and every single-backend plan are
-built once and timed in ``--rounds`` interleaved rounds with ``PlanTimer`` (each round times every plan
-once); medians of the rounds are compared.
+For each model: ``tune()`` on a fresh cost DB (cold: nothing measured, transition probes included), then
+again on the same DB (warm: every answer from the DB, and the plan bytes must be the same). Plan quality
+comes from the cold tune's own finalists: the DP plan, the best evolved plans and the best single-backend
+plan, re-timed side by side in interleaved rounds (their builds kept, so only timing); every other
+single-backend plan's time is its seed timing. ``--rounds N`` adds N more interleaved rounds of every
+plan afterwards (each built once). The load average is recorded before and after each tune: the machine
+is shared.
 
-    python bench/tune.py [--models small_cnn,bert_small] [--backends iree-cpu,onednn,ort,openvino]
-                         [--budget 300] [--rounds 5] [--out bench/results]
+    python bench/tune.py [--models small_cnn,bert_small] [--backends all|iree-cpu,onednn,...]
+                         [--budget 600] [--rounds 0] [--name tune] [--out bench/results]
 
 Models: ``small_cnn`` (test/python/models.py), and from ``collage_mlir.zoo`` any name with ``_small``
 for its CI variant (``bert_small`` = BERT 2 layers, hidden 128, seq 32) or the full model.
-Writes OUT/tune.json and OUT/tune.md. Not run in CI.
+Writes OUT/NAME.json and OUT/NAME.md. Not run in CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -58,9 +61,9 @@ def load(name: str):
 
 
 def side_by_side(module, plans: dict, inputs, rounds: int, work: Path) -> dict:
-    """Median over ``rounds`` interleaved rounds of each plan's PlanTimer median."""
+    """Each plan's PlanTimer median in ``rounds`` interleaved rounds (each plan built once)."""
     times: dict[str, list[float]] = {k: [] for k in plans}
-    with PlanTimer(work / "side") as timer:
+    with PlanTimer(work / "side", keep=len(plans)) as timer:
         for _ in range(rounds):
             for name, plan in plans.items():
                 out = timer.time(module, plan, inputs)
@@ -69,16 +72,35 @@ def side_by_side(module, plans: dict, inputs, rounds: int, work: Path) -> dict:
     return {k: {"median_s": statistics.median(v) if v else None, "rounds_s": v} for k, v in times.items()}
 
 
+def quality(doc: dict) -> dict:
+    """From a tune's document: each plan's median time (finalists: their interleaved rounds; other
+    single-backend plans: their seed timing) and which finalist was which."""
+    t = doc["tuning"]
+    finals = {f["from"]: {"median_s": statistics.median(f["times_s"]) if f["times_s"] else None,
+                          "rounds_s": f["times_s"], "regions": f["regions"]} for f in t["finalists"]}
+    singles = {name: row["measured_s"] for name, row in t["single_backend"].items()}
+    best_single = min((n for n, v in singles.items() if v), key=lambda n: finals.get(n, {}).get("median_s") or singles[n])
+    best_s = finals.get(best_single, {}).get("median_s") or singles[best_single]
+    dp_s = finals["dp"]["median_s"] if "dp" in finals else t["dp"]["measured_s"]
+    return {"finalists": finals, "single_backend_s": singles, "best_single": best_single, "best_single_s": best_s,
+            "tuned_s": t["plan"]["measured_s"], "tuned_from": t["plan"]["from"], "dp_s": dp_s,
+            "tuned_vs_best_single": best_s / t["plan"]["measured_s"] if t["plan"]["measured_s"] else None,
+            "dp_vs_best_single": best_s / dp_s if dp_s else None}
+
+
 def main() -> None:
+    from collage_mlir.search import available_backends
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="small_cnn,bert_small")
-    ap.add_argument("--backends", default="iree-cpu,onednn,ort,openvino")
-    ap.add_argument("--budget", type=float, default=300.0)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--backends", default="all")
+    ap.add_argument("--budget", type=float, default=600.0)
+    ap.add_argument("--rounds", type=int, default=0)
+    ap.add_argument("--name", default="tune")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
-    backends = [get_backend(n) for n in args.backends.split(",")]
-    result = header("tune") | {"backends": [b.name for b in backends], "budget_s": args.budget, "models": {}}
+    backends = available_backends() if args.backends == "all" else [get_backend(n) for n in args.backends.split(",")]
+    result = header(args.name) | {"backends": [b.name for b in backends], "budget_s": args.budget, "models": {}}
     rows = []
     for name in args.models.split(","):
         module, inputs = load(name)
@@ -88,50 +110,68 @@ def main() -> None:
             with CostDB(work / "costs.sqlite") as db:
                 for kind in ("cold", "warm"):
                     t0 = time.perf_counter()
-                    stages: list[str] = []
+                    stages: list[tuple[str, float]] = []
 
-                    def show(stage, done, total, note, t0=t0, stages=stages):
-                        if not stages or stages[-1] != stage:
-                            stages.append(stage)
-                            print(f"  {name} {kind}: {stage} at {time.perf_counter() - t0:.0f} s", flush=True)
+                    def show(stage, done, total, note, t0=t0, stages=stages, kind=kind):
+                        if not stages or stages[-1][0] != stage:
+                            stages.append((stage, round(time.perf_counter() - t0, 1)))
+                            print(f"  {name} {kind}: {stage} at {stages[-1][1]:.0f} s", flush=True)
 
+                    load_before = os.getloadavg()
                     r = tune(module, backends, db, work / kind, budget_s=args.budget, examples={"main": inputs},
                              measure=MeasureOptions(), on_progress=show)
-                    runs.append((kind, time.perf_counter() - t0, r))
-                    print(f"{name}: {kind} tune {runs[-1][1]:.1f} s, {r.candidates} candidates, "
-                          f"{r.estimator.measured} measured now, {r.estimator.cache_hits} DB hits", flush=True)
-            cold, warm = runs[0][2], runs[1][2]
-            singles = {f"{b} alone": p for b, p in cold.single.items()}
-            measured = side_by_side(module, {"tuned": cold.plan, "dp": cold.dp_plan, **singles}, inputs,
-                                    args.rounds, work)
-        best_single = min((k for k in singles if measured[k]["median_s"]), key=lambda k: measured[k]["median_s"])
-        m = {k: v["median_s"] for k, v in measured.items()}
-        entry = {"candidates": cold.candidates, "cold_s": runs[0][1], "warm_s": runs[1][1],
-                 "same_plan_warm": cold.document == warm.document,
+                    wall = time.perf_counter() - t0
+                    runs.append({"kind": kind, "wall_s": wall, "result": r, "stages": stages,
+                                 "load": [round(x, 1) for x in (*load_before, *os.getloadavg())],
+                                 "measured": r.estimator.measured, "db_hits": r.estimator.cache_hits})
+                    print(f"{name}: {kind} tune {wall:.1f} s (budget {args.budget:.0f} s), {r.candidates} candidates, "
+                          f"{r.estimator.measured} measured now, {r.estimator.cache_hits} DB hits, load "
+                          f"{runs[-1]['load']}", flush=True)
+            cold, warm = runs[0]["result"], runs[1]["result"]
+            extra = side_by_side(module, {"tuned": cold.plan, "dp": cold.dp_plan,
+                                          **{f"{b} alone": p for b, p in cold.single.items()}},
+                                 inputs, args.rounds, work) if args.rounds else None
+        entry = {"candidates": cold.candidates, "same_plan_warm": cold.document == warm.document,
                  "tuned_regions": len(cold.plan.regions), "dp_regions": len(cold.dp_plan.regions),
-                 "why": cold.document["tuning"]["why"], "side_by_side": measured, "best_single": best_single,
-                 "tuned_vs_best_single": m[best_single] / m["tuned"] if m["tuned"] else None,
-                 "dp_vs_best_single": m[best_single] / m["dp"] if m["dp"] else None}
+                 "why": cold.document["tuning"]["why"],
+                 "runs": [{k: v for k, v in run.items() if k != "result"} for run in runs],
+                 "quality": quality(cold.document), "extra_rounds": extra}
         result["models"][name] = entry
-        rows.append((name, entry, m))
+        rows.append((name, entry))
         _write(args, result, rows)  # after each model: a long run keeps what it finished
 
 
 def _write(args, result: dict, rows: list) -> None:
+    def ms(v) -> str:
+        return f"{v * 1e3:.3f}" if v else "-"
+
     md = [f"# Tuning: wall time and plan quality\n\n`{result['command']}`\n\n{result['device']}; backends "
-          f"{', '.join(result['backends'])}; budget {args.budget:.0f} s; {args.rounds} interleaved rounds.\n",
-          "| model | candidates | cold tune s | warm tune s | same plan warm | tuned ms | DP ms | best single | "
-          "its ms | best single / tuned | best single / DP |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, e, m in rows:
-        fmt = lambda v: f"{v * 1e3:.3f}" if v else "-"  # noqa: E731
-        md.append(f"| {name} | {e['candidates']} | {e['cold_s']:.0f} | {e['warm_s']:.1f} | {e['same_plan_warm']} | "
-                  f"{fmt(m['tuned'])} | {fmt(m['dp'])} | {e['best_single']} | {fmt(m[e['best_single']])} | "
-                  f"{e['tuned_vs_best_single']:.2f}x | {e['dp_vs_best_single']:.2f}x |")
-    md.append("\nEvery plan, median of the rounds (ms):\n")
-    for name, e, m in rows:
-        md.append(f"- {name}: " + ", ".join(f"{k} {v * 1e3:.3f}" if v else f"{k} failed" for k, v in m.items())
-                  + f" — chosen because: {e['why']}")
-    write_report(args.out, "tune", result, "\n".join(md) + "\n")
+          f"{', '.join(result['backends'])}; budget {args.budget:.0f} s.\n",
+          "| model | candidates | cold tune s | warm tune s | same plan warm | load (1/5/15 min, before) | tuned ms | "
+          "DP ms | best single | its ms | best single / tuned | best single / DP |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, e in rows:
+        q, cold, warm = e["quality"], e["runs"][0], e["runs"][1]
+        ratio = lambda v: f"{v:.2f}x" if v else "-"  # noqa: E731
+        md.append(f"| {name} | {e['candidates']} | {cold['wall_s']:.0f} | {warm['wall_s']:.1f} | {e['same_plan_warm']} | "
+                  f"{'/'.join(str(x) for x in cold['load'][:3])} | {ms(q['tuned_s'])} | {ms(q['dp_s'])} | "
+                  f"{q['best_single']} | {ms(q['best_single_s'])} | {ratio(q['tuned_vs_best_single'])} | "
+                  f"{ratio(q['dp_vs_best_single'])} |")
+    md.append("\nPer model: stages of the cold tune (start, s), the finalists' interleaved rounds (ms), the other "
+              "single-backend plans (seed timing, ms), why the plan was chosen:\n")
+    for name, e in rows:
+        q, cold = e["quality"], e["runs"][0]
+        md.append(f"- {name}: cold stages " + ", ".join(f"{s} {t:.0f}" for s, t in cold["stages"])
+                  + f"; {cold['measured']} measured, {e['runs'][1]['db_hits']} DB hits warm; load before/after "
+                  f"{cold['load']}")
+        md.append("  - finalists: " + "; ".join(f"{k} ({v['regions']} regions) " + ", ".join(ms(x) for x in v["rounds_s"])
+                                                for k, v in q["finalists"].items()))
+        md.append("  - single backends: " + ", ".join(f"{k} {ms(v)}" for k, v in q["single_backend_s"].items()))
+        md.append(f"  - tuned plan ({e['tuned_regions']} regions, from {q['tuned_from']}): {e['why']}")
+        if e["extra_rounds"]:
+            md.append("  - extra rounds (median ms): " + ", ".join(f"{k} {ms(v['median_s'])}"
+                                                              for k, v in e["extra_rounds"].items()))
+    write_report(args.out, args.name, result, "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

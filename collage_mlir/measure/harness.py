@@ -147,7 +147,8 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
     if jobs and not options.spent():  # past the deadline: DB answers only (no reference capture either)
         with ExitStack() as stack:
             work = options.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="collage-measure-")))
-            _measure(module, list(jobs.values()), db, work, examples or {}, options, rows, progress, on_progress)
+            _measure(module, graph, list(jobs.values()), db, work, examples or {}, options, rows, progress,
+                     on_progress)
     measured = sum(len(j.rows) for j in jobs.values() if (j.rows[0], j.backend.name) in rows)
     return Summary(rows, skipped, hits, measured, time.perf_counter() - started)
 
@@ -183,21 +184,26 @@ def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph
     return values
 
 
-def _write_inputs(module: ir.Module, jobs: list[_Job], work: Path, examples, seed: int) -> dict[str, Path]:
-    """Captures the reference values every job needs and writes one data file per region hash."""
-    regions = {j.region.hash: j.region for j in jobs}
-    wanted = {r for region in regions.values() for r in (*region.inputs, *region.outputs)}
-    values = _reference_values(module, wanted, examples, seed, Graph(module))
-    files: dict[str, Path] = {}
-    (work / "data").mkdir(parents=True, exist_ok=True)
-    (work / "regions").mkdir(parents=True, exist_ok=True)
-    for digest, region in regions.items():
-        arrays = {f"{INPUT}{k}": values[r] for k, r in enumerate(region.inputs)}
-        arrays |= {f"{REFERENCE}{k}": values[r] for k, r in enumerate(region.outputs)}
-        np.savez(work / "data" / f"{digest}.npz", **arrays)
-        (work / "regions" / f"{digest}.mlirbc").write_bytes(region.bytecode)
-        files[digest] = work / "data" / f"{digest}.npz"
-    return files
+class _Inputs:
+    """The reference values every job needs (captured once), written as one data file per region hash
+    when a batch first needs it: a budgeted search may pose thousands of regions and build a few."""
+
+    def __init__(self, module: ir.Module, jobs: list[_Job], work: Path, examples, seed: int, graph: Graph):
+        wanted = {r for j in jobs for r in (*j.region.inputs, *j.region.outputs)}
+        self.values = _reference_values(module, wanted, examples, seed, graph)
+        self.work = work
+        self.files: dict[str, Path] = {}
+        (work / "data").mkdir(parents=True, exist_ok=True)
+        (work / "regions").mkdir(parents=True, exist_ok=True)
+
+    def write(self, region: ExtractedRegion) -> Path:
+        if region.hash not in self.files:
+            arrays = {f"{INPUT}{k}": self.values[r] for k, r in enumerate(region.inputs)}
+            arrays |= {f"{REFERENCE}{k}": self.values[r] for k, r in enumerate(region.outputs)}
+            np.savez(self.work / "data" / f"{region.hash}.npz", **arrays)
+            (self.work / "regions" / f"{region.hash}.mlirbc").write_bytes(region.bytecode)
+            self.files[region.hash] = self.work / "data" / f"{region.hash}.npz"
+        return self.files[region.hash]
 
 
 def _row(job: _Job, outcome: Outcome, phase: str) -> Measurement:
@@ -212,9 +218,9 @@ def _row(job: _Job, outcome: Outcome, phase: str) -> Measurement:
                        max_rel_err=v.get("max_rel_err"), message=v.get("message", ""), **base)
 
 
-def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options: MeasureOptions,
+def _measure(module, graph: Graph, jobs: list[_Job], db: CostDB, work: Path, examples, options: MeasureOptions,
              rows: dict, progress: Progress, on_progress) -> None:
-    data = _write_inputs(module, jobs, work, examples, options.seed)
+    data = _Inputs(module, jobs, work, examples, options.seed, graph)
     builders: queue.Queue[Worker] = queue.Queue()
     workers = [Worker(f"build{k}", work) for k in range(max(1, options.jobs))]
     for w in workers:
@@ -247,6 +253,7 @@ def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options
                 batch = jobs[start:start + options.batch]
                 for k, job in enumerate(batch):
                     job.out_dir = work / "artifacts" / f"{start + k}"
+                    data.write(job.region)
                 progress.current = f"building {len(batch)}"
                 if on_progress:
                     on_progress(progress)
@@ -265,7 +272,7 @@ def _measure(module, jobs: list[_Job], db: CostDB, work: Path, examples, options
                         on_progress(progress)
                     tol = job.backend.tolerance
                     outcome = timer.call(f"{TASKS}:time_artifact", options.run_timeout_s,
-                                         artifact_dir=str(job.out_dir), data_file=str(data[job.region.hash]),
+                                         artifact_dir=str(job.out_dir), data_file=str(data.write(job.region)),
                                          timing=options.timing.to_json(), rtol=tol.rtol, atol=tol.atol)
                     record(job, _row(job, outcome, "run"))
                     shutil.rmtree(job.out_dir, ignore_errors=True)

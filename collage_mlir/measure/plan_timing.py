@@ -38,16 +38,20 @@ class PlanTimer:
         self._built: OrderedDict[str, Path] = OrderedDict()  # (module, plan) digest -> artifact directory
 
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
-             references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0) -> Outcome:
+             references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
+             outputs_to: Path | None = None) -> Outcome:
         """Builds ``module`` by ``plan`` and times ``@main`` on ``inputs``; with ``references`` the results
-        are checked first (``wrong`` when beyond ``rtol``/``atol``). The outcome's value is the timing
-        task's result (``status``, ``median_s``, ...); a failed build or run is its status."""
+        are checked first (``wrong`` when beyond ``rtol``/``atol``); with ``outputs_to`` they are saved
+        there (``ref<k>`` arrays). The outcome's value is the timing task's result (``status``,
+        ``median_s``, ...); a failed build or run is its status."""
         k = next(self._count)
         if isinstance(module, ir.Module):
             buf = io.BytesIO()
             module.operation.write_bytecode(buf)
             module = buf.getvalue()
-        digest = hashlib.sha256(module + json.dumps(plan.to_json(), sort_keys=True).encode()).hexdigest()
+        # The plan's source (a name) changes nothing built.
+        placement = {k: v for k, v in plan.to_json().items() if k != "source"}
+        digest = hashlib.sha256(module + json.dumps(placement, sort_keys=True).encode()).hexdigest()
         module_file, data_file = self.work / f"plan{k}.mlirbc", self.work / f"plan{k}.npz"
         out = self._built.pop(digest, None)
         arrays = {f"{INPUT}{i}": a for i, a in enumerate(inputs)}
@@ -64,7 +68,8 @@ class PlanTimer:
                     return Outcome(built.status, message=f"build: {built.message}")
             outcome = self._timer.call(f"{TASKS}:time_artifact", self.options.run_timeout_s, artifact_dir=str(out),
                                        data_file=str(data_file), timing=self.options.timing.to_json(),
-                                       rtol=rtol if references is not None else None, atol=atol)
+                                       rtol=rtol if references is not None else None, atol=atol,
+                                       outputs_file=str(outputs_to) if outputs_to is not None else None)
             ok = outcome.ok
             return outcome if outcome.ok else Outcome(outcome.status, message=f"run: {outcome.message}")
         finally:

@@ -1,15 +1,26 @@
 """The tasks workers run (``worker.Worker.call("collage_mlir.measure.tasks:<name>", ...)``): build a
 module by a plan, and time a built artifact (validating its outputs first). Arguments and results are plain
-data: paths, numbers, strings."""
+data: paths, numbers, strings.
+
+A candidate is built exactly as ``collage compile`` builds a program, so its time is what it costs in a
+deployed artifact. The compile driver is a later stage than measurement, so measurement does not import
+it: the driver registers itself in the entry-point group ``collage_mlir.plan_builders`` (as backends
+register in ``collage_mlir.backends``) and ``plan_builder`` finds it.
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
+from ..errors import CollageError
+from ..ir import ir, new_context, parse_module
+from ..plan import Plan
 from .timing import TimingOptions, time_repeated
 from .validate import compare
 
@@ -20,16 +31,32 @@ TASKS = __name__
 INPUT, REFERENCE = "in", "ref"
 
 
+#: Entry-point group of the compile driver (``collage_mlir.artifact:compile_module``).
+PLAN_BUILDERS = "collage_mlir.plan_builders"
+
+
+class PlanBuilder(Protocol):
+    """What measurement needs of the compile driver: write the artifact of ``module`` under ``plan``."""
+
+    def __call__(self, module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str) -> object: ...
+
+
+def plan_builder() -> PlanBuilder:
+    """The installed compile driver (one entry in ``PLAN_BUILDERS``)."""
+    found = list(entry_points(group=PLAN_BUILDERS))
+    if len(found) != 1:
+        names = ", ".join(ep.value for ep in found) or "none"
+        raise CollageError(f"expected one plan builder in the entry-point group {PLAN_BUILDERS}, found {names}: "
+                           "reinstall collage-mlir (pip install -e .)")
+    return found[0].load()
+
+
 def build_plan(module_file: str, plan: dict, out_dir: str) -> dict:
     """Compiles the module in ``module_file`` by ``plan`` (its JSON form) into the artifact directory
     ``out_dir``, exactly as ``collage compile`` would."""
-    from ..artifact import compile_module
-    from ..ir import new_context, parse_module
-    from ..plan import Plan
-
     t0 = time.perf_counter()
     module = parse_module(Path(module_file).read_bytes(), new_context(), where=module_file)
-    compile_module(module, Plan.from_json(plan, source=module_file), out_dir, source=module_file)
+    plan_builder()(module, Plan.from_json(plan, source=module_file), out_dir, source=module_file)
     return {"build_s": time.perf_counter() - t0}
 
 
@@ -41,9 +68,11 @@ def load_arrays(path: str, prefix: str) -> list[np.ndarray]:
 
 
 def time_artifact(artifact_dir: str, data_file: str, timing: dict, rtol: float | None = None,
-                  atol: float | None = None) -> dict:
+                  atol: float | None = None, outputs_file: str | None = None) -> dict:
     """Loads the artifact, runs ``main`` once on the data file's inputs and, when a tolerance is given,
-    checks the results against its references (``wrong`` and no timing when they differ); then times it."""
+    checks the results against its references (``wrong`` and no timing when they differ); then times it.
+    With ``outputs_file`` the first run's results are saved there (``ref<k>``): a plan that is the
+    reference (IREE alone) needs no second build to provide it."""
     import collage_runtime
 
     inputs = load_arrays(data_file, INPUT)
@@ -52,6 +81,9 @@ def time_artifact(artifact_dir: str, data_file: str, timing: dict, rtol: float |
     try:
         load_s = time.perf_counter() - t0
         result: dict = {"status": "ok", "load_s": load_s, "threads": _threads()}
+        if outputs_file is not None:
+            outputs = program.invoke("main", *inputs)
+            np.savez(outputs_file, **{f"{REFERENCE}{k}": np.asarray(a) for k, a in enumerate(outputs)})
         if rtol is not None:
             check = compare(program.invoke("main", *inputs), load_arrays(data_file, REFERENCE), rtol, atol or 0.0)
             result |= {"max_abs_err": check.max_abs, "max_rel_err": check.max_rel}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import networkx as nx
 
@@ -18,6 +18,7 @@ from ..ir import ir
 from ..plan import Plan
 from .candidates import enumerate_candidates
 from .cost import CostEstimator, transition_seconds
+from .regions import maximal_regions
 
 
 @dataclass
@@ -158,15 +159,15 @@ class CandidateIndex:
         return len(self.candidates)
 
     @classmethod
-    def build(cls, graph: Graph, backends: Sequence[Backend], *, maximal: bool = True) -> "CandidateIndex":
+    def build(cls, graph: Graph, backends: Sequence[Backend], *,
+              maximal: Mapping[str, Sequence[frozenset[int]]] | None = None) -> "CandidateIndex":
         """Every candidate of ``backends`` in ``graph`` plus, for each graph-level backend, its maximal
-        regions (grown without the per-candidate op cap), plus every op alone on the default backend."""
-        from .regions import maximal_regions
-
+        regions (grown without the per-candidate op cap; ``maximal`` when the caller has them, by backend
+        name), plus every op alone on the default backend."""
         regions = [(c.backend, c.ops, False) for c in enumerate_candidates(graph, list(backends))]
-        if maximal:
-            for b in backends:
-                regions += [(b.name, r, True) for r in maximal_regions(graph, b)]
+        for b in backends:
+            grown = maximal[b.name] if maximal is not None else maximal_regions(graph, b)
+            regions += [(b.name, r, True) for r in grown]
         return cls(SearchGraph.from_graph(graph), regions)
 
 

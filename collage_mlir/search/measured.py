@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,13 +16,16 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..errors import CollageError
 from ..ir import ir
 from ..measure import HARNESS_VERSION
 from ..measure.db import CostDB, Measurement
 from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, Progress, measure_regions
 from ..measure.plan_timing import PlanTimer
+from ..measure.worker import Outcome
 from ..measure.reference import model_inputs
+from ..measure.tasks import REFERENCE
 from ..measure.transitions import measure_transitions
 from ..plan import Plan
 from .cost import Cost, CostEstimator, TransitionFit
@@ -82,16 +84,12 @@ class MeasuredEstimator(CostEstimator):
             for p in todo:
                 self._regions[p] = Cost.unknown("tuning budget spent before it was measured")
             todo = []
-        # In chunks, so the budget is looked at between them (a chunk runs to its end).
-        chunk = 4 * self.options.batch
-        for start in range(0, len(todo), chunk):
-            if self._spent():
-                for p in todo[start:]:
-                    self._regions[p] = Cost.unknown("tuning budget spent before it was measured")
-                break
-            summary = measure_regions(self.module, todo[start:start + chunk], self.db, examples=self.examples,
+        # One call: the harness extracts and looks up every pair once, builds in the order given and
+        # starts no build past the deadline (the pairs it did not reach stay unknown).
+        if todo:
+            summary = measure_regions(self.module, todo, self.db, examples=self.examples,
                                       options=replace(self.options, deadline=self.deadline),
-                                      on_progress=self._region_progress(start, len(todo)))
+                                      on_progress=self._region_progress(0, len(todo)))
             self.measured += summary.measured
             self.cache_hits += summary.cache_hits
             for ops, backend, why in summary.skipped:
@@ -101,6 +99,8 @@ class MeasuredEstimator(CostEstimator):
             for key, m in summary.rows.items():
                 self._regions[key] = (Cost.known(m.median_s, spread=m.spread or 0.0) if m.usable
                                       else Cost.invalid(f"{m.status}: {m.message}"[:200]))
+            for p in todo:
+                self._regions.setdefault(p, Cost.unknown("tuning budget spent before it was measured"))
         return [self._regions.get(p, Cost.unknown("not measured")) for p in pairs]
 
     def _region_progress(self, offset: int, total: int):
@@ -176,19 +176,29 @@ class MeasuredEstimator(CostEstimator):
         versions = ",".join(f"{n}={get_backend(n).version()}" for n in names)
         return (hashlib.sha256(text.encode()).hexdigest(), PLAN_ROW, versions, self.device, HARNESS_VERSION)
 
+    def _plan_timer(self) -> PlanTimer:
+        if self._timer is None:
+            # Keeps the last few builds: the finalists' rounds re-time plans the search built.
+            self._timer = PlanTimer(self.work / "plans", self.options, keep=16)
+        return self._timer
+
     def reference(self) -> list[np.ndarray]:
         """``@main``'s results with IREE alone (what every plan's results are checked against)."""
         if self._reference is None:
-            import collage_runtime
-
-            from ..artifact import compile_module
-            from ..ir import new_context, parse_module
-
-            with tempfile.TemporaryDirectory(dir=self.work) as tmp:
-                compile_module(parse_module(self._bytecode, new_context()), Plan(source="reference"), tmp)
-                with collage_runtime.load(tmp) as prog:
-                    self._reference = [np.array(a, copy=True) for a in prog.invoke("main", *self.inputs)]
+            self._time_reference()
         return self._reference
+
+    def _time_reference(self) -> Outcome:
+        """Builds and times the default backend's plan (IREE alone), keeping its results as the reference:
+        one whole-model build serves as both the reference and the default seed's timing."""
+        out = self.work / "plans" / "reference.npz"
+        outcome = self._plan_timer().time(self._bytecode, Plan(source="reference"), self.inputs, outputs_to=out)
+        if not outcome.ok or outcome.value.get("status") != "ok":
+            why = outcome.message if not outcome.ok else outcome.value.get("message", "")
+            raise CollageError(f"the reference run (IREE alone) failed: {why}"[:500])
+        with np.load(out) as data:
+            self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
+        return outcome
 
     def plan_time(self, plan, tag=""):
         key = self._plan_key(plan, tag)
@@ -198,14 +208,14 @@ class MeasuredEstimator(CostEstimator):
         elif self._spent() and not tag:
             return Cost.unknown("tuning budget spent before it was measured")
         else:
-            if self._timer is None:
-                # Keeps the last few builds: the finalists' rounds re-time plans the search built.
-                self._timer = PlanTimer(self.work / "plans", self.options, keep=8)
-            used = [get_backend(n) for n in {plan.default_backend, *(r.backend for r in plan.regions)}]
-            # A whole model through several backends: ten times the loosest tolerance, as the transition probe.
-            rtol = 10 * max(b.tolerance.rtol for b in used)
-            atol = 10 * max(b.tolerance.atol for b in used)
-            outcome = self._timer.time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol)
+            if not plan.regions and plan.default_backend == self.default_backend and self._reference is None:
+                outcome = self._time_reference()  # this plan is the reference: nothing to check it against
+            else:
+                used = [get_backend(n) for n in {plan.default_backend, *(r.backend for r in plan.regions)}]
+                # A whole model through several backends: ten times the loosest tolerance, as the transition probe.
+                rtol = 10 * max(b.tolerance.rtol for b in used)
+                atol = 10 * max(b.tolerance.atol for b in used)
+                outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol)
             v = outcome.value if outcome.ok else {"status": outcome.status, "message": outcome.message}
             row = Measurement(*key, status=v["status"], median_s=v.get("median_s"), min_s=v.get("min_s"),
                               spread=v.get("spread"), repeats=v.get("repeats"), threads=v.get("threads"),

@@ -18,20 +18,44 @@ def maximal_regions(graph: Graph, backend: Backend) -> list[frozenset[int]]:
         return []
     order = graph.topological_order()
     pos = {op: k for k, op in enumerate(order)}
+    producers = {op: graph.producers(op) for op in order}
+    users = {op: graph.users(op) for op in order}
+    # Ancestors and descendants as bit sets (bit = topological position): adding one op n to a convex
+    # region R keeps it convex unless a path leaves R and reaches n (a producer of n outside R has an
+    # ancestor in R) or leaves n and reaches R (a user of n outside R has a descendant in R).
+    anc: dict[int, int] = {}
+    for op in order:
+        m = 0
+        for p in producers[op]:
+            m |= anc[p] | (1 << pos[p])
+        anc[op] = m
+    desc: dict[int, int] = {}
+    for op in reversed(order):
+        m = 0
+        for u in users[op]:
+            m |= desc[u] | (1 << pos[u])
+        desc[op] = m
+
+    def convex_with(mask: int, region: set[int], n: int) -> bool:
+        return (not any(anc[p] & mask for p in producers[n] if p not in region)
+                and not any(desc[u] & mask for u in users[n] if u not in region))
+
     ok = {i for i, n in graph.nodes.items() if backend.supports(n.op) is None}
     taken: set[int] = set()
     regions: list[frozenset[int]] = []
     for anchor in order:
         if anchor not in ok or anchor in taken:
             continue
-        region = {anchor}
+        region, mask = {anchor}, 1 << pos[anchor]
+        frontier = {n for n in (*users[anchor], *producers[anchor]) if n in ok and n not in taken}
         while True:
-            frontier = sorted({n for i in region for n in (*graph.users(i), *graph.producers(i))
-                               if n in ok and n not in taken} - region, key=pos.__getitem__)
-            nxt = next((n for n in frontier if graph.is_convex(region | {n})), None)
+            nxt = next((n for n in sorted(frontier, key=pos.__getitem__) if convex_with(mask, region, n)), None)
             if nxt is None:
                 break
             region.add(nxt)
+            mask |= 1 << pos[nxt]
+            frontier.discard(nxt)
+            frontier |= {n for n in (*users[nxt], *producers[nxt]) if n in ok and n not in taken and n not in region}
         region_f = frozenset(region)
         if len(region_f) < 2 or backend.accepts(graph, region_f) is not None:
             continue

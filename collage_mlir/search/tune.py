@@ -13,13 +13,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..backends import DEFAULT_BACKEND, Backend, get_backend
+from ..backends import DEFAULT_BACKEND, Backend, BackendKind, get_backend
 from ..errors import CollageError
-from ..graph import Graph
+from ..graph import Graph, number_ops
 from ..ir import ir
 from ..measure.db import CostDB
 from ..measure.harness import MeasureOptions
-from ..passes.number_ops import NumberOpsPass
 from ..plan import Plan, Region
 from .cost import Cost
 from .dp import EXACT, EXACT_MAX_OPS, DpLimits, optimize, reachable_candidates
@@ -46,7 +45,8 @@ class TuneResult:
     estimator: MeasuredEstimator
 
 
-def single_backend_plans(graph: Graph, backends: Sequence[Backend]) -> dict[str, Plan]:
+def single_backend_plans(graph: Graph, backends: Sequence[Backend],
+                         maximal: Mapping[str, Sequence[frozenset[int]]] | None = None) -> dict[str, Plan]:
     """Each backend alone: a graph-level engine takes its maximal regions, a library or codegen
     backend the largest candidate at each op (the default backend is the empty plan)."""
     plans: dict[str, Plan] = {}
@@ -54,7 +54,7 @@ def single_backend_plans(graph: Graph, backends: Sequence[Backend]) -> dict[str,
         if b.name == DEFAULT_BACKEND:
             plans[b.name] = Plan(source=b.name)
             continue
-        regions = maximal_regions(graph, b)
+        regions = maximal[b.name] if maximal is not None else maximal_regions(graph, b)
         if regions:
             plan = Plan([Region(f"region_{k}", b.name, r) for k, r in enumerate(regions)], source=b.name)
         else:
@@ -89,23 +89,27 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     backend is always added) within ``budget_s`` seconds.
 
     Stages, each starting no new unit of work past the deadline: candidate index; the single-backend
-    seed plans timed whole (the default backend's always: it is the fallback); transition probes (at
-    most ``TRANSITION_SHARE`` of what is left); region costs in priority order (``priority.py``); the
-    DP (a beam, Collage's own DP past the deadline); the evolution (one plan timing at a time). After
-    the deadline only the DP plan's timing and the finalists' re-timing (their builds are kept) run, so
-    a tune ends at most one unit in flight (a whole-plan build or a batch of region builds), the DP
-    plan's build and the finalists' rounds past its budget."""
+    seed plans timed whole (the default backend's always: it is the reference and the fallback; then
+    graph engines, libraries, codegen); transition probes (at most ``TRANSITION_SHARE`` of what is
+    left); region costs in priority order (``priority.py``), stopping a seed build's time early so the
+    DP plan can still be timed; the DP (a beam, Collage's own DP past the deadline); the DP plan's
+    timing (skipped past the deadline); the evolution (one plan timing at a time). Past the deadline
+    only the finalists' interleaved re-timing runs (their builds are kept: timing only). So a tune ends
+    at most one unit of work in flight (a whole-plan build and timing, or a batch of region builds) plus
+    the finalists' rounds past its budget; the default seed is the exception when the budget is shorter
+    than its build."""
     report = on_progress or (lambda *a: None)
     deadline = time.monotonic() + budget_s
     if DEFAULT_BACKEND not in {b.name for b in backends}:
         backends = [get_backend(DEFAULT_BACKEND), *backends]
     names = [b.name for b in backends]
-    NumberOpsPass().run(module)
+    number_ops(module)
     graph = Graph(module)
     if "main" not in {n.func for n in graph.nodes.values()}:
         raise CollageError("the model has no public @main function to time")
     report("candidates", 0, None, "")
-    index = CandidateIndex.build(graph, backends)
+    maximal = {b.name: maximal_regions(graph, b) for b in backends}
+    index = CandidateIndex.build(graph, backends, maximal=maximal)
     report("candidates", len(index), len(index), f"{len(index)} candidates")
     measure = measure or MeasureOptions()
     measure.seed = seed
@@ -113,22 +117,29 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                             on_progress=lambda stage, p: report(stage, p.done, p.total,
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
     try:
-        single = single_backend_plans(graph, backends)
-        timed = _time_seeds(single, est, deadline, report)
+        single = single_backend_plans(graph, backends, maximal)
+        timed, build_s = _time_seeds(single, backends, est, deadline, report)
         left = max(0.0, deadline - time.monotonic())
         est.fit_transitions(deadline=time.monotonic() + TRANSITION_SHARE * left,
                             on_progress=lambda k, n: report("transitions", k, n, ""))
         exact = len(index.graph.order) <= EXACT_MAX_OPS
         limits = replace(EXACT if exact else DpLimits(), deadline=deadline)
+        # Regions stop early enough to time the DP plan within the budget: a whole-plan build takes about
+        # as long as the slowest seed's did.
+        est.deadline = deadline - build_s
         measure_by_priority(index, est, reachable_candidates(index, exact, limits))
+        est.deadline = deadline
         dp = optimize(index, est, exact=exact, limits=limits, deadline=deadline)
         sg = index.graph
         # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
-        # incumbent the search must beat is always measured as such). Seeds the budget left untimed
-        # are not seeds.
+        # incumbent the search must beat is always measured as such). Plans the budget left untimed are
+        # not seeds (a seed is timed whatever the deadline).
         seeds: list[tuple[str, Plan]] = []
         seen: set[str] = set()
-        for name, plan in [*((n, p) for n, p in single.items() if n in timed), ("dp", dp.plan)]:
+        dp_timed = time.monotonic() <= deadline or repr(dp.plan.to_json()["regions"]) in {
+            repr(single[n].to_json()["regions"]) for n in timed}
+        candidates = [*((n, single[n]) for n in single if n in timed), *((("dp", dp.plan),) if dp_timed else ())]
+        for name, plan in candidates:
             if repr(plan.to_json()["regions"]) not in seen:
                 seen.add(repr(plan.to_json()["regions"]))
                 seeds.append((name, plan))
@@ -138,32 +149,43 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         evolved = evolve(sg, seeds, names, accepts, est, opts,
                          on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
                                                                    else opts.rounds, f"best {best * 1e3:.3f} ms"))
-        document = _document(evolved, dp.plan, {n: p for n, p in single.items() if n in timed}, sg, est, accepts,
-                             names, seed, budget_s, len(index))
+        document = _document(evolved, dp.plan, dp_timed, {n: p for n, p in single.items() if n in timed},
+                             sg, est, accepts, names, seed, budget_s, len(index))
     finally:
         est.close()
     return TuneResult(evolved.plan, document, evolved, dp.plan, single, len(index), est)
 
 
-def _time_seeds(single: dict[str, Plan], est: MeasuredEstimator, deadline: float, report: OnProgress) -> set[str]:
-    """Times the single-backend plans whole (tag ``seed``), the default backend's first and always, the
-    others until the deadline; returns the names timed."""
-    order = sorted(single, key=lambda n: (n != DEFAULT_BACKEND, n))
+#: Seeds in this order: the default backend first (its build is also the reference every plan is checked
+#: against), then graph engines (one engine compile; IREE compiles only the glue), libraries, and other
+#: codegen backends last (another whole-model IREE compile each).
+_SEED_ORDER = (BackendKind.GRAPH, BackendKind.LIBRARY, BackendKind.CODEGEN)
+
+
+def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
+                report: OnProgress) -> tuple[set[str], float]:
+    """Times the single-backend plans whole (tag ``seed``), the default backend's always, the others in
+    ``_SEED_ORDER`` until the deadline; returns the names timed and the longest wall time one took."""
+    kind = {b.name: b.kind for b in backends}
+    order = sorted(single, key=lambda n: (n != DEFAULT_BACKEND, _SEED_ORDER.index(kind[n]), n))
     timed: set[str] = set()
+    longest = 0.0
     for k, name in enumerate(order):
         if name != DEFAULT_BACKEND and time.monotonic() > deadline:
             break
+        t0 = time.monotonic()
         c = est.plan_time(single[name], tag="seed")
+        longest = max(longest, time.monotonic() - t0)
         timed.add(name)
         report("seeds", k + 1, len(order), f"{name} {c.seconds * 1e3:.3f} ms" if c.usable else f"{name} {c.kind.value}")
-    return timed
+    return timed, longest
 
 
-def _document(evolved: EvolveResult, dp_plan: Plan, single: dict[str, Plan], sg: SearchGraph, est: MeasuredEstimator,
-              accepts, names: list[str], seed: int, budget_s: float, candidates: int) -> dict:
+def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict[str, Plan], sg: SearchGraph,
+              est: MeasuredEstimator, accepts, names: list[str], seed: int, budget_s: float, candidates: int) -> dict:
     """The plan JSON (readable by ``Plan.from_json``) with a record of the tuning: per region its cost,
-    runner-up and why; predicted and measured end-to-end times of the plan, the DP plan and each
-    single-backend plan timed (``single``). Holds no wall-clock figures, so a rerun on the same DB writes
+    runner-up and why; predicted and measured end-to-end times of the plan, the DP plan (measured when
+    ``dp_timed``) and each single-backend plan timed (``single``). Holds no wall-clock figures, so a rerun on the same DB writes
     the same bytes."""
     plan = evolved.plan
 
@@ -209,7 +231,7 @@ def _document(evolved: EvolveResult, dp_plan: Plan, single: dict[str, Plan], sg:
         "why": evolved.why,
         "plan": {"predicted_s": predicted(plan), "measured_s": evolved.chosen.median_s,
                  "spread": evolved.chosen.spread, "from": evolved.chosen.name},
-        "dp": {"predicted_s": predicted(dp_plan), "measured_s": measured_s(dp_plan),
+        "dp": {"predicted_s": predicted(dp_plan), "measured_s": measured_s(dp_plan) if dp_timed else None,
                "regions": len(dp_plan.regions)},
         "single_backend": {name: {"predicted_s": predicted(p), "measured_s": measured_s(p),
                                   "regions": len(p.regions)} for name, p in single.items()},
