@@ -21,6 +21,7 @@ from collage_runtime.package import pack
 
 from . import __version__
 from .backends import registry
+from .backends.iree_cpu import DEFAULT_IREE_ARGS, iree_compile
 from .errors import CollageError
 from .ir import ir, passmanager
 from .dialects import collage
@@ -29,7 +30,6 @@ from .passes.lower import library_regions
 from .plan import Plan
 
 MODULE_FILE = "main.vmfb"
-DEFAULT_IREE_ARGS = ("--iree-llvmcpu-target-cpu=host",)
 
 
 @dataclass
@@ -68,24 +68,6 @@ def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
     mod_op = module.operation
     return Partitioned(plan, library_regions(module), collage.json_attr(mod_op, collage.DEVICES, []),
                        collage.json_attr(mod_op, collage.IREE_FLAGS, []))
-
-
-def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), **iree_kwargs) -> bytes:
-    """Compiles the partitioned module for the host CPU with IREE; errors become one CollageError."""
-    from iree.compiler import tools
-
-    data = module.operation.get_asm(binary=True)
-    kwargs = {"target_backends": ["llvm-cpu"], "input_type": "auto"} | iree_kwargs
-    if "hal.device.targets" in module.operation.attributes:
-        # The module declares its devices (collage-place-devices); a target-backends flag besides
-        # makes IREE 3.13 crash.
-        kwargs["target_backends"] = []
-    extra = list(DEFAULT_IREE_ARGS) + list(kwargs.pop("extra_args", [])) + list(iree_args)
-    try:
-        return tools.compile_str(data, extra_args=extra, **kwargs)
-    except tools.CompilerToolError as exc:
-        lines = [ln for ln in str(exc).splitlines() if "error:" in ln]
-        raise CollageError("IREE compilation failed: " + (lines[0].strip() if lines else " ".join(str(exc).split())[:400]))
 
 
 def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str = "<module>",

@@ -12,6 +12,7 @@ from typing import Iterable, Iterator
 import networkx as nx
 
 from .dialects import collage
+from .dialects.stablehlo import split_complex_constants
 from .ir import ir, location_text
 
 
@@ -47,6 +48,21 @@ def body_ops(func: ir.Operation) -> Iterator[ir.Operation]:
         op = op.operation
         if op.name != "func.return":
             yield op
+
+
+def number_ops(module: ir.Module | ir.Operation) -> None:
+    """Gives every top-level op of every public function a stable ``collage.id``: functions in module
+    order, ops in block order, from 0, so the same module text always gets the same ids and plans written
+    against it stay valid. Complex constants are split into real and imaginary parts first
+    (``stablehlo.split_complex_constants``): the Python bindings cannot read them, and every later step
+    reads constants. Idempotent."""
+    with module.operation.context:
+        split_complex_constants(module)
+        next_id = 0
+        for func in public_funcs(module):
+            for op in body_ops(func):
+                collage.set_op_id(op, next_id)
+                next_id += 1
 
 
 def nested_ops(op: ir.Operation) -> list[ir.Operation]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from collage_runtime.types import byte_dtype
 
+from ..backends.iree_cpu import iree_compile
 from ..dialects import collage
 from ..errors import CollageError
 from ..graph import public_funcs
@@ -83,10 +84,6 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
     """Runs each public function of the (numbered) module with IREE alone on ``inputs`` and returns
     the values ``wanted``: function arguments are the inputs themselves, op results are captured by
     returning them as extra results of a copy of the module."""
-    import iree.runtime as rt
-
-    from ..artifact import iree_compile
-
     wanted = set(wanted)
     values: dict[ValueRef, np.ndarray] = {}
     for ref in wanted:
@@ -105,6 +102,18 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
             extra[name] = refs
     if not extra:
         return values
+    results = invoke_alone(module, {name: inputs[name] for name in extra})
+    for name, refs in extra.items():
+        for ref, arr in zip(refs, results[name][len(results[name]) - len(refs):]):
+            values[ref] = arr
+    return values
+
+
+def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    """Compiles ``module`` with IREE alone and calls each function of ``calls`` on its arguments: every
+    result, as arrays that own their data."""
+    import iree.runtime as rt
+
     try:
         vmfb = iree_compile(module)
     except CollageError as exc:
@@ -114,14 +123,13 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
     vm_module = rt.VmModule.copy_buffer(ctx.instance, vmfb)
     ctx.add_vm_module(vm_module)
     functions = getattr(ctx.modules, vm_module.name)
-    for name, refs in extra.items():
-        result = functions[name](*[np.require(a, requirements="C") for a in inputs[name]])
+    out: dict[str, list[np.ndarray]] = {}
+    for name, args in calls.items():
+        result = functions[name](*[np.require(a, requirements="C") for a in args])
         result = list(result) if isinstance(result, (tuple, list)) else [result]
-        tail = result[len(result) - len(refs):]
-        for ref, arr in zip(refs, tail):
-            # A copy: ``to_host`` may map the device buffer, which must not outlive the context.
-            values[ref] = np.array(arr.to_host() if hasattr(arr, "to_host") else arr, copy=True)
-        del result, tail, arr
+        # Copies: ``to_host`` may map the device buffer, which must not outlive the context.
+        out[name] = [np.array(r.to_host() if hasattr(r, "to_host") else r, copy=True) for r in result]
+        del result
     del functions, ctx, vm_module, config
     gc.collect()
-    return values
+    return out

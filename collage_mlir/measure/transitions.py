@@ -18,8 +18,8 @@ import numpy as np
 
 from . import HARNESS_VERSION
 from ..backends import Backend
+from ..graph import number_ops
 from ..ir import new_context, parse_module
-from ..passes.number_ops import NumberOpsPass
 from ..plan import Plan, Region
 from .db import CostDB, Transition
 from .device import device_fingerprint
@@ -56,7 +56,7 @@ def measure_transitions(backends: Sequence[Backend], db: CostDB, options: Measur
     if not todo or options.spent():
         return found
     module = parse_module(probe_module(n), new_context())
-    NumberOpsPass().run(module)
+    number_ops(module)
     used = list({b.name: b for _, a, b2 in todo for b in (a, b2)}.values())
     alone = measure_regions(module, [(frozenset({0}), b.name) for b in used], db, options=options).rows
     rng = np.random.default_rng(options.seed)

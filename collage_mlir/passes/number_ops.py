@@ -1,20 +1,15 @@
-"""`collage-number-ops`: gives every top-level op of every public function a stable ``collage.id``.
+"""`collage-number-ops`: gives every top-level op of every public function a stable ``collage.id``
+(``graph.number_ops``: deterministic, so plans written against a module stay valid; complex constants are
+split first, since the Python bindings cannot read them).
 
-Numbering is deterministic: functions in module order, ops in block order, from 0. The same module
-text always gets the same ids, so plans written against it stay valid.
-
-Every collage pipeline starts here, so this is also where complex constants are split into real and
-imaginary parts (``stablehlo.split_complex_constants``): the Python bindings cannot read them, and every
-later step reads constants. Ids are given after the split.
+Every collage pipeline starts here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dialects import collage
-from ..dialects.stablehlo import split_complex_constants
-from ..graph import body_ops, public_funcs
+from ..graph import number_ops
 from ..ir import ir
 from . import ModulePass
 
@@ -25,10 +20,4 @@ class NumberOpsPass(ModulePass):
     summary = "Number the ops of public functions with collage.id"
 
     def run(self, module: ir.Module | ir.Operation) -> None:
-        with module.operation.context:
-            split_complex_constants(module)
-            next_id = 0
-            for func in public_funcs(module):
-                for op in body_ops(func):
-                    collage.set_op_id(op, next_id)
-                    next_id += 1
+        number_ops(module)
