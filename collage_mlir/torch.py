@@ -29,7 +29,13 @@ DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "seed", "db", "threads")
 
 
 class CompiledModule:
-    """A model compiled by collage: call it with tensors like the model; results come back as tensors."""
+    """A model compiled by collage: call it with tensors like the model; results come back as tensors.
+
+    No copies on the way in or out (``Program.invoke_dlpack``): a contiguous CPU tensor whose data is
+    64-byte aligned (any tensor torch allocates; not a view at an offset) is read in place, and each result
+    is a tensor over the IREE result buffer (``torch.from_dlpack``; the tensor keeps the buffer alive). An
+    unaligned or strided input, a tensor on another device, or a sub-byte/empty result is copied once. A
+    result can share memory with an input, as in eager PyTorch, where the model returns that input."""
 
     def __init__(self, program, out_spec, choice: PlanChoice):
         self.program = program
@@ -38,12 +44,15 @@ class CompiledModule:
         self._out_spec = out_spec
 
     def __call__(self, *args):
+        import numpy as np
         import torch
         from torch.utils import _pytree as pytree
 
-        arrays = [a.detach().cpu().contiguous().numpy() if isinstance(a, torch.Tensor) else a for a in args]
-        outs = self.program.invoke("main", *arrays)
-        tensors = [torch.from_numpy(o) for o in outs]  # shares the host arrays' memory
+        # detach: DLPack refuses tensors that require grad; cpu(): a no-op for a CPU tensor.
+        inputs = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
+        outs = self.program.invoke_dlpack("main", *inputs)
+        # Host arrays (results IREE cannot export) may be read-only, which DLPack cannot say: from_numpy.
+        tensors = [torch.from_numpy(o) if isinstance(o, np.ndarray) else torch.from_dlpack(o) for o in outs]
         return pytree.tree_unflatten(tensors, self._out_spec)
 
 

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 
 import iree.runtime as rt
 import numpy as np
+from iree.runtime.dtypes import map_dtype_to_hal_element_type
 
 from .manifest import MANIFEST, ArtifactError, load_manifest
 from .package import is_package, unpack
@@ -46,6 +47,8 @@ class Program:
         # One thread budget for every engine in the program (default: all usable cores).
         self.engines = Engines(usable_cores() if threads is None else threads)
         self.config = rt.Config(device=iree_device(driver, self.engines.threads))
+        # The CPU drivers' buffers are host memory: DLPack tensors are imported and exported in place.
+        self._host_memory = driver in ("local-task", "local-sync")
         device = self.config.device
         devices = len(self.manifest.get("devices") or ()) or 1
         if devices > 1:
@@ -89,25 +92,63 @@ class Program:
         return [f for f in self._main.function_names if not f.startswith("__")]
 
     def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Runs function ``name`` on host arrays; returns its results as host arrays."""
+        """Runs function ``name`` on host arrays; returns its results as host arrays. IREE copies each
+        input into a buffer of its own; a result is a view of the result's buffer where IREE can map it."""
+        # Only arrays are made contiguous here: anything else is for check_inputs to refuse.
+        contiguous = [np.require(a, requirements="C") if isinstance(a, (np.ndarray, np.generic)) else a
+                      for a in arrays]  # keeps rank 0
+        result, specs = self._call(name, contiguous)
+        return tuple(_to_host(r, specs[k] if k < len(specs) else None) for k, r in enumerate(result))
+
+    def invoke_dlpack(self, name: str, *tensors) -> tuple:
+        """Runs function ``name`` on host tensors given through DLPack (``__dlpack__``: torch CPU tensors,
+        numpy arrays). On the CPU drivers a dense input whose data is 64-byte aligned is read in place
+        (IREE refuses to import unaligned memory: such an input, a strided one, or a value without
+        ``__dlpack__`` is copied in as by ``invoke``), and a result comes back as a ``DLPackResult`` over
+        the result's own buffer (``torch.from_dlpack(r)``: no copy; the tensor keeps the buffer alive).
+        Results IREE cannot export (sub-byte or empty tensors, non-tensors) are host arrays as ``invoke``
+        returns them. A result may share memory with an input (the function returns that input)."""
+        signature = self._signatures.get(name)
+        specs = signature.inputs if signature is not None else ()
+        values = [self._import(t, specs[k] if k < len(specs) else None) for k, t in enumerate(tensors)]
+        result, specs = self._call(name, values)
+        return tuple(self._export(r, specs[k] if k < len(specs) else None) for k, r in enumerate(result))
+
+    def _import(self, tensor, spec: TensorSpec | None):
+        """``tensor`` as a buffer view over its own memory, or else as a host array (which IREE copies)."""
+        if (self._host_memory and hasattr(tensor, "__dlpack__") and spec is not None and spec.dtype is not None
+                and spec.element not in SUB_BYTE_BITS and tensor.__dlpack_device__()[0] == _DL_CPU):
+            try:
+                return self.config.device.from_dlpack_capsule(tensor.__dlpack__())
+            except (IndexError, ValueError, RuntimeError):  # unaligned or strided: IREE copies it below
+                pass
+        return np.require(np.from_dlpack(tensor), requirements="C") if hasattr(tensor, "__dlpack__") else tensor
+
+    def _export(self, value, spec: TensorSpec | None):
+        if (self._host_memory and isinstance(value, rt.DeviceArray) and spec is not None and spec.dtype is not None
+                and spec.element not in SUB_BYTE_BITS and 0 not in value.shape):
+            return DLPackResult(self.config.device, value._buffer_view)
+        return _to_host(value, spec)
+
+    def _call(self, name: str, values: Sequence) -> tuple[Sequence, tuple[TensorSpec | None, ...]]:
+        """Runs ``name`` on checked inputs (host arrays or buffer views); its raw results and their specs."""
         if name not in self.functions:
             raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self.functions)})")
         signature = self._signatures.get(name)
         if signature is not None:
-            check_inputs(name, signature, arrays)
+            check_inputs(name, signature, values)
         self._failures.clear()
         try:
-            result = self._functions[name](*[np.require(a, requirements="C") for a in arrays])  # keeps rank 0
+            result = self._functions[name](*values)
         except RuntimeError:
             if self._failures:  # a region's engine raised: say which, in one line
                 raise self._failures[-1] from None
             raise
         if result is None:
-            return ()
-        if not isinstance(result, (tuple, list)):
+            result = ()
+        elif not isinstance(result, (tuple, list)):
             result = (result,)
-        specs = signature.outputs if signature is not None else ()
-        return tuple(_to_host(r, specs[k] if k < len(specs) else None) for k, r in enumerate(result))
+        return result, signature.outputs if signature is not None else ()
 
     def device_function(self, name: str) -> Callable:
         """Function ``name`` taking and returning device arrays (see ``to_device``): for timing loops that
@@ -146,10 +187,37 @@ def check_inputs(function: str, signature: Signature, arrays: Sequence) -> None:
             continue
         if isinstance(array, np.generic):  # a numpy scalar is a rank-0 array
             array = np.asarray(array)
+        if isinstance(array, rt.HalBufferView):  # an imported tensor (invoke_dlpack)
+            if not (spec.dtype is not None and int(array.element_type) == int(map_dtype_to_hal_element_type(spec.dtype))
+                    and len(array.shape) == len(spec.shape)
+                    and all(d is None or d == n for d, n in zip(spec.shape, array.shape))):
+                raise InputError(f"{function}: input {k}: expected {spec}, got a tensor of element type "
+                                 f"{rt.HalElementType(array.element_type).name}{list(array.shape)}", k)
+            continue
         if not isinstance(array, np.ndarray):
             raise InputError(f"{function}: input {k}: expected {spec} as a numpy array, got {type(array).__name__}", k)
         if not spec.accepts(array):
             raise InputError(f"{function}: input {k}: expected {spec}, got {array.dtype}{list(array.shape)}", k)
+
+
+#: DLPack's device type of host memory (kDLCPU).
+_DL_CPU = 1
+
+
+class DLPackResult:
+    """A function's result as a DLPack producer over its own buffer (``torch.from_dlpack``,
+    ``np.from_dlpack``): the consumer's tensor shares the memory and keeps the buffer alive."""
+
+    def __init__(self, device: rt.HalDevice, view: rt.HalBufferView):
+        self._device, self._view = device, view
+        self.shape = tuple(view.shape)
+
+    def __dlpack__(self, **protocol):  # stream, max_version, dl_device, copy: host memory, nothing to do
+        # IREE makes DLPack 0.x capsules, which every consumer of the 1.x protocol still takes.
+        return self._device.create_dlpack_capsule(self._view, _DL_CPU, 0)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_DL_CPU, 0)
 
 
 def _to_host(value, spec: TensorSpec | None) -> np.ndarray:

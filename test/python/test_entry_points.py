@@ -40,3 +40,32 @@ def test_unknown_plan_is_a_collage_error(torch):
 
     with pytest.raises(CollageError, match="no-such-backend"):
         collage_mlir.torch.compile(mlp(), [torch.randn(4, 32)], plan="prefer:no-such-backend")
+
+
+def test_tensors_go_in_and_come_out_without_copies(torch):
+    """An aligned CPU tensor is read in place and results are tensors over IREE's result buffers: the
+    returned input is the input's own memory. Unaligned, strided and wrongly typed inputs still work, or
+    are refused, as with copies."""
+    import collage_mlir.torch
+    from collage_runtime.program import InputError
+
+    class PassAndCombine(torch.nn.Module):
+        def forward(self, x, y):
+            return x, x * y + 1.0
+
+    model, x, y = PassAndCombine(), torch.randn(64, 16), torch.randn(64, 16)
+    compiled = collage_mlir.torch.compile(model, [x, y])
+    same, combined = compiled(x, y)
+    assert same.data_ptr() == x.data_ptr()  # in through DLPack, out through DLPack: never copied
+    torch.testing.assert_close(combined, x * y + 1.0, rtol=1e-4, atol=1e-5)
+    (result,) = compiled.program.invoke_dlpack("main", x, y)[1:]
+    assert torch.from_dlpack(result).data_ptr() == torch.from_dlpack(result).data_ptr()  # the buffer itself
+
+    unaligned = torch.randn(64 * 16 + 1)[1:].view(64, 16)  # IREE imports only 64-byte aligned memory
+    strided = torch.randn(16, 64).T
+    for a, b in ((unaligned, y), (x, strided)):
+        out = compiled(a, b)
+        torch.testing.assert_close(out[0], a)
+        torch.testing.assert_close(out[1], a * b + 1.0, rtol=1e-4, atol=1e-5)
+    with pytest.raises(InputError, match="input 0: expected tensor<64x16xf32>, got .*FLOAT_64"):
+        compiled(x.double(), y)
