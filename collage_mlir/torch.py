@@ -69,7 +69,10 @@ def compile(model, example_inputs: Sequence, *, plan: str | None = None,  # noqa
 
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(model(*example_inputs))
-    module = import_torch(model, list(example_inputs), new_context())
+    with warnings.catch_warnings():
+        # torch.export (2.13) warns about its own use of a deprecated pytree class: nothing to act on.
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
+        module = import_torch(model, list(example_inputs), new_context())
     tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
     examples = {"main": [a.detach().cpu().numpy() for a in example_inputs]} if tuning else None
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
@@ -80,14 +83,91 @@ def compile(model, example_inputs: Sequence, *, plan: str | None = None,  # noqa
 
 def dynamo_backend(gm, example_inputs: Sequence, options: dict | None = None) -> Callable[..., Any]:
     """torch.compile backend ``collage`` (``options``: ``compile``'s keywords, e.g. ``tune_budget``); eager
-    with one warning where collage cannot."""
+    with one warning where collage cannot. The graph is compiled with the module's weights frozen in as
+    constants (``DynamoGraph``), so it imports to the module ``compile(model, ...)`` imports and finds the
+    plan tuned for the model."""
     try:
         unknown = sorted(set(options or {}) - set(DYNAMO_OPTIONS))
         if unknown:
             raise CollageError(f"unknown collage option(s) {', '.join(unknown)} (known: {', '.join(DYNAMO_OPTIONS)})")
-        compiled = compile(gm, example_inputs, **(options or {}))
+        compiled = DynamoGraph(gm, example_inputs, options or {})
     except (CollageError, Exception) as exc:  # noqa: BLE001  any failure falls back, as torch backends do
         why = " ".join(str(exc).split())[:200] or type(exc).__name__
         warnings.warn(f"collage: running this graph eagerly: {why}", RuntimeWarning, stacklevel=2)
         return gm.forward
     return compiled
+
+
+class DynamoGraph:
+    """A graph dynamo captured, compiled with its weights as constants.
+
+    Dynamo passes a module's parameters and buffers to the graph as inputs; imported like that, the graph
+    would differ from the model's own import (weights as arguments, not constants), miss the plan tuned
+    for the model, and keep IREE and the backends from folding and packing weights. So the weight inputs
+    are frozen into the graph (``freeze_weights``), which then imports to the same module, and the
+    program takes only the real inputs. Dynamo does not recompile when weights change, so each call
+    checks that the weights are the same tensors, unmodified (storage and version counter), and compiles
+    again with the current ones when not."""
+
+    def __init__(self, gm, example_inputs: Sequence, options: dict):
+        self._gm, self._options = gm, options
+        self._weights = [k for k, node in enumerate(_placeholders(gm)) if _is_weight(node, example_inputs[k])]
+        self._compile(example_inputs)
+
+    def _compile(self, args: Sequence) -> None:
+        frozen = freeze_weights(self._gm, {k: args[k] for k in self._weights})
+        self._seen = [_identity(args[k]) for k in self._weights]
+        self.compiled = compile(frozen, self._real(args), **self._options)
+
+    def _real(self, args: Sequence) -> list:
+        weights = set(self._weights)
+        return [a for k, a in enumerate(args) if k not in weights]
+
+    def __call__(self, *args):
+        if [_identity(args[k]) for k in self._weights] != self._seen:
+            self._compile(args)
+        return self.compiled(*self._real(args))
+
+
+def freeze_weights(gm, weights: dict):
+    """A copy of fx graph ``gm`` whose placeholders ``weights`` (position → tensor) read attributes
+    holding those tensors (not copied): parameters stay parameters, buffers buffers."""
+    import torch
+
+    graph = torch.fx.Graph()  # a copy node by node: deepcopy warns about torch's own pytree specs
+    graph.output(graph.graph_copy(gm.graph, {}))
+    frozen = torch.fx.GraphModule(gm, graph)
+    for k, node in enumerate(_placeholders(frozen)):
+        if k not in weights:
+            continue
+        name = f"_collage_weight_{k}"
+        tensor = weights[k].detach()
+        if isinstance(weights[k], torch.nn.Parameter):
+            frozen.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=False))
+        else:
+            frozen.register_buffer(name, tensor)
+        with graph.inserting_before(node):
+            attribute = graph.get_attr(name)
+        node.replace_all_uses_with(attribute)
+        graph.erase_node(node)
+    frozen.recompile()
+    return frozen
+
+
+def _placeholders(gm) -> list:
+    return [node for node in gm.graph.nodes if node.op == "placeholder"]
+
+
+def _is_weight(node, example) -> bool:
+    """Whether dynamo passes placeholder ``node`` a module's parameter or buffer (its guard source)."""
+    import torch
+
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    if source is None or not isinstance(example, torch.Tensor):
+        return False
+    return source.guard_source.is_unspecialized_nn_module() or source.guard_source.is_specialized_nn_module()
+
+
+def _identity(tensor) -> tuple[int, int, int]:
+    # The version counter counts in-place changes (an optimizer step, copy_ under no_grad).
+    return id(tensor), tensor.data_ptr(), tensor._version

@@ -69,3 +69,38 @@ def test_tensors_go_in_and_come_out_without_copies(torch):
         torch.testing.assert_close(out[1], a * b + 1.0, rtol=1e-4, atol=1e-5)
     with pytest.raises(InputError, match="input 0: expected tensor<64x16xf32>, got .*FLOAT_64"):
         compiled(x.double(), y)
+
+
+def test_torch_compile_finds_the_plan_tuned_for_the_model(torch, tmp_path, monkeypatch):
+    """dynamo hands over the weights as graph inputs; frozen back in as constants, its graph imports to
+    the model's own module, so a plan recorded for the model (as `collage tune pkg:factory` does) is
+    found. Changed weights compile again rather than run stale constants."""
+    import collage_mlir.torch
+    from collage_mlir import entry
+    from collage_mlir.backends import get_backend
+    from collage_mlir.frontends.torch import import_torch
+    from collage_mlir.graph import Graph
+    from collage_mlir.ir import new_context
+    from collage_mlir.search.simple_plans import preferred_plan
+
+    model, x = mlp(), torch.randn(4, 32)
+    module = import_torch(model, [x], new_context())
+    key = entry.module_key(module)
+    entry.record_tuned_plan(tmp_path / "c.sqlite", key, preferred_plan(Graph(module), [get_backend("onednn")]).to_json())
+    compiled = []
+    real = collage_mlir.torch.compile
+    monkeypatch.setattr(collage_mlir.torch, "compile", lambda *a, **k: compiled.append(real(*a, **k)) or compiled[-1])
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to eager
+        run = torch.compile(model, backend="collage", options={"db": str(tmp_path / "c.sqlite")})
+        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+    assert [c.plan_how for c in compiled] == ["tuned before"]
+    assert {r.backend for r in compiled[0].plan.regions} == {"onednn"}
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)
+    torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+    run(x)
+    assert len(compiled) == 2  # compiled again once, for the changed weights
+    torch._dynamo.reset()
