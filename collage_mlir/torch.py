@@ -9,8 +9,10 @@ The model goes through the torch frontend (torch-mlir's fx importer to StableHLO
 placed by a plan (``collage_mlir.entry.choose_plan``: the one tuned before for this structure, found in the
 cost DB by structural hash; else a tune within ``tune_budget``; else the default plan; or the ``plan``
 named: ``default``, ``random:N``, ``prefer:B1,B2``, a plan file, ``tune``), compiled into an artifact
-under the cache directory, and returned as a callable on torch tensors. A graph collage cannot take
-falls back to eager PyTorch with one warning naming the reason.
+under the cache directory, and returned as a callable on torch tensors, which passes them in and out
+through DLPack without copies (``CompiledModule``). A graph collage cannot take falls back to eager
+PyTorch with one warning naming the reason. ``torch.compile`` compiles dynamo's graph with the weights
+frozen back in (``DynamoGraph``): the same module as ``compile(model, ...)``, so the same tuned plan.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ class DynamoGraph:
     are frozen into the graph (``freeze_weights``), which then imports to the same module, and the
     program takes only the real inputs. Dynamo does not recompile when weights change, so each call
     checks that the weights are the same tensors, unmodified (storage and version counter), and compiles
-    again with the current ones when not."""
+    again with the current ones when not. Where dynamo splits a model into several graphs (graph breaks),
+    each is a module of its own, and a plan tuned for the whole model fits none of them."""
 
     def __init__(self, gm, example_inputs: Sequence, options: dict):
         self._gm, self._options = gm, options
