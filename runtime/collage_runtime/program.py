@@ -120,9 +120,11 @@ class Program:
                 and spec.element not in SUB_BYTE_BITS and tensor.__dlpack_device__()[0] == _DL_CPU):
             try:
                 return self.config.device.from_dlpack_capsule(tensor.__dlpack__())
-            except (IndexError, ValueError, RuntimeError):  # unaligned or strided: IREE copies it below
+            except (IndexError, ValueError, RuntimeError, BufferError):  # unaligned, strided, read-only
                 pass
-        return np.require(np.from_dlpack(tensor), requirements="C") if hasattr(tensor, "__dlpack__") else tensor
+        if isinstance(tensor, np.ndarray) or not hasattr(tensor, "__dlpack__"):
+            return np.require(tensor, requirements="C") if isinstance(tensor, np.ndarray) else tensor
+        return np.require(np.from_dlpack(tensor), requirements="C")  # IREE copies it
 
     def _export(self, value, spec: TensorSpec | None):
         if (self._host_memory and isinstance(value, rt.DeviceArray) and spec is not None and spec.dtype is not None

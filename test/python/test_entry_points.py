@@ -69,6 +69,10 @@ def test_tensors_go_in_and_come_out_without_copies(torch):
         torch.testing.assert_close(out[1], a * b + 1.0, rtol=1e-4, atol=1e-5)
     with pytest.raises(InputError, match="input 0: expected tensor<64x16xf32>, got .*FLOAT_64"):
         compiled(x.double(), y)
+    frozen = x.numpy().copy()
+    frozen.flags.writeable = False  # DLPack cannot say read-only: numpy refuses to export it, so it is copied
+    _, out = compiled.program.invoke_dlpack("main", frozen, y.numpy())
+    torch.testing.assert_close(torch.from_dlpack(out), x * y + 1.0, rtol=1e-4, atol=1e-5)
 
 
 def test_torch_compile_finds_the_plan_tuned_for_the_model(torch, tmp_path, monkeypatch):
