@@ -24,9 +24,6 @@ import io
 import re
 from pathlib import Path
 
-import numpy as np
-from collage_runtime.types import byte_dtype
-
 from ..dialects import stablehlo as sh
 from ..ir import ir
 from .base import BackendKind, OpSetBackend, RegionArtifact, Tolerance
@@ -117,31 +114,12 @@ def nested_ops_supported(op: ir.Operation) -> str | None:
 
 _RESOURCE_SECTION = re.compile(r"\{-#.*?#-\}", re.S)
 _RESOURCE_REF = re.compile(r"^dense_resource<(.*)>\s*:")
-#: Constants are read out of their resource blobs this many bytes at a time: ``resource_arrays`` prints
-#: them as hex text, and BERT-base's 440 MB of weights at once cost ~2 GB of transient strings.
-_READ_CHUNK_BYTES = 64 << 20
 
 
 def _strip_collage_attrs(op: ir.Operation) -> None:
     attrs = op.attributes
     for name in [attrs[k].name for k in range(len(attrs)) if attrs[k].name.startswith("collage.")]:
         del attrs[name]
-
-
-def _chunks(constants: list[ir.Operation]):
-    """``constants`` in consecutive groups of at most ``_READ_CHUNK_BYTES`` of static tensor data."""
-    group, size = [], 0
-    for op in constants:
-        tt = sh.tensor_type(op.results[0])
-        dtype = byte_dtype(tt[1]) if tt else None
-        nbytes = int(np.prod(tt[0], dtype=np.int64)) * dtype.itemsize if dtype is not None else 0
-        if group and size + nbytes > _READ_CHUNK_BYTES:
-            yield group
-            group, size = [], 0
-        group.append(op)
-        size += nbytes
-    if group:
-        yield group
 
 
 def region_module(func: ir.Operation) -> ir.Module:
@@ -158,21 +136,20 @@ def region_module(func: ir.Operation) -> ir.Module:
         for op in ops:
             _strip_collage_attrs(op)
         constants = [op for op in ops if op.name in ("stablehlo.constant", "arith.constant")]
-        for chunk in _chunks(constants):
-            for op, blob in zip(chunk, sh.resource_arrays(chunk)):
-                value = op.attributes["value"]
-                m = _RESOURCE_REF.match(str(value))
-                if m:
-                    if blob is None:
-                        raise ValueError(f"dense_resource {m.group(1)} has no readable blob (was it elided?)")
-                    value = (ir.DenseElementsAttr.get(blob, type=op.results[0].type) if blob.dtype.kind in "fiu"
-                             else ir.Attribute.parse(f'dense<"0x{blob.tobytes().hex()}"> : {op.results[0].type}'))
-                if op.name == "arith.constant" or m:
-                    with ir.InsertionPoint(op), op.location:
-                        new = ir.Operation.create("stablehlo.constant", results=[op.results[0].type],
-                                                  attributes={"value": value})
-                    op.results[0].replace_all_uses_with(new.results[0])
-                    op.erase()
+        for op, blob in zip(constants, sh.resource_arrays(constants)):
+            value = op.attributes["value"]
+            m = _RESOURCE_REF.match(str(value))
+            if m:
+                if blob is None:
+                    raise ValueError(f"dense_resource {m.group(1)} has no readable blob (was it elided?)")
+                value = (ir.DenseElementsAttr.get(blob, type=op.results[0].type) if blob.dtype.kind in "fiu"
+                         else ir.Attribute.parse(f'dense<"0x{blob.tobytes().hex()}"> : {op.results[0].type}'))
+            if op.name == "arith.constant" or m:
+                with ir.InsertionPoint(op), op.location:
+                    new = ir.Operation.create("stablehlo.constant", results=[op.results[0].type],
+                                              attributes={"value": value})
+                op.results[0].replace_all_uses_with(new.results[0])
+                op.erase()
     return module
 
 

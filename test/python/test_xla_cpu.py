@@ -98,23 +98,6 @@ def test_dense_resource_weights_are_inlined(torch, tmp_path):
 
 
 
-def test_weights_read_in_chunks_are_the_same_module(torch, monkeypatch):
-    """Weights are read out of their resource blobs a bounded number of bytes at a time (a whole
-    BERT-base at once cost ~2 GB of transient hex text): one constant per chunk builds the same module."""
-    from torch import nn
-
-    from collage_mlir.backends import xla_cpu
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8)).eval()
-    module = import_torch(model, [torch.randn(2, 16)], new_context())
-    main = next(f for f in module.body.operations if str(f.attributes["sym_name"]).strip('"') == "main")
-    whole = xla_cpu.region_module_text(main)
-    monkeypatch.setattr(xla_cpu, "_READ_CHUNK_BYTES", 1)
-    assert len(list(xla_cpu._chunks([o for o in main.regions[0].blocks[0].operations
-                                     if o.name == "stablehlo.constant"]))) >= 4
-    assert xla_cpu.region_module_text(main) == whole and "dense_resource" not in whole
-
 # --- inline StableHLO: reductions, i64 --------------------------------------------------------------
 
 REDUCTIONS = """
