@@ -105,6 +105,22 @@ def test_regions_load_in_order_and_reused_tensors_see_new_data(backend, tmp_path
             for _ in range(2):  # device-resident inputs: the same addresses call after call
                 np.testing.assert_allclose(np.asarray(f(dx, dw)), ref, rtol=1e-4, atol=1e-4)
 
+
+def test_openvino_compiled_model_cache_is_opt_in(tmp_path, monkeypatch):
+    """COLLAGE_OPENVINO_CACHE_DIR: the first load fills the cache, a second load imports from it and
+    computes what a load without the cache computes."""
+    pytest.importorskip("openvino")
+    boundary.compile_region("openvino", 64, tmp_path / "art")
+    a, b = np.ones((8, 8), np.float32), np.eye(8, dtype=np.float32) * 2
+    with collage_runtime.load(tmp_path / "art") as prog:
+        want = prog.invoke("mm", a, b)[0]
+    cache = tmp_path / "ov-cache"
+    monkeypatch.setenv("COLLAGE_OPENVINO_CACHE_DIR", str(cache))
+    for _ in range(2):
+        with collage_runtime.load(tmp_path / "art") as prog:
+            np.testing.assert_array_equal(prog.invoke("mm", a, b)[0], want)
+        assert any(cache.iterdir())
+
 def test_boundary_bench_small():
     row = boundary.measure("ort", 256, rounds=3)
     assert row["floor_us"] > 0 and row["e2e_us"] > 0
