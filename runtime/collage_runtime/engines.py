@@ -25,6 +25,7 @@ Engine objects are created on first use, so a program without OpenVINO regions n
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -62,6 +63,8 @@ class Engines:
 
     threads: int
     _openvino_core: Any = field(default=None, repr=False)
+    # Regions may load on several threads at once (rt_module.load_executors): one of them creates the core.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
@@ -87,15 +90,17 @@ class Engines:
         compiling: ~3x less CPU per region (ResNet-50's 275 regions: see docs/runtime.md). Opt-in because
         it writes outside the artifact."""
 
-        if self._openvino_core is None:
-            import openvino as ov
+        with self._lock:
+            if self._openvino_core is None:
+                import openvino as ov
 
-            self._openvino_core = ov.Core()
-            cache = os.environ.get("COLLAGE_OPENVINO_CACHE_DIR")
-            if cache:
-                import openvino.properties as props
+                core = ov.Core()
+                cache = os.environ.get("COLLAGE_OPENVINO_CACHE_DIR")
+                if cache:
+                    import openvino.properties as props
 
-                self._openvino_core.set_property({props.cache_dir: cache})
+                    core.set_property({props.cache_dir: cache})
+                self._openvino_core = core
         return self._openvino_core
 
     def openvino_config(self) -> dict:

@@ -87,6 +87,12 @@ def test_regions_load_in_order_and_reused_tensors_see_new_data(backend, tmp_path
 
     assert loads_concurrently("collage_runtime.executors.openvino_model")
     assert not loads_concurrently("collage_runtime.executors.onnxruntime_session")
+    if backend == "openvino":  # regions loading at once still share the program's one ov.Core
+        from concurrent.futures import ThreadPoolExecutor
+
+        engines = Engines(2)
+        with ThreadPoolExecutor(4) as pool:
+            assert len({id(c) for c in pool.map(lambda _: engines.openvino_core(), range(8))}) == 1
     bounds = [0, 1, 3, 6, 8]
     plan = Plan([Region(f"r{k}", backend, frozenset(range(2 * lo, 2 * hi)))
                  for k, (lo, hi) in enumerate(zip(bounds, bounds[1:]))], source="uneven chain")
