@@ -108,7 +108,7 @@ def _user_openvino(path: Path, xs: np.ndarray, threads: int):
     return lambda: request.infer([xs])[0]
 
 
-def _user_xla(text: bytes, xs: np.ndarray):
+def _user_xla(module: bytes, xs: np.ndarray):
     """The model's StableHLO compiled as one module by a PJRT CPU client of its own, input on the device."""
     from jax._src import core
     from jax._src.lib import _jax
@@ -119,7 +119,7 @@ def _user_xla(text: bytes, xs: np.ndarray):
     device = client.local_devices()[0]
     options = xc.CompileOptions()
     options.executable_build_options.debug_options.xla_cpu_enable_fast_math = False
-    exe = client.compile_and_load(text, xc.DeviceList((device,)), options)
+    exe = client.compile_and_load(module, xc.DeviceList((device,)), options)
     args = [xc.batched_device_put(core.ShapedArray(xs.shape, xs.dtype), SingleDeviceSharding(device), [xs],
                                   [device], True, False, _jax.HostBufferSemantics.IMMUTABLE_UNTIL_TRANSFER_COMPLETES,
                                   True)]
