@@ -127,8 +127,10 @@ def test_openvino_compiled_model_cache_is_opt_in(tmp_path, monkeypatch):
             np.testing.assert_array_equal(prog.invoke("mm", a, b)[0], want)
         assert any(cache.iterdir())
 
-def test_boundary_bench_small():
-    row = boundary.measure("ort", 256, rounds=3)
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_boundary_bench_small(backend):
+    pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
+    row = boundary.measure(backend, 256, rounds=3)
     assert row["floor_us"] > 0 and row["e2e_us"] > 0
     assert row["overhead_us"] < 1000, row  # loose: measured ~10-20 µs on 2 shared cores
 
