@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
+import threading
 from typing import Callable
 
 from ..errors import CollageError
@@ -82,15 +84,40 @@ def backend_names(text: str) -> list[str]:
 
 
 def run_tool(prog: str, body: Callable[[], int]) -> int:
-    """Runs a tool's body; user errors become one ``prog: error: ...`` line and a non-zero exit."""
+    """Runs a tool's body; user errors become one ``prog: error: ...`` line and a non-zero exit, Ctrl-C
+    one ``prog: interrupted`` line and exit 130."""
+    interrupted = False
+
+    def on_sigint(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    # Remembered here because a KeyboardInterrupt raised inside an MLIR callback (an op walk) comes back
+    # out of the bindings as a RuntimeError; the flag tells such an error from a real one.
+    installed = (threading.current_thread() is threading.main_thread()
+                 and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if installed:
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         return body()
-    except CollageError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except CollageError as exc:
+        if interrupted:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception:
+        if interrupted:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+        raise
+    finally:
+        if installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def exit_quietly(code: int) -> None:
