@@ -96,6 +96,9 @@ def main() -> None:
     ap.add_argument("--backends", default="all")
     ap.add_argument("--budget", type=float, default=600.0)
     ap.add_argument("--rounds", type=int, default=0)
+    ap.add_argument("--warm-budget", type=float, default=None,
+                    help="budget of the warm rerun (default: --budget); where the cold run was cut short by its "
+                         "budget the rerun goes on measuring, so a short one shows what a rerun costs besides")
     ap.add_argument("--name", default="tune")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -118,13 +121,14 @@ def main() -> None:
                             print(f"  {name} {kind}: {stage} at {stages[-1][1]:.0f} s", flush=True)
 
                     load_before = os.getloadavg()
-                    r = tune(module, backends, db, work / kind, budget_s=args.budget, examples={"main": inputs},
+                    budget = args.warm_budget if kind == "warm" and args.warm_budget else args.budget
+                    r = tune(module, backends, db, work / kind, budget_s=budget, examples={"main": inputs},
                              measure=MeasureOptions(), on_progress=show)
                     wall = time.perf_counter() - t0
-                    runs.append({"kind": kind, "wall_s": wall, "result": r, "stages": stages,
+                    runs.append({"kind": kind, "budget_s": budget, "wall_s": wall, "result": r, "stages": stages,
                                  "load": [round(x, 1) for x in (*load_before, *os.getloadavg())],
                                  "measured": r.estimator.measured, "db_hits": r.estimator.cache_hits})
-                    print(f"{name}: {kind} tune {wall:.1f} s (budget {args.budget:.0f} s), {r.candidates} candidates, "
+                    print(f"{name}: {kind} tune {wall:.1f} s (budget {budget:.0f} s), {r.candidates} candidates, "
                           f"{r.estimator.measured} measured now, {r.estimator.cache_hits} DB hits, load "
                           f"{runs[-1]['load']}", flush=True)
             cold, warm = runs[0]["result"], runs[1]["result"]
@@ -146,7 +150,8 @@ def _write(args, result: dict, rows: list) -> None:
         return f"{v * 1e3:.3f}" if v else "-"
 
     md = [f"# Tuning: wall time and plan quality\n\n`{result['command']}`\n\n{result['device']}; backends "
-          f"{', '.join(result['backends'])}; budget {args.budget:.0f} s.\n",
+          f"{', '.join(result['backends'])}; budget {args.budget:.0f} s"
+          + (f" (warm rerun {args.warm_budget:.0f} s)" if args.warm_budget else "") + ".\n",
           "| model | candidates | cold tune s | warm tune s | same plan warm | load (1/5/15 min, before) | tuned ms | "
           "DP ms | best single | its ms | best single / tuned | best single / DP |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|"]

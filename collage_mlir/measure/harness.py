@@ -58,9 +58,13 @@ class MeasureOptions:
     #: ``time.monotonic()`` after which no new build starts (pairs not built get no row: a budgeted
     #: search asks for them again next time). None: measure everything asked.
     deadline: float | None = None
+    #: Expected seconds of the reference capture (one whole-model IREE compile): with a deadline, a
+    #: capture starts only if it would end before it (on a large model it is the longest unit of work).
+    capture_s: float = 0.0
 
-    def spent(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
+    def spent(self, ahead: float = 0.0) -> bool:
+        """Whether the deadline is past (or would be, ``ahead`` seconds from now)."""
+        return self.deadline is not None and time.monotonic() + ahead > self.deadline
 
 
 @dataclass
@@ -144,7 +148,9 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
     progress = Progress(total=len(rows) + sum(len(j.rows) for j in jobs.values()), done=len(rows), cache_hits=hits)
     if on_progress:
         on_progress(progress)
-    if jobs and not options.spent():  # past the deadline: DB answers only (no reference capture either)
+    # Past the deadline, or too close to it for the capture the builds need: DB answers only.
+    capture_s = 0.0 if _captured(module, jobs.values(), examples or {}, options.seed) else options.capture_s
+    if jobs and not options.spent(capture_s):
         with ExitStack() as stack:
             work = options.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="collage-measure-")))
             _measure(module, graph, list(jobs.values()), db, work, examples or {}, options, rows, progress,
@@ -165,14 +171,24 @@ def _every_value(graph: Graph) -> set[ValueRef]:
             if sh.const_expr_ops(r) is None}
 
 
-def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph: Graph) -> dict:
+def _capture_key(module: ir.Module, examples, seed: int) -> tuple[tuple[str, int], bytes]:
     buf = io.BytesIO()
     module.operation.write_bytecode(buf)
     digest = hashlib.sha256(buf.getvalue())
     for name in sorted(examples):
         for arr in examples[name]:
             digest.update(np.ascontiguousarray(arr).tobytes())
-    key = (digest.hexdigest(), seed)
+    return (digest.hexdigest(), seed), buf.getvalue()
+
+
+def _captured(module: ir.Module, jobs, examples, seed: int) -> bool:
+    """Whether every value ``jobs`` need is captured already (no whole-model compile to wait for)."""
+    values = _CAPTURED["values"] if _CAPTURED["key"] == _capture_key(module, examples, seed)[0] else {}
+    return all(r in values for j in jobs for r in (*j.region.inputs, *j.region.outputs))
+
+
+def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph: Graph) -> dict:
+    key, bytecode = _capture_key(module, examples, seed)
     if _CAPTURED["key"] != key:
         _CAPTURED.update(key=key, values={})
     values = _CAPTURED["values"]
@@ -180,7 +196,7 @@ def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph
     if missing:
         # All at once: each capture compiles the whole model, and a search asks chunk after chunk.
         missing |= _every_value(graph) - values.keys()
-        values.update(capture(buf.getvalue(), missing, model_inputs(module, examples, seed)))
+        values.update(capture(bytecode, missing, model_inputs(module, examples, seed)))
     return values
 
 

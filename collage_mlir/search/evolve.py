@@ -202,8 +202,13 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
             out.append((c, j))
         return out
 
+    def spent() -> bool:
+        return opt.deadline is not None and time.monotonic() > opt.deadline
+
+    # Past the deadline no plan would be timed: no population to decode (a large model's decoding is
+    # minutes of convexity and acceptance checks), straight to the finalists.
     tries = 0
-    while len(population) < opt.population and tries < 10 * opt.population and n:
+    while len(population) < opt.population and tries < 10 * opt.population and n and not spent():
         tries += 1
         child = mutate(population[tries % len(seeds)], 2.0 / n)
         if child not in population:
@@ -214,7 +219,7 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
     if on_progress:
         on_progress("evolve", 0, best)
     while generation < opt.max_generations and stale < opt.patience and n:
-        if opt.deadline is not None and time.monotonic() > opt.deadline:
+        if spent():
             break
         generation += 1
 

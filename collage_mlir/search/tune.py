@@ -29,7 +29,7 @@ from .priority import measure_by_priority
 from .regions import maximal_regions
 from .simple_plans import preferred_plan
 
-#: on_progress(stage, done, total, note): stage is "candidates", "seeds", "transitions", "regions",
+#: on_progress(stage, done, total, note): stage is "candidates", "seeds", "transitions", "regions", "dp",
 #: "evolve", "finalists"; total is None when unknown.
 OnProgress = Callable[[str, int, "int | None", str], None]
 
@@ -118,7 +118,8 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
     try:
         single = single_backend_plans(graph, backends, maximal)
-        timed, build_s = _time_seeds(single, backends, est, deadline, report)
+        walls = _time_seeds(single, backends, est, deadline, report)
+        timed, build_s = set(walls), max(walls.values(), default=0.0)
         left = max(0.0, deadline - time.monotonic())
         est.fit_transitions(deadline=time.monotonic() + TRANSITION_SHARE * left,
                             on_progress=lambda k, n: report("transitions", k, n, ""))
@@ -127,8 +128,13 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         # Regions stop early enough to time the DP plan within the budget: a whole-plan build takes about
         # as long as the slowest seed's did.
         est.deadline = deadline - build_s
-        measure_by_priority(index, est, reachable_candidates(index, exact, limits))
+        # The regions' reference capture is one whole-model IREE compile, as the default seed's build.
+        est.options.capture_s = walls.get(DEFAULT_BACKEND, 0.0)
+        reachable = reachable_candidates(index, exact, limits)
+        report("regions", 0, len(reachable), "")
+        measure_by_priority(index, est, reachable)
         est.deadline = deadline
+        report("dp", 0, None, "")
         dp = optimize(index, est, exact=exact, limits=limits, deadline=deadline)
         sg = index.graph
         # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
@@ -149,6 +155,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         evolved = evolve(sg, seeds, names, accepts, est, opts,
                          on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
                                                                    else opts.rounds, f"best {best * 1e3:.3f} ms"))
+        est.deadline = min(deadline, time.monotonic())  # the record measures nothing new: DB and memory only
         document = _document(evolved, dp.plan, dp_timed, {n: p for n, p in single.items() if n in timed},
                              sg, est, accepts, names, seed, budget_s, len(index))
     finally:
@@ -163,22 +170,21 @@ _SEED_ORDER = (BackendKind.GRAPH, BackendKind.LIBRARY, BackendKind.CODEGEN)
 
 
 def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
-                report: OnProgress) -> tuple[set[str], float]:
+                report: OnProgress) -> dict[str, float]:
     """Times the single-backend plans whole (tag ``seed``), the default backend's always, the others in
-    ``_SEED_ORDER`` until the deadline; returns the names timed and the longest wall time one took."""
+    ``_SEED_ORDER`` until the deadline; returns the wall time each one timed took (a DB hit: ~0)."""
     kind = {b.name: b.kind for b in backends}
     order = sorted(single, key=lambda n: (n != DEFAULT_BACKEND, _SEED_ORDER.index(kind[n]), n))
-    timed: set[str] = set()
-    longest = 0.0
+    walls: dict[str, float] = {}
+    report("seeds", 0, len(order), "")
     for k, name in enumerate(order):
         if name != DEFAULT_BACKEND and time.monotonic() > deadline:
             break
         t0 = time.monotonic()
         c = est.plan_time(single[name], tag="seed")
-        longest = max(longest, time.monotonic() - t0)
-        timed.add(name)
+        walls[name] = time.monotonic() - t0
         report("seeds", k + 1, len(order), f"{name} {c.seconds * 1e3:.3f} ms" if c.usable else f"{name} {c.kind.value}")
-    return timed, longest
+    return walls
 
 
 def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict[str, Plan], sg: SearchGraph,
@@ -214,7 +220,9 @@ def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict
         runner = next(((b, c) for b, c in rest if c.usable), None)
         entry["runner_up"] = runner[0] if runner else None
         entry["runner_up_cost_s"] = runner[1].seconds if runner else None
-        if runner is None:
+        if entry["cost_s"] is None:
+            entry["why"] = "not measured alone within the budget: chosen by whole-plan time"
+        elif runner is None:
             entry["why"] = "no other backend takes these ops (or every other fails on them)"
         elif runner[1].seconds >= entry["cost_s"]:
             entry["why"] = f"cheapest measured region ({runner[0]} next, {runner[1].seconds / entry['cost_s']:.2f}x)"

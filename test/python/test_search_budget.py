@@ -1,6 +1,8 @@
-"""The search's bounds, without compilers: the DP stays bounded on a graph whose frontier labels used to
+"""The search at scale, without compilers: the DP stays bounded on a graph whose frontier labels used to
 multiply its states, and finishes as Collage's DP once the deadline has passed; structurally equal
-regions of one model share one cost-DB row; a spent deadline measures nothing."""
+regions of one model share one cost-DB row; a spent deadline measures nothing; maximal regions grown
+with bit sets equal the rule spelled out; transitions between two engines are priced through the
+default backend from the DB's probes."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collage_mlir.backends import get_backend
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context, parse_module
 from collage_mlir.measure import HARNESS_VERSION
-from collage_mlir.measure.db import CostDB, Measurement
+from collage_mlir.measure.db import CostDB, Measurement, Transition
 from collage_mlir.measure.device import device_fingerprint
 from collage_mlir.measure.extract import extract_region
 from collage_mlir.measure.harness import MeasureOptions, measure_regions
@@ -18,6 +20,8 @@ from collage_mlir.passes.number_ops import NumberOpsPass
 from collage_mlir.search.cost import MockEstimator
 from collage_mlir.search.dp import EXACT_MAX_OPS, SPENT, DpLimits, optimize
 from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
+from collage_mlir.search.measured import PROBE_SIZES, MeasuredEstimator
+from collage_mlir.search.regions import maximal_regions
 
 BACKENDS = ("a", "b", "c", "d", "e")
 
@@ -110,7 +114,68 @@ def test_repeated_blocks_share_one_row_by_structure(tmp_path):
 def test_spent_deadline_measures_nothing_and_records_nothing(tmp_path):
     module, _, blocks = _two_blocks()
     db = CostDB(tmp_path / "costs.sqlite")
-    summary = measure_regions(module, [(b, "iree-cpu") for b in blocks], db,
-                              options=MeasureOptions(deadline=time.monotonic() - 1))
-    assert summary.rows == {} and summary.measured == 0
-    assert db.measurements() == []  # a budget-skipped pair is no failure row: a later tune measures it
+    # Past the deadline; and before it, but too close for the whole-model capture the builds need.
+    for options in (MeasureOptions(deadline=time.monotonic() - 1),
+                    MeasureOptions(deadline=time.monotonic() + 600, capture_s=3600)):
+        summary = measure_regions(module, [(b, "iree-cpu") for b in blocks], db, options=options)
+        assert summary.rows == {} and summary.measured == 0
+        assert db.measurements() == []  # a budget-skipped pair is no failure row: a later tune measures it
+
+
+def _naive_maximal(graph: Graph, backend) -> list[frozenset[int]]:
+    """The maximal-region rule spelled out with ``Graph.is_convex`` on every try (what the bit-set
+    growth in ``regions.py`` must equal)."""
+    order = graph.topological_order()
+    pos = {op: k for k, op in enumerate(order)}
+    ok = {i for i, n in graph.nodes.items() if backend.supports(n.op) is None}
+    taken, regions = set(), []
+    for anchor in order:
+        if anchor not in ok or anchor in taken:
+            continue
+        region = {anchor}
+        while True:
+            near = sorted({n for i in region for n in (*graph.users(i), *graph.producers(i))
+                           if n in ok and n not in taken} - region, key=pos.__getitem__)
+            nxt = next((n for n in near if graph.is_convex(region | {n})), None)
+            if nxt is None:
+                break
+            region.add(nxt)
+        r = frozenset(region)
+        if len(r) >= 2 and backend.accepts(graph, r) is None and graph.regions_acyclic([*regions, r]):
+            regions.append(r)
+            taken |= r
+    return regions
+
+
+def test_maximal_regions_equal_the_rule_spelled_out():
+    from collage_mlir import zoo
+
+    module = zoo.import_stablehlo("dcgan", new_context(), small=True)
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    for name in ("ort", "openvino"):
+        backend = get_backend(name)
+        assert maximal_regions(graph, backend) == _naive_maximal(graph, backend)
+
+
+def test_transitions_between_two_engines_are_priced_through_the_default(tmp_path):
+    """Only the default backend's pairs are in the DB and the budget is spent: the fit reads them, probes
+    nothing, and prices engine → engine as leaving through the default backend and entering from it."""
+    module, _, _ = _two_blocks()
+    db = CostDB(tmp_path / "costs.sqlite")
+    device, _ = device_fingerprint()
+    backends = [get_backend(n) for n in ("iree-cpu", "onednn", "ort")]
+    line = {("iree-cpu", "onednn"): (2e-6, 1e-10), ("onednn", "iree-cpu"): (3e-6, 2e-10),
+            ("iree-cpu", "ort"): (5e-6, 4e-10), ("ort", "iree-cpu"): (7e-6, 8e-10)}
+    for (a, b), (fixed, per_byte) in line.items():
+        for n in PROBE_SIZES:
+            nbytes = n * n * 4
+            db.put_transition(Transition(a, b, get_backend(a).version(), get_backend(b).version(), device,
+                                         HARNESS_VERSION, nbytes, "ok", fixed + per_byte * nbytes))
+    est = MeasuredEstimator(module, backends, db, tmp_path, deadline=time.monotonic() - 1)
+    est.fit_transitions()
+    assert db.measurements() == []  # nothing measured: every probe came from the DB or was skipped
+    for (a, b), (fixed, per_byte) in line.items():
+        assert abs(est.transition_cost(a, b, 1000).seconds - (fixed + per_byte * 1000)) < 1e-12
+    through = est.transition_cost("onednn", "ort", 1000)
+    assert through.usable and abs(through.seconds - (3e-6 + 2e-10 * 1000 + 5e-6 + 4e-10 * 1000)) < 1e-12
