@@ -38,7 +38,9 @@ class RegionTime:
 
 @dataclass
 class Breakdown:
-    """Medians over ``repeats`` runs of ``@main`` with the region timer on. ``codegen`` lists the plan's
+    """Medians over ``repeats`` runs of ``@main`` with the region timer on. The totals (engines,
+    boundaries, outside) are medians of each run's sums, so they come from the same runs as the total
+    (per-region medians do not add up to it on a noisy machine). ``codegen`` lists the plan's
     IREE-compiled regions (backend, ops) and ``default_ops`` the ops left on the default backend: their
     time is inside the gaps, not timed apart."""
 
@@ -48,29 +50,19 @@ class Breakdown:
     tail_ms: float = 0.0  # from the last region call's end to the run's end (IREE work, results out)
     codegen: list[tuple[str, int]] = field(default_factory=list)
     default_ops: int = 0
-
-    @property
-    def engine_ms(self) -> float:
-        return sum(r.engine_ms for r in self.regions)
-
-    @property
-    def boundary_ms(self) -> float:
-        return sum(r.boundary_ms for r in self.regions)
-
-    @property
-    def outside_ms(self) -> float:
-        """Time outside library regions: IREE's work and the VM's transitions (the gaps and the tail)."""
-        return max(self.total_ms - self.engine_ms - self.boundary_ms, 0.0)
+    engine_ms: float = 0.0  # all library regions' engines
+    boundary_ms: float = 0.0  # all their boundaries
+    outside_ms: float = 0.0  # the rest: IREE's work and the VM's transitions (the gaps and the tail)
 
     def to_json(self) -> dict:
-        return asdict(self) | {"engine_ms": self.engine_ms, "boundary_ms": self.boundary_ms,
-                               "outside_ms": self.outside_ms}
+        return asdict(self)
 
     @staticmethod
-    def from_json(doc: dict) -> Breakdown:
+    def from_json(doc: dict) -> "Breakdown":
         regions = [RegionTime(**r) for r in doc["regions"]]
         return Breakdown(doc["repeats"], doc["total_ms"], regions, doc["tail_ms"],
-                         [tuple(c) for c in doc["codegen"]], doc["default_ops"])
+                         [tuple(c) for c in doc["codegen"]], doc["default_ops"], doc["engine_ms"],
+                         doc["boundary_ms"], doc["outside_ms"])
 
 
 def _plan_layout(manifest: dict) -> tuple[dict[str, tuple[str, int]], list[tuple[str, int]], int]:
@@ -95,7 +87,7 @@ def measure(artifact: str | Path, inputs: Sequence[np.ndarray], threads: int, op
     manifest = json.loads((Path(artifact) / "manifest.json").read_text())
     sizes, codegen, placed = _plan_layout(manifest)
     stamps: list[tuple[str, float, float, float]] = []  # region, call s, engine s, end of call
-    totals, tails = [], []
+    totals, tails, sums = [], [], []  # sums: per run (engines, boundaries, outside)
     per: dict[str, list[tuple[float, float, float]]] = {}  # region -> per run (engine, boundary, gap before)
     with collage_runtime.load(artifact, threads=threads,
                               region_timer=lambda r, call_s, run_s: stamps.append((r, call_s, run_s, perf_counter()))
@@ -120,14 +112,17 @@ def measure(artifact: str | Path, inputs: Sequence[np.ndarray], threads: int, op
                 acc[2] += max(end - call_s - previous_end, 0.0)
                 previous_end = end
             tails.append(t1 - previous_end)
+            engines, boundaries = sum(a[0] for a in run.values()), sum(a[1] for a in run.values())
+            sums.append((engines, boundaries, t1 - t0 - engines - boundaries))
             for region, acc in run.items():
                 per.setdefault(region, []).append(tuple(acc))
     order = list(dict.fromkeys(r for r, *_ in stamps))  # the order of the last run's calls
     median = statistics.median
     regions = [RegionTime(name, *sizes.get(name, ("?", 0)), *(1e3 * median(v[i] for v in per[name]) for i in range(3)))
                for name in order]
+    engines, boundaries, outside = (1e3 * median(v[i] for v in sums) for i in range(3))
     return Breakdown(len(totals), 1e3 * median(totals), regions, 1e3 * median(tails), codegen,
-                     max((op_count or placed) - placed, 0))
+                     max((op_count or placed) - placed, 0), engines, boundaries, outside)
 
 
 def to_markdown(model: str, b: Breakdown, top: int = 12) -> list[str]:
@@ -142,6 +137,17 @@ def to_markdown(model: str, b: Breakdown, top: int = 12) -> list[str]:
              f"{b.outside_ms:.3g} ms ({share(b.outside_ms)}: IREE's work and the VM's transitions, of which "
              f"{b.tail_ms:.3g} ms after the last region). IREE-compiled regions: {codegen}; "
              f"{b.default_ops} ops on the default backend outside any region.", ""]
+    by_backend: dict[str, list[float]] = {}
+    for r in b.regions:
+        acc = by_backend.setdefault(r.backend, [0, 0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += r.ops
+        acc[2] += r.engine_ms
+        acc[3] += r.boundary_ms
+    if len(b.regions) > 1:
+        lines += ["Per backend (sums of per-region medians): " + "; ".join(
+            f"{name}: {n} regions, {ops} ops, engines {e:.3g} ms, boundaries {bd:.3g} ms"
+            for name, (n, ops, e, bd) in by_backend.items()) + ".", ""]
     if b.regions:
         lines += ["| region | backend | ops | engine ms | share | boundary ms | gap before ms (IREE work + transition) |",
                   "|---|---|---:|---:|---:|---:|---:|"]

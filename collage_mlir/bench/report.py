@@ -87,7 +87,8 @@ def from_json(doc: dict) -> BenchResult:
     for m in doc["models"]:
         contenders = [ContenderResult(**(c | {"status": Status(c["status"])})) for c in m["contenders"]]
         models.append(ModelResult(m["model"], m["description"], m["gflop"], contenders, tuple(m["load_avg"]),
-                                  m.get("import_s"), m.get("timed_at", ""), m.get("breakdown")))
+                                  m.get("import_s"), m.get("timed_at", ""), m.get("breakdown"),
+                                  m.get("plan") or options.plan))
     return BenchResult(options, doc["contenders"], models)
 
 
@@ -116,9 +117,12 @@ def _cell(m: ModelResult, name: str, bold: bool) -> str:
 
 def to_markdown(result: BenchResult, command: str) -> str:
     o = result.options
+    plans = list(dict.fromkeys(m.plan or o.plan for m in result.models)) or [o.plan]
+    plan_text = (f"collage plan `{plans[0]}`" if len(plans) == 1 else "collage plan per model: " + ", ".join(
+        f"{m.model} `{m.plan or o.plan}`" for m in result.models))
     lines = [f"# collage bench{' (small models)' if o.small else ''}", "",
              f"`{command}`", "",
-             f"{machine()}; {o.threads} threads per contender; collage plan `{o.plan}`; "
+             f"{machine()}; {o.threads} threads per contender; {plan_text}; "
              f"numerics within {o.rtol:g} x max|ref| of PyTorch eager.", "",
              "Median ms per inference ±(p75-p25)/median; **bold**: best peer; ratio: best peer / collage "
              "(>1: collage faster); ~~struck~~: outputs wrong, not ranked.", "",

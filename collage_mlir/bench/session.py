@@ -79,6 +79,7 @@ class ModelResult:
     import_s: float | None = None  # torch-mlir import (~0 from the cache), not in any compile time
     timed_at: str = ""  # UTC time the interleaved timing started
     breakdown: dict | None = None  # the collage contender's time per region (bench.breakdown.Breakdown JSON)
+    plan: str = ""  # the collage contender's plan on this model
 
     def result(self, name: str) -> ContenderResult | None:
         return next((c for c in self.contenders if c.name == name), None)
@@ -167,7 +168,7 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
                                         repeats=options.breakdown_repeats, max_seconds=max(options.seconds, 10.0))
             breakdown = out.value if out.ok else {"error": _one_line(f"{out.status}: {out.message}")}
         return ModelResult(model, entry.small_description if options.small else entry.description, gflop,
-                           [results[n] for n in names], load_avg, import_s, timed_at, breakdown)
+                           [results[n] for n in names], load_avg, import_s, timed_at, breakdown, plan or options.plan)
     finally:
         for w in workers.values():
             w.stop()
