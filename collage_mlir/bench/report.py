@@ -207,17 +207,19 @@ def to_png(result: BenchResult, path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(models) + 6), 4.5),
                                    gridspec_kw={"width_ratios": [3, 1]})
     width = 0.8 / max(len(names), 1)
+    lowest = 1.0
     for k, n in enumerate(names):
         bars = []  # (x, latency / best peer's, ms)
         for i, m in enumerate(models):
             c, best = m.result(n), m.best(peers(result)) or m.best(names)
             if c and c.median_ms is not None and best and c.status is Status.OK:
                 bars.append((i + (k - (len(names) - 1) / 2) * width, c.median_ms / best.median_ms, c.median_ms))
+        lowest = min([lowest] + [b[1] for b in bars])
         ax1.bar([b[0] for b in bars], [b[1] for b in bars], width, label=n, hatch="//" if n == COLLAGE else None)
         for x, y, ms in bars:
             ax1.annotate(f"{ms:.3g}", (x, y), ha="center", va="bottom", fontsize=6, rotation=90)
     ax1.set_yscale("log")
-    ax1.set_ylim(bottom=0.5)  # the best peer's bar (1.0) stays visible
+    ax1.set_ylim(bottom=min(0.5, 0.7 * lowest))  # the best peer's bar (1.0), and any faster collage, stay visible
     ax1.axhline(1.0, color="black", linewidth=0.8)
     ax1.set_xticks(range(len(models)), [m.model for m in models], rotation=20)
     ax1.set_ylabel("latency / best peer's (lower is better; labels: ms)")
