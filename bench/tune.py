@@ -20,6 +20,7 @@ Writes OUT/NAME.json and OUT/NAME.md. Not run in CI.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -74,18 +75,26 @@ def side_by_side(module, plans: dict, inputs, rounds: int, work: Path) -> dict:
 
 def quality(doc: dict) -> dict:
     """From a tune's document: each plan's median time (finalists: their interleaved rounds; other
-    single-backend plans: their seed timing) and which finalist was which."""
+    single-backend plans: their one seed timing) and which finalist was which. The best single backend
+    is the tune's incumbent (the single-backend finalist, picked by seed timing), compared with the
+    tuned and DP plans over the same interleaved rounds."""
     t = doc["tuning"]
     finals = {f["from"]: {"median_s": statistics.median(f["times_s"]) if f["times_s"] else None,
                           "rounds_s": f["times_s"], "regions": f["regions"]} for f in t["finalists"]}
     singles = {name: row["measured_s"] for name, row in t["single_backend"].items()}
-    best_single = min((n for n, v in singles.items() if v), key=lambda n: finals.get(n, {}).get("median_s") or singles[n])
-    best_s = finals.get(best_single, {}).get("median_s") or singles[best_single]
-    dp_s = finals["dp"]["median_s"] if "dp" in finals else t["dp"]["measured_s"]
-    return {"finalists": finals, "single_backend_s": singles, "best_single": best_single, "best_single_s": best_s,
-            "tuned_s": t["plan"]["measured_s"], "tuned_from": t["plan"]["from"], "dp_s": dp_s,
-            "tuned_vs_best_single": best_s / t["plan"]["measured_s"] if t["plan"]["measured_s"] else None,
-            "dp_vs_best_single": best_s / dp_s if dp_s else None}
+    return rate({"finalists": finals, "single_backend_s": singles, "tuned_s": t["plan"]["measured_s"],
+                 "tuned_from": t["plan"]["from"], "dp_measured_s": t["dp"]["measured_s"]})
+
+
+def rate(q: dict) -> dict:
+    finals, singles = q["finalists"], q["single_backend_s"]
+    incumbent = [n for n in finals if n in singles]
+    best = incumbent[0] if incumbent else min((n for n, v in singles.items() if v), key=singles.__getitem__)
+    best_s = finals[best]["median_s"] if best in finals else singles[best]
+    dp_s = finals["dp"]["median_s"] if "dp" in finals else q.get("dp_measured_s", q.get("dp_s"))
+    return q | {"best_single": best, "best_single_s": best_s, "dp_s": dp_s,
+                "tuned_vs_best_single": best_s / q["tuned_s"] if q["tuned_s"] else None,
+                "dp_vs_best_single": best_s / dp_s if dp_s else None}
 
 
 def main() -> None:
@@ -101,9 +110,17 @@ def main() -> None:
                          "budget the rerun goes on measuring, so a short one shows what a rerun costs besides")
     ap.add_argument("--name", default="tune")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--render", default=None, help="rewrite OUT/NAME.md from this result JSON and stop")
     args = ap.parse_args()
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+        args.budget, args.warm_budget = result["budget_s"], result.get("warm_budget_s")
+        rows = [(name, e | {"quality": rate(e["quality"])}) for name, e in result["models"].items()]
+        _write(args, result | {"models": dict(rows)}, rows)
+        return
     backends = available_backends() if args.backends == "all" else [get_backend(n) for n in args.backends.split(",")]
-    result = header(args.name) | {"backends": [b.name for b in backends], "budget_s": args.budget, "models": {}}
+    result = header(args.name) | {"backends": [b.name for b in backends], "budget_s": args.budget,
+                                  "warm_budget_s": args.warm_budget, "models": {}}
     rows = []
     for name in args.models.split(","):
         module, inputs = load(name)

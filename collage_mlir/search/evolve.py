@@ -177,7 +177,12 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
     def key(plan: Plan) -> str:
         return repr(plan.to_json()["regions"])
 
+    def spent() -> bool:
+        return opt.deadline is not None and time.monotonic() > opt.deadline
+
     def fitness(genome) -> float:
+        if spent():
+            return math.inf  # it would not be timed; decoding a large model's genome alone takes seconds
         plan = dec.decode(genome, "evolved")
         k = key(plan)
         if k not in times:
@@ -201,9 +206,6 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
                 j = 1 - j
             out.append((c, j))
         return out
-
-    def spent() -> bool:
-        return opt.deadline is not None and time.monotonic() > opt.deadline
 
     # Past the deadline no plan would be timed: no population to decode (a large model's decoding is
     # minutes of convexity and acceptance checks), straight to the finalists.
