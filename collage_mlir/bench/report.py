@@ -11,6 +11,8 @@ from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from collage_runtime.profile import Breakdown
+
 from ..errors import CollageError
 from .contenders import COLLAGE, CONTENDERS
 from .session import BenchResult, ModelResult, Status
@@ -174,9 +176,7 @@ def to_markdown(result: BenchResult, command: str) -> str:
 
 def breakdown_markdown(result: BenchResult) -> list[str]:
     """Where the collage contender's time goes, per model (after the timing, from runs of its artifact
-    with the runtime's region timer on; see ``bench.breakdown``)."""
-    from .breakdown import Breakdown
-    from .breakdown import to_markdown as breakdown_table
+    with the runtime's region timer on; see ``collage_runtime.profile``)."""
 
     parts = []
     for m in result.models:
@@ -185,7 +185,7 @@ def breakdown_markdown(result: BenchResult) -> list[str]:
         if "error" in m.breakdown:
             parts += [f"**{m.model}**: no breakdown: {m.breakdown['error']}", ""]
         elif m.breakdown.get("regions") is not None:
-            parts += breakdown_table(m.model, Breakdown.from_json(m.breakdown))
+            parts += _breakdown_lines(m.model, Breakdown.from_json(m.breakdown))
     if not parts:
         return []
     return ["## Where collage's time goes", "",
@@ -245,3 +245,42 @@ def write(result: BenchResult, out_dir: str | Path, name: str, command: str) -> 
     paths[1].write_text(to_markdown(result, command))
     to_png(result, paths[2])
     return paths
+
+
+def _breakdown_lines(model: str, b: Breakdown, top: int = 12) -> list[str]:
+    """The breakdown as markdown lines: a summary line, then the ``top`` largest library regions."""
+    def share(ms: float) -> str:
+        return f"{100 * ms / b.total_ms:.0f} %" if b.total_ms else "—"
+
+    codegen = ", ".join(f"{n} ops on {backend}" for backend, n in b.codegen) or "none"
+    lines = [f"**{model}**: a run of the collage artifact takes {b.total_ms:.3g} ms (the median run of {b.repeats}, "
+             f"region timer on): {len(b.regions)} library region call(s), engines {b.engine_ms:.3g} ms ({share(b.engine_ms)}), "
+             f"their boundaries {b.boundary_ms:.3g} ms ({share(b.boundary_ms)}), outside library regions "
+             f"{b.outside_ms:.3g} ms ({share(b.outside_ms)}: IREE's work and the VM's transitions, of which "
+             f"{b.tail_ms:.3g} ms after the last region). IREE-compiled regions: {codegen}; "
+             f"{b.default_ops} ops on the default backend outside any region.", ""]
+    by_backend: dict[str, list[float]] = {}
+    for r in b.regions:
+        acc = by_backend.setdefault(r.backend, [0, 0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += r.ops
+        acc[2] += r.engine_ms
+        acc[3] += r.boundary_ms
+    if len(b.regions) > 1:
+        lines += ["Per backend: " + "; ".join(
+            f"{name}: {n} regions, {ops} ops, engines {e:.3g} ms, boundaries {bd:.3g} ms"
+            for name, (n, ops, e, bd) in by_backend.items()) + ".", ""]
+    if b.regions:
+        lines += ["| region | backend | ops | engine ms | share | boundary ms | gap before ms (IREE work + transition) |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        shown = sorted(b.regions, key=lambda r: -(r.engine_ms + r.boundary_ms + r.gap_before_ms))[:top]
+        for r in shown:
+            lines.append(f"| {r.name} | {r.backend} | {r.ops} | {r.engine_ms:.3f} | {share(r.engine_ms)} | "
+                         f"{r.boundary_ms:.3f} | {r.gap_before_ms:.3f} |")
+        if len(b.regions) > top:
+            rest = [r for r in b.regions if r not in shown]
+            lines.append(f"| {len(rest)} more | | {sum(r.ops for r in rest)} | {sum(r.engine_ms for r in rest):.3f} | "
+                         f"{share(sum(r.engine_ms for r in rest))} | {sum(r.boundary_ms for r in rest):.3f} | "
+                         f"{sum(r.gap_before_ms for r in rest):.3f} |")
+        lines.append("")
+    return lines

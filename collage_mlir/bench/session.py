@@ -78,7 +78,7 @@ class ModelResult:
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after the timing
     import_s: float | None = None  # torch-mlir import (~0 from the cache), not in any compile time
     timed_at: str = ""  # UTC time the interleaved timing started
-    breakdown: dict | None = None  # the collage contender's time per region (bench.breakdown.Breakdown JSON)
+    breakdown: dict | None = None  # the collage contender's time per region (collage_runtime.profile.Breakdown JSON)
     plan: str = ""  # the collage contender's plan on this model
 
     def result(self, name: str) -> ContenderResult | None:

@@ -71,14 +71,15 @@ def sample(seconds: float, min_calls: int = 1) -> list[float]:
 
 
 def breakdown(threads: int, repeats: int, max_seconds: float) -> dict | None:
-    """Where the prepared contender's time goes (``bench.breakdown``), when it is a collage artifact;
-    the JSON form of the ``Breakdown``."""
-    from . import breakdown as bd
+    """Where the prepared contender's time goes (``collage_runtime.profile``), when it is a collage
+    artifact; the JSON form of the ``Breakdown``."""
+    from collage_runtime.profile import profile
 
     p = _prepared
     if p is None or p.artifact is None:
         return None
-    return bd.measure(p.artifact, p.inputs, threads, p.op_count, repeats, max_seconds).to_json()
+    return profile(p.artifact, p.inputs, threads=threads, op_count=p.op_count, repeats=repeats,
+                   max_seconds=max_seconds).to_json()
 
 
 def model_info(model: str, small: bool, stablehlo: bool) -> dict:

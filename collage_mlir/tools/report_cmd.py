@@ -15,12 +15,12 @@ import argparse
 import html
 import io
 import json
-import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter
 
-import numpy as np
+
+from collage_runtime.manifest import ArtifactError
+from collage_runtime.profile import Breakdown, profile
+from collage_runtime.program import InputError
 
 from ..errors import CollageError
 
@@ -39,75 +39,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--repeats", type=int, default=20, help="timed runs of an artifact (default 20)")
     r.add_argument("--no-run", action="store_true", help="do not run the artifact (no end-to-end breakdown)")
     r.add_argument("-o", "--output", required=True, help="HTML file to write")
-
-
-@dataclass
-class Breakdown:
-    """Medians over timed runs of @main: the whole call, and per library region the engine's time and the
-    boundary around it (its ``collage_rt`` call less the engine: mapping inputs, allocating results)."""
-
-    repeats: int
-    total_s: float
-    regions: dict[str, float] = field(default_factory=dict)
-    boundaries: dict[str, float] = field(default_factory=dict)
-    inputs: str = "random"
-
-    @property
-    def outside_s(self) -> float:
-        """The rest: IREE's own code (ops outside library regions, codegen regions), inputs in, results out."""
-        return self.total_s - sum(self.regions.values()) - sum(self.boundaries.values())
-
-
-def measure_breakdown(artifact: Path, inputs: list[np.ndarray], repeats: int = 20) -> Breakdown:
-    """Runs @main of ``artifact`` ``repeats`` times (after one warm-up) with the runtime's region timer on."""
-    import collage_runtime
-    from collage_runtime.manifest import ArtifactError
-    from collage_runtime.types import parse_declaration
-
-    calls: list[tuple[str, float, float]] = []
-    totals: list[float] = []
-    regions: dict[str, list[float]] = {}
-    boundaries: dict[str, list[float]] = {}
-    try:
-        with collage_runtime.load(artifact, region_timer=lambda r, call_s, run_s: calls.append((r, call_s, run_s))
-                                  ) as prog:
-            if "main" not in prog.functions:
-                raise CollageError("the artifact has no @main to time; give --no-run", where=str(artifact))
-            if not inputs:
-                declaration = prog.vm_module.lookup_function("main").reflection.get("iree.abi.declaration", "")
-                inputs = _random_inputs(parse_declaration(declaration), artifact)
-            names = [r["name"] for r in prog.manifest.get("regions", [])]
-            for k in range(repeats + 1):
-                calls.clear()
-                t0 = perf_counter()
-                prog.invoke("main", *inputs)
-                total = perf_counter() - t0
-                if k == 0:
-                    continue  # warm-up: first-call allocations and engine setup
-                totals.append(total)
-                for name in names:
-                    mine = [(c, r) for n, c, r in calls if n == name]
-                    regions.setdefault(name, []).append(sum(r for _, r in mine))
-                    boundaries.setdefault(name, []).append(sum(c - r for c, r in mine))
-    except ArtifactError as exc:
-        raise CollageError(str(exc)) from None
-    median = statistics.median
-    return Breakdown(repeats, median(totals), {n: median(v) for n, v in regions.items()},
-                     {n: median(v) for n, v in boundaries.items()})
-
-
-def _random_inputs(signature, artifact: Path) -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
-    arrays = []
-    for k, spec in enumerate(signature.inputs if signature is not None else ()):
-        if spec is None or spec.dtype is None or any(d is None for d in spec.shape):
-            raise CollageError(f"input {k} of @main is not a static tensor: give the inputs with --input",
-                               where=str(artifact))
-        if spec.dtype.kind == "f":
-            arrays.append(rng.standard_normal(spec.shape).astype(spec.dtype))
-        else:  # indices and masks: zeros are valid for any of them
-            arrays.append(np.zeros(spec.shape, spec.dtype))
-    return arrays
 
 
 def _plan_document(source: Path) -> tuple[dict, dict | None]:
@@ -194,20 +125,20 @@ def _ms(seconds) -> str:
     return "—" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
 
-def _breakdown_table(b: Breakdown, plan: dict) -> str:
-    backend = {r["name"]: r["backend"] for r in plan.get("regions", [])}
-    rows = [(f"region {name} ({backend.get(name, '?')})", s) for name, s in b.regions.items()]
-    rows += [(f"boundary of {name} (collage_rt call less the engine)", s) for name, s in b.boundaries.items()]
+def _breakdown_table(b: Breakdown, inputs: str) -> str:
+    rows = [(f"region {r.name} ({r.backend})", r.engine_ms) for r in b.regions]
+    rows += [(f"boundary of {r.name} (collage_rt call less the engine)", r.boundary_ms) for r in b.regions]
     rows += [("outside library regions (IREE program: other ops, codegen regions, inputs in, results out)",
-              b.outside_s), ("end to end", b.total_s)]
+              b.outside_ms), ("end to end", b.total_ms)]
     e = html.escape
-    return (f"<h2>End-to-end breakdown</h2><p>median of {b.repeats} runs of @main ({e(b.inputs)} inputs), "
+    return (f"<h2>End-to-end breakdown</h2><p>the median run of {b.repeats} runs of @main ({e(inputs)} inputs), "
             "timed through the runtime's region timer</p><table><tr><th>part</th><th>time</th><th>share</th></tr>"
-            + "".join(f"<tr><td>{e(name)}</td><td>{_ms(s)}</td><td>{100 * s / b.total_s:.1f} %</td></tr>"
-                      for name, s in rows) + "</table>")
+            + "".join(f"<tr><td>{e(name)}</td><td>{_ms(ms / 1e3)}</td><td>{100 * ms / b.total_ms:.1f} %</td></tr>"
+                      for name, ms in rows) + "</table>")
 
 
-def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdown | None = None) -> str:
+def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdown | None = None,
+           inputs: str = "random") -> str:
     """The report page as HTML text."""
     owner = {oid: r["backend"] for r in plan.get("regions", []) for oid in r["ops"]}
     colours: dict[str, str] = {}
@@ -237,7 +168,7 @@ def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdo
                      + "".join(f"<td>{e(costs.get(r['name'], {}).get(b, '—'))}</td>" for b in backends) + "</tr>")
     parts.append("</table>")
     if breakdown is not None:
-        parts.append(_breakdown_table(breakdown, plan))
+        parts.append(_breakdown_table(breakdown, inputs))
     tuning = plan.get("tuning") or (manifest or {}).get("provenance")
     if plan.get("tuning"):
         parts.append("<h2>End to end</h2><table><tr><th>plan</th><th>predicted</th><th>measured</th><th>regions</th></tr>")
@@ -286,9 +217,11 @@ def run(args: argparse.Namespace) -> int:
         if args.repeats < 1:
             raise CollageError("--repeats must be at least 1", exit_code=2)
         inputs = load_input_arrays(args.input)
-        breakdown = measure_breakdown(Path(args.source), inputs, args.repeats)
-        breakdown.inputs = "given" if inputs else "random"
-    page = render(plan, manifest, graph, args.db, breakdown)
+        try:
+            breakdown = profile(args.source, inputs or None, repeats=args.repeats)
+        except (ArtifactError, InputError) as exc:
+            raise CollageError(str(exc), where=args.source) from None
+    page = render(plan, manifest, graph, args.db, breakdown, "given" if args.input else "random")
     try:
         Path(args.output).write_text(page)
     except OSError as exc:

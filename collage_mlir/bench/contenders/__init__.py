@@ -26,7 +26,7 @@ class SetupContext:
 @dataclass
 class Prepared:
     """``artifact``, ``inputs`` and ``op_count`` (the model's ops): for a contender that is a collage
-    artifact, what a breakdown of its time (``bench.breakdown``) loads and runs."""
+    artifact, what a breakdown of its time (``collage_runtime.profile``) loads and runs."""
 
     run: Callable[[], object]
     outputs: Callable[[], list[np.ndarray]]
