@@ -101,20 +101,14 @@ def run_tool(prog: str, body: Callable[[], int]) -> int:
         signal.signal(signal.SIGINT, on_sigint)
     try:
         return body()
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except CollageError as exc:
-        if interrupted:
+    except (KeyboardInterrupt, Exception) as exc:
+        if interrupted or isinstance(exc, KeyboardInterrupt):
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
+        if not isinstance(exc, CollageError):
+            raise
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except Exception:
-        if interrupted:
-            print(f"{prog}: interrupted", file=sys.stderr)
-            return 130
-        raise
     finally:
         if installed:
             signal.signal(signal.SIGINT, signal.default_int_handler)
