@@ -10,7 +10,7 @@ plan afterwards (each built once). The load average is recorded before and after
 is shared.
 
     python bench/tune.py [--models small_cnn,bert_small] [--backends all|iree-cpu,onednn,...]
-                         [--budget 600] [--rounds 0] [--name tune] [--out bench/results]
+                         [--budget 600] [--rounds 0] [--name tune] [--keep DIR] [--out bench/results]
 
 Models: ``small_cnn`` (test/python/models.py), and from ``collage_mlir.zoo`` any name with ``_small``
 for its CI variant (``bert_small`` = BERT 2 layers, hidden 128, seq 32) or the full model.
@@ -109,6 +109,8 @@ def main() -> None:
                     help="budget of the warm rerun (default: --budget); where the cold run was cut short by its "
                          "budget the rerun goes on measuring, so a short one shows what a rerun costs besides")
     ap.add_argument("--name", default="tune")
+    ap.add_argument("--keep", default=None,
+                    help="keep each model's cost DB and work files in KEEP/MODEL (to rerun or profile the warm tune)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--render", default=None, help="rewrite OUT/NAME.md from this result JSON and stop")
     args = ap.parse_args()
@@ -125,7 +127,8 @@ def main() -> None:
     for name in args.models.split(","):
         module, inputs = load(name)
         with tempfile.TemporaryDirectory(prefix="collage-bench-tune-") as tmp:
-            work = Path(tmp)
+            work = Path(args.keep) / name if args.keep else Path(tmp)
+            work.mkdir(parents=True, exist_ok=True)
             runs = []
             with CostDB(work / "costs.sqlite") as db:
                 for kind in ("cold", "warm"):

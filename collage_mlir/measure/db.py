@@ -111,6 +111,17 @@ CREATE INDEX measurements_by_backend ON measurements (backend, device);
 _PLANS_TABLE = """CREATE TABLE IF NOT EXISTS plans (module_hash TEXT NOT NULL, device TEXT NOT NULL,
     document TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (module_hash, device))"""
 
+# Also created on first use: (module digest, op set) -> the region's structural hash (NULL and why where
+# the region cannot be posed), so a rerun on a model looks its regions up without extracting them.
+_HASHES_TABLE = """CREATE TABLE IF NOT EXISTS region_hashes (module_hash TEXT NOT NULL, ops TEXT NOT NULL,
+    hash_version INTEGER NOT NULL, region_hash TEXT, why TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (module_hash, hash_version, ops))"""
+
+# Also created on first use: derived data a rerun can skip recomputing (the search's candidate regions),
+# by kind and a key that covers everything it was derived from.
+_CACHE_TABLE = """CREATE TABLE IF NOT EXISTS derived (kind TEXT NOT NULL, key TEXT NOT NULL, document TEXT NOT NULL,
+    created REAL NOT NULL, PRIMARY KEY (kind, key))"""
+
 
 def default_db_path() -> Path:
     """``$COLLAGE_DB`` if set, else ``costs.sqlite`` in the user's collage cache directory."""
@@ -262,6 +273,39 @@ class CostDB:
             return None
         rows = self._query("SELECT document FROM plans WHERE module_hash=? AND device=?", (module_hash, device))
         return json.loads(rows[0][0]) if rows else None
+
+    # -- region hashes -----------------------------------------------------------------------------
+
+    def region_hashes(self, module_hash: str, hash_version: int) -> dict[str, tuple[str | None, str]]:
+        """Every cached op set of the module (ids joined by commas) -> (structural hash or None, why not)."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE type='table' AND name='region_hashes'"):
+            return {}
+        rows = self._query("SELECT ops, region_hash, why FROM region_hashes WHERE module_hash=? AND hash_version=?",
+                           (module_hash, hash_version))
+        return {ops: (h, why) for ops, h, why in rows}
+
+    def put_region_hashes(self, module_hash: str, hash_version: int,
+                          entries: list[tuple[str, str | None, str]]) -> None:
+        """Caches (op set, structural hash or None, why not) of the module's regions, in one transaction."""
+        if not entries:
+            return
+        with self._tx() as c:
+            c.execute(_HASHES_TABLE)
+            c.executemany("INSERT OR REPLACE INTO region_hashes VALUES (?, ?, ?, ?, ?)",
+                          [(module_hash, ops, hash_version, h, why) for ops, h, why in entries])
+
+    def get_cached(self, kind: str, key: str) -> str | None:
+        """The derived document stored under (``kind``, ``key``), or None."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE type='table' AND name='derived'"):
+            return None
+        rows = self._query("SELECT document FROM derived WHERE kind=? AND key=?", (kind, key))
+        return rows[0][0] if rows else None
+
+    def put_cached(self, kind: str, key: str, document: str) -> None:
+        """Stores a derived document (replacing any under the same kind and key)."""
+        with self._tx() as c:
+            c.execute(_CACHE_TABLE)
+            c.execute("INSERT OR REPLACE INTO derived VALUES (?, ?, ?, ?)", (kind, key, document, time.time()))
 
     # -- devices, stats ----------------------------------------------------------------------------
 

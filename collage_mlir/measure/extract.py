@@ -31,6 +31,10 @@ from ..plan import Plan, Region
 #: semantics: a relu's zero, a clamp's bounds); larger ones count by type only.
 HASHED_ELEMENTS = 64
 
+#: Version of ``structural_hash``'s rule: the DB's cache of (module, op set) -> hash is keyed by it, so
+#: bump it whenever a change would give a region another hash.
+HASH_VERSION = 1
+
 _COLLAGE_ATTRS = (collage.ID, collage.REGION, collage.BACKEND)
 
 

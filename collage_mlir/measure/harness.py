@@ -34,7 +34,7 @@ from ..graph import Graph
 from ..ir import ir
 from .db import CostDB, Measurement
 from .device import device_fingerprint
-from .extract import ExtractedRegion, ValueRef, extract_region
+from .extract import HASH_VERSION, ExtractedRegion, ValueRef, extract_region
 from .reference import capture, model_inputs
 from .tasks import INPUT, REFERENCE, TASKS
 from .timing import TimingOptions
@@ -99,64 +99,161 @@ class Summary:
 
 @dataclass
 class _Job:
-    region: ExtractedRegion
+    region: ExtractedRegion | None
     backend: Backend
     key: tuple
     rows: list[frozenset[int]]
     out_dir: Path | None = None
+    #: The DB held its row when first asked (``region`` is None then: never extracted).
+    hit: bool = False
+
+
+def module_digest(module: ir.Module) -> str:
+    """SHA-256 of the numbered module's bytecode: what the DB's cache of region hashes is keyed by."""
+    buf = io.BytesIO()
+    module.operation.write_bytecode(buf)
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def _ops_key(ops: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(ops)))
+
+
+#: Region hashes found by extraction are written to the DB in chunks of this many (one transaction each:
+#: a row per commit would fsync thousands of times).
+_HASH_CHUNK = 512
 
 
 def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str]], db: CostDB, *,
                     examples: Mapping[str, Sequence[np.ndarray]] | None = None,
                     options: MeasureOptions | None = None,
-                    on_progress: Callable[[Progress], None] | None = None) -> Summary:
+                    on_progress: Callable[[Progress], None] | None = None,
+                    digest: str | None = None) -> Summary:
     """Measures each (op ids, backend name) of ``module`` (numbered with ``collage-number-ops``)
-    unless ``db`` holds it; ``examples`` are the model's inputs per public function."""
+    unless ``db`` holds it; ``examples`` are the model's inputs per public function; ``digest`` is
+    ``module_digest(module)`` when the caller has it.
+
+    Lazily, in the order given: each pair's structural hash comes from the DB's cache (keyed by the
+    module's digest and the op set) or, failing that, from extracting the region (then cached); its row
+    from the DB; pairs the DB lacks are built and timed in batches as they come, so a budget spends itself
+    on the first pairs and a warm rerun extracts nothing. Past the deadline a pair whose hash is not
+    cached is not extracted (no row: a later run asks again)."""
     options = options or MeasureOptions()
     device, description = device_fingerprint()
     db.record_device(device, description)
     graph = Graph(module)
-    extracted: dict[frozenset[int], ExtractedRegion | str] = {}
+    digest = digest or module_digest(module)
+    cached = db.region_hashes(digest, HASH_VERSION)
+    new_hashes: list[tuple[str, str | None, str]] = []
+    extracted: dict[frozenset[int], ExtractedRegion] = {}
     jobs: dict[tuple, _Job] = {}
     rows: dict[tuple[frozenset[int], str], Measurement] = {}
     skipped: list[tuple[frozenset[int], str, str]] = []
-    hits = 0
+    pending: list[_Job] = []
     started = time.perf_counter()
     pairs = list(dict.fromkeys(pairs))
-    for ops, name in pairs:
+    progress = Progress(total=len(pairs))
+    stats = {"hits": 0, "measured": 0}
+
+    def region_of(ops: frozenset[int]) -> ExtractedRegion | str:
         if ops not in extracted:
             try:
                 extracted[ops] = extract_region(graph, ops)
             except CollageError as exc:
-                extracted[ops] = str(exc)
-        region = extracted[ops]
-        if not isinstance(region, str) and not region.inputs:
-            region = "only constants flow in: nothing to run (compilers fold it at compile time)"
-        if isinstance(region, str):
-            skipped.append((ops, name, region))
-            continue
-        backend = get_backend(name)
-        key = (region.hash, name, backend.version(), device, HARNESS_VERSION)
-        jobs.setdefault(key, _Job(region, backend, key, [])).rows.append(ops)
-    for key, job in list(jobs.items()):
-        found = None if options.remeasure else db.get(*key)
-        if found is not None:
-            for ops in job.rows:
-                rows[(ops, key[1])] = found
-            hits += len(job.rows)
-            del jobs[key]
-    progress = Progress(total=len(rows) + sum(len(j.rows) for j in jobs.values()), done=len(rows), cache_hits=hits)
+                return str(exc)
+        return extracted[ops]
+
+    def hash_of(ops: frozenset[int]) -> tuple[str | None, str] | None:
+        """(structural hash, or None and why the pair cannot be posed); None: unknown (past the deadline)."""
+        key = _ops_key(ops)
+        if key not in cached:
+            if options.spent():
+                return None
+            region = region_of(ops)
+            if isinstance(region, str):
+                cached[key] = (None, region)
+            elif not region.inputs:
+                cached[key] = (None, "only constants flow in: nothing to run (compilers fold it at compile time)")
+            else:
+                cached[key] = (region.hash, "")
+            new_hashes.append((key, *cached[key]))
+            if len(new_hashes) >= _HASH_CHUNK:
+                flush_hashes()
+        return cached[key]
+
+    def flush_hashes() -> None:
+        db.put_region_hashes(digest, HASH_VERSION, new_hashes)
+        new_hashes.clear()
+
+    def answered(ops, name, m: Measurement) -> None:
+        rows[(ops, name)] = m
+        progress.done += 1
+        progress.failures += not m.usable
+
+    with ExitStack() as stack:
+        session: list[_Session] = []  # workers and reference values, started at the first build
+
+        def run_pending() -> None:
+            batch = [j for j in pending if (j.rows[0], j.backend.name) not in rows]
+            pending.clear()
+            if not batch or options.spent():
+                return
+            if not session:
+                # Past the deadline, or too close to it for the capture the builds need: DB answers only.
+                capture_s = 0.0 if _captured(module, batch, examples or {}, options.seed) else options.capture_s
+                if options.spent(capture_s):
+                    return
+                work = options.work_dir or Path(stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="collage-measure-")))
+                session.append(stack.enter_context(_Session(module, graph, work, examples or {}, options)))
+            flush_hashes()  # a build takes seconds: keep what extraction found even if the run is killed
+            stats["measured"] += session[0].measure(batch, db, rows, progress, on_progress)
+
+        for k, (ops, name) in enumerate(pairs):
+            if on_progress and k % 256 == 0:
+                progress.cache_hits = stats["hits"]
+                on_progress(progress)
+            found = hash_of(ops)
+            if found is None:
+                continue  # past the deadline and never extracted: no row
+            region_hash, why = found
+            if region_hash is None:
+                skipped.append((ops, name, why))
+                progress.done += 1
+                continue
+            backend = get_backend(name)
+            key = (region_hash, name, backend.version(), device, HARNESS_VERSION)
+            job = jobs.get(key)
+            if job is not None:  # structurally equal to a pair seen in this call: one row for both
+                job.rows.append(ops)
+                first = (job.rows[0], name)
+                if first in rows:
+                    answered(ops, name, rows[first])
+                    stats["hits" if job.hit else "measured"] += 1
+                continue
+            found_row = None if options.remeasure else db.get(*key)
+            if found_row is not None:
+                jobs[key] = _Job(None, backend, key, [ops], hit=True)
+                answered(ops, name, found_row)
+                stats["hits"] += 1
+                continue
+            if options.spent():
+                continue  # no build starts past the deadline: no extraction for it either
+            region = region_of(ops)
+            if isinstance(region, str):  # extraction cannot fail where it gave a hash; keep it honest
+                skipped.append((ops, name, region))
+                continue
+            jobs[key] = job = _Job(region, backend, key, [ops])
+            pending.append(job)
+            if len(pending) >= options.batch:
+                progress.cache_hits = stats["hits"]
+                run_pending()
+        run_pending()
+        flush_hashes()
+    progress.cache_hits = stats["hits"]
     if on_progress:
         on_progress(progress)
-    # Past the deadline, or too close to it for the capture the builds need: DB answers only.
-    capture_s = 0.0 if _captured(module, jobs.values(), examples or {}, options.seed) else options.capture_s
-    if jobs and not options.spent(capture_s):
-        with ExitStack() as stack:
-            work = options.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="collage-measure-")))
-            _measure(module, graph, list(jobs.values()), db, work, examples or {}, options, rows, progress,
-                     on_progress)
-    measured = sum(len(j.rows) for j in jobs.values() if (j.rows[0], j.backend.name) in rows)
-    return Summary(rows, skipped, hits, measured, time.perf_counter() - started)
+    return Summary(rows, skipped, stats["hits"], stats["measured"], time.perf_counter() - started)
 
 
 #: The last model's captured reference values, reused while the same module, inputs and seed come
@@ -234,64 +331,80 @@ def _row(job: _Job, outcome: Outcome, phase: str) -> Measurement:
                        max_rel_err=v.get("max_rel_err"), message=v.get("message", ""), **base)
 
 
-def _measure(module, graph: Graph, jobs: list[_Job], db: CostDB, work: Path, examples, options: MeasureOptions,
-             rows: dict, progress: Progress, on_progress) -> None:
-    data = _Inputs(module, jobs, work, examples, options.seed, graph)
-    builders: queue.Queue[Worker] = queue.Queue()
-    workers = [Worker(f"build{k}", work) for k in range(max(1, options.jobs))]
-    for w in workers:
-        builders.put(w)
-    timer = Worker("time", work)
+class _Session:
+    """The build workers, the timing worker and the reference values of one ``measure_regions`` call,
+    started when its first build is due (a call the DB answers starts nothing)."""
 
-    def build(job: _Job) -> Outcome | None:
-        if options.spent():
+    def __init__(self, module, graph: Graph, work: Path, examples, options: MeasureOptions):
+        self.module, self.graph, self.work, self.examples, self.options = module, graph, work, examples, options
+        self.data: _Inputs | None = None
+        self.count = 0
+
+    def __enter__(self) -> "_Session":
+        self.builders: queue.Queue[Worker] = queue.Queue()
+        self.workers = [Worker(f"build{k}", self.work) for k in range(max(1, self.options.jobs))]
+        for w in self.workers:
+            self.builders.put(w)
+        self.timer = Worker("time", self.work)
+        self.pool = ThreadPoolExecutor(max_workers=len(self.workers))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown()
+        for w in (*self.workers, self.timer):
+            w.stop()
+
+    def _build(self, job: _Job) -> Outcome | None:
+        if self.options.spent():
             return None  # budget spent: not built, no row
-        worker = builders.get()
+        worker = self.builders.get()
         try:
-            return worker.call(f"{TASKS}:build_plan", options.build_timeout_s,
-                               module_file=str(work / "regions" / f"{job.region.hash}.mlirbc"),
+            return worker.call(f"{TASKS}:build_plan", self.options.build_timeout_s,
+                               module_file=str(self.work / "regions" / f"{job.region.hash}.mlirbc"),
                                plan=job.region.plan(job.backend.name).to_json(), out_dir=str(job.out_dir))
         finally:
-            builders.put(worker)
+            self.builders.put(worker)
 
-    def record(job: _Job, m: Measurement) -> None:
-        db.put(m)  # committed before anything else happens: a killed run keeps every finished row
-        for ops in job.rows:
-            rows[(ops, job.backend.name)] = m
-            progress.done += 1
-            progress.failures += not m.usable
+    def measure(self, batch: list[_Job], db: CostDB, rows: dict, progress: Progress, on_progress) -> int:
+        """Builds ``batch`` in parallel, then times each built job; returns how many pairs got a row."""
+        if self.data is None:  # the capture (one whole-model compile) takes every value at once
+            self.data = _Inputs(self.module, batch, self.work, self.examples, self.options.seed, self.graph)
+        recorded = 0
+
+        def record(job: _Job, m: Measurement) -> None:
+            nonlocal recorded
+            db.put(m)  # committed before anything else happens: a killed run keeps every finished row
+            for ops in job.rows:
+                rows[(ops, job.backend.name)] = m
+                progress.done += 1
+                progress.failures += not m.usable
+                recorded += 1
+            if on_progress:
+                on_progress(progress)
+
+        for job in batch:
+            job.out_dir = self.work / "artifacts" / f"{self.count}"
+            self.count += 1
+            self.data.write(job.region)
+        progress.current = f"building {len(batch)}"
         if on_progress:
             on_progress(progress)
-
-    try:
-        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
-            for start in range(0, len(jobs), options.batch):
-                batch = jobs[start:start + options.batch]
-                for k, job in enumerate(batch):
-                    job.out_dir = work / "artifacts" / f"{start + k}"
-                    data.write(job.region)
-                progress.current = f"building {len(batch)}"
-                if on_progress:
-                    on_progress(progress)
-                if options.spent():
-                    break
-                built = list(pool.map(build, batch))
-                for job, outcome in zip(batch, built):
-                    if outcome is None:
-                        continue
-                    if not outcome.ok:
-                        record(job, _row(job, outcome, "build"))
-                        shutil.rmtree(job.out_dir, ignore_errors=True)
-                        continue
-                    progress.current = f"{job.backend.name}: {job.region.summary[:40]}"
-                    if on_progress:
-                        on_progress(progress)
-                    tol = job.backend.tolerance
-                    outcome = timer.call(f"{TASKS}:time_artifact", options.run_timeout_s,
-                                         artifact_dir=str(job.out_dir), data_file=str(data.write(job.region)),
-                                         timing=options.timing.to_json(), rtol=tol.rtol, atol=tol.atol)
-                    record(job, _row(job, outcome, "run"))
-                    shutil.rmtree(job.out_dir, ignore_errors=True)
-    finally:
-        for w in (*workers, timer):
-            w.stop()
+        if self.options.spent():
+            return 0
+        for job, outcome in zip(batch, list(self.pool.map(self._build, batch))):
+            if outcome is None:
+                continue
+            if not outcome.ok:
+                record(job, _row(job, outcome, "build"))
+                shutil.rmtree(job.out_dir, ignore_errors=True)
+                continue
+            progress.current = f"{job.backend.name}: {job.region.summary[:40]}"
+            if on_progress:
+                on_progress(progress)
+            tol = job.backend.tolerance
+            outcome = self.timer.call(f"{TASKS}:time_artifact", self.options.run_timeout_s,
+                                      artifact_dir=str(job.out_dir), data_file=str(self.data.write(job.region)),
+                                      timing=self.options.timing.to_json(), rtol=tol.rtol, atol=tol.atol)
+            record(job, _row(job, outcome, "run"))
+            shutil.rmtree(job.out_dir, ignore_errors=True)
+        return recorded

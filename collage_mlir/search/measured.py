@@ -64,12 +64,16 @@ class MeasuredEstimator(CostEstimator):
         module.operation.write_bytecode(buf)
         self._bytecode = buf.getvalue()
         self.inputs = model_inputs(module, self.examples, self.options.seed).get("main", [])
+        self._module_hash = hashlib.sha256(self._bytecode).hexdigest()  # = harness.module_digest(module)
         digest = hashlib.sha256(self._bytecode)
         for a in self.inputs:
             digest.update(np.ascontiguousarray(a).tobytes())
         self._model_digest = digest.hexdigest()
         self._reference: list[np.ndarray] | None = None
         self._timer: PlanTimer | None = None
+        #: Estimated timings (load, validate, sample) of the whole plans measured now: what a finalist's
+        #: re-timing takes (their builds are kept).
+        self.timings_s: list[float] = []
         self.measured = 0  # rows measured now (not DB hits): regions and plans
         self.cache_hits = 0
 
@@ -84,12 +88,13 @@ class MeasuredEstimator(CostEstimator):
             for p in todo:
                 self._regions[p] = Cost.unknown("tuning budget spent before it was measured")
             todo = []
-        # One call: the harness extracts and looks up every pair once, builds in the order given and
-        # starts no build past the deadline (the pairs it did not reach stay unknown).
+        # One call: the harness looks up and builds the pairs lazily in the order given (hashes from the
+        # DB's cache where a run saw the pair before) and starts no build past the deadline (the pairs it
+        # did not reach stay unknown).
         if todo:
             summary = measure_regions(self.module, todo, self.db, examples=self.examples,
                                       options=replace(self.options, deadline=self.deadline),
-                                      on_progress=self._region_progress(0, len(todo)))
+                                      on_progress=self._region_progress(0, len(todo)), digest=self._module_hash)
             self.measured += summary.measured
             self.cache_hits += summary.cache_hits
             for ops, backend, why in summary.skipped:
@@ -217,6 +222,8 @@ class MeasuredEstimator(CostEstimator):
                 atol = 10 * max(b.tolerance.atol for b in used)
                 outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol)
             v = outcome.value if outcome.ok else {"status": outcome.status, "message": outcome.message}
+            if v.get("median_s") is not None:  # load, a check and warm-up calls, then the samples
+                self.timings_s.append((v.get("load_s") or 0.0) + (v.get("repeats", 0) + 3) * v["median_s"])
             row = Measurement(*key, status=v["status"], median_s=v.get("median_s"), min_s=v.get("min_s"),
                               spread=v.get("spread"), repeats=v.get("repeats"), threads=v.get("threads"),
                               max_abs_err=v.get("max_abs_err"), max_rel_err=v.get("max_rel_err"),

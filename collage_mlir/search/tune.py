@@ -5,7 +5,9 @@ a plan JSON that says, per region, what it costs, what came second and why."""
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,12 +20,13 @@ from ..errors import CollageError
 from ..graph import Graph, number_ops
 from ..ir import ir
 from ..measure.db import CostDB
-from ..measure.harness import MeasureOptions
+from ..measure.harness import MeasureOptions, module_digest
 from ..plan import Plan, Region
 from .cost import Cost
 from .dp import EXACT, EXACT_MAX_OPS, DpLimits, optimize, reachable_candidates
 from .evolve import EvolveOptions, EvolveResult, evolve
 from .index import CandidateIndex, SearchGraph, plan_cost
+from .index_cache import candidate_regions
 from .measured import MeasuredEstimator
 from .priority import measure_by_priority
 from .regions import maximal_regions
@@ -76,6 +79,17 @@ def accepts_fn(graph: Graph) -> Callable[[str, frozenset[int]], bool]:
     return accepts
 
 
+#: Of the budget, what is kept for the finalists' interleaved rounds (15 s of 600 on ResNet-50).
+FINALISTS_SHARE = 0.03
+#: What the DP and its plan's build and timing are given after the regions, in slowest-seed builds.
+DP_BUILDS = 2.0
+
+#: What the DB keeps (by module digest) of how long the seeds' whole-model builds took.
+SEED_BUILDS = "seed-build-seconds"
+
+#: The reference capture's expected length, in default-seed builds (see ``tune``).
+CAPTURE_FACTOR = 3.0
+
 #: Of the budget left when they start, what the transition probes may use (a probe is a two-region
 #: build; they are facts of the machine, so the DB keeps them for every later tune).
 TRANSITION_SHARE = 0.15
@@ -99,7 +113,9 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     the finalists' rounds past its budget; the default seed is the exception when the budget is shorter
     than its build."""
     report = on_progress or (lambda *a: None)
-    deadline = time.monotonic() + budget_s
+    # Every stage but the finalists' rounds (timing only, on kept builds) keeps to this deadline.
+    started = time.monotonic()
+    deadline = started + budget_s * (1.0 - FINALISTS_SHARE)
     if DEFAULT_BACKEND not in {b.name for b in backends}:
         backends = [get_backend(DEFAULT_BACKEND), *backends]
     names = [b.name for b in backends]
@@ -108,8 +124,11 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     if "main" not in {n.func for n in graph.nodes.values()}:
         raise CollageError("the model has no public @main function to time")
     report("candidates", 0, None, "")
-    maximal = {b.name: maximal_regions(graph, b) for b in backends}
-    index = CandidateIndex.build(graph, backends, maximal=maximal)
+    # A rerun on this DB reads the candidates instead of enumerating them (the backends' checks, ~12 s on
+    # ResNet-50 idle).
+    digest = module_digest(module)
+    regions, maximal = candidate_regions(graph, backends, db, digest)
+    index = CandidateIndex(SearchGraph.from_graph(graph), regions)
     report("candidates", len(index), len(index), f"{len(index)} candidates")
     measure = measure or MeasureOptions()
     measure.seed = seed
@@ -120,22 +139,42 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         single = single_backend_plans(graph, backends, maximal)
         walls = _time_seeds(single, backends, est, deadline, report)
         timed, build_s = set(walls), max(walls.values(), default=0.0)
+        default_s = walls.get(DEFAULT_BACKEND, 0.0)
+        # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
+        # that built them left it in the DB (else a warm rerun would start the capture, a whole-model
+        # compile of minutes, whatever its budget).
+        if default_s > 1.0:
+            db.put_cached(SEED_BUILDS, digest, json.dumps({"default": default_s, "slowest": build_s}))
+        elif (stored := db.get_cached(SEED_BUILDS, digest)) is not None:
+            known = json.loads(stored)
+            default_s, build_s = max(default_s, known["default"]), max(build_s, known["slowest"])
+        # The finalists' rounds re-time up to 5 plans 3 times, each about as long as the median seed's
+        # timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
+        # IREE alone, would keep 2 minutes of ResNet-50's budget).
+        opts = evolve_options or EvolveOptions()
+        finals_s = opts.rounds * (opts.finalists + 2) * (statistics.median(est.timings_s) if est.timings_s else 0.0)
+        deadline = min(deadline, started + budget_s - finals_s)
         left = max(0.0, deadline - time.monotonic())
         est.fit_transitions(deadline=time.monotonic() + TRANSITION_SHARE * left,
                             on_progress=lambda k, n: report("transitions", k, n, ""))
         exact = len(index.graph.order) <= EXACT_MAX_OPS
-        limits = replace(EXACT if exact else DpLimits(), deadline=deadline)
-        # Regions stop early enough to time the DP plan within the budget: a whole-plan build takes about
-        # as long as the slowest seed's did.
-        est.deadline = deadline - build_s
-        # The regions' reference capture is one whole-model IREE compile, as the default seed's build.
-        est.options.capture_s = walls.get(DEFAULT_BACKEND, 0.0)
+        # The DP's beam degrades to Collage's DP one slowest-seed build before the deadline, so its
+        # plan can still be built and timed (BERT-base: the beam alone ran 2-3 minutes under load).
+        dp_deadline = deadline - build_s
+        limits = replace(EXACT if exact else DpLimits(), deadline=dp_deadline)
+        # Regions stop early enough to run the DP and build and time its plan within the budget: a
+        # whole-plan build takes about as long as the slowest seed's did; on ResNet-50 the DP and its
+        # plan (19 regions) took 2x that.
+        est.deadline = deadline - DP_BUILDS * build_s
+        # The regions' reference capture is one whole-model IREE compile returning every intermediate
+        # value: unfused, it took ~3x the default seed's build on ResNet-50 (56 s against 17 s).
+        est.options.capture_s = CAPTURE_FACTOR * default_s
         reachable = reachable_candidates(index, exact, limits)
         report("regions", 0, len(reachable), "")
         measure_by_priority(index, est, reachable)
         est.deadline = deadline
         report("dp", 0, None, "")
-        dp = optimize(index, est, exact=exact, limits=limits, deadline=deadline)
+        dp = optimize(index, est, exact=exact, limits=limits, deadline=dp_deadline)
         sg = index.graph
         # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
         # incumbent the search must beat is always measured as such). Plans the budget left untimed are
@@ -149,7 +188,6 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
             if repr(plan.to_json()["regions"]) not in seen:
                 seen.add(repr(plan.to_json()["regions"]))
                 seeds.append((name, plan))
-        opts = evolve_options or EvolveOptions()
         opts.seed, opts.deadline = seed, deadline
         accepts = accepts_fn(graph)
         evolved = evolve(sg, seeds, names, accepts, est, opts,

@@ -15,6 +15,7 @@ from collage_mlir.measure import HARNESS_VERSION
 from collage_mlir.measure.db import CostDB, Measurement, Transition
 from collage_mlir.measure.device import device_fingerprint
 from collage_mlir.measure.extract import extract_region
+from collage_mlir.measure import harness
 from collage_mlir.measure.harness import MeasureOptions, measure_regions
 from collage_mlir.passes.number_ops import NumberOpsPass
 from collage_mlir.search.cost import MockEstimator
@@ -111,8 +112,11 @@ def test_repeated_blocks_share_one_row_by_structure(tmp_path):
     assert {k: m.median_s for k, m in summary.rows.items()} == {(b, "iree-cpu"): 1e-5 for b in blocks}
 
 
-def test_spent_deadline_measures_nothing_and_records_nothing(tmp_path):
+def test_spent_deadline_measures_nothing_and_records_nothing(tmp_path, monkeypatch):
     module, _, blocks = _two_blocks()
+    # No values captured yet (another test may have measured this very module in this process, and a
+    # capture already done would rightly let the second case build).
+    monkeypatch.setattr(harness, "_CAPTURED", {"key": None, "values": {}})
     db = CostDB(tmp_path / "costs.sqlite")
     # Past the deadline; and before it, but too close for the whole-model capture the builds need.
     for options in (MeasureOptions(deadline=time.monotonic() - 1),

@@ -1,0 +1,67 @@
+"""The candidate index's regions (every backend's candidates and maximal regions), cached in the cost DB:
+on ResNet-50 enumerating them walks MLIR operands through the Python bindings for ~12 s idle (the
+backends' boundary checks), the largest fixed cost of a rerun. The key is the module's digest, the
+backends with their versions and a digest of the code that decides candidates (every source file of
+``collage_mlir`` and of each backend's module), so any change to the rules enumerates afresh."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+from ..backends import Backend
+from ..graph import Graph
+from ..measure.db import CostDB
+from .candidates import enumerate_candidates
+from .regions import maximal_regions
+
+KIND = "candidate-regions"
+#: Bump when the cached document's meaning changes.
+VERSION = 1
+
+Regions = list[tuple[str, frozenset[int], bool]]
+
+
+@lru_cache(maxsize=None)
+def _source_digest(files: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.encode() + b"\0" + Path(f).read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(module_digest: str, backends: Sequence[Backend]) -> str:
+    package = Path(__file__).resolve().parents[1]
+    files = {str(p) for p in package.rglob("*.py")}
+    for b in backends:
+        source = inspect.getsourcefile(type(b))
+        if source:
+            files.add(str(Path(source).resolve()))
+    names = [f"{b.name}={b.version()}" for b in backends]
+    text = json.dumps([VERSION, module_digest, names, _source_digest(tuple(sorted(files)))])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def candidate_regions(graph: Graph, backends: Sequence[Backend], db: CostDB | None = None,
+                      module_digest: str | None = None) -> tuple[Regions, dict[str, list[frozenset[int]]]]:
+    """(every candidate as (backend, ops, maximal?), each backend's maximal regions): from the DB's cache
+    when it holds this module's under the same backends and code, else enumerated (and cached)."""
+    key = cache_key(module_digest, backends) if db is not None and module_digest else None
+    doc = db.get_cached(KIND, key) if key else None
+    if doc is not None:
+        data = json.loads(doc)
+        regions = [(b, frozenset(ops), bool(m)) for b, ops, m in data["regions"]]
+        maximal = {b: [frozenset(r) for r in rs] for b, rs in data["maximal"].items()}
+        return regions, maximal
+    maximal = {b.name: maximal_regions(graph, b) for b in backends}
+    regions = [(c.backend, c.ops, False) for c in enumerate_candidates(graph, list(backends))]
+    regions += [(b.name, r, True) for b in backends for r in maximal[b.name]]
+    if key:
+        db.put_cached(KIND, key, json.dumps({
+            "regions": [(b, sorted(ops), int(m)) for b, ops, m in regions],
+            "maximal": {b: [sorted(r) for r in rs] for b, rs in maximal.items()}}))
+    return regions, maximal
