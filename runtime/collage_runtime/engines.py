@@ -12,7 +12,10 @@ while another engine runs. ``Engines`` gives each engine that budget and shares 
   starved every other engine), ``inter_op_num_threads=1`` (sequential execution).
 - OpenVINO: one ``ov.Core`` for every region (one TBB arena set, one plugin instance), compiled models with
   ``INFERENCE_NUM_THREADS=N``, one stream, the latency hint, no CPU pinning or reservation (the cores are
-  shared with the other engines).
+  shared with the other engines). A region whose work is small (``OPENVINO_PARALLEL_MACS``) gets one thread:
+  OpenVINO's TBB (oneTBB 2021.13 in the wheel) keeps a worker spinning (yielding) in the arena for 1 ms after
+  every parallel phase ("delayed leave"), and neither OpenVINO nor that TBB has a setting to stop it; one
+  thread means no worker joins, so nothing spins after the region.
 - torch (oneDNN/MKL): ``torch.set_num_threads(N)``; OpenMP workers passive (``OMP_WAIT_POLICY=PASSIVE``
   unless set; ``executors.torch_steps`` sets it before it imports torch, which only takes effect if
   nothing imported torch earlier), so they sleep instead of spinning between regions.
@@ -37,6 +40,12 @@ def usable_cores() -> int:
     """CPUs this process may be scheduled on (its affinity mask: taskset, cpusets)."""
     return len(os.sched_getaffinity(0))
 
+
+#: An OpenVINO region whose estimated work (multiply-adds of its matmuls and convolutions plus one per
+#: element every other op produces; ``executors.openvino_model.work``) is below this runs on one thread:
+#: below it, a second thread saves at most tens of µs of the region's wall time (~4M MACs take ~100-130 µs
+#: on one core here), while the TBB worker it wakes spins 1 ms after every call.
+OPENVINO_PARALLEL_MACS = 4_000_000
 
 #: IREE task workers per driver, as asked by the first program of this process (see ``iree_device``).
 IREE_POOLS: dict[str, int] = {}
@@ -103,14 +112,18 @@ class Engines:
                 self._openvino_core = core
         return self._openvino_core
 
-    def openvino_config(self) -> dict:
-        """compile_model properties for an OpenVINO region (f32 stated: the CPU may support bf16)."""
+    def openvino_threads(self, work: float | None = None) -> int:
+        """Threads for an OpenVINO region of ``work`` (see ``OPENVINO_PARALLEL_MACS``; None: unknown, the budget)."""
+        return 1 if work is not None and work < OPENVINO_PARALLEL_MACS else self.threads
+
+    def openvino_config(self, work: float | None = None) -> dict:
+        """compile_model properties for an OpenVINO region of ``work`` (f32 stated: the CPU may support bf16)."""
         import openvino as ov
         import openvino.properties as props
         import openvino.properties.hint as hints
 
         return {
-            props.inference_num_threads: self.threads,
+            props.inference_num_threads: self.openvino_threads(work),
             props.num_streams: 1,
             hints.performance_mode: hints.PerformanceMode.LATENCY,
             hints.inference_precision: ov.Type.f32,
