@@ -80,8 +80,15 @@ def readable_constant(op: ir.Operation) -> str | None:
     return "constant value is neither dense nor dense_resource"
 
 
+def _kernel_extent(op: ir.Operation, info: sh.ConvInfo) -> list[int]:
+    """The dilated kernel size per spatial dim, ``(k - 1) * rhs_dilation + 1``."""
+    ks = _shape(op.operands[1])
+    return [(ks[info.rhs_layout.index(str(i))] - 1) * r + 1 for i, r in enumerate(info.rhs_dilation)]
+
+
 def plain_convolution(op: ir.Operation) -> str | None:
-    """1-3 spatial dims, any layout and groups; no input dilation, batch groups or negative padding"""
+    """1-3 spatial dims, any layout and groups; no batch groups or negative padding; lhs dilation as ConvTranspose
+    (then stride 1 and padding below the dilated kernel size)"""
     try:
         info = sh.conv_info(op)
     except (ValueError, KeyError):
@@ -90,10 +97,13 @@ def plain_convolution(op: ir.Operation) -> str | None:
         return "needs 1 to 3 spatial dims"
     if info.batch_groups != 1:
         return "no batch groups"
-    if any(d != 1 for d in info.lhs_dilation):
-        return "no input (lhs) dilation"
     if any(lo < 0 or hi < 0 for lo, hi in info.padding):
         return "no negative padding"
+    if any(d != 1 for d in info.lhs_dilation):
+        if any(s != 1 for s in info.strides):
+            return "input (lhs) dilation only with stride 1"
+        if any(max(lo, hi) > k - 1 for (lo, hi), k in zip(info.padding, _kernel_extent(op, info))):
+            return "input (lhs) dilation only with padding below the dilated kernel size"
     if "window_reversal" in op.attributes and "true" in str(op.attributes["window_reversal"]):
         return "no window reversal"
     return None
@@ -181,6 +191,37 @@ def supported_compare(op: ir.Operation) -> str | None:
     if sh.tensor_type(op.operands[0])[1] == "i1" and _direction(op) not in ("EQ", "NE"):
         return "i1 compares only EQ/NE"
     return None if _direction(op) in COMPARE else "unknown comparison direction"
+
+
+def supported_window(op: ir.Operation) -> str | None:
+    """max pooling (float), or a running sum along one dim (cumulative sum, zero init)"""
+    if _cumsum_axis(op) is not None and numeric_operands(op) is None:
+        return None
+    return float_operands(op) or max_pool_window(op)
+
+
+def _cumsum_axis(op: ir.Operation) -> tuple[int, bool] | None:
+    """``(axis, reverse)`` when the window sums everything up to (or from) each position along one
+    dim: window n (the dim's size) there and 1 elsewhere, stride 1, padding (n-1, 0) or (0, n-1) of a
+    zero init value. Torch's ``cumsum`` lowers to this form (GPT-2's position ids)."""
+    if len(op.operands) != 2 or _reduce_kind(op) != "add":
+        return None
+    shape = _shape(op.operands[0])
+    dims = sh._array_attr(op, "window_dimensions", [])
+    strides = sh._array_attr(op, "window_strides", [1] * len(dims))
+    if any(d != 1 for name in ("base_dilations", "window_dilations") for d in sh._array_attr(op, name, [])):
+        return None
+    axes = [a for a, d in enumerate(dims) if d != 1]
+    if len(axes) != 1 or any(s != 1 for s in strides) or dims[axes[0]] != shape[axes[0]]:
+        return None
+    a, n = axes[0], shape[axes[0]]
+    pads = _window_padding(op, len(dims))
+    if any(p != (0, 0) for k, p in enumerate(pads) if k != a) or pads[a] not in ((n - 1, 0), (0, n - 1)):
+        return None
+    init = _constant_of(op.operands[1])
+    if init is None or np.any(init != 0):
+        return None
+    return a, pads[a] == (0, n - 1)
 
 
 def max_pool_window(op: ir.Operation) -> str | None:
@@ -377,17 +418,30 @@ def _iota(b: _Builder, op, ins):
     return [b.const(value.astype(DTYPES[_dtype(op.results[0])][0]), "iota")]
 
 
+#: Indices below this are exact in f32: i64 indices are clamped in f32 when every indexed dim is this short.
+F32_EXACT = 2 ** 24
+
+
 def _gather(b: _Builder, op, ins):
     g = gather_info(op)
     operand, indices = _shape(op.operands[0]), _shape(op.operands[1])
     k = len(g.start_index_map)
     # StableHLO clamps start indices into range; ONNX would read out of bounds (or wrap negatives).
-    idx = b.node("Cast", [ins[1]], to=DTYPES["i64"][1]) if _dtype(op.operands[1]) != "i64" else ins[1]
+    hi = [operand[d] - 1 for d in g.start_index_map]
+    idx = ins[1]
+    if _dtype(op.operands[1]) == "i64" and k == 1 and max(hi) < F32_EXACT:
+        # Clamped in f32 straight from the i64 value: OpenVINO computes i64 in 32 bits (an id of 2**32 + 5
+        # would wrap to 5) but converts an i64 input to float exactly; rounding is monotonic and every
+        # bound is exact in f32, so the clamp is StableHLO's. The clamped index fits i32.
+        idx = b.node("Cast", [idx], to=DTYPES["f32"][1])
+        idx = b.node("Min", [b.node("Max", [idx, b.const(np.float32(0), "lo")]), b.const(np.float32(hi[0]), "hi")])
+        idx = b.node("Cast", [idx], to=DTYPES["i32"][1])
+    else:
+        idx = b.node("Cast", [idx], to=DTYPES["i64"][1]) if _dtype(op.operands[1]) != "i64" else idx
+        idx = b.node("Min", [b.node("Max", [idx, b.ints([0])]), b.const(np.asarray(hi, np.int64), "hi")])
     if g.index_vector_dim == len(indices):
         indices = indices + [1]
         idx = b.reshape(idx, indices)
-    hi = np.asarray([operand[d] - 1 for d in g.start_index_map], dtype=np.int64)
-    idx = b.node("Min", [b.node("Max", [idx, b.ints([0])]), b.const(hi, "hi")])
     rest = [d for d in range(len(operand)) if d not in g.start_index_map]
     x = b.transpose(ins[0], g.start_index_map + rest)
     if k == 1:  # a row lookup (embeddings): Gather, which every engine has a fast kernel for
@@ -455,6 +509,13 @@ def _reduce(b: _Builder, op, ins):
     return [x]
 
 
+def _reduce_window(b: _Builder, op, ins):
+    cumsum = _cumsum_axis(op)
+    if cumsum is not None:
+        return [b.node("CumSum", [ins[0], b.const(np.int64(cumsum[0]), "axis")], reverse=int(cumsum[1]))]
+    return _max_pool(b, op, ins)
+
+
 def _max_pool(b: _Builder, op, ins):
     dims = sh._array_attr(op, "window_dimensions", [])
     rank = len(dims)
@@ -468,16 +529,49 @@ def _max_pool(b: _Builder, op, ins):
     return [y]
 
 
+def _reverse(b: _Builder, op, ins):
+    dims = sh._array_attr(op, "dimensions", [])
+    return [_flip(b, ins[0], dims, _shape(op.operands[0]))]
+
+
+def _flip(b: _Builder, x: str, axes: list[int], shape: list[int]) -> str:
+    """``x`` (of ``shape``) reversed along ``axes``: a Slice with step -1 (ONNX has no reverse op), ending
+    one before the first element (not at INT64_MIN: OpenVINO's i64 constants must fit 32 bits)."""
+    n = len(axes)
+    return b.node("Slice", [x, b.ints([-1] * n), b.ints([-shape[a] - 1 for a in axes]), b.ints(axes), b.ints([-1] * n)])
+
+
 def _convolution(b: _Builder, op, ins):
     info = sh.conv_info(op)
     n = info.spatial_rank
     spatial = "".join(str(i) for i in range(n))
     x = b.transpose(ins[0], [info.lhs_layout.index(c) for c in "bf" + spatial])
     w = b.transpose(ins[1], [info.rhs_layout.index(c) for c in "oi" + spatial])
-    y = b.node("Conv", [x, w], group=info.feature_groups, strides=info.strides, dilations=info.rhs_dilation,
-               pads=[lo for lo, _ in info.padding] + [hi for _, hi in info.padding],
-               kernel_shape=[_shape(op.operands[1])[info.rhs_layout.index(c)] for c in spatial])
+    kernel = [_shape(op.operands[1])[info.rhs_layout.index(c)] for c in spatial]
+    if any(d != 1 for d in info.lhs_dilation):
+        y = _transposed_convolution(b, op, info, x, w, kernel)
+    else:
+        y = b.node("Conv", [x, w], group=info.feature_groups, strides=info.strides, dilations=info.rhs_dilation,
+                   pads=[lo for lo, _ in info.padding] + [hi for _, hi in info.padding], kernel_shape=kernel)
     return [b.transpose(y, [("bf" + spatial).index(c) for c in info.out_layout])]
+
+
+def _transposed_convolution(b: _Builder, op, info: sh.ConvInfo, x: str, w: str, kernel: list[int]) -> str:
+    """A stride-1 convolution of the input dilated by ``lhs_dilation`` (how torch lowers ConvTranspose,
+    after flipping its kernel) as ONNX ``ConvTranspose``: stride = the input dilation, the kernel flipped
+    back and laid out (in, out / groups, spatial...), each pad ``extent - 1 - pad`` (the constraint keeps
+    it non-negative). A flip of a constant kernel, and torch's own flip before it, fold at build time."""
+    o, i_g = (_shape(op.operands[1])[info.rhs_layout.index(c)] for c in "oi")
+    g, n = info.feature_groups, info.spatial_rank
+    w = b.reshape(w, [g, o // g, i_g] + kernel, [o, i_g] + kernel)
+    w = b.transpose(w, [0, 2, 1] + list(range(3, 3 + n)))
+    w = b.reshape(w, [g * i_g, o // g] + kernel, [g, i_g, o // g] + kernel)
+    w = _flip(b, w, list(range(2, 2 + n)), [g * i_g, o // g] + kernel)
+    extent = _kernel_extent(op, info)
+    pads = [k - 1 - lo for (lo, _), k in zip(info.padding, extent)] + \
+        [k - 1 - hi for (_, hi), k in zip(info.padding, extent)]
+    return b.node("ConvTranspose", [x, w], group=g, strides=info.lhs_dilation, dilations=info.rhs_dilation,
+                  pads=pads, kernel_shape=kernel)
 
 
 def _dot_general(b: _Builder, op, ins):
@@ -534,7 +628,8 @@ OPS: dict[str, OnnxOp] = {
     "stablehlo.slice": OnnxOp(_slice, (static_known_types,)),
     "stablehlo.pad": OnnxOp(_pad, (static_known_types, plain_pad)),
     "stablehlo.reduce": OnnxOp(_reduce, (static_known_types, reduce_body)),
-    "stablehlo.reduce_window": OnnxOp(_max_pool, (static_known_types, float_operands, max_pool_window)),
+    "stablehlo.reduce_window": OnnxOp(_reduce_window, (static_known_types, supported_window)),
+    "stablehlo.reverse": OnnxOp(_reverse, (static_known_types,)),
     "stablehlo.convolution": OnnxOp(_convolution, (static_known_types, float_operands, plain_convolution)),
     "stablehlo.dot_general": OnnxOp(_dot_general, (static_known_types, float_operands)),
 }

@@ -9,10 +9,12 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
   evaluator) — except ``Expand``, which would only make a big constant out of a small one;
 - an ``Expand`` feeding a broadcasting op is dropped when broadcasting gives the same result shape,
   and a splat constant operand shrinks to a scalar (same rule);
+- a ``Cast`` of an i64 value moves before the ``Reshape``/``Transpose`` producing it (so a graph
+  input is converted where it enters: OpenVINO reads an i64 input exactly only there);
 - ``x * 1``, ``x + 0``, ``x - 0``, ``x / 1``, ``x and true``, ``x or false``, ``Identity``,
   reshapes to the same shape, identity transposes, chained reshapes and chained transposes collapse;
-- a per-channel ``Add``/``Sub``/``Mul``/``Div`` by a constant after a ``Conv`` with constant weights
-  is folded into the weights and bias (batch norm, bias adds, scales);
+- a per-channel ``Add``/``Sub``/``Mul``/``Div`` by a constant after a ``Conv`` or ``ConvTranspose``
+  with constant weights is folded into the weights and bias (batch norm, bias adds, scales);
 - ``Max(x, 0)`` → ``Relu``, ``Min(Relu(x), 6)`` → ``Clip``, ``MatMul`` + bias ``Add`` → ``Gemm``,
   a 2-D ``MatMul`` of rows flattened from leading dims → a batched ``MatMul`` on the unflattened input,
   ``ReduceSum`` divided by the count it summed → ``ReduceMean``, max-subtracted exp over its sum →
@@ -83,7 +85,7 @@ def optimize(model):
     shapes.update({k: tuple(v.shape) for k, v in consts.items()})
     g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output}, types)
     # Pruning first: dead readers would break the single-user checks of the fusions.
-    rules = (_prune, _fold_constants, _drop_broadcasts, _drop_identities, _fold_into_conv, _activations,
+    rules = (_prune, _fold_constants, _drop_broadcasts, _hoist_casts, _drop_identities, _fold_into_conv, _activations,
              _batched_matmul, _gemm, _mean,
              _softmax, _gelu, _layer_norm)
     while any([rule(g) for rule in rules]):
@@ -156,6 +158,32 @@ def _drop_broadcasts(g: _Graph) -> bool:
             if smaller is not None and _broadcast_shape(others + [g.shapes[smaller]]) == g.shapes[n.output[0]]:
                 n.input[k] = smaller
                 changed = True
+    return changed
+
+
+#: Nodes that only move elements: a Cast after one computes the same before it.
+DATA_MOVEMENT = frozenset({"Reshape", "Transpose"})
+
+
+def _hoist_casts(g: _Graph) -> bool:
+    """``Cast(Reshape(x))`` → ``Reshape(Cast(x))`` for an i64 ``x`` (the Reshape read by the Cast alone)."""
+    from onnx import TensorProto
+
+    changed = False
+    for cast in list(g.nodes):
+        if cast.op_type != "Cast":
+            continue
+        p = g.producer(cast.input[0])
+        if p is None or p.op_type not in DATA_MOVEMENT or g.types.get(p.input[0]) != TensorProto.INT64 or \
+                p.output[0] in g.outputs or len(g.users(p.output[0])) != 1 or p.input[0] not in g.shapes:
+            continue
+        g.count += 1
+        moved = f"{cast.output[0]}_hoisted{g.count}"
+        g.shapes[moved], g.types[moved] = g.shapes[p.input[0]], _attr(cast, "to")
+        cast.input[0], cast.output[0], p.input[0], p.output[0] = p.input[0], moved, moved, cast.output[0]
+        g.nodes.remove(cast)
+        g.nodes.insert(g.nodes.index(p), cast)
+        changed = True
     return changed
 
 
@@ -235,10 +263,26 @@ def _channel_vector(g: _Graph, name: str, rank: int, channels: int) -> np.ndarra
     return np.broadcast_to(full.reshape(-1), (channels,))
 
 
+def _out_channels(conv, w: np.ndarray) -> tuple[int, tuple[int, ...]]:
+    """A ``Conv``'s or ``ConvTranspose``'s output channels and the shape of its weights grouped so that a
+    per-output-channel column (``_channel_column``) broadcasts against them."""
+    if conv.op_type == "Conv":  # (out, in / groups, k...)
+        return w.shape[0], w.shape
+    g = _attr(conv, "group", 1)  # ConvTranspose: (in, out / groups, k...), out channel = group * (out / g) + o
+    return g * w.shape[1], (g, w.shape[0] // g) + w.shape[1:]
+
+
+def _channel_column(conv, v: np.ndarray, grouped: tuple[int, ...]) -> np.ndarray:
+    if conv.op_type == "Conv":
+        return v.reshape((-1,) + (1,) * (len(grouped) - 1))
+    return v.reshape((grouped[0], 1, grouped[2]) + (1,) * (len(grouped) - 3))
+
+
 def _fold_into_conv(g: _Graph) -> bool:
     changed = False
     for conv in list(g.nodes):
-        if conv.op_type != "Conv" or conv.input[1] not in g.consts or conv.output[0] in g.outputs:
+        if conv.op_type not in ("Conv", "ConvTranspose") or conv.input[1] not in g.consts or \
+                conv.output[0] in g.outputs:
             continue
         users = g.users(conv.output[0])
         if len(users) != 1 or users[0].op_type not in ("Add", "Sub", "Mul", "Div"):
@@ -246,21 +290,22 @@ def _fold_into_conv(g: _Graph) -> bool:
         user = users[0]
         k = list(user.input).index(conv.output[0])
         w = g.consts[conv.input[1]]
-        bias = g.consts.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(w.shape[0], w.dtype)
+        channels, grouped = _out_channels(conv, w)
+        bias = g.consts.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(channels, w.dtype)
         if bias is None:
             continue
-        v = _channel_vector(g, user.input[1 - k], len(g.shapes.get(conv.output[0], ())), w.shape[0])
+        v = _channel_vector(g, user.input[1 - k], len(g.shapes.get(conv.output[0], ())), channels)
         if v is None or (user.op_type == "Div" and k == 1):
             continue
-        col = v.reshape((-1,) + (1,) * (w.ndim - 1))
+        col = _channel_column(conv, v, grouped)
         if user.op_type == "Add":
             bias = bias + v
         elif user.op_type == "Sub":
             w, bias = (w, bias - v) if k == 0 else (-w, v - bias)
         elif user.op_type == "Mul":
-            w, bias = w * col, bias * v
+            w, bias = (w.reshape(grouped) * col).reshape(w.shape), bias * v
         else:
-            w, bias = w / col, bias / v
+            w, bias = (w.reshape(grouped) / col).reshape(w.shape), bias / v
         conv.input[1] = g.fresh_const(w.astype(g.consts[conv.input[1]].dtype), "w")
         b_name = g.fresh_const(bias.astype(w.dtype), "b")
         if len(conv.input) > 2:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from collage_mlir import zoo
@@ -97,3 +99,20 @@ def test_bench_end_to_end_two_peers(torch, tmp_path, capsys):
     merged = json.loads((tmp_path / "merged.json").read_text())
     assert [m["model"] for m in merged["models"]] == ["dcgan", "dcgan"]
     assert merged["geomean_ratio_to_best_peer"] == pytest.approx(model["ratio_to_best_peer"])
+
+
+@pytest.mark.parametrize("engine", ["ort", "openvino"])
+def test_runtime_policy_peer_computes_what_the_user_peer_does(engine, torch, tmp_path):
+    # The `-rt` peer is the same engine on the same ONNX under collage's runtime settings (no spinning,
+    # no pinning): a thread policy, never different numbers.
+    from collage_mlir.bench.contenders import CONTENDERS, SetupContext
+
+    outs = {}
+    for name in (engine, f"{engine}-rt"):
+        work = tmp_path / name
+        work.mkdir()
+        prepared = CONTENDERS[name].setup(SetupContext("dcgan", True, 1, work))
+        prepared.run()
+        outs[name] = prepared.outputs()
+    (user,), (rt,) = outs.values()
+    np.testing.assert_allclose(rt, user, rtol=1e-5, atol=1e-5 * float(np.abs(user).max()))

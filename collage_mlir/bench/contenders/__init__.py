@@ -49,7 +49,8 @@ class Contender:
 def _registry() -> dict[str, Contender]:
     from . import iree, onnxruntime, openvino, torch_compile, torch_eager
 
-    found = [torch_eager.CONTENDER, torch_compile.CONTENDER, onnxruntime.CONTENDER, openvino.CONTENDER,
+    found = [torch_eager.CONTENDER, torch_compile.CONTENDER, onnxruntime.CONTENDER, onnxruntime.RUNTIME_POLICY,
+             openvino.CONTENDER, openvino.RUNTIME_POLICY,
              *iree.CONTENDERS]
     return {c.name: c for c in found}
 

@@ -1,8 +1,11 @@
 """ONNX Runtime on the model exported by ``torch.onnx.export`` (torch 2.13's default exporter), CPU
-execution provider, all graph optimizations, ``threads`` intra-op threads."""
+execution provider, all graph optimizations, ``threads`` intra-op threads: ``ort`` as ORT's users get it
+(idle workers spin), ``ort-rt`` with the session options collage's runtime gives an ORT region (spinning
+off), so that a ratio to the best peer does not credit a thread policy to placement."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,15 +27,19 @@ def export_onnx(ctx: SetupContext) -> tuple[Path, list[np.ndarray]]:
     return path, [x.numpy() for x in inputs]
 
 
-def setup(ctx: SetupContext) -> Prepared:
+def setup(ctx: SetupContext, runtime_policy: bool = False) -> Prepared:
     import onnxruntime as ort
+    from collage_runtime.engines import Engines
 
     path, inputs = export_onnx(ctx)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = ctx.threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
+    if runtime_policy:
+        opts = Engines(ctx.threads).ort_session_options()
+    else:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = ctx.threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
     session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
     feeds = {i.name: x for i, x in zip(session.get_inputs(), inputs)}
     last = []
@@ -44,3 +51,5 @@ def setup(ctx: SetupContext) -> Prepared:
 
 
 CONTENDER = Contender("ort", "ONNX Runtime (torch.onnx.export, all graph optimizations)", setup)
+RUNTIME_POLICY = Contender("ort-rt", "ONNX Runtime as `ort`, with collage's runtime's session options (no spinning)",
+                           partial(setup, runtime_policy=True))

@@ -1,13 +1,18 @@
 """OpenVINO's CPU plugin on the same ONNX export as ONNX Runtime: f32 inference precision stated (the
-CPU may support bf16, which OpenVINO would otherwise pick), latency hint, one stream, ``threads`` threads."""
+CPU may support bf16, which OpenVINO would otherwise pick), latency hint, one stream, ``threads`` threads:
+``openvino`` with OpenVINO's defaults otherwise (threads pinned to cores), ``openvino-rt`` with the
+properties collage's runtime gives an OpenVINO region (no pinning or reservation)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from . import Contender, Prepared, SetupContext
 from .onnxruntime import export_onnx
 
 
-def setup(ctx: SetupContext) -> Prepared:
+def setup(ctx: SetupContext, runtime_policy: bool = False) -> Prepared:
+    from collage_runtime.engines import Engines
     from collage_runtime.telemetry import disable_engine_telemetry
 
     disable_engine_telemetry()  # before openvino's first import, as the runtime does
@@ -17,9 +22,10 @@ def setup(ctx: SetupContext) -> Prepared:
 
     path, inputs = export_onnx(ctx)
     core = ov.Core()
-    compiled = core.compile_model(str(path), "CPU", {
+    config = Engines(ctx.threads).openvino_config() if runtime_policy else {
         props.inference_num_threads: ctx.threads, props.num_streams: 1,
-        hints.performance_mode: hints.PerformanceMode.LATENCY, hints.inference_precision: ov.Type.f32})
+        hints.performance_mode: hints.PerformanceMode.LATENCY, hints.inference_precision: ov.Type.f32}
+    compiled = core.compile_model(str(path), "CPU", config)
     request = compiled.create_infer_request()
 
     return Prepared(lambda: request.infer(inputs),
@@ -27,3 +33,5 @@ def setup(ctx: SetupContext) -> Prepared:
 
 
 CONTENDER = Contender("openvino", "OpenVINO (same ONNX, f32 precision hint)", setup)
+RUNTIME_POLICY = Contender("openvino-rt", "OpenVINO as `openvino`, with collage's runtime's properties (no pinning)",
+                           partial(setup, runtime_policy=True))
