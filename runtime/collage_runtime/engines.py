@@ -12,13 +12,15 @@ while another engine runs. ``Engines`` gives each engine that budget and shares 
   starved every other engine), ``inter_op_num_threads=1`` (sequential execution).
 - OpenVINO: one ``ov.Core`` for every region (one TBB arena set, one plugin instance), compiled models with
   ``INFERENCE_NUM_THREADS=N``, one stream, the latency hint, no CPU pinning or reservation (the cores are
-  shared with the other engines). A region whose work is small (``OPENVINO_PARALLEL_MACS``) gets one thread:
+  shared with the other engines). A region whose work is small (``SMALL_REGION_MACS``) gets one thread:
   OpenVINO's TBB (oneTBB 2021.13 in the wheel) keeps a worker spinning (yielding) in the arena for 1 ms after
   every parallel phase ("delayed leave"), and neither OpenVINO nor that TBB has a setting to stop it; one
   thread means no worker joins, so nothing spins after the region.
 - torch (oneDNN/MKL): ``torch.set_num_threads(N)``; OpenMP workers passive (``OMP_WAIT_POLICY=PASSIVE``
   unless set; ``executors.torch_steps`` sets it before it imports torch, which only takes effect if
-  nothing imported torch earlier), so they sleep instead of spinning between regions.
+  nothing imported torch earlier), so they sleep instead of spinning between regions. A small region
+  (``SMALL_REGION_MACS``) runs with one thread: MKL splits even a 128x8x8 matmul over both threads, and
+  waking the sleeping worker made that call 77-106 µs instead of 4.8 (AMD EPYC, 2 threads).
 - XLA (jaxlib PJRT CPU): one client per process; jaxlib exposes no thread count, XLA sizes its pool to the
   usable cores (bound it with ``taskset`` when ``N`` is smaller).
 
@@ -41,11 +43,12 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-#: An OpenVINO region whose estimated work (multiply-adds of its matmuls and convolutions plus one per
-#: element every other op produces; ``executors.openvino_model.work``) is below this runs on one thread:
-#: below it, a second thread saves at most tens of µs of the region's wall time (~4M MACs take ~100-130 µs
-#: on one core here), while the TBB worker it wakes spins 1 ms after every call.
-OPENVINO_PARALLEL_MACS = 4_000_000
+#: An OpenVINO or torch region whose estimated work (multiply-adds of its matmuls and convolutions plus one
+#: per element every other op produces) is below this runs on one thread: below it, a second thread saves
+#: at most tens of µs of the region's wall time (~4M MACs take ~100-130 µs on one core here), while the
+#: worker it wakes spins 1 ms after every call (OpenVINO's TBB) or takes ~100 µs to wake (torch's passive
+#: OpenMP).
+SMALL_REGION_MACS = 4_000_000
 
 #: IREE task workers per driver, as asked by the first program of this process (see ``iree_device``).
 IREE_POOLS: dict[str, int] = {}
@@ -112,9 +115,10 @@ class Engines:
                 self._openvino_core = core
         return self._openvino_core
 
-    def openvino_threads(self, work: float | None = None) -> int:
-        """Threads for an OpenVINO region of ``work`` (see ``OPENVINO_PARALLEL_MACS``; None: unknown, the budget)."""
-        return 1 if work is not None and work < OPENVINO_PARALLEL_MACS else self.threads
+    def region_threads(self, work: float | None = None) -> int:
+        """Threads for an OpenVINO or torch region of ``work`` (see ``SMALL_REGION_MACS``; None: unknown,
+        the budget)."""
+        return 1 if work is not None and work < SMALL_REGION_MACS else self.threads
 
     def openvino_config(self, work: float | None = None) -> dict:
         """compile_model properties for an OpenVINO region of ``work`` (f32 stated: the CPU may support bf16)."""
@@ -123,7 +127,7 @@ class Engines:
         import openvino.properties.hint as hints
 
         return {
-            props.inference_num_threads: self.openvino_threads(work),
+            props.inference_num_threads: self.region_threads(work),
             props.num_streams: 1,
             hints.performance_mode: hints.PerformanceMode.LATENCY,
             hints.inference_precision: ov.Type.f32,

@@ -59,7 +59,7 @@ def test_openvino_small_regions_run_on_one_thread(tmp_path):
     """A small OpenVINO region is compiled with one thread (no TBB worker left spinning after it), a large
     one with the program's budget."""
     ov = pytest.importorskip("openvino")
-    from collage_runtime.engines import OPENVINO_PARALLEL_MACS
+    from collage_runtime.engines import SMALL_REGION_MACS
     from collage_runtime.executors.openvino_model import work
 
     path = tmp_path / "m.onnx"
@@ -68,7 +68,7 @@ def test_openvino_small_regions_run_on_one_thread(tmp_path):
     core = engines.openvino_core()
     small = work(core.read_model(str(path)))
     assert small == N * N * N + N * N  # matmul MACs + one per tanh element
-    assert engines.openvino_threads(small) == 1 and engines.openvino_threads(OPENVINO_PARALLEL_MACS) == 2
-    assert engines.openvino_threads(None) == 2 and Engines(1).openvino_threads(1e12) == 1
+    assert engines.region_threads(small) == 1 and engines.region_threads(SMALL_REGION_MACS) == 2
+    assert engines.region_threads(None) == 2 and Engines(1).region_threads(1e12) == 1
     compiled = core.compile_model(core.read_model(str(path)), "CPU", engines.openvino_config(small))
     assert compiled.get_property("INFERENCE_NUM_THREADS") == 1

@@ -185,3 +185,41 @@ def test_nhwc_conv_runs_through_permuted_views(tmp_path):
     assert [(s["op"], s["layouts"], s["bias"], s["act"]) for s in steps] == [
         ("conv2d", ["b01f", "01io", "b01f"], True, "sigmoid")]
     _compare(mixed, alone, "nhwc", *args)
+
+
+SIZED = """
+func.func @small(%a: tensor<8x32xf32>, %b: tensor<32x16xf32>) -> tensor<8x16xf32> {
+  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<8x32xf32>, tensor<32x16xf32>) -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}
+func.func @large(%a: tensor<256x256xf32>, %b: tensor<256x256xf32>) -> tensor<256x256xf32> {
+  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<256x256xf32>, tensor<256x256xf32>) -> tensor<256x256xf32>
+  return %0 : tensor<256x256xf32>
+}
+"""
+
+
+def test_small_regions_run_on_one_thread(tmp_path, monkeypatch):
+    """A region below SMALL_REGION_MACS (4k MACs here) runs with one torch thread from its second call on
+    and gives the budget back after; a large one (16.8M) keeps the budget; both compute the same."""
+    import torch
+
+    from collage_runtime.engines import SMALL_REGION_MACS, Engines
+    from collage_runtime.executors import torch_steps
+
+    art = compile_module(parse_module(SIZED, new_context()), "prefer:onednn", tmp_path / "mixed")
+    by_shape = {tuple(r["outputs"][0]["shape"]): art.out_dir / r["artifact"] for r in art.manifest["regions"]}
+    assert set(by_shape) == {(8, 16), (256, 256)} and 8 * 32 * 16 < SMALL_REGION_MACS < 256 ** 3
+    calls: list[int] = []
+    original = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), original(n)))
+    rng = np.random.default_rng(0)
+    for (m, k, n), expect in (((8, 32, 16), [1, 2]), ((256, 256, 256), [])):
+        a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+        run = torch_steps.load(by_shape[(m, n)], Engines(2))
+        calls.clear()
+        for _ in range(2):
+            out = np.full((m, n), np.nan, np.float32)
+            run([a, b], [out])
+            np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
+        assert calls == expect and torch.get_num_threads() == 2

@@ -14,7 +14,7 @@ intermediate results alternate between two blocks): OpenVINO's Python API cannot
 new tensor costs ~3.5 µs and ``set_*_tensor`` ~2 µs. The tensors alias the address without holding the
 IREE buffer, so the allocator can reuse the block; they are only used while the call's own array holds it.
 
-A region's thread count follows its work (``work``, ``Engines.openvino_threads``): a small region runs on one
+A region's thread count follows its work (``work``, ``Engines.region_threads``): a small region runs on one
 thread, so no TBB worker is left spinning after it (see ``collage_runtime.engines``).
 """
 

@@ -120,8 +120,19 @@ def _step(step: dict, args: list[torch.Tensor]) -> torch.Tensor:
     raise ValueError(f"unknown step op {op!r}")
 
 
+def _work(step: dict, args: list[torch.Tensor], y: torch.Tensor) -> int:
+    """Multiply-adds of a convolution or matmul step, else one per element it produces."""
+    if step["op"] == "conv2d":
+        w = args[1]
+        return y.numel() * (w.numel() // w.shape[step["layouts"][1].index("o")])
+    if step["op"] == "matmul":
+        return args[0].numel() * args[1].shape[-2 if step["transpose_rhs"] else -1]
+    return y.numel()
+
+
 def load(path: Path, engines: Engines) -> Run:
-    """The callable that runs the step program stored at ``path`` with the program's thread budget."""
+    """The callable that runs the step program stored at ``path`` with the program's thread budget, or
+    with one thread where its work is small (``engines.SMALL_REGION_MACS``: counted on the first call)."""
     engines.torch()
     program = json.loads(Path(path).read_text())
     if program.get("version") != 2:
@@ -144,7 +155,7 @@ def load(path: Path, engines: Engines) -> Run:
     direct = {s["out"]: results.index(s["out"]) for s in compute
               if s["op"] == "matmul" and results.count(s["out"]) == 1 and s["out"] not in uses}
 
-    def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+    def body(inputs: list[np.ndarray], outputs: list[np.ndarray], work: list[int] | None = None) -> None:
         values: dict[int, torch.Tensor] = dict(consts)
         for i, arr in enumerate(inputs):
             values[i] = torch.from_numpy(arr)
@@ -157,8 +168,30 @@ def load(path: Path, engines: Engines) -> Run:
                 written.add(k)
             else:
                 values[s["out"]] = _step(s, args)
+            if work is not None:
+                work.append(_work(s, args, values[s["out"]]))
         for k, (out, vid) in enumerate(zip(outputs, results)):
             if k not in written:
                 torch.from_numpy(out).copy_(values[vid])
+
+    threads = engines.threads
+    if threads == 1:
+        return body
+    small: list[bool] = []  # decided on the first call, from the shapes it ran
+
+    def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        if not small:
+            work: list[int] = []
+            body(inputs, outputs, work)
+            small.append(engines.region_threads(sum(work)) == 1)
+        elif small[0]:
+            # torch's thread count is process-wide: set around the call (~1 µs), back to the budget after.
+            torch.set_num_threads(1)
+            try:
+                body(inputs, outputs)
+            finally:
+                torch.set_num_threads(threads)
+        else:
+            body(inputs, outputs)
 
     return run
