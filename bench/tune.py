@@ -2,7 +2,9 @@
 single backend, measured side by side) per model.
 
 For each model: ``tune()`` on a fresh cost DB (cold: nothing measured, transition probes included), then
-again on the same DB (warm: every answer from the DB, and the plan bytes must be the same). Plan quality
+the same call again on that DB (warm: the finished tune is in the DB, and the plan bytes must be the
+same), then a search again on the warm DB (``reuse=False``, budget ``--warm-budget``: it reads what the
+DB holds and goes on measuring what the cold budget left out). Plan quality
 comes from the cold tune's own finalists: the DP plan, the best evolved plans and the best single-backend
 plan, re-timed side by side in interleaved rounds (their builds kept, so only timing); every other
 single-backend plan's time is its seed timing. ``--rounds N`` adds N more interleaved rounds of every
@@ -106,8 +108,9 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=600.0)
     ap.add_argument("--rounds", type=int, default=0)
     ap.add_argument("--warm-budget", type=float, default=None,
-                    help="budget of the warm rerun (default: --budget); where the cold run was cut short by its "
-                         "budget the rerun goes on measuring, so a short one shows what a rerun costs besides")
+                    help="budget of the search again on the warm DB (default: --budget); where the cold run was cut "
+                         "short by its budget that search goes on measuring, so a short one shows what a search "
+                         "costs besides")
     ap.add_argument("--name", default="tune")
     ap.add_argument("--keep", default=None,
                     help="keep each model's cost DB and work files in KEEP/MODEL (to rerun or profile the warm tune)")
@@ -131,7 +134,9 @@ def main() -> None:
             work.mkdir(parents=True, exist_ok=True)
             runs = []
             with CostDB(work / "costs.sqlite") as db:
-                for kind in ("cold", "warm"):
+                # cold: a fresh DB; warm: the same call again (the finished tune is in the DB); again: a
+                # search on the warm DB (reuse=False, --warm-budget), which goes on measuring what it lacks.
+                for kind in ("cold", "warm", "again"):
                     t0 = time.perf_counter()
                     stages: list[tuple[str, float]] = []
 
@@ -141,15 +146,16 @@ def main() -> None:
                             print(f"  {name} {kind}: {stage} at {stages[-1][1]:.0f} s", flush=True)
 
                     load_before = os.getloadavg()
-                    budget = args.warm_budget if kind == "warm" and args.warm_budget else args.budget
+                    budget = args.warm_budget if kind == "again" and args.warm_budget else args.budget
                     r = tune(module, backends, db, work / kind, budget_s=budget, examples={"main": inputs},
-                             measure=MeasureOptions(), on_progress=show)
+                             measure=MeasureOptions(), on_progress=show, reuse=kind != "again")
                     wall = time.perf_counter() - t0
                     runs.append({"kind": kind, "budget_s": budget, "wall_s": wall, "result": r, "stages": stages,
                                  "load": [round(x, 1) for x in (*load_before, *os.getloadavg())],
-                                 "measured": r.estimator.measured, "db_hits": r.estimator.cache_hits})
+                                 "measured": r.measured, "db_hits": r.cache_hits,
+                                 "reused": r.reused})
                     print(f"{name}: {kind} tune {wall:.1f} s (budget {budget:.0f} s), {r.candidates} candidates, "
-                          f"{r.estimator.measured} measured now, {r.estimator.cache_hits} DB hits, load "
+                          f"{r.measured} measured now, {r.cache_hits} DB hits{' (reused)' if r.reused else ''}, load "
                           f"{runs[-1]['load']}", flush=True)
             cold, warm = runs[0]["result"], runs[1]["result"]
             extra = side_by_side(module, {"tuned": cold.plan, "dp": cold.dp_plan,
@@ -171,14 +177,16 @@ def _write(args, result: dict, rows: list) -> None:
 
     md = [f"# Tuning: wall time and plan quality\n\n`{result['command']}`\n\n{result['device']}; backends "
           f"{', '.join(result['backends'])}; budget {args.budget:.0f} s"
-          + (f" (warm rerun {args.warm_budget:.0f} s)" if args.warm_budget else "") + ".\n",
-          "| model | candidates | cold tune s | warm tune s | same plan warm | load (1/5/15 min, before) | tuned ms | "
-          "DP ms | best single | its ms | best single / tuned | best single / DP |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          + (f" (search again on the warm DB: {args.warm_budget:.0f} s)" if args.warm_budget else "") + ".\n",
+          "| model | candidates | cold tune s | warm tune s | same plan warm | search again on the warm DB s | "
+          "load (1/5/15 min, before) | tuned ms | DP ms | best single | its ms | best single / tuned | best single / DP |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, e in rows:
         q, cold, warm = e["quality"], e["runs"][0], e["runs"][1]
         ratio = lambda v: f"{v:.2f}x" if v else "-"  # noqa: E731
+        again = f"{e['runs'][2]['wall_s']:.1f}" if len(e["runs"]) > 2 else "-"
         md.append(f"| {name} | {e['candidates']} | {cold['wall_s']:.0f} | {warm['wall_s']:.1f} | {e['same_plan_warm']} | "
+                  f"{again} | "
                   f"{'/'.join(str(x) for x in cold['load'][:3])} | {ms(q['tuned_s'])} | {ms(q['dp_s'])} | "
                   f"{q['best_single']} | {ms(q['best_single_s'])} | {ratio(q['tuned_vs_best_single'])} | "
                   f"{ratio(q['dp_vs_best_single'])} |")
@@ -187,8 +195,12 @@ def _write(args, result: dict, rows: list) -> None:
     for name, e in rows:
         q, cold = e["quality"], e["runs"][0]
         md.append(f"- {name}: cold stages " + ", ".join(f"{s} {t:.0f}" for s, t in cold["stages"])
-                  + f"; {cold['measured']} measured, {e['runs'][1]['db_hits']} DB hits warm; load before/after "
-                  f"{cold['load']}")
+                  + f"; {cold['measured']} measured; load before/after {cold['load']}")
+        if len(e["runs"]) > 2:
+            a = e["runs"][2]
+            md.append(f"  - search again on the warm DB ({a['budget_s']:.0f} s budget): {a['wall_s']:.1f} s, stages "
+                      + ", ".join(f"{s} {t:.0f}" for s, t in a["stages"])
+                      + f"; {a['measured']} measured, {a['db_hits']} DB hits")
         md.append("  - finalists: " + "; ".join(f"{k} ({v['regions']} regions) " + ", ".join(ms(x) for x in v["rounds_s"])
                                                 for k, v in q["finalists"].items()))
         md.append("  - single backends: " + ", ".join(f"{k} {ms(v)}" for k, v in q["single_backend_s"].items()))

@@ -5,11 +5,12 @@ a plan JSON that says, per region, what it costs, what came second and why."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -19,7 +20,9 @@ from ..backends import DEFAULT_BACKEND, Backend, BackendKind, get_backend
 from ..errors import CollageError
 from ..graph import Graph, number_ops
 from ..ir import ir
+from ..measure import HARNESS_VERSION
 from ..measure.db import CostDB
+from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, module_digest
 from ..plan import Plan, Region
 from .cost import Cost
@@ -41,11 +44,27 @@ OnProgress = Callable[[str, int, "int | None", str], None]
 class TuneResult:
     plan: Plan
     document: dict  # the plan JSON with the tuning record
-    evolved: EvolveResult
+    evolved: EvolveResult | None  # None when ``reused``
     dp_plan: Plan
     single: dict[str, Plan]
     candidates: int
-    estimator: MeasuredEstimator
+    estimator: MeasuredEstimator | None  # None when ``reused``
+    #: The search did not run: a finished tune with the same model, inputs, backends (and versions),
+    #: seed and budget on this device left this result in the DB.
+    reused: bool = False
+
+    @property
+    def measured(self) -> int:
+        """Rows measured by this call (regions and plans); 0 when reused."""
+        return self.estimator.measured if self.estimator else 0
+
+    @property
+    def cache_hits(self) -> int:
+        return self.estimator.cache_hits if self.estimator else 0
+
+
+#: What the DB keeps of a finished tune (``_result_key``): its document and the plans it compared.
+TUNE_RESULT = "tune-result"
 
 
 def single_backend_plans(graph: Graph, backends: Sequence[Backend],
@@ -98,7 +117,7 @@ TRANSITION_SHARE = 0.15
 def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: str | Path, *, budget_s: float,
          seed: int = 0, examples: Mapping[str, Sequence[np.ndarray]] | None = None,
          measure: MeasureOptions | None = None, evolve_options: EvolveOptions | None = None,
-         on_progress: OnProgress | None = None) -> TuneResult:
+         on_progress: OnProgress | None = None, reuse: bool = True) -> TuneResult:
     """Finds the plan of ``module`` with the lowest measured end-to-end time on ``backends`` (the default
     backend is always added) within ``budget_s`` seconds.
 
@@ -111,7 +130,13 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     only the finalists' interleaved re-timing runs (their builds are kept: timing only). So a tune ends
     at most one unit of work in flight (a whole-plan build and timing, or a batch of region builds) plus
     the finalists' rounds past its budget; the default seed is the exception when the budget is shorter
-    than its build."""
+    than its build.
+
+    A finished tune is kept in the DB under the model (and its example inputs), the backends with their
+    versions, the device, the seed, the budget and the search options; with ``reuse`` the same call
+    returns it without searching (same bytes, in about the time it takes to read the DB). A tune that
+    was interrupted left no result, so its rerun searches, reusing every row it measured; a rerun with
+    another budget (or ``reuse=False``) searches again on the DB's rows, measuring what they lack."""
     report = on_progress or (lambda *a: None)
     # Every stage but the finalists' rounds (timing only, on kept builds) keeps to this deadline.
     started = time.monotonic()
@@ -123,15 +148,24 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     graph = Graph(module)
     if "main" not in {n.func for n in graph.nodes.values()}:
         raise CollageError("the model has no public @main function to time")
+    measure = measure or MeasureOptions()
+    measure.seed = seed
+    opts = evolve_options or EvolveOptions()
+    digest = module_digest(module)
+    result_key = _result_key(digest, backends, examples, seed, budget_s, opts)
+    if reuse and (stored := db.get_cached(TUNE_RESULT, result_key)) is not None:
+        record = json.loads(stored)
+        report("reused", 1, 1, "a finished tune with these settings is in the DB")
+        return TuneResult(Plan.from_json(record["document"], source="tune"), record["document"], None,
+                          Plan.from_json(record["dp_plan"], source="dp"),
+                          {n: Plan.from_json(p, source=n) for n, p in record["single"].items()},
+                          record["candidates"], None, reused=True)
     report("candidates", 0, None, "")
     # A rerun on this DB reads the candidates instead of enumerating them (the backends' checks, ~12 s on
     # ResNet-50 idle).
-    digest = module_digest(module)
     regions, maximal = candidate_regions(graph, backends, db, digest)
     index = CandidateIndex(SearchGraph.from_graph(graph), regions)
     report("candidates", len(index), len(index), f"{len(index)} candidates")
-    measure = measure or MeasureOptions()
-    measure.seed = seed
     est = MeasuredEstimator(module, backends, db, work_dir, examples=examples, options=measure, deadline=deadline,
                             on_progress=lambda stage, p: report(stage, p.done, p.total,
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
@@ -151,7 +185,6 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         # The finalists' rounds re-time up to 5 plans 3 times, each about as long as the median seed's
         # timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
         # IREE alone, would keep 2 minutes of ResNet-50's budget).
-        opts = evolve_options or EvolveOptions()
         finals_s = opts.rounds * (opts.finalists + 2) * (statistics.median(est.timings_s) if est.timings_s else 0.0)
         deadline = min(deadline, started + budget_s - finals_s)
         left = max(0.0, deadline - time.monotonic())
@@ -198,7 +231,26 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                              sg, est, accepts, names, seed, budget_s, len(index))
     finally:
         est.close()
+    db.put_cached(TUNE_RESULT, result_key, json.dumps({
+        "document": document, "dp_plan": dp.plan.to_json(), "candidates": len(index),
+        "single": {n: p.to_json() for n, p in single.items()}}))
     return TuneResult(evolved.plan, document, evolved, dp.plan, single, len(index), est)
+
+
+def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed: int, budget_s: float,
+                opts: EvolveOptions) -> str:
+    """What a finished tune's result is kept under: the numbered module's digest, the example inputs, the
+    backends with their versions, this device, the harness version, the seed, the budget and the search
+    options (a deadline is not an option: it comes from the budget)."""
+    digest = hashlib.sha256(module_digest.encode())
+    for name in sorted(examples or {}):
+        for a in examples[name]:
+            digest.update(name.encode() + np.ascontiguousarray(a).tobytes())
+    search = {k: v for k, v in asdict(replace(opts, deadline=None)).items()}
+    text = json.dumps({"model": digest.hexdigest(), "backends": sorted(f"{b.name}={b.version()}" for b in backends),
+                       "device": device_fingerprint()[0], "harness": HARNESS_VERSION, "seed": seed,
+                       "budget_s": budget_s, "search": search}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 #: Seeds in this order: the default backend first (its build is also the reference every plan is checked

@@ -83,12 +83,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=int, default=0, help="search seed (same DB + same seed → same plan)")
     t.add_argument("--db", default=None, help=f"cost database (default: $COLLAGE_DB or {default_db_path()})")
     t.add_argument("--input", action="append", default=[], help="example input .npy for @main, once per argument")
+    t.add_argument("--search-again", action="store_true",
+                   help="search even where a finished tune with the same model, inputs, backends, seed and budget is "
+                        "in the DB (by default its plan is returned at once); the DB's rows are still used")
     t.add_argument("--jobs", type=positive_int, default=None, help="parallel candidate builds (default: CPU count)")
     t.add_argument("-o", "--output", required=True, help="plan JSON to write")
 
 
 def tune_model(module, examples: dict, backends: list, budget_s: float, seed: int, db_path: str | None,
-               jobs: int | None = None):
+               jobs: int | None = None, reuse: bool = True):
     """Tunes ``module`` with a rich progress display; returns the TuneResult."""
     import tempfile
 
@@ -112,7 +115,7 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
             bar.update(task, stage=stage, completed=done, total=total, description=note)
 
         return tune(module, backends, db, work, budget_s=budget_s, seed=seed, examples=examples, measure=options,
-                    on_progress=show)
+                    on_progress=show, reuse=reuse)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +126,11 @@ def run(args: argparse.Namespace) -> int:
     backends = parse_backends(args.backends)
     module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input))
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
-    result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs)
+    result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
+                        reuse=not args.search_again)
+    if result.reused:
+        print("a finished tune with these settings is in the cost DB: its plan, not searched again "
+              "(--search-again to search on the DB's rows)")
     Path(args.output).write_text(json.dumps(result.document, indent=1) + "\n")
     record_tuned_plan(args.db, key, result.document)
     print_summary(result, args.output)

@@ -1,4 +1,5 @@
-"""`collage tune`: resume after a killed tune, the same plan bytes from a warm DB, one-line argument
+"""`collage tune`: resume after a killed tune, the same plan bytes from a warm DB (the finished tune
+returned, and the search run again on the DB's rows), one-line argument
 errors, and a tuned plan of a small CNN that compiles, runs and equals IREE alone."""
 
 from __future__ import annotations
@@ -58,9 +59,12 @@ def test_killed_tune_resumes_and_warm_rerun_writes_the_same_plan(tmp_path):
     # Nothing already in the DB was measured again (a re-measured row would have a new timestamp).
     assert {k: after[k] for k in before} == before
     assert len(after) > len(before)
-    subprocess.run(_tune_cmd(model, db, tmp_path / "c.json"), check=True, capture_output=True)
-    assert _rows(db) == after  # warm: every answer came from the DB
-    assert (tmp_path / "b.json").read_bytes() == (tmp_path / "c.json").read_bytes()
+    warm = subprocess.run(_tune_cmd(model, db, tmp_path / "c.json"), check=True, capture_output=True, text=True)
+    assert "a finished tune with these settings is in the cost DB" in warm.stdout  # returned, not searched
+    # The search itself from the warm DB: every answer from it, the same plan.
+    subprocess.run([*_tune_cmd(model, db, tmp_path / "d.json"), "--search-again"], check=True, capture_output=True)
+    assert _rows(db) == after
+    assert (tmp_path / "b.json").read_bytes() == (tmp_path / "c.json").read_bytes() == (tmp_path / "d.json").read_bytes()
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["format"] == "collage-plan" and doc["tuning"]["single_backend"]["iree-cpu"]["measured_s"] > 0
     page = (tmp_path / "c.html").read_text()  # the report beside the plan
