@@ -13,13 +13,15 @@ time of all threads, per call):
   settings on torch's ONNX and on collage's translation of the whole model (ort, openvino): what the
   translation costs, apart from the wrapper and the settings;
 - ``collage, one region``: the compiled collage program whose plan puts every op in one region of that
-  engine, called with device-resident inputs (``Program.device_function``).
+  engine, called with device-resident inputs (``Program.device_function``);
+- ``collage, prefer slicing`` (with ``--slices``): the plan ``prefer:ENGINE`` (each op's largest
+  candidate of at most 8 ops on the engine, the rest on IREE), what a new user would try first.
 
 The ratio of each variant to ``user`` is the median over rounds of the per-round ratio (both timed
 within seconds of each other, so the shared machine's load mostly cancels).
 
     python bench/whole_model.py [--models resnet-small,encoder-small,zoo:resnet50,zoo:bert_base]
-                                [--engines ort,openvino,xla-cpu] [--rounds 15] [--threads N]
+                                [--engines ort,openvino,xla-cpu] [--rounds 15] [--threads N] [--slices]
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ def _op_types(model) -> dict[str, int]:
                                if n.op_type not in ("Constant", "Identity")).items()))
 
 
-def measure(name: str, engines_: list[str], rounds: int, threads: int | None, tmp: Path) -> list[dict]:
+def measure(name: str, engines_: list[str], rounds: int, threads: int | None, tmp: Path,
+            slices: bool = False) -> list[dict]:
     import onnx
     import torch
 
@@ -187,6 +190,15 @@ def measure(name: str, engines_: list[str], rounds: int, threads: int | None, tm
         f, dx = prog.device_function("main"), prog.to_device(xs)
         variants[(engine, "collage, one region")] = (lambda f=f, dx=dx: f(dx))
         np.testing.assert_allclose(np.asarray(prog.invoke("main", xs)[0]), want, rtol=1e-3, atol=1e-3)
+        if slices:
+            sliced = compile_module(import_torch(model, [x], new_context()), f"prefer:{engine}",
+                                    tmp / f"{name}-{engine}-prefer")
+            counts[f"prefer_{engine}_regions"] = len(sliced.manifest["regions"])
+            prog = collage_runtime.load(sliced.out_dir, threads=threads)
+            programs.append(prog)
+            f, dx = prog.device_function("main"), prog.to_device(xs)
+            variants[(engine, "collage, prefer slicing")] = (lambda f=f, dx=dx: f(dx))
+            np.testing.assert_allclose(np.asarray(prog.invoke("main", xs)[0]), want, rtol=1e-3, atol=1e-3)
     first = {k: _per_call(fn, 1) for k, fn in variants.items()}  # warm up, and size the samples
     calls = {k: max(1, int(0.05 / max(t, 1e-6))) for k, t in first.items()}  # a sample is >= ~50 ms
     times: dict = {k: [] for k in variants}
@@ -224,17 +236,19 @@ def main() -> None:
     p.add_argument("--engines", default="ort,openvino,xla-cpu")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--slices", action="store_true", help="also time the plan prefer:ENGINE (small regions)")
+    p.add_argument("--name", default="whole_model", help="result file name stem (default whole_model)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     a = p.parse_args()
     rows, counts = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):  # the report is rewritten after each model: a stopped run keeps it
-            r, c = measure(name, a.engines.split(","), a.rounds, a.threads, Path(tmp))
+            r, c = measure(name, a.engines.split(","), a.rounds, a.threads, Path(tmp), a.slices)
             rows, counts = rows + r, counts + [c]
-            report(a.out, rows, counts)
+            report(a.out, a.name, rows, counts)
 
 
-def report(out: str, rows: list[dict], counts: list[dict]) -> None:
+def report(out: str, name: str, rows: list[dict], counts: list[dict]) -> None:
     lines = ["Per call; ratios to `user` are medians (min–max) of per-round ratios.", "",
              "| model | engine | variant | wall ms median | wall min–max | wall vs user | CPU ms | CPU vs user |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
@@ -249,13 +263,17 @@ def report(out: str, rows: list[dict], counts: list[dict]) -> None:
     lines += ["", "ONNX nodes (without Constant and Identity nodes):", "",
               "| model | collage op by op | collage simplified | torch.onnx.export |", "|---|---:|---:|---:|"]
     lines += [f"| {c['model']} | {c['collage_op_by_op']} | {c['collage']} | {c['torch_export']} |" for c in counts]
+    sliced = [f"{c['model']} {k.split('_', 1)[1].removesuffix('_regions')} {v}" for c in counts for k, v in c.items()
+              if k.startswith("prefer_")]
+    if sliced:
+        lines += ["", "Regions of the `prefer:ENGINE` plans: " + ", ".join(sliced)]
     lines += ["", "Op types where the two ONNX graphs differ (collage simplified / torch.onnx.export):", ""]
     for c in counts:
         ours, theirs = c["collage_op_types"], c["torch_export_op_types"]
         diff = [f"{t} {ours.get(t, 0)}/{theirs.get(t, 0)}" for t in sorted(set(ours) | set(theirs))
                 if ours.get(t, 0) != theirs.get(t, 0)]
         lines.append(f"- {c['model']}: {', '.join(diff) or 'none'}")
-    write_report(out, "whole_model", {**header("whole_model"), "rows": rows, "onnx_nodes": counts},
+    write_report(out, name, {**header(name), "rows": rows, "onnx_nodes": counts},
                  "\n".join(lines) + "\n")
 
 
