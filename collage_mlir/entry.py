@@ -21,13 +21,12 @@ import numpy as np
 from .backends import get_backend
 from .errors import CollageError
 from .frontends import cache_dir
-from .graph import Graph
+from .graph import Graph, number_ops
 from .ir import ir, new_context, parse_module
 from .iree import compile_module
 from .measure.db import CostDB, default_db_path
 from .measure.device import device_fingerprint
 from .measure.extract import structural_hash
-from .passes.number_ops import NumberOpsPass
 from .plan import Plan
 from .search import available_backends, resolve_plan
 from .search.tune import tune
@@ -47,7 +46,7 @@ class PlanChoice:
 
 def module_key(module: ir.Module) -> str:
     """The key tuned plans are stored under: the structural hash of the numbered module."""
-    NumberOpsPass().run(module)
+    number_ops(module)
     return structural_hash(module)
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import artifact
-from .graph import Graph
+from .graph import Graph, number_ops
 from .frontends import load_model
 from .ir import ir, new_context, parse_module
-from .passes.number_ops import NumberOpsPass
 from .plan import Plan
 from .search import resolve_plan
 
@@ -23,7 +22,7 @@ from .search import resolve_plan
 def compile_module(module: ir.Module, plan: "str | Plan", output_dir: str | Path, **kwargs) -> artifact.CompileResult:
     """``artifact.compile_module`` with the plan given as ``default``, ``random:SEED``, ``prefer:B1,B2``, a
     plan file or a ``Plan``: the one place a plan string is resolved before the compile driver."""
-    NumberOpsPass().run(module)
+    number_ops(module)
     return artifact.compile_module(module, resolve_plan(plan, Graph(module)), output_dir, **kwargs)
 
 

@@ -36,13 +36,12 @@ def run(args: argparse.Namespace) -> int:
                                TimeElapsedColumn)
 
     from ..backends import get_backend
-    from ..graph import Graph
+    from ..graph import Graph, number_ops
     from ..frontends import load_model
     from ..ir import new_context
     from ..measure.db import CostDB, default_db_path
     from ..measure.harness import MeasureOptions, measure_regions
     from ..measure.timing import TimingOptions
-    from ..passes.number_ops import NumberOpsPass
     from ..search.candidates import enumerate_candidates
 
     names = backend_names(args.backends)
@@ -50,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     arrays = load_input_arrays(args.input)
     examples = {"main": arrays} if arrays else {}
     module = load_model(args.model, new_context())
-    NumberOpsPass().run(module)
+    number_ops(module)
     candidates = enumerate_candidates(Graph(module), backends)
     options = MeasureOptions(timing=TimingOptions(budget_s=args.budget, rel_spread=args.spread),
                              build_timeout_s=args.timeout, run_timeout_s=args.timeout, remeasure=args.remeasure,

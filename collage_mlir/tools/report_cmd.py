@@ -197,16 +197,15 @@ def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdo
 
 def run(args: argparse.Namespace) -> int:
     from ..frontends import load_model
-    from ..graph import Graph
+    from ..graph import Graph, number_ops
     from ..ir import new_context
-    from ..passes.number_ops import NumberOpsPass
 
     plan, manifest = _plan_document(Path(args.source))
     model = args.model or (manifest or {}).get("source")
     graph = None
     if model and Path(model).is_file():
         module = load_model(model, new_context())
-        NumberOpsPass().run(module)
+        number_ops(module)
         graph = Graph(module)
     elif args.model:
         raise CollageError("no such model file", where=args.model)

@@ -135,12 +135,11 @@ def run(args: argparse.Namespace) -> int:
     record_tuned_plan(args.db, key, result.document)
     print_summary(result, args.output)
     # The placement to look at, beside the plan (plan.json -> plan.html).
-    from ..graph import Graph
-    from ..passes.number_ops import NumberOpsPass
+    from ..graph import Graph, number_ops
     from . import report_cmd
 
     numbered, _ = load_model(args.model, new_context(), inputs)
-    NumberOpsPass().run(numbered)
+    number_ops(numbered)
     report = Path(args.output).with_suffix(".html")
     report.write_text(report_cmd.render(result.document, None, Graph(numbered), args.db))
     print(f"wrote {report}")

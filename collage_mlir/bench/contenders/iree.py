@@ -28,11 +28,10 @@ def whole_plan(module, backend_name: str):
     """A plan putting every op of ``module`` in one region on ``backend_name``; a CollageError naming
     the first op it cannot take otherwise."""
     from ...backends import get_backend
-    from ...graph import Graph
-    from ...passes.number_ops import NumberOpsPass
+    from ...graph import Graph, number_ops
     from ...plan import Plan, Region
 
-    NumberOpsPass().run(module)
+    number_ops(module)
     graph = Graph(module)
     backend = get_backend(backend_name)
     why = backend.accepts(graph, frozenset(graph.nodes))
@@ -45,13 +44,12 @@ def compile_artifact(model: str, small: bool, plan: str, flags: list[str], out: 
     """Worker task: compiles the zoo model with ``plan`` (a plan string or ``whole:BACKEND``) into ``out``;
     returns the number of ops the plan places."""
     from ... import zoo
-    from ...graph import Graph
+    from ...graph import Graph, number_ops
     from ...ir import new_context
     from ...iree import compile_module
-    from ...passes.number_ops import NumberOpsPass
 
     module = zoo.import_stablehlo(model, new_context(), small)
-    NumberOpsPass().run(module)
+    number_ops(module)
     ops = len(Graph(module).nodes)
     plan_spec = whole_plan(module, plan[len(WHOLE):]) if plan.startswith(WHOLE) else plan
     compile_module(module, plan_spec, out, source=f"zoo:{model}", iree_args=list(flags))
