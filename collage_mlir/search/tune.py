@@ -185,7 +185,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         # The finalists' rounds re-time up to 5 plans 3 times, each about as long as the median seed's
         # timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
         # IREE alone, would keep 2 minutes of ResNet-50's budget).
-        finals_s = opts.rounds * (opts.finalists + 2) * (statistics.median(est.timings_s) if est.timings_s else 0.0)
+        finals_s = opts.rounds * (opts.finalists + 1 + opts.close_singles) * (statistics.median(est.timings_s) if est.timings_s else 0.0)
         deadline = min(deadline, started + budget_s - finals_s)
         left = max(0.0, deadline - time.monotonic())
         est.fit_transitions(deadline=time.monotonic() + TRANSITION_SHARE * left,

@@ -151,3 +151,31 @@ def test_evolve_is_deterministic_and_never_worse_than_a_single_backend(seed):
     assert result.chosen.median_s <= min(singles)
     assert graph.acyclic(r.ops for r in result.plan.regions)
     assert all(accepts(r.backend, r.ops) for r in result.plan.regions)
+
+
+def test_near_tied_single_backends_are_settled_over_the_rounds():
+    """Two single-backend seeds 2 % apart in their one seed timing are both re-timed in the finalists'
+    rounds, and the incumbent is the faster over those rounds, not the faster seed; a backend 50 %
+    behind is not re-timed."""
+    from collage_mlir.search.evolve import EvolveOptions, evolve
+
+    graph = SearchGraph([0, 1], {0: (), 1: (0,)}, {0: 64, 1: 64})
+    seeds = [(b, Plan([Region("region_0", b, frozenset({0, 1}))], source=b)) for b in ("a", "b", "c")]
+    seed_s = {"a": 1.00, "b": 1.02, "c": 1.5}
+    round_s = {"a": 1.2, "b": 1.0, "c": 1.5}
+
+    class Rounds(MockEstimator):
+        def plan_time(self, plan, tag=""):
+            self.plans_timed += 1
+            backend = plan.regions[0].backend if plan.regions else "iree-cpu"
+            if backend == "iree-cpu":
+                return Cost.known(9.0, spread=0.01)
+            self.tags.append((backend, tag))
+            return Cost.known((seed_s if tag == "seed" else round_s)[backend], spread=0.01)
+
+    est = Rounds(0, graph.order, graph.out_bytes, producers=graph.producers)
+    est.tags = []
+    result = evolve(graph, seeds, ["iree-cpu", "a", "b", "c"], lambda b, ops: True, est,
+                    EvolveOptions(population=3, max_generations=0))
+    assert result.incumbent.name == "b" and result.plan.regions[0].backend == "b"
+    assert {b for b, tag in est.tags if tag.startswith("final")} == {"a", "b"}
