@@ -6,5 +6,7 @@ search found them. Each candidate is built the way a plan builds it (the compile
 one backend) and timed in a worker process, so a backend that crashes or hangs costs one candidate.
 """
 
-#: Bumped whenever a change to extraction, timing or validation makes older rows incomparable.
-HARNESS_VERSION = 1
+#: Bumped whenever a change to extraction, timing or validation makes older rows incomparable, and when
+#: the runtime's engine settings change what a region costs (2: small oneDNN regions on one thread, ORT
+#: spinning as a program's sole engine).
+HARNESS_VERSION = 2

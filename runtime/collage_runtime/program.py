@@ -45,7 +45,9 @@ class Program:
             self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.manifest = load_manifest(self.root)
         # One thread budget for every engine in the program (default: all usable cores).
-        self.engines = Engines(usable_cores() if threads is None else threads)
+        regions = self.manifest["regions"]
+        self.engines = Engines(usable_cores() if threads is None else threads,
+                               sole=str(regions[0].get("backend")) if len(regions) == 1 else None)
         self.config = rt.Config(device=iree_device(driver, self.engines.threads))
         # The CPU drivers' buffers are host memory: DLPack tensors are imported and exported in place.
         self._host_memory = driver in ("local-task", "local-sync")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from collage_mlir.errors import CollageError
+from collage_mlir.measure import HARNESS_VERSION
 from collage_mlir.measure.db import CostDB, Measurement, Transition, default_db_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,8 +257,9 @@ def collage(*args: str) -> subprocess.CompletedProcess:
 def test_db_cli(tmp_path):
     db = str(tmp_path / "c.sqlite")
     with CostDB(db) as d:
-        d.put(meas())
-        d.put(meas("r1", status="crash"))
+        # Rows of this harness: `db prune --failures` removes the failure, not rows of an older harness.
+        d.put(meas(harness_version=HARNESS_VERSION))
+        d.put(meas("r1", status="crash", harness_version=HARNESS_VERSION))
         d.record_device("dev0", "test cpu")
     r = collage("db", "stats", "--db", db)
     assert r.returncode == 0, r.stderr

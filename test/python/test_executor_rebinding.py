@@ -72,3 +72,31 @@ def test_openvino_small_regions_run_on_one_thread(tmp_path):
     assert engines.region_threads(None) == 2 and Engines(1).region_threads(1e12) == 1
     compiled = core.compile_model(core.read_model(str(path)), "CPU", engines.openvino_config(small))
     assert compiled.get_property("INFERENCE_NUM_THREADS") == 1
+
+
+def test_ort_spins_only_as_a_programs_sole_engine(tmp_path):
+    """A program whose only region is an ORT session keeps ORT's spinning workers (nothing else shares
+    the cores); with a second region every ORT session blocks when idle. Both compute the same."""
+    pytest.importorskip("onnxruntime")
+    import collage_runtime
+    from collage_mlir.iree import compile_module
+    from collage_mlir.ir import new_context, parse_module
+
+    text = """func.func @main(%x: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %0 = stablehlo.tanh %x : tensor<8x8xf32>
+  %1 = stablehlo.exponential %0 : tensor<8x8xf32>
+  return %1 : tensor<8x8xf32>
+}"""
+    spin = "session.intra_op.allow_spinning"
+    assert Engines(2, sole="ort").ort_session_options().get_session_config_entry(spin) == "1"
+    assert Engines(2).ort_session_options().get_session_config_entry(spin) == "0"
+    x = np.linspace(-2, 2, 64, dtype=np.float32).reshape(8, 8)
+    for plan, sole in (('{"format": "collage-plan", "version": 1, "regions": [{"name": "r", "backend": "ort", '
+                        '"ops": [0, 1]}]}', "ort"),
+                       ('{"format": "collage-plan", "version": 1, "regions": [{"name": "a", "backend": "ort", '
+                        '"ops": [0]}, {"name": "b", "backend": "ort", "ops": [1]}]}', None)):
+        (tmp_path / "plan.json").write_text(plan)
+        art = compile_module(parse_module(text, new_context()), str(tmp_path / "plan.json"), tmp_path / str(sole))
+        with collage_runtime.load(art.out_dir, threads=2) as prog:
+            assert prog.engines.sole == sole
+            np.testing.assert_allclose(prog.invoke("main", x)[0], np.exp(np.tanh(x)), rtol=1e-5, atol=1e-6)
