@@ -10,6 +10,7 @@ and never chooses which Python code is imported.
 
 from __future__ import annotations
 
+import ctypes
 from functools import lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -24,6 +25,19 @@ GROUP = "collage_runtime.executors"
 
 Run = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
 Loader = Callable[[Path, "Engines"], Run]
+
+
+_addressof, _char = ctypes.addressof, ctypes.c_char
+
+
+def data_address(arr: np.ndarray) -> int:
+    """The address of ``arr``'s data, what the executors key their bound tensors by: ``ctypes.addressof``
+    over its buffer costs ~0.4 µs where ``arr.ctypes.data`` costs ~1.2 µs; read-only (constants mapped
+    from the module) and empty arrays, which ctypes refuses, take the slow way."""
+    try:
+        return _addressof(_char.from_buffer(arr))
+    except (TypeError, ValueError):
+        return arr.ctypes.data
 
 
 @lru_cache(maxsize=1)

@@ -28,19 +28,7 @@ import openvino as ov
 from openvino import _pyopenvino
 
 from ..engines import Engines
-from . import Run
-
-_addressof, _char = ctypes.addressof, ctypes.c_char
-
-
-def _address(arr: np.ndarray) -> int:
-    """The address of ``arr``'s data: ``ctypes.addressof`` over its buffer costs ~0.4 µs where
-    ``arr.ctypes.data`` costs ~1.2 µs; read-only (constants mapped from the module) and empty arrays, which
-    ctypes refuses, take the slow way."""
-    try:
-        return _addressof(_char.from_buffer(arr))
-    except (TypeError, ValueError):
-        return arr.ctypes.data
+from . import Run, data_address
 
 
 def _alias(arr: np.ndarray, shape: tuple) -> np.ndarray:
@@ -112,7 +100,7 @@ def load(path: Path, engines: Engines) -> Run:
     out_made: list[dict] = [{} for _ in out_specs]
 
     def bind(i: int, arr: np.ndarray, shape: tuple, now: list[int], made: list[dict], set_tensor) -> None:
-        at = _address(arr)
+        at = data_address(arr)
         if at == now[i] and arr.nbytes:
             return
         t = made[i].get(at) if arr.nbytes else None

@@ -30,24 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from ..engines import Engines
-from . import Run
+from . import Run, data_address
 
-_addressof, _char = ctypes.addressof, ctypes.c_char
 #: From this size up, a result is handed over (DLPack export + IREE import, ~10 µs) instead of copied
 #: (256 KB: ~8 µs, 4 MB: ~320 µs, 16 MB: ~1.3 ms). A handed-over block stays with IREE until its consumer
 #: is done, so XLA's next result takes another block (cold pages, and the next XLA region's input buffer
 #: is made anew): measured in a 5-region chain, 512 KB was slower handed over, 1 MB mixed, 2 MB faster.
 HAND_OVER_BYTES = 2 << 20
-
-
-def _address(arr: np.ndarray) -> int:
-    """The address of ``arr``'s data: ``ctypes.addressof`` over its buffer costs ~0.4 µs where
-    ``arr.ctypes.data`` costs ~1.2 µs; read-only (constants mapped from the module) and empty arrays, which
-    ctypes refuses, take the slow way."""
-    try:
-        return _addressof(_char.from_buffer(arr))
-    except (TypeError, ValueError):
-        return arr.ctypes.data
 
 
 def compile_module(module: bytes | str, engines: Engines):
@@ -88,7 +77,7 @@ def load(path: Path, engines: Engines) -> Run:
     cached: dict[int, dict[int, object]] = {}
 
     def device_buffer(i: int, arr: np.ndarray):
-        at = _address(arr)
+        at = data_address(arr)
         made = cached.setdefault(i, {})
         hit = made.get(at)
         if hit is not None:
