@@ -40,6 +40,33 @@ def data_address(arr: np.ndarray) -> int:
         return arr.ctypes.data
 
 
+class TensorSlots:
+    """Engine tensors bound to an executor's inputs or outputs, rebound only where an array's address
+    moved: per slot the address bound now and the tensors made (``make(slot, array)``) for its last two
+    addresses, since a chain's intermediate results alternate between two blocks call after call.
+    ``bind(slot, tensor)`` sets one on the engine; empty arrays are wrapped and bound every call."""
+
+    def __init__(self, count: int, make: Callable[[int, np.ndarray], object], bind: Callable[[int, object], None]):
+        self.now = [-1] * count
+        self.made: list[dict[int, object]] = [{} for _ in range(count)]
+        self.make, self.bind = make, bind
+
+    def __call__(self, i: int, arr: np.ndarray) -> None:
+        at = data_address(arr)
+        if at == self.now[i] and arr.nbytes:
+            return
+        made = self.made[i]
+        value = made.get(at) if arr.nbytes else None
+        if value is None:
+            value = self.make(i, arr)
+            if arr.nbytes:
+                if len(made) == 2:
+                    del made[next(iter(made))]  # the older of the two
+                made[at] = value
+        self.bind(i, value)
+        self.now[i] = at
+
+
 @lru_cache(maxsize=1)
 def registered() -> dict:
     """Entry-point name → entry point, for every executor installed packages register."""

@@ -27,7 +27,7 @@ import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as C
 
 from ..engines import Engines
-from . import Run, data_address
+from . import Run, TensorSlots
 
 
 def load(path: Path, engines: Engines) -> Run:
@@ -43,30 +43,18 @@ def load(path: Path, engines: Engines) -> Run:
     ins = [(i.name, tuple(i.shape)) for i in session.get_inputs()]
     outs = [(o.name, tuple(o.shape)) for o in session.get_outputs()]
 
-    # Per tensor slot: the address bound now, and the OrtValues made for the last two addresses.
-    in_at, out_at = [-1] * len(ins), [-1] * len(outs)
-    in_made: list[dict] = [{} for _ in ins]
-    out_made: list[dict] = [{} for _ in outs]
+    def slots(specs: list[tuple[str, tuple]], bind) -> TensorSlots:
+        """OrtValues over our buffers (in the model's shapes), rebound only where an address moved."""
+        return TensorSlots(len(specs), lambda i, arr: wrap(arr if arr.shape == specs[i][1] else arr.reshape(specs[i][1]), cpu),
+                           lambda i, value: bind(specs[i][0], value))
 
-    def bind(i: int, name: str, shape: tuple, arr: np.ndarray, now: list[int], made: list[dict], bind_to) -> None:
-        at = data_address(arr)
-        if at == now[i] and arr.nbytes:
-            return
-        value = made[i].get(at) if arr.nbytes else None
-        if value is None:
-            value = wrap(arr if arr.shape == shape else arr.reshape(shape), cpu)
-            if arr.nbytes:
-                if len(made[i]) == 2:
-                    del made[i][next(iter(made[i]))]  # the older of the two
-                made[i][at] = value
-        bind_to(name, value)
-        now[i] = at
+    bind_in, bind_out = slots(ins, bind_input), slots(outs, bind_output)
 
     def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
-        for i, ((name, shape), arr) in enumerate(zip(ins, inputs)):
-            bind(i, name, shape, arr, in_at, in_made, bind_input)
-        for i, ((name, shape), out) in enumerate(zip(outs, outputs)):
-            bind(i, name, shape, out, out_at, out_made, bind_output)
+        for i, arr in enumerate(inputs):
+            bind_in(i, arr)
+        for i, out in enumerate(outputs):
+            bind_out(i, out)
         execute(binding, None)
 
     return run

@@ -28,7 +28,7 @@ import openvino as ov
 from openvino import _pyopenvino
 
 from ..engines import Engines
-from . import Run, data_address
+from . import Run, TensorSlots
 
 
 def _alias(arr: np.ndarray, shape: tuple) -> np.ndarray:
@@ -93,34 +93,20 @@ def load(path: Path, engines: Engines) -> Run:
     # (4 MB: ~400 µs); with share_outputs the result dict only views them (our buffers).
     infer = _pyopenvino.InferRequest.infer
     direct: list[bool] = []  # per output: OpenVINO writes into the mapped buffer (decided on the first call)
-    # Per tensor slot: the address set on the request now, and the tensors made for the last two
-    # addresses (a chain's intermediate results alternate between two blocks, call after call).
-    in_at, out_at = [-1] * len(in_shapes), [-1] * len(out_specs)
-    in_made: list[dict] = [{} for _ in in_shapes]
-    out_made: list[dict] = [{} for _ in out_specs]
-
-    def bind(i: int, arr: np.ndarray, shape: tuple, now: list[int], made: list[dict], set_tensor) -> None:
-        at = data_address(arr)
-        if at == now[i] and arr.nbytes:
-            return
-        t = made[i].get(at) if arr.nbytes else None
-        if t is None:
-            t = tensor(_alias(arr, shape), shared_memory=True)
-            if arr.nbytes:
-                if len(made[i]) == 2:
-                    del made[i][next(iter(made[i]))]  # the older of the two
-                made[i][at] = t
-        set_tensor(i, t)
-        now[i] = at
+    # Tensors over our buffers, remade only where a buffer's address moved (``TensorSlots``).
+    bind_in = TensorSlots(len(in_shapes), lambda i, arr: tensor(_alias(arr, in_shapes[i]), shared_memory=True),
+                          set_input)
+    bind_out = TensorSlots(len(out_specs), lambda i, arr: tensor(_alias(arr, out_specs[i][0]), shared_memory=True),
+                           set_output)
 
     def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         if not direct:
             direct.extend(out.size > 0 and t == ov.Type(out.dtype) for out, (_, t) in zip(outputs, out_specs))
-        for i, (arr, shape) in enumerate(zip(inputs, in_shapes)):
-            bind(i, arr, shape, in_at, in_made, set_input)
-        for i, (out, (shape, _), ok) in enumerate(zip(outputs, out_specs, direct)):
+        for i, arr in enumerate(inputs):
+            bind_in(i, arr)
+        for i, (out, ok) in enumerate(zip(outputs, direct)):
             if ok:
-                bind(i, out, shape, out_at, out_made, set_output)
+                bind_out(i, out)
         infer(request, {}, True, False)
         for i, (out, ok) in enumerate(zip(outputs, direct)):
             if not ok:
