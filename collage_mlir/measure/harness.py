@@ -28,9 +28,10 @@ import numpy as np
 
 from . import HARNESS_VERSION
 from ..backends import Backend, get_backend
+from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
-from ..graph import Graph
+from ..graph import Graph, public_funcs
 from ..ir import ir
 from .db import CostDB, Measurement
 from .device import device_fingerprint
@@ -200,7 +201,7 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
                 return
             if not session:
                 # Past the deadline, or too close to it for the capture the builds need: DB answers only.
-                capture_s = 0.0 if _captured(module, batch, examples or {}, options.seed) else options.capture_s
+                capture_s = 0.0 if _captured(module, graph, batch, examples or {}, options.seed) else options.capture_s
                 if options.spent(capture_s):
                     return
                 work = options.work_dir or Path(stack.enter_context(
@@ -262,10 +263,26 @@ _CAPTURED: dict = {"key": None, "values": {}}
 
 
 def _every_value(graph: Graph) -> set[ValueRef]:
-    """Every result of every op of ``graph`` that is not a constant expression: what any region of it can
-    take or give."""
-    return {ValueRef(n.func, oid, k) for oid, n in graph.nodes.items() for k, r in enumerate(n.op.results)
-            if sh.const_expr_ops(r) is None}
+    """Every argument of a public function and every result of an op of ``graph`` that is not a constant
+    expression: what any region of it can take or give."""
+    args = {ValueRef(collage.symbol_name(f), None, k)
+            for f in public_funcs(graph.module) for k in range(len(f.regions[0].blocks[0].arguments))}
+    return args | {ValueRef(n.func, oid, k) for oid, n in graph.nodes.items() for k, r in enumerate(n.op.results)
+                   if sh.const_expr_ops(r) is None}
+
+
+def _constant_values(graph: Graph, refs: set[ValueRef]) -> dict[ValueRef, np.ndarray]:
+    """The values of the constant expressions among ``refs`` (op results only)."""
+    found = {}
+    for r in refs:
+        if r.op is None or r.op not in graph.nodes:
+            continue
+        result = graph.nodes[r.op].op.results[r.index]
+        value, tt = sh.const_expr_value(result), sh.tensor_type(result)
+        dtype = sh.byte_dtype(tt[1]) if tt is not None else None
+        if value is not None and dtype is not None:  # the IR's splats read back as f64
+            found[r] = np.require(np.asarray(value, dtype), requirements="C")  # keeps rank 0
+    return found
 
 
 def _capture_key(module: ir.Module, examples, seed: int) -> tuple[tuple[str, int], bytes]:
@@ -278,10 +295,12 @@ def _capture_key(module: ir.Module, examples, seed: int) -> tuple[tuple[str, int
     return (digest.hexdigest(), seed), buf.getvalue()
 
 
-def _captured(module: ir.Module, jobs, examples, seed: int) -> bool:
-    """Whether every value ``jobs`` need is captured already (no whole-model compile to wait for)."""
+def _captured(module: ir.Module, graph: Graph, jobs, examples, seed: int) -> bool:
+    """Whether every value ``jobs`` need is captured already or a constant expression (no whole-model
+    compile to wait for)."""
     values = _CAPTURED["values"] if _CAPTURED["key"] == _capture_key(module, examples, seed)[0] else {}
-    return all(r in values for j in jobs for r in (*j.region.inputs, *j.region.outputs))
+    missing = {r for j in jobs for r in (*j.region.inputs, *j.region.outputs)} - values.keys()
+    return missing <= _constant_values(graph, missing).keys()
 
 
 def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph: Graph) -> dict:
@@ -290,6 +309,10 @@ def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph
         _CAPTURED.update(key=key, values={})
     values = _CAPTURED["values"]
     missing = wanted - values.keys()
+    # A region may hand on a constant expression it holds (a reshaped scalar other ops broadcast too):
+    # its value is read off the IR, as the capture leaves such values out.
+    values.update(_constant_values(graph, missing))
+    missing -= values.keys()
     if missing:
         # All at once: each capture compiles the whole model, and a search asks chunk after chunk.
         missing |= _every_value(graph) - values.keys()
@@ -304,6 +327,7 @@ class _Inputs:
     def __init__(self, module: ir.Module, jobs: list[_Job], work: Path, examples, seed: int, graph: Graph):
         wanted = {r for j in jobs for r in (*j.region.inputs, *j.region.outputs)}
         self.values = _reference_values(module, wanted, examples, seed, graph)
+        self.module, self.examples, self.seed, self.graph = module, examples, seed, graph
         self.work = work
         self.files: dict[str, Path] = {}
         (work / "data").mkdir(parents=True, exist_ok=True)
@@ -311,6 +335,10 @@ class _Inputs:
 
     def write(self, region: ExtractedRegion) -> Path:
         if region.hash not in self.files:
+            # A later batch's region may hand on a constant expression, which the capture leaves out.
+            need = {*region.inputs, *region.outputs} - self.values.keys()
+            if need:
+                self.values = _reference_values(self.module, need, self.examples, self.seed, self.graph)
             arrays = {f"{INPUT}{k}": self.values[r] for k, r in enumerate(region.inputs)}
             arrays |= {f"{REFERENCE}{k}": self.values[r] for k, r in enumerate(region.outputs)}
             np.savez(self.work / "data" / f"{region.hash}.npz", **arrays)

@@ -253,6 +253,36 @@ def test_same_conv_in_two_models_shares_one_row(tmp_path):
     assert len(rows) == 1 and rows[0].status == "ok" and rows[0].region == "convolution"
 
 
+SHARED_SCALAR = """
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %c = stablehlo.constant dense<2.0> : tensor<1xf32>
+  %r = stablehlo.reshape %c : (tensor<1xf32>) -> tensor<f32>
+  %b1 = stablehlo.broadcast_in_dim %r, dims = [] : (tensor<f32>) -> tensor<4xf32>
+  %a = stablehlo.add %x, %b1 : tensor<4xf32>
+  %b2 = stablehlo.broadcast_in_dim %r, dims = [] : (tensor<f32>) -> tensor<4xf32>
+  %m = stablehlo.multiply %a, %b2 : tensor<4xf32>
+  return %m : tensor<4xf32>
+}
+"""
+
+
+def test_region_handing_on_a_constant_expression_is_measured(tmp_path):
+    """A region holding the reshape of a scalar constant that ops after it broadcast too returns that
+    constant expression. Posed in a later batch than the first build's (when the model's values were
+    captured, constants left out), its reference value is read off the IR: DCGAN's tune raised
+    KeyError here."""
+    module = numbered(SHARED_SCALAR)
+    graph = Graph(module)
+    first = frozenset(by_name(graph, "stablehlo.reshape") + by_name(graph, "stablehlo.add")
+                      + by_name(graph, "stablehlo.broadcast_in_dim")[:1])
+    assert len(extract_region(graph, first).outputs) == 2  # the sum and the reshaped scalar
+    last = frozenset(by_name(graph, "stablehlo.multiply"))
+    db = CostDB(tmp_path / "costs.sqlite")
+    summary = measure_regions(module, [(last, "iree-cpu"), (first, "iree-cpu")], db,
+                              options=MeasureOptions(timing=QUICK, batch=1))
+    assert summary.measured == 2 and [m.status for m in db.measurements()] == ["ok", "ok"]
+
+
 def test_validation_scales_errors_by_the_output_magnitude():
     ref = np.array([100.0, 1e-6], dtype=np.float32)
     assert compare([ref + np.float32(1e-3)], [ref], rtol=1e-4, atol=1e-5).ok
