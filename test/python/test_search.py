@@ -111,6 +111,9 @@ def test_cost_kinds_and_transition_fit():
     fit = TransitionFit.fit([(1000, 2e-6 + 1000 * 3e-10), (4000, 2e-6 + 4000 * 3e-10), (16000, 2e-6 + 16000 * 3e-10)])
     assert math.isclose(fit.fixed_s, 2e-6, rel_tol=1e-6) and math.isclose(fit.per_byte_s, 3e-10, rel_tol=1e-6)
     assert math.isclose(fit.at(8000), 2e-6 + 8000 * 3e-10, rel_tol=1e-6)
+    # Probes that measured a pair faster than its two halves alone price no boundary below zero.
+    negative = TransitionFit.fit([(16384, -55e-6), (262144, -80e-6)])
+    assert negative.fixed_s < 0 and negative.at(16384) == 0.0 and negative.at(1 << 20) == 0.0
 
 
 def _single_plans(index: CandidateIndex) -> list[tuple[str, Plan]]:
