@@ -81,6 +81,11 @@ class MeasuredEstimator(CostEstimator):
         return self.deadline is not None and time.monotonic() > self.deadline
 
     # -- regions ----------------------------------------------------------------------------------
+    def timed_whole(self, ops: frozenset[int], backend: str, cost: Cost) -> None:
+        """Takes ``cost`` as the region's: a single-backend plan that is this one region over the whole
+        model was timed whole (a seed), which is that region's cost, so it is not built again alone."""
+        self._regions[(frozenset(ops), backend)] = cost
+
     def region_costs(self, pairs):
         pairs = list(pairs)
         todo = [p for p in pairs if p not in self._regions]

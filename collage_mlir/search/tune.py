@@ -173,6 +173,14 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         single = single_backend_plans(graph, backends, maximal)
         walls = _time_seeds(single, backends, est, deadline, report)
         timed, build_s = set(walls), max(walls.values(), default=0.0)
+        # A seed that is one region over every op but constants timed that region whole: the DP prices
+        # the region by it (else the region, a whole-model build, comes last in the regions stage and
+        # the budget rarely reaches it, so the DP could not take the best engine's whole-model plan).
+        ops = frozenset(index.graph.order) - index.graph.constant
+        for name in sorted(timed):
+            regions = single[name].regions
+            if len(regions) == 1 and ops <= regions[0].ops and (c := est.plan_time(single[name], tag="seed")).usable:
+                est.timed_whole(regions[0].ops, name, c)
         default_s = walls.get(DEFAULT_BACKEND, 0.0)
         # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
         # that built them left it in the DB (else a warm rerun would start the capture, a whole-model

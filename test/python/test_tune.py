@@ -76,6 +76,25 @@ def test_killed_tune_resumes_and_warm_rerun_writes_the_same_plan(tmp_path):
     assert choose_plan(parse_module(TINY, new_context()), db=db).how == "tuned before"
 
 
+def test_a_whole_model_seed_prices_its_region_for_the_dp(tmp_path):
+    """ORT takes the tiny model whole: its seed, one region over every op, timed whole, is that region's
+    cost. The regions stage does not build the region again alone, and the DP can take it, so its plan
+    is priced no higher than that seed."""
+    model, db, out = tmp_path / "tiny.mlir", tmp_path / "costs.sqlite", tmp_path / "plan.json"
+    model.write_text(TINY)
+    cmd = _tune_cmd(model, db, out)
+    cmd[cmd.index("iree-cpu")] = "iree-cpu,ort"
+    subprocess.run(cmd, check=True, capture_output=True)
+    tuning = json.loads(out.read_text())["tuning"]
+    # Priced as the seed measured it (plus the boundaries the DP charges its inputs and results).
+    whole = tuning["single_backend"]["ort"]
+    assert whole["predicted_s"] is not None and whole["predicted_s"] >= whole["measured_s"]
+    assert tuning["dp"]["predicted_s"] <= whole["predicted_s"]
+    with sqlite3.connect(db) as c:
+        ort_regions = [r for (r,) in c.execute("SELECT region FROM measurements WHERE backend = 'ort'")]
+    assert ort_regions and "dot_general, tanh, dot_general" not in ort_regions  # smaller ones were measured
+
+
 @pytest.mark.parametrize("args, message", [
     (["--budget", "-1"], "--budget: budget must be a positive duration"),
     (["--budget", "10x"], "--budget: budget must be a positive duration"),
