@@ -86,10 +86,10 @@ def test_a_whole_model_seed_prices_its_region_for_the_dp(tmp_path):
     cmd[cmd.index("iree-cpu")] = "iree-cpu,ort"
     subprocess.run(cmd, check=True, capture_output=True)
     tuning = json.loads(out.read_text())["tuning"]
-    # Priced as the seed measured it (plus the boundaries the DP charges its inputs and results).
+    # Priced (by the seed's timing; the record's measured_s is the finalist rounds' median) and no
+    # cheaper for the DP than its own optimum.
     whole = tuning["single_backend"]["ort"]
-    assert whole["predicted_s"] is not None and whole["predicted_s"] >= whole["measured_s"]
-    assert tuning["dp"]["predicted_s"] <= whole["predicted_s"]
+    assert whole["predicted_s"] is not None and tuning["dp"]["predicted_s"] <= whole["predicted_s"]
     with sqlite3.connect(db) as c:
         ort_regions = [r for (r,) in c.execute("SELECT region FROM measurements WHERE backend = 'ort'")]
     assert ort_regions and "dot_general, tanh, dot_general" not in ort_regions  # smaller ones were measured
