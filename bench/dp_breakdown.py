@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import statistics
 import tempfile
 import time
@@ -39,9 +38,7 @@ def stored_dp_plan(db_path: str, graph: Graph) -> tuple[Plan, float | None]:
     ops and reach its last op (the results of other models in the same DB do not), and the seconds the
     DP predicted for it."""
     last = max(graph.nodes)
-    rows = sqlite3.connect(db_path).execute(
-        "SELECT document FROM derived WHERE kind=? ORDER BY created DESC", (TUNE_RESULT,)).fetchall()
-    for (doc,) in rows:
+    for doc in CostDB(db_path).cached_documents(TUNE_RESULT):
         record = json.loads(doc)
         ops = {o for p in record["single"].values() for r in p["regions"] for o in r["ops"]}
         if ops and ops <= graph.nodes.keys() and last in ops:

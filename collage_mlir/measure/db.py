@@ -301,6 +301,12 @@ class CostDB:
         rows = self._query("SELECT document FROM derived WHERE kind=? AND key=?", (kind, key))
         return rows[0][0] if rows else None
 
+    def cached_documents(self, kind: str) -> list[str]:
+        """Every derived document of ``kind``, newest first."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE type='table' AND name='derived'"):
+            return []
+        return [d for (d,) in self._query("SELECT document FROM derived WHERE kind=? ORDER BY created DESC", (kind,))]
+
     def put_cached(self, kind: str, key: str, document: str) -> None:
         """Stores a derived document (replacing any under the same kind and key)."""
         with self._tx() as c:

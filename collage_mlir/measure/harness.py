@@ -324,9 +324,8 @@ class _Inputs:
     """The reference values every job needs (captured once), written as one data file per region hash
     when a batch first needs it: a budgeted search may pose thousands of regions and build a few."""
 
-    def __init__(self, module: ir.Module, jobs: list[_Job], work: Path, examples, seed: int, graph: Graph):
-        wanted = {r for j in jobs for r in (*j.region.inputs, *j.region.outputs)}
-        self.values = _reference_values(module, wanted, examples, seed, graph)
+    def __init__(self, module: ir.Module, work: Path, examples, seed: int, graph: Graph):
+        self.values: dict[ValueRef, np.ndarray] = {}
         self.module, self.examples, self.seed, self.graph = module, examples, seed, graph
         self.work = work
         self.files: dict[str, Path] = {}
@@ -335,9 +334,12 @@ class _Inputs:
 
     def write(self, region: ExtractedRegion) -> Path:
         if region.hash not in self.files:
-            # A later batch's region may hand on a constant expression, which the capture leaves out.
+            # The first region captures every value at once; a later one may still need a constant
+            # expression it hands on (the capture leaves those out), read off the IR.
             need = {*region.inputs, *region.outputs} - self.values.keys()
             if need:
+                self.values.update(_constant_values(self.graph, need))
+            if need - self.values.keys():
                 self.values = _reference_values(self.module, need, self.examples, self.seed, self.graph)
             arrays = {f"{INPUT}{k}": self.values[r] for k, r in enumerate(region.inputs)}
             arrays |= {f"{REFERENCE}{k}": self.values[r] for k, r in enumerate(region.outputs)}
@@ -395,8 +397,8 @@ class _Session:
 
     def measure(self, batch: list[_Job], db: CostDB, rows: dict, progress: Progress, on_progress) -> int:
         """Builds ``batch`` in parallel, then times each built job; returns how many pairs got a row."""
-        if self.data is None:  # the capture (one whole-model compile) takes every value at once
-            self.data = _Inputs(self.module, batch, self.work, self.examples, self.options.seed, self.graph)
+        if self.data is None:  # the first region written captures every value at once (one whole-model compile)
+            self.data = _Inputs(self.module, self.work, self.examples, self.options.seed, self.graph)
         recorded = 0
 
         def record(job: _Job, m: Measurement) -> None:

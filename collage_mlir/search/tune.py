@@ -171,15 +171,15 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
     try:
         single = single_backend_plans(graph, backends, maximal)
-        walls = _time_seeds(single, backends, est, deadline, report)
+        walls, seed_costs = _time_seeds(single, backends, est, deadline, report)
         timed, build_s = set(walls), max(walls.values(), default=0.0)
         # A seed that is one region over every op but constants timed that region whole: the DP prices
         # the region by it (else the region, a whole-model build, comes last in the regions stage and
         # the budget rarely reaches it, so the DP could not take the best engine's whole-model plan).
         ops = frozenset(index.graph.order) - index.graph.constant
-        for name in sorted(timed):
+        for name, c in sorted(seed_costs.items()):
             regions = single[name].regions
-            if len(regions) == 1 and ops <= regions[0].ops and (c := est.plan_time(single[name], tag="seed")).usable:
+            if len(regions) == 1 and ops <= regions[0].ops and c.usable:
                 est.timed_whole(regions[0].ops, name, c)
         default_s = walls.get(DEFAULT_BACKEND, 0.0)
         # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
@@ -268,21 +268,23 @@ _SEED_ORDER = (BackendKind.GRAPH, BackendKind.LIBRARY, BackendKind.CODEGEN)
 
 
 def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
-                report: OnProgress) -> dict[str, float]:
+                report: OnProgress) -> tuple[dict[str, float], dict[str, Cost]]:
     """Times the single-backend plans whole (tag ``seed``), the default backend's always, the others in
-    ``_SEED_ORDER`` until the deadline; returns the wall time each one timed took (a DB hit: ~0)."""
+    ``_SEED_ORDER`` until the deadline; returns the wall time each one timed took (a DB hit: ~0) and
+    its cost."""
     kind = {b.name: b.kind for b in backends}
     order = sorted(single, key=lambda n: (n != DEFAULT_BACKEND, _SEED_ORDER.index(kind[n]), n))
     walls: dict[str, float] = {}
+    costs: dict[str, Cost] = {}
     report("seeds", 0, len(order), "")
     for k, name in enumerate(order):
         if name != DEFAULT_BACKEND and time.monotonic() > deadline:
             break
         t0 = time.monotonic()
         c = est.plan_time(single[name], tag="seed")
-        walls[name] = time.monotonic() - t0
+        walls[name], costs[name] = time.monotonic() - t0, c
         report("seeds", k + 1, len(order), f"{name} {c.seconds * 1e3:.3f} ms" if c.usable else f"{name} {c.kind.value}")
-    return walls
+    return walls, costs
 
 
 def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict[str, Plan], sg: SearchGraph,
