@@ -742,6 +742,7 @@ class OnnxGraphBackend(OpSetBackend):
 
     max_region_ops: ClassVar[int] = 8
     kind = BackendKind.GRAPH
+    embeds_constants = True
     suffix: ClassVar[str] = ".onnx"
     executor: ClassVar[str]
 

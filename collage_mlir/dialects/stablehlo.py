@@ -185,18 +185,19 @@ def permutation(op: ir.Operation) -> list[int]:
 CONST_EXPR_OPS = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim")
 
 
-def const_expr_ops(value: ir.Value, max_ops: int = 8) -> list[ir.Operation] | None:
+def const_expr_ops(value: ir.Value, max_ops: int = 8, readable: bool = True) -> list[ir.Operation] | None:
     """The ops (producers first) of a constant expression ending at ``value``: dense constants under
-    converts, reshapes and broadcasts, as torch-mlir emits for scalars. None when ``value`` is not one."""
+    converts, reshapes and broadcasts, as torch-mlir emits for scalars. None when ``value`` is not one.
+    With ``readable`` the constant's value must be readable here (a ``dense_resource`` weight is not)."""
     owner = value.owner
     if isinstance(owner, ir.Block):
         return None
     op = owner.operation
     if op.name in ("stablehlo.constant", "arith.constant"):
-        return [op] if constant_value(op) is not None else None
+        return [op] if not readable or constant_value(op) is not None else None
     if op.name not in CONST_EXPR_OPS or len(op.operands) != 1 or max_ops <= 1:
         return None
-    inner = const_expr_ops(op.operands[0], max_ops - 1)
+    inner = const_expr_ops(op.operands[0], max_ops - 1, readable)
     return None if inner is None else inner + [op]
 
 

@@ -8,5 +8,5 @@ one backend) and timed in a worker process, so a backend that crashes or hangs c
 
 #: Bumped whenever a change to extraction, timing or validation makes older rows incomparable, and when
 #: the runtime's engine settings change what a region costs (2: small oneDNN regions on one thread, ORT
-#: spinning as a program's sole engine).
-HARNESS_VERSION = 2
+#: spinning as a program's sole engine; 3: graph engines' regions embed the constants only they read).
+HARNESS_VERSION = 3

@@ -3,8 +3,9 @@
 
 Region inputs become arguments, except small or splat constants (also under converts, reshapes
 and broadcasts, as torch-mlir writes scalars), which are cloned into the function so a backend sees
-their values (a relu's zero, a GELU's coefficients); values used after the region become
-results. Ops that sat between the region's ops but consume its results move after the call, which
+their values (a relu's zero, a GELU's coefficients), and, for a backend that embeds constants (a
+graph engine: it folds and prepacks them), every constant expression only the region reads (its
+weights); values used after the region become results. Ops that sat between the region's ops but consume its results move after the call, which
 convexity makes legal.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from iree.compiler.dialects import func as func_d
 
+from ..backends import registry
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
@@ -26,14 +28,17 @@ from . import ModulePass
 SINK_MAX_ELEMENTS = 64
 
 
-def _sinkable(value: ir.Value) -> list[ir.Operation] | None:
+def _sinkable(value: ir.Value, inside: set[ir.Operation] | None = None) -> list[ir.Operation] | None:
     """The constant-expression ops to clone into a region for ``value`` when it is a splat or small
-    constant (possibly under converts/reshapes/broadcasts), else None."""
-    ops = sh.const_expr_ops(value)
+    constant (possibly under converts/reshapes/broadcasts), or any constant expression that only the
+    region's ops (``inside``, given for a backend that embeds constants) read; else None."""
+    ops = sh.const_expr_ops(value, readable=inside is None)
     if ops is None or any(collage.REGION in op.attributes for op in ops):
         # Another region owns it and will move it: OutlinePass gives readers their own copies first
         # (_own_constants); this keeps a direct caller of outline_region from cloning it anyway.
         return None
+    if inside is not None and all(u.owner.operation in inside for u in value.uses):
+        return ops
     data = sh.const_expr_value(value)
     if data is None:
         return None
@@ -42,13 +47,15 @@ def _sinkable(value: ir.Value) -> list[ir.Operation] | None:
     return None
 
 
-def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str) -> ir.Operation | None:
+def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str,
+                   embeds_constants: bool = False) -> ir.Operation | None:
     """Outlines ``ops`` (one region, in block order) of ``func``; returns the new private function, or
-    None when no result of the region is used (it is left in place, untagged)."""
+    None when no result of the region is used (it is left in place, untagged). With
+    ``embeds_constants``, the constant expressions only the region reads are cloned in, not passed."""
     module_body = func.parent.regions[0].blocks[0]
     inside = {o for op in ops for o in nested_ops(op)}
     inputs = external_operands(ops)
-    sunk = [(v, chain) for v in inputs if (chain := _sinkable(v)) is not None]
+    sunk = [(v, chain) for v in inputs if (chain := _sinkable(v, inside if embeds_constants else None)) is not None]
     args = [v for v in inputs if not any(v == s for s, _ in sunk)]
     outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
     if not outputs:
@@ -132,6 +139,8 @@ class OutlinePass(ModulePass):
     summary = "Outline each collage.region into a private function called by func.call"
 
     def run(self, module: ir.Module | ir.Operation) -> None:
+        embedding = {name for name, info in registry().items()
+                     if info.backend is not None and info.backend.embeds_constants}
         with module.operation.context:
             taken = {collage.symbol_name(op) for op in module_block(module).operations
                      if "sym_name" in op.operation.attributes}
@@ -149,5 +158,5 @@ class OutlinePass(ModulePass):
                                            "region in the plan", where=location_text(ops[0].location),
                                            location=ops[0].location)
                     backend = collage.str_attr(ops[0], collage.BACKEND) or ""
-                    outline_region(func, ops, name, backend)
+                    outline_region(func, ops, name, backend, backend in embedding)
                     taken.add(name)

@@ -71,3 +71,40 @@ func.func @g(%a: tensor<4xf32>) -> tensor<4xf32> {
   %0 = stablehlo.floor %a {collage.backend = "iree-cpu", collage.region = "rg"} : tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+// -----
+
+// A graph engine's region (ort) gets the weight only it reads as a constant, even a large one (the
+// engine prepacks it); a library region (onednn) gets its weight as an argument, and so does a region
+// whose weight another op outside it also reads.
+// ORDER-LABEL: func.func @weights
+// ORDER-NEXT: %[[W2:.*]] = stablehlo.constant dense_resource<w2>
+// ORDER-NEXT: %[[W3:.*]] = stablehlo.constant dense_resource<w3>
+// ORDER-NEXT: %[[E:.*]] = call @embedded(%arg0) : (tensor<2x8xf32>) -> tensor<2x8xf32>
+// ORDER-NEXT: %[[L:.*]] = call @library(%[[E]], %[[W2]])
+// ORDER-NEXT: %[[S:.*]] = call @shared(%[[L]], %[[W3]])
+// ORDER-NEXT: stablehlo.add %[[S]], %[[W3]]
+// ORDER-LABEL: func.func private @embedded(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32>
+// ORDER-NEXT: %[[W1:.*]] = stablehlo.constant dense_resource<w1> : tensor<8x8xf32>
+// ORDER-NEXT: stablehlo.dot_general %arg0, %[[W1]]
+// ORDER-LABEL: func.func private @library(%arg0: tensor<2x8xf32>, %arg1: tensor<8x8xf32>)
+// ORDER-LABEL: func.func private @shared(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xf32>)
+func.func @weights(%x: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %w1 = stablehlo.constant dense_resource<w1> : tensor<8x8xf32>
+  %w2 = stablehlo.constant dense_resource<w2> : tensor<8x8xf32>
+  %w3 = stablehlo.constant dense_resource<w3> : tensor<2x8xf32>
+  %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0] {collage.backend = "ort", collage.region = "embedded"} : (tensor<2x8xf32>, tensor<8x8xf32>) -> tensor<2x8xf32>
+  %1 = stablehlo.dot_general %0, %w2, contracting_dims = [1] x [0] {collage.backend = "onednn", collage.region = "library"} : (tensor<2x8xf32>, tensor<8x8xf32>) -> tensor<2x8xf32>
+  %2 = stablehlo.multiply %1, %w3 {collage.backend = "ort", collage.region = "shared"} : tensor<2x8xf32>
+  %3 = stablehlo.add %2, %w3 : tensor<2x8xf32>
+  return %3 : tensor<2x8xf32>
+}
+{-#
+  dialect_resources: {
+    builtin: {
+      w1: "0x0400000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000",
+      w2: "0x0400000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000",
+      w3: "0x0400000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+    }
+  }
+#-}
