@@ -93,7 +93,7 @@ def extract_region(graph: Graph, ids: frozenset[int]) -> ExtractedRegion:
     ops = [graph.nodes[i].op for i in sorted(ids, key=rank.__getitem__)]
     inside = {o for op in ops for o in nested_ops(op)}
     free = external_operands(ops)
-    consts = [(v, chain) for v in free if (chain := sh.const_expr_ops(v)) is not None]
+    consts = [(v, chain) for v in free if (chain := sh.const_expr_ops(v, readable=False)) is not None]
     args = [v for v in free if not any(v == c for c, _ in consts)]
     outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
     if not outputs:
