@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collage_runtime.types import byte_dtype
+from collage_runtime.types import byte_dtype, numpy_dtype
 
 from ..ir import ir
 
@@ -35,15 +35,16 @@ def _array_attr(op: ir.Operation, name: str, default: list[int]) -> list[int]:
     return _int_list(text)
 
 
-def dense_values(attr: ir.Attribute, shape: tuple[int, ...]) -> np.ndarray | None:
-    """A `dense<...>` attribute as a numpy array (None for dense_resource or unsupported types)."""
+def dense_values(attr: ir.Attribute, shape: tuple[int, ...], element: str | None = None) -> np.ndarray | None:
+    """A `dense<...>` attribute as a numpy array (None for dense_resource or unsupported types); a splat
+    takes the numpy dtype of ``element`` (the tensor's element type) where given."""
     if not isinstance(attr, ir.DenseElementsAttr):
         return None
     dense = attr
     if dense.is_splat:
         splat = dense.get_splat_value()
         if isinstance(splat, (ir.FloatAttr, ir.IntegerAttr)):
-            return np.full(shape, splat.value)
+            return np.full(shape, splat.value, dtype=numpy_dtype(element) if element else None)
         return None
     try:
         return np.array(attr)
@@ -59,7 +60,7 @@ def constant_value(op: ir.Operation) -> np.ndarray | None:
     tt = tensor_type(op.results[0])
     if tt is None:
         return None
-    return dense_values(op.attributes["value"], tt[0])
+    return dense_values(op.attributes["value"], tt[0], tt[1])
 
 
 _COMPLEX_PAIR = re.compile(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)")

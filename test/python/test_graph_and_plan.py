@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from collage_mlir import backends
@@ -89,3 +90,26 @@ def test_registry_takes_plugins_from_entry_points(monkeypatch):
         assert "onednn" in backends.registry()
     finally:
         backends.registry.cache_clear()
+
+
+def test_constant_values_keep_the_ir_element_type():
+    """A splat constant reads back with its tensor's dtype (was float64/int64 whatever the type), also
+    through a constant expression's convert and broadcast."""
+    from collage_mlir.dialects import stablehlo as sh
+
+    text = """func.func @main() -> (tensor<2xf32>, tensor<i32>, tensor<2x3xf16>) {
+      %a = stablehlo.constant dense<1.5> : tensor<2xf32>
+      %b = stablehlo.constant dense<3> : tensor<i32>
+      %c = stablehlo.constant dense<0.25> : tensor<f32>
+      %d = stablehlo.convert %c : (tensor<f32>) -> tensor<f16>
+      %e = stablehlo.broadcast_in_dim %d, dims = [] : (tensor<f16>) -> tensor<2x3xf16>
+      return %a, %b, %e : tensor<2xf32>, tensor<i32>, tensor<2x3xf16>
+    }"""
+    with new_context() as ctx:
+        module = parse_module(text, ctx)
+        ops = list(module.body.operations[0].regions[0].blocks[0].operations)
+        a, b = sh.constant_value(ops[0]), sh.constant_value(ops[1])
+        e = sh.const_expr_value(ops[4].results[0])
+    assert (a.dtype, a.tolist()) == (np.float32, [1.5, 1.5])
+    assert (b.dtype, b.tolist()) == (np.int32, 3)
+    assert (e.dtype, e.shape, float(e[1, 2])) == (np.float16, (2, 3), 0.25)
