@@ -135,33 +135,31 @@ def _torch_fn(node: onnx.NodeProto, arrays: list[np.ndarray]):
     return None
 
 
-def time_alone(model_path: Path, node: onnx.NodeProto, work: Path, values: dict) -> dict[str, dict[str, float]]:
-    """The node cut out of the model, timed alone on each engine, warm and cold (median ms, interleaved)."""
+def time_cut(model_path: Path, inputs: list[str], outputs: list[str], work: Path,
+             extra=None) -> dict[str, dict[str, float]]:
+    """The subgraph of the model between ``inputs`` and ``outputs``, cut out (its initializers kept,
+    random activations in) and timed alone on ORT and OpenVINO, plus ``extra(feeds, initializers)`` ->
+    {engine: callable} where given, warm and cold: {"warm"|"cold": {engine: median ms}}, interleaved."""
     import onnxruntime as ort
     import openvino as ov
-    import torch
 
-    cut = work / "node.onnx"
-    onnx.utils.extract_model(str(model_path), str(cut), [i for i in node.input if i in values["activations"]],
-                             list(node.output))
+    cut = work / "cut.onnx"
+    onnx.utils.extract_model(str(model_path), str(cut), inputs, outputs)
     graph = onnx.load(str(cut)).graph
     rng = np.random.default_rng(0)
     feeds = {}
     for inp in graph.input:
         shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
-    inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
-    arrays = [feeds[i] if i in feeds else inits[i] for i in node.input if i]
-
+        feeds[inp.name] = (rng.integers(0, 100, shape) if inp.type.tensor_type.elem_type == onnx.TensorProto.INT64
+                           else rng.standard_normal(shape).astype(np.float32))
     engines = Engines(THREADS)
     session = ort.InferenceSession(str(cut), sess_options=engines.ort_session_options(),
                                    providers=["CPUExecutionProvider"])
     request = ov.Core().compile_model(str(cut), "CPU", engines.openvino_config()).create_infer_request()
     ov_inputs = [feeds[i.name] for i in graph.input]
     runs = {"ort": lambda: session.run(None, feeds), "openvino": lambda: request.infer(ov_inputs)}
-    fn = _torch_fn(node, arrays)
-    if fn is not None:
-        runs["torch"] = lambda: torch.inference_mode()(fn)()
+    if extra is not None:
+        runs |= extra(feeds, {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer})
     for run in runs.values():
         run()
     samples = collections.defaultdict(list)
@@ -173,6 +171,17 @@ def time_alone(model_path: Path, node: onnx.NodeProto, work: Path, values: dict)
     for (state, engine), v in samples.items():
         timed[state][engine] = statistics.median(v)
     return timed
+
+
+def time_alone(model_path: Path, node: onnx.NodeProto, work: Path, activations: set[str]) -> dict[str, dict[str, float]]:
+    """The node cut out of the model, timed alone on each engine (torch too where it translates)."""
+    import torch
+
+    def with_torch(feeds, inits):
+        fn = _torch_fn(node, [feeds[i] if i in feeds else inits[i] for i in node.input if i])
+        return {} if fn is None else {"torch": lambda: torch.inference_mode()(fn)()}
+
+    return time_cut(model_path, [i for i in node.input if i in activations], list(node.output), work, with_torch)
 
 
 def study(name: str, work: Path) -> dict:
@@ -191,7 +200,7 @@ def study(name: str, work: Path) -> dict:
         if node is None or node.name in seen:
             continue
         seen.add(node.name)
-        alone = time_alone(path, node, work, {"activations": activations})
+        alone = time_alone(path, node, work, activations)
         row = dict(node=node.name, op=node.op_type, ov_node=ov_name, ov_kind=kind, in_graph_ms=ms, alone_ms=alone)
         for state, times in alone.items():
             others = {e: t for e, t in times.items() if e != "openvino"}
@@ -236,12 +245,17 @@ def report(results: list[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(argv, study_fn, report_fn, default_name: str, script: str, extra_args=()) -> None:
+    """The command line both headroom studies share: --models, --name (and ``extra_args``: (flag,
+    kwargs) pairs passed on to ``study_fn`` by name); writes RESULTS/NAME.{json,md}."""
+    parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="dcgan,mobilenet_v2,resnet50,resnext50_32x4d,bert_base,gpt2_small,"
                         "r3d_18")
-    parser.add_argument("--name", default="headroom")
+    parser.add_argument("--name", default=default_name)
+    for flag, kwargs in extra_args:
+        parser.add_argument(flag, **kwargs)
     args = parser.parse_args(argv)
+    options = {flag.lstrip("-"): getattr(args, flag.lstrip("-")) for flag, _ in extra_args}
     disable_engine_telemetry()
     import torch
 
@@ -249,13 +263,17 @@ def main(argv=None) -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            r = study(name, Path(tmp))
+            r = study_fn(name, Path(tmp), **options)
             print(f"{name}: whole {r['whole_ms']:.3f} ms, bound warm {r['bound_warm']:.3f}x, "
                   f"cold {r['bound_cold']:.3f}x", flush=True)
             results.append(r)
-    command = "python bench/headroom.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = f"python bench/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
     (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / f"{args.name}.md").write_text(report(results, command.strip()))
+    (RESULTS / f"{args.name}.md").write_text(report_fn(results, command.strip()))
+
+
+def main(argv=None) -> None:
+    run(argv, study, report, "headroom", "headroom.py")
 
 
 if __name__ == "__main__":

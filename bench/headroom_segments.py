@@ -16,23 +16,13 @@ Writes bench/results/NAME.{json,md}.
 
 from __future__ import annotations
 
-import argparse
-import collections
-import json
-import statistics
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
 import onnx
-import onnx.utils
 
 sys.path.insert(0, str(Path(__file__).parent))
-from headroom import RESULTS, THREADS, _export, _median_ms, profile_openvino  # noqa: E402
-
-from collage_runtime.engines import Engines  # noqa: E402
-from collage_runtime.telemetry import disable_engine_telemetry  # noqa: E402
+from headroom import _export, profile_openvino, run, time_cut  # noqa: E402
 
 
 def cut_points(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[int]]:
@@ -79,40 +69,6 @@ def _live_in(nodes, start: int, constant: set[str], graph_inputs: list[str]) -> 
     return used[0]
 
 
-def time_segment(path: Path, work: Path, inputs: list[str], output: str) -> dict[str, dict[str, float]]:
-    import onnxruntime as ort
-    import openvino as ov
-
-    cut = work / "segment.onnx"
-    onnx.utils.extract_model(str(path), str(cut), inputs, [output])
-    graph = onnx.load(str(cut)).graph
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for inp in graph.input:
-        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-        if inp.type.tensor_type.elem_type == onnx.TensorProto.INT64:
-            feeds[inp.name] = rng.integers(0, 100, shape).astype(np.int64)
-        else:
-            feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
-    engines = Engines(THREADS)
-    session = ort.InferenceSession(str(cut), sess_options=engines.ort_session_options(),
-                                   providers=["CPUExecutionProvider"])
-    request = ov.Core().compile_model(str(cut), "CPU", engines.openvino_config()).create_infer_request()
-    ov_inputs = [feeds[i.name] for i in graph.input]
-    runs = {"ort": lambda: session.run(None, feeds), "openvino": lambda: request.infer(ov_inputs)}
-    for run in runs.values():
-        run()
-    samples = collections.defaultdict(list)
-    for _ in range(5):
-        for engine, run in runs.items():
-            samples[("warm", engine)].append(_median_ms(run, min_calls=5, seconds=0.05))
-            samples[("cold", engine)].append(_median_ms(run, min_calls=5, seconds=0.05, cold=True))
-    timed: dict[str, dict[str, float]] = {"warm": {}, "cold": {}}
-    for (state, engine), v in samples.items():
-        timed[state][engine] = statistics.median(v)
-    return timed
-
-
 def study(name: str, work: Path, share: float) -> dict:
     path, example = _export(name, work)
     model = onnx.load(str(path))
@@ -137,7 +93,7 @@ def study(name: str, work: Path, share: float) -> dict:
         output = model.graph.output[0].name if end == len(nodes) else \
             next(o for n in nodes[:end] for o in n.output if o not in constant and o in
                  {i for m in nodes[end:] for i in m.input})
-        timed = time_segment(path, work, seg_inputs, output)
+        timed = time_cut(path, seg_inputs, [output], work)
         in_graph = sum(node_ms[start:end])
         row = dict(start=start, end=end, first=nodes[start].name, last=nodes[end - 1].name,
                    in_graph_ms=in_graph, alone_ms=timed)
@@ -174,23 +130,8 @@ def report(results: list[dict], command: str) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="dcgan,mobilenet_v2,resnet50,resnext50_32x4d,bert_base,gpt2_small,"
-                        "r3d_18")
-    parser.add_argument("--share", type=float, default=0.05)
-    parser.add_argument("--name", default="headroom_segments")
-    args = parser.parse_args(argv)
-    disable_engine_telemetry()
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            r = study(name, Path(tmp), args.share)
-            print(f"{name}: {len(r['rows'])} segments, bound warm {r['bound_warm']:.3f}x, "
-                  f"cold {r['bound_cold']:.3f}x", flush=True)
-            results.append(r)
-    command = "python bench/headroom_segments.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / f"{args.name}.md").write_text(report(results, command.strip()))
+    run(argv, study, report, "headroom_segments", "headroom_segments.py",
+        [("--share", dict(type=float, default=0.05))])
 
 
 if __name__ == "__main__":
