@@ -59,7 +59,7 @@ class Backend:
     #: Regions get the constant expressions only they read (weights, folded batch-norm statistics) as
     #: constants, not arguments: a graph engine folds and prepacks constants, and IREE then neither holds
     #: nor hands them over. GPT-2 with its feed-forward matmuls on ORT and the rest on OpenVINO (49
-    #: regions): 229 ms a call with the weights passed in, 83 ms embedded (bench/mixed_linear.py).
+    #: regions): 219 ms a call with the weights passed in, 84 ms embedded (bench/mixed_linear.py).
     embeds_constants: ClassVar[bool] = False
     #: Codegen backends only: the logical IREE device (its own executable target and flags) that its
     #: regions run on inside the IREE program; None runs them on the program's default device.
