@@ -2,9 +2,10 @@
 
 The module's ``@main`` has the region's semantics: the values flowing in become arguments (in first-use
 order), the values used after the region become results (in op order). Constant expressions flowing in
-(weights, torch-mlir's scalars) are cloned in as constants, as the region sees them in the model: a
-codegen backend folds or pre-packs them, and outlining still hands them to a library backend as
-arguments, so a region measured alone pays what it pays in the program.
+(weights, ``dense_resource`` blobs included; torch-mlir's scalars) are cloned in as constants, as the
+region sees them in the model: a codegen backend folds or pre-packs them, outlining embeds them in a
+graph engine's region and hands them to a library backend as arguments, so a region measured alone pays
+what it pays in the program.
 
 Each extracted region has a *structural hash* over its ops, attributes, shapes and dtypes (not SSA
 names, locations, op ids, nor the values of large constants, which change no timing), so the same

@@ -5,8 +5,8 @@ Region inputs become arguments, except small or splat constants (also under conv
 and broadcasts, as torch-mlir writes scalars), which are cloned into the function so a backend sees
 their values (a relu's zero, a GELU's coefficients), and, for a backend that embeds constants (a
 graph engine: it folds and prepacks them), every constant expression only the region reads (its
-weights); values used after the region become results. Ops that sat between the region's ops but consume its results move after the call, which
-convexity makes legal.
+weights); values used after the region become results. Ops that sat between the region's ops but
+consume its results move after the call, which convexity makes legal.
 """
 
 from __future__ import annotations
