@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from headroom import _export, profile_openvino, run, time_cut  # noqa: E402
 
 
-def cut_points(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[int]]:
-    """The nodes in graph order and the positions after which exactly one activation is live."""
+def cut_points(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[str], dict[int, str]]:
+    """The nodes in graph order, the graph's activation inputs, and each position after which exactly one
+    activation is live, with that activation."""
     graph = model.graph
     nodes = list(graph.node)
     initializers = {i.name for i in graph.initializer}
@@ -40,14 +41,14 @@ def cut_points(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[int]]
         for i in n.input:
             last_use[i] = k
     outputs = {o.name for o in graph.output}
-    live = {i for i in inputs}
-    cuts = []
+    live = set(inputs)
+    cuts = {}
     for k, n in enumerate(nodes):
         live.update(o for o in n.output if o not in constant)
         live = {t for t in live if last_use.get(t, -1) > k or t in outputs}
         if len(live) == 1 and not (live & outputs) and k < len(nodes) - 1:
-            cuts.append(k)
-    return nodes, cuts
+            cuts[k] = next(iter(live))
+    return nodes, inputs, cuts
 
 
 def segments(nodes, cuts, node_ms: list[float], share: float) -> list[tuple[int, int]]:
@@ -63,17 +64,11 @@ def segments(nodes, cuts, node_ms: list[float], share: float) -> list[tuple[int,
     return bounds
 
 
-def _live_in(nodes, start: int, constant: set[str], graph_inputs: list[str]) -> str:
-    produced_before = {o for n in nodes[:start] for o in n.output} | set(graph_inputs)
-    used = [i for n in nodes[start:] for i in n.input if i in produced_before and i not in constant]
-    return used[0]
-
-
 def study(name: str, work: Path, share: float) -> dict:
     path, example = _export(name, work)
     model = onnx.load(str(path))
     wall, profile, origins = profile_openvino(path, example)
-    nodes, cuts = cut_points(model)
+    nodes, graph_inputs, cuts = cut_points(model)
     index = {n.name: k for k, n in enumerate(nodes)}
     node_ms = [0.0] * len(nodes)
     for ov_name, (_, ms) in profile.items():
@@ -81,18 +76,10 @@ def study(name: str, work: Path, share: float) -> dict:
         positions = [index[n] for n in names if n in index]
         if positions:
             node_ms[min(positions)] += ms
-    initializers = {i.name for i in model.graph.initializer}
-    graph_inputs = [i.name for i in model.graph.input if i.name not in initializers]
-    constant = set(initializers) | {""}
-    for n in nodes:
-        if all(i in constant for i in n.input):
-            constant.update(n.output)
     rows = []
-    for start, end in segments(nodes, cuts, node_ms, share):
-        seg_inputs = graph_inputs if start == 0 else [_live_in(nodes, start, constant, graph_inputs)]
-        output = model.graph.output[0].name if end == len(nodes) else \
-            next(o for n in nodes[:end] for o in n.output if o not in constant and o in
-                 {i for m in nodes[end:] for i in m.input})
+    for start, end in segments(nodes, sorted(cuts), node_ms, share):
+        seg_inputs = graph_inputs if start == 0 else [cuts[start - 1]]
+        output = model.graph.output[0].name if end == len(nodes) else cuts[end - 1]
         timed = time_cut(path, seg_inputs, [output], work)
         in_graph = sum(node_ms[start:end])
         row = dict(start=start, end=end, first=nodes[start].name, last=nodes[end - 1].name,

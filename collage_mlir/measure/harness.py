@@ -264,11 +264,12 @@ _CAPTURED: dict = {"key": None, "values": {}}
 
 def _every_value(graph: Graph) -> set[ValueRef]:
     """Every argument of a public function and every result of an op of ``graph`` that is not a constant
-    expression: what any region of it can take or give."""
+    expression (weights included: extraction clones them into a region): what any region of it can take
+    or give."""
     args = {ValueRef(collage.symbol_name(f), None, k)
             for f in public_funcs(graph.module) for k in range(len(f.regions[0].blocks[0].arguments))}
     return args | {ValueRef(n.func, oid, k) for oid, n in graph.nodes.items() for k, r in enumerate(n.op.results)
-                   if sh.const_expr_ops(r) is None}
+                   if sh.const_expr_ops(r, readable=False) is None}
 
 
 def _constant_values(graph: Graph, refs: set[ValueRef]) -> dict[ValueRef, np.ndarray]:
@@ -280,7 +281,7 @@ def _constant_values(graph: Graph, refs: set[ValueRef]) -> dict[ValueRef, np.nda
         result = graph.nodes[r.op].op.results[r.index]
         value, tt = sh.const_expr_value(result), sh.tensor_type(result)
         dtype = sh.byte_dtype(tt[1]) if tt is not None else None
-        if value is not None and dtype is not None:  # the IR's splats read back as f64
+        if value is not None and dtype is not None:
             found[r] = np.require(np.asarray(value, dtype), requirements="C")  # keeps rank 0
     return found
 
