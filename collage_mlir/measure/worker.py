@@ -39,6 +39,16 @@ class Outcome:
         return self.status == "ok"
 
 
+def python_command(module: str, *args: str) -> list[str]:
+    """The command line that runs ``python -m module args...`` in a child that imports only installed code.
+
+    ``-P`` keeps the current directory off ``sys.path``: without it a user's ``timeit.py`` (or any file
+    sharing a module's name) in the folder ``collage`` runs from is imported, and run, by the child.
+    ``PYTHONPATH`` still counts (the user set it on purpose). Every Python child the project starts is
+    built here (``test_subprocesses.py`` holds it)."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
 def _short(text: str, limit: int = 800) -> str:
     """``text`` on one line; a long one keeps its start and its end (where a chained error says why)."""
     text = " ".join(text.split())
@@ -63,8 +73,8 @@ def _serve(conn) -> None:
 
 
 class Worker:
-    """One child interpreter (``python -m collage_mlir.measure.worker``: nothing inherited, and the
-    caller's main module is never re-imported) serving tasks one at a time; restarted after a crash
+    """One child interpreter (``python -P -m collage_mlir.measure.worker``: nothing inherited, the caller's
+    main module is never re-imported, and the current directory is not on its path) serving tasks one at a time; restarted after a crash
     or timeout. Its stdout and stderr go to a log file, quoted when it dies."""
 
     def __init__(self, name: str = "worker", log_dir: str | Path | None = None):
@@ -77,7 +87,7 @@ class Worker:
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
+            self._proc = subprocess.Popen(python_command(__name__, str(theirs.fileno())),
                                           pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT)
         theirs.close()

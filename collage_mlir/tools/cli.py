@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CollageError
+from ..measure.worker import python_command
 from . import (OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, positive_int,
                report_cmd, run_tool, tune_cmd)
 
@@ -112,8 +113,8 @@ def _run_isolated(args: argparse.Namespace) -> int:
     import signal
     import subprocess
 
-    argv = [sys.executable, "-m", "collage_mlir.tools.cli", "run", args.artifact, "--function", args.function,
-            "--in-process", *[a for path in args.input for a in ("--input", path)]]
+    argv = python_command("collage_mlir.tools.cli", "run", args.artifact, "--function", args.function,
+                          "--in-process", *[a for path in args.input for a in ("--input", path)])
     if args.output_dir:
         argv += ["--output-dir", args.output_dir]
     if args.threads:
