@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import shutil
+import threading
 import weakref
 from pathlib import Path
 from typing import Callable, Sequence
@@ -33,7 +34,13 @@ class InputError(ValueError):
 
 class Program:
     """A loaded artifact (a directory, or one packed ``.collage`` file). ``invoke(name, *arrays)`` runs a
-    public function and returns numpy arrays."""
+    public function and returns numpy arrays.
+
+    A program may be called from several threads: its calls run one at a time (a lock per program),
+    since its regions' engines keep per-region state between calls (ORT's I/O binding, OpenVINO's infer
+    request, the tensors bound to them) and share one thread budget. Unserialized, 4 threads calling one
+    program returned results off by up to 2.8 (docs/reliability.md). Separate programs run concurrently.
+    """
 
     def __init__(self, root: str | Path, *, driver: str = "local-task", extra_modules: Sequence[ModuleFactory] = (),
                  threads: int | None = None, region_timer: RegionTimer | None = None):
@@ -67,6 +74,7 @@ class Program:
                                 f"({' '.join(str(exc).split())[:200]})") from None
         # Keep every module object alive as long as the context: a temporary segfaults later.
         self._failures: list[Exception] = []
+        self._lock = threading.Lock()  # one call at a time (see the class docstring)
         self._modules = [create_rt_module(device, self.root, self.manifest["regions"], self.engines, self._failures,
                                           region_timer)]
         self._modules += [factory(device) for factory in extra_modules]
@@ -141,13 +149,14 @@ class Program:
         signature = self._signatures.get(name)
         if signature is not None:
             check_inputs(name, signature, values)
-        self._failures.clear()
-        try:
-            result = self._functions[name](*values)
-        except RuntimeError:
-            if self._failures:  # a region's engine raised: say which, in one line
-                raise self._failures[-1] from None
-            raise
+        with self._lock:
+            self._failures.clear()
+            try:
+                result = self._functions[name](*values)
+            except RuntimeError:
+                if self._failures:  # a region's engine raised: say which, in one line
+                    raise self._failures[-1] from None
+                raise
         if result is None:
             result = ()
         elif not isinstance(result, (tuple, list)):
@@ -156,10 +165,16 @@ class Program:
 
     def device_function(self, name: str) -> Callable:
         """Function ``name`` taking and returning device arrays (see ``to_device``): for timing loops that
-        should not copy inputs in and results out on every call."""
+        should not copy inputs in and results out on every call. Its calls hold the program's lock too."""
         if name not in self.functions:
             raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self.functions)})")
-        return self._functions[name]
+        function, lock = self._functions[name], self._lock
+
+        def serialized(*args):
+            with lock:
+                return function(*args)
+
+        return serialized
 
     def to_device(self, array: np.ndarray) -> rt.DeviceArray:
         """A copy of ``array`` on the program's device."""
