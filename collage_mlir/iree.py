@@ -15,6 +15,7 @@ from . import artifact
 from .graph import Graph, number_ops
 from .frontends import load_model
 from .ir import ir, new_context, parse_module
+from .measure.import_check import check_model_file
 from .plan import Plan
 from .search import resolve_plan
 
@@ -27,10 +28,13 @@ def compile_module(module: ir.Module, plan: "str | Plan", output_dir: str | Path
 
 
 def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str | Plan" = "default",
-                 **iree_kwargs) -> dict:
-    """Compiles a StableHLO file with ``plan``; ``iree_kwargs`` go to ``iree.compiler.tools.compile_str``
-    (``extra_args``, ``target_backends``, ...). Returns the artifact manifest."""
+                 check_import: bool = True, **iree_kwargs) -> dict:
+    """Compiles a StableHLO (or ONNX) file with ``plan``; ``iree_kwargs`` go to
+    ``iree.compiler.tools.compile_str`` (``extra_args``, ``target_backends``, ...). Returns the artifact
+    manifest. ``check_import``: an ONNX model must match ONNX Runtime on generated inputs first."""
     module = load_model(input_file, new_context())
+    if check_import:
+        check_model_file(module, input_file)
     return compile_module(module, plan, output_dir, source=str(input_file), **iree_kwargs).manifest
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
 from .ir import new_context, parse_module
+from .measure.import_check import check_import as check, jax_source
 
 
 class CompiledFunction:
@@ -39,9 +40,11 @@ class CompiledFunction:
 
 
 def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: float | None = None,  # noqa: A001
-            db: str | Path | None = None, threads: int | None = None) -> CompiledFunction:
+            db: str | Path | None = None, threads: int | None = None, check_import: bool = True) -> CompiledFunction:
     """Lowers ``fn`` for ``example_args``' shapes and dtypes and compiles it by ``plan`` (None: tuned
-    before, else tuned within ``tune_budget`` seconds when given, else the default)."""
+    before, else tuned within ``tune_budget`` seconds when given, else the default). ``check_import``:
+    the lowered module runs with IREE alone on the example arguments and must match ``jax.jit(fn)``
+    (``measure.import_check``; the verdict is cached)."""
     import jax
 
     import collage_runtime
@@ -54,12 +57,16 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
     module = parse_module(text, new_context(), where="<jax>")
     leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(example_args)]
+    if check_import:  # device_put: the dtypes jax canonicalizes to (no x64: int64 becomes int32), as lowered
+        check(module, jax_source(fn, example_args),
+              [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(example_args))],
+              where=f"jax:{getattr(fn, '__name__', 'fn')}")
     choice = choose_plan(module, plan, tune_budget=tune_budget, db=db, examples={"main": leaves})
     out = compile_cached(module, choice, source=f"jax:{getattr(fn, '__name__', 'fn')}")
     return CompiledFunction(collage_runtime.load(out, threads=threads), out_tree, choice)
 
 
-def jit(fn: Callable, *, plan: str | None = None) -> Callable[..., Any]:
+def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True) -> Callable[..., Any]:
     """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature."""
     import jax
 
@@ -69,7 +76,7 @@ def jit(fn: Callable, *, plan: str | None = None) -> Callable[..., Any]:
         leaves, tree = jax.tree_util.tree_flatten(args)
         key = (tree, tuple((np.shape(a), np.asarray(a).dtype.str) for a in leaves))
         if key not in compiled:
-            compiled[key] = compile(fn, *args, plan=plan)
+            compiled[key] = compile(fn, *args, plan=plan, check_import=check_import)
         return compiled[key](*args)
 
     return call

@@ -25,9 +25,10 @@ from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
 from .frontends.torch import import_torch
 from .ir import new_context
+from .measure.import_check import check_import as check, torch_source
 
 #: ``torch.compile(..., options={...})`` keys the ``collage`` backend takes (``compile``'s keywords).
-DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "seed", "db", "threads")
+DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "seed", "db", "threads", "check_import")
 
 
 class CompiledModule:
@@ -60,21 +61,27 @@ class CompiledModule:
 
 def compile(model, example_inputs: Sequence, *, plan: str | None = None,  # noqa: A001
             tune_budget: float | None = None, backends: Sequence[str] | None = None, seed: int = 0,
-            db: str | Path | None = None, threads: int | None = None) -> CompiledModule:
+            db: str | Path | None = None, threads: int | None = None, check_import: bool = True) -> CompiledModule:
     """Compiles ``model`` for ``example_inputs``' shapes and dtypes; raises CollageError when it cannot.
     The plan: ``plan`` when given, else the one tuned before for this model's structure (cost DB
-    ``db``), else a tune over ``backends`` within ``tune_budget`` seconds when given, else the default."""
+    ``db``), else a tune over ``backends`` within ``tune_budget`` seconds when given, else the default.
+    ``check_import``: the import runs with IREE alone on the example inputs and must match the eager
+    model (``measure.import_check``; the verdict is cached)."""
     import torch
     from torch.utils import _pytree as pytree
 
     import collage_runtime
 
     with torch.no_grad():
-        _, out_spec = pytree.tree_flatten(model(*example_inputs))
+        eager = model(*example_inputs)
+    _, out_spec = pytree.tree_flatten(eager)
     with warnings.catch_warnings():
         # torch.export (2.13) warns about its own use of a deprecated pytree class: nothing to act on.
         warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
         module = import_torch(model, list(example_inputs), new_context())
+    if check_import:
+        check(module, torch_source(model, list(example_inputs), eager),
+              [a.detach().cpu().numpy() for a in example_inputs], where=f"torch:{type(model).__name__}")
     tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
     examples = {"main": [a.detach().cpu().numpy() for a in example_inputs]} if tuning else None
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,

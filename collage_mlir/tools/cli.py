@@ -31,9 +31,12 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     from ..ir import new_context
     from ..iree import compile_module
     from ..measure.db import default_db_path
+    from ..measure.import_check import check_model_file
 
     check_artifact_dir(args.output)
     module = load_model(args.model, new_context())
+    if not args.no_import_check:  # an ONNX model computes what ONNX Runtime computes, before anything is built
+        check_model_file(module, args.model, load_input_arrays(args.input))
     plan = args.plan
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
     if args.tune or plan == "tune":  # every available backend, the default budget and DB
@@ -195,11 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="partition a model by a plan and build an artifact directory",
                        epilog="Unknown --iree-* flags are passed through to iree-compile.")
-    c.add_argument("model", help="StableHLO module (.mlir text or .mlirbc bytecode)")
+    c.add_argument("model", help="StableHLO module (.mlir text or .mlirbc bytecode) or ONNX model (.onnx)")
     c.add_argument("--plan", default="default",
                    help="default | random:SEED | prefer:BACKEND[,BACKEND] | tune | PLAN.json (default: default)")
     c.add_argument("--tune", action="store_true", help="same as --plan tune: `collage tune` first, then compile")
     c.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    c.add_argument("--input", action="append", default=[],
+                   help="example input .npy for @main, once per argument, for the import check (default: generated)")
+    c.add_argument("--no-import-check", action="store_true",
+                   help="do not check an imported model (.onnx) against its source on example inputs")
     r = sub.add_parser("run", help="run a compiled artifact on .npy inputs")
     r.add_argument("artifact", help="artifact directory written by `collage compile`")
     r.add_argument("--function", default="main")

@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="skip measuring the transition cost of each backend pair (cached in the DB once measured)")
     m.add_argument("--remeasure", action="store_true", help="measure again pairs the database already holds")
     m.add_argument("--work-dir", help="keep region files, data and artifacts here (default: a temporary dir)")
+    m.add_argument("--no-import-check", action="store_true",
+                   help="do not check an imported model (.onnx) against its source on the inputs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from ..ir import new_context
     from ..measure.db import CostDB, default_db_path
     from ..measure.harness import MeasureOptions, measure_regions
+    from ..measure.import_check import check_model_file
     from ..measure.timing import TimingOptions
     from ..search.candidates import enumerate_candidates
 
@@ -49,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     arrays = load_input_arrays(args.input)
     examples = {"main": arrays} if arrays else {}
     module = load_model(args.model, new_context())
+    if not args.no_import_check:
+        check_model_file(module, args.model, arrays)
     number_ops(module)
     candidates = enumerate_candidates(Graph(module), backends)
     options = MeasureOptions(timing=TimingOptions(budget_s=args.budget, rel_spread=args.spread),

@@ -47,14 +47,19 @@ def parse_backends(text: str | None) -> list:
     return found
 
 
-def load_model(spec: str, context, inputs: list):
+def load_model(spec: str, context, inputs: list, check_import: bool = False):
     """(numbered module, example inputs for @main) from a StableHLO file, or from ``package.module:factory``
-    where ``factory()`` returns ``(torch model, example inputs)``."""
+    where ``factory()`` returns ``(torch model, example inputs)``; ``check_import``: an ONNX file or a torch
+    model is checked against its source first (``measure.import_check``)."""
     from ..frontends import load_model as load_file
+    from ..measure.import_check import check_import as check, check_model_file, torch_source
 
     path = Path(spec)
     if path.suffix in (".mlir", ".mlirbc", ".onnx") or path.exists() or ":" not in spec:
-        return load_file(spec, context), inputs
+        module = load_file(spec, context)
+        if check_import:
+            check_model_file(module, spec, inputs)
+        return module, inputs
     import importlib
 
     from ..frontends.torch import import_torch
@@ -67,6 +72,8 @@ def load_model(spec: str, context, inputs: list):
     model, example = factory()
     example = list(example)
     module = import_torch(model, example, context)
+    if check_import:
+        check(module, torch_source(model, example), [t.detach().numpy() for t in example], where=spec)
     return module, inputs or [t.detach().numpy() for t in example]
 
 
@@ -88,6 +95,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "in the DB (by default its plan is returned at once); the DB's rows are still used")
     t.add_argument("--jobs", type=positive_int, default=None, help="parallel candidate builds (default: CPU count)")
     t.add_argument("-o", "--output", required=True, help="plan JSON to write")
+    t.add_argument("--no-import-check", action="store_true",
+                   help="do not check an imported model (.onnx, torch factory) against its source")
 
 
 def tune_model(module, examples: dict, backends: list, budget_s: float, seed: int, db_path: str | None,
@@ -124,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
 
     budget = parse_budget(args.budget)
     backends = parse_backends(args.backends)
-    module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input))
+    module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),
+                                check_import=not args.no_import_check)
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
                         reuse=not args.search_again)

@@ -1,0 +1,383 @@
+"""The import check: an imported model computes what its source computes, before anything is built on it.
+
+An importer's lowering can be wrong without a word (torch-mlir's ONNX lowering of ``Mod`` with mixed
+signs, ``SpaceToDepth`` in CRD mode, ``ReduceMax`` over booleans, 3-D ``LpPool``, dilated 3-D
+``MaxPool``): every plan then compiles the wrong numbers faithfully. So right after a frontend imports a
+model, the imported StableHLO runs with IREE alone (``reference.invoke_alone``, the harness's reference
+run) and the source runs on the same inputs:
+
+    ONNX file      ONNX Runtime on the original file (no graph optimizations); ONNX's reference evaluator
+                   where ONNX Runtime cannot load it (an IR version or opset newer than it supports)
+    PyTorch        the eager model, ``model(*example_inputs)``
+    JAX            the user's function under ``jax.jit``
+
+Each output is compared (``compare``); a mismatch is one CollageError naming the output (index and name),
+its largest error and, for ONNX, the first node whose output differs (found only on a mismatch). A
+``.mlir`` file has no source to compare with and is not checked.
+
+Inputs: the example inputs where given, else generated ones from the signature (``reference.model_inputs``:
+unit-normal floats with a fixed seed, small non-negative integers so index inputs stay in range, random
+booleans), except that a generated integer 0 becomes 1: an integer division by zero is undefined (ONNX
+Runtime's integer ``Div`` dies of SIGFPE) and an import need not agree with its source on it.
+
+A verdict that passed is cached on disk (``cache_dir()/import-check``) under a hash of the source, the
+imported module, the inputs and the engines' versions, so compiling the same model again does not pay
+for the check (one more whole-model IREE compile and a source run) again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import CollageError
+from ..frontends import cache_dir
+from ..frontends.onnx import import_onnx
+from ..ir import ir, new_context
+from .reference import invoke_alone, model_inputs
+
+#: Bumped when the comparison rule changes, so cached verdicts of the old rule are not reused.
+CHECK_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """When a float output of the import matches its source: elementwise
+
+        |import - source| <= rtol * |source| + atol_scale * max|source| + atol_floor
+
+    Different engines accumulate in different orders, so a long reduction differs by a few ulps of the
+    *output's* magnitude, not of each element's: the absolute term scales with the largest source value.
+    f32/f64: rtol 1e-3, atol 1e-4 of the magnitude (IREE vs ONNX Runtime/torch on the zoo models differ
+    by ~1e-6 relative; the wrong lowerings this catches are off by whole units: 3 vs -1, a permuted
+    tensor, a pool over the wrong window). f16/bf16 carry 3 decimal digits: rtol 1e-2, 1e-2 of the
+    magnitude. Integers and booleans compare exactly; NaN and infinities must sit at the same places."""
+
+    rtol: float
+    atol_scale: float
+    atol_floor: float = 1e-6
+
+
+FLOAT_TOLERANCE = Tolerance(rtol=1e-3, atol_scale=1e-4)
+HALF_TOLERANCE = Tolerance(rtol=1e-2, atol_scale=1e-2, atol_floor=1e-3)
+
+
+def tolerance_for(dtype: np.dtype) -> Tolerance:
+    """The tolerance of a float output of ``dtype`` (``Tolerance``)."""
+    return HALF_TOLERANCE if np.dtype(dtype).itemsize <= 2 else FLOAT_TOLERANCE
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output compared: the largest error (``inf`` where shapes or NaN/infinity places differ) and the
+    tolerance at that element; ``detail`` says where and what (empty when the output matches)."""
+
+    index: int
+    name: str
+    max_error: float
+    allowed: float
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.detail
+
+
+@dataclass(frozen=True)
+class ImportCheck:
+    """The verdict: every output compared with the source; ``node`` names the first ONNX node whose output
+    differs (None where none was looked for or found); ``cached`` when a passed verdict was reused."""
+
+    source: str
+    outputs: tuple[OutputCheck, ...]
+    node: str | None = None
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    def message(self) -> str:
+        """One line: the first output that differs, its error and the node (where found)."""
+        bad = next(o for o in self.outputs if not o.ok)
+        label = f"output {bad.index}" + (f" '{bad.name}'" if bad.name else "")
+        at = f"; first differing node: {self.node}" if self.node else ""
+        others = sum(1 for o in self.outputs if not o.ok) - 1
+        more = f" (and {others} more output{'s' if others > 1 else ''})" if others else ""
+        return (f"the imported model computes other numbers than its source ({self.source}): {label}{more}: "
+                f"{bad.detail}{at}; nothing was built (--no-import-check compiles it anyway)")
+
+
+@dataclass(frozen=True)
+class SourceRun:
+    """The source run on the check's inputs: which engine ran it, and its outputs."""
+
+    engine: str
+    outputs: list[np.ndarray]
+
+
+@dataclass(frozen=True)
+class Source:
+    """What an import is checked against: ``run(inputs)`` gives the engine that ran and the source's
+    outputs (flat, in the module's result order), ``names`` their names, ``digest`` identifies the source
+    for the verdict cache, and ``locate(inputs)``, where given, names the first op whose output differs."""
+
+    name: str
+    run: Callable[[Sequence[np.ndarray]], "SourceRun"]
+    names: tuple[str, ...]
+    digest: str
+    locate: Callable[[Sequence[np.ndarray]], str | None] | None = None
+
+
+def compare(index: int, name: str, got: np.ndarray, want: np.ndarray) -> OutputCheck:
+    """The import's output ``got`` against the source's ``want`` (the ``Tolerance`` rule)."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return OutputCheck(index, name, float("inf"), 0.0,
+                           f"shape {list(got.shape)}, the source gives {list(want.shape)}")
+    if want.dtype.kind not in "fc":  # integers and booleans: exactly
+        same = np.asarray(got == want)
+        if same.all():
+            return OutputCheck(index, name, 0.0, 0.0)
+        k = int(np.argmin(same.reshape(-1)))
+        error = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
+        return OutputCheck(index, name, error, 0.0,
+                           f"{int((~same).sum())} of {same.size} elements differ (exact comparison), e.g. at "
+                           f"{_at(k, got.shape)}: import {got.reshape(-1)[k]}, source {want.reshape(-1)[k]}")
+    tol = tolerance_for(want.dtype)
+    wide = np.complex128 if "c" in got.dtype.kind + want.dtype.kind else np.float64
+    g, w = got.astype(wide), want.astype(wide)
+    finite = np.isfinite(w)
+    scale = float(np.abs(w[finite]).max()) if finite.any() else 0.0
+    allowed = tol.rtol * np.abs(w) + tol.atol_scale * scale + tol.atol_floor
+    # NaN where the source has NaN, the same infinity where it has one: no error; any other NaN: infinite.
+    same_special = (np.isnan(g) & np.isnan(w)) | (~finite & ~np.isnan(w) & (g == w))
+    with np.errstate(invalid="ignore"):
+        error = np.where(same_special, 0.0, np.abs(g - w))
+    error = np.where(np.isnan(error), np.inf, error)
+    excess = error - allowed
+    if error.size == 0 or not (excess > 0).any():
+        return OutputCheck(index, name, float(error.max()) if error.size else 0.0,
+                           float(allowed.max()) if allowed.size else 0.0)
+    k = int(np.argmax(excess.reshape(-1)))
+    worst = float(error.max())
+    return OutputCheck(index, name, worst, float(allowed.reshape(-1)[k]),
+                       f"max error {worst:.3g}; at {_at(k, got.shape)}: import {got.reshape(-1)[k]:.6g}, source "
+                       f"{want.reshape(-1)[k]:.6g}, allowed {allowed.reshape(-1)[k]:.2g} ({int((excess > 0).sum())} "
+                       f"of {error.size} elements beyond tolerance)")
+
+
+def _at(flat: int, shape: tuple[int, ...]) -> list[int]:
+    return [int(i) for i in np.unravel_index(flat, shape)] if shape else []
+
+
+def check_inputs(module: ir.Module, examples: Sequence[np.ndarray] | None, seed: int = 0) -> list[np.ndarray]:
+    """``examples`` (checked against @main's signature) or generated inputs (module docstring)."""
+    given = list(examples or ())
+    arrays = model_inputs(module, {"main": given} if given else {}, seed)["main"]
+    if given:
+        return arrays
+    return [np.where(a == 0, np.ones((), a.dtype), a) if a.dtype.kind in "iu" else a for a in arrays]
+
+
+def check_import(module: ir.Module, source: Source, examples: Sequence[np.ndarray] | None = None, *,
+                 where: str | None = None, cache: bool = True) -> ImportCheck:
+    """Runs ``module``'s @main with IREE alone and ``source`` on the same inputs and compares each output;
+    raises CollageError (one line, ``ImportCheck.message``) on a mismatch, returns the verdict otherwise."""
+    inputs = check_inputs(module, examples)
+    key = _verdict_key(module, source, inputs)
+    path = cache_dir() / "import-check" / f"{key}.json"
+    if cache and path.is_file():
+        try:
+            return _from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a damaged entry: check again
+    try:
+        ran = source.run(inputs)
+    except CollageError as exc:
+        raise CollageError(f"cannot check the import against its source: {exc} (--no-import-check / "
+                           "check_import=False compiles without the check)", where=where) from None
+    want = [np.asarray(a) for a in ran.outputs]
+    (got,) = invoke_alone(module, {"main": inputs}).values()
+    if len(got) != len(want):
+        raise CollageError(f"the imported model has {len(got)} outputs, its source ({ran.engine}) {len(want)}",
+                           where=where)
+    names = source.names if len(source.names) == len(want) else ("",) * len(want)
+    verdict = ImportCheck(ran.engine, tuple(compare(k, n, g, w) for k, (n, g, w) in enumerate(zip(names, got, want))))
+    if not verdict.ok:
+        node = source.locate(inputs) if source.locate else None
+        raise CollageError(ImportCheck(verdict.source, verdict.outputs, node).message(), where=where)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{id(verdict)}.tmp")
+        tmp.write_text(json.dumps(asdict(verdict)))
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    return verdict
+
+
+def check_model_file(module: ir.Module, path: str | Path, examples: Sequence[np.ndarray] | None = None, *,
+                     cache: bool = True) -> ImportCheck | None:
+    """The check for a model file ``load_model`` imported: ONNX against its source; None for StableHLO
+    files (``.mlir``/``.mlirbc``), which have no source to compare with."""
+    if Path(path).suffix != ".onnx":
+        return None
+    return check_import(module, onnx_source(path), examples, where=str(path), cache=cache)
+
+
+def _verdict_key(module: ir.Module, source: Source, inputs: Sequence[np.ndarray]) -> str:
+    h = hashlib.sha256(f"import-check {CHECK_VERSION}\n{source.name}\n{source.digest}\n".encode())
+    h.update(hashlib.sha256(module.operation.get_asm(binary=True)).digest())
+    for a in inputs:
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(" ".join(_version(p) for p in ("iree-base-compiler", "iree-base-runtime")).encode())
+    return h.hexdigest()[:32]
+
+
+def _from_json(data: dict) -> ImportCheck:
+    return ImportCheck(data["source"], tuple(OutputCheck(**o) for o in data["outputs"]), data["node"], cached=True)
+
+
+def _version(package: str) -> str:
+    try:
+        return f"{package}={version(package)}"
+    except PackageNotFoundError:
+        return f"{package}=none"
+
+
+# --- sources ------------------------------------------------------------------------------------------------
+
+
+def onnx_source(path: str | Path) -> Source:
+    """The ONNX model at ``path`` run by ONNX Runtime (its reference evaluator where ONNX Runtime cannot
+    load the model); ``locate`` finds the first node whose output differs from the import's."""
+    import onnx
+
+    path = Path(path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    engines = " ".join(_version(p) for p in ("onnx", "onnxruntime", "torch-mlir"))
+    model = onnx.load(str(path), load_external_data=False)
+    names = tuple(o.name for o in model.graph.output)
+    return Source("onnxruntime", lambda inputs: run_onnx(str(path), inputs), names, f"{digest} {engines}",
+                  lambda inputs: first_differing_node(path, inputs))
+
+
+def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray]) -> SourceRun:
+    """The outputs of the ONNX model (a path or serialized bytes) on ``inputs`` (its graph inputs that are
+    not initializers, in order): ONNX Runtime with graph optimizations off, so no fused kernel stands in
+    for the model's ops; where it cannot load the model, ONNX's reference evaluator."""
+    import onnx
+    import onnxruntime as ort
+
+    try:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3
+        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001  ORT raises its own Fail/InvalidGraph/NotImplemented types
+        ort_why = " ".join(str(exc).split())[-200:]
+        from onnx.reference import ReferenceEvaluator
+
+        try:
+            proto = onnx.load(model) if isinstance(model, str) else onnx.load_from_string(model)
+            evaluator = ReferenceEvaluator(proto)
+            constants = {t.name for t in proto.graph.initializer}
+            feeds = dict(zip([i.name for i in proto.graph.input if i.name not in constants], inputs))
+            return SourceRun("ONNX reference evaluator", [np.asarray(o) for o in evaluator.run(None, feeds)])
+        except Exception as ref_exc:  # noqa: BLE001  the reference evaluator raises any type
+            raise CollageError(f"onnxruntime cannot load the model ({ort_why}) and ONNX's reference evaluator "
+                               f"cannot run it ({' '.join(str(ref_exc).split())[:200]})") from None
+    feeds = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
+    try:
+        return SourceRun("onnxruntime", [np.asarray(o) for o in session.run(None, feeds)])
+    except Exception as exc:  # noqa: BLE001
+        raise CollageError(f"onnxruntime cannot run the model: {' '.join(str(exc).split())[:300]}") from None
+
+
+def first_differing_node(path: Path, inputs: Sequence[np.ndarray]) -> str | None:
+    """The first node, in the graph's (topological) order, whose output differs between the import and
+    ONNX Runtime: every node output becomes a graph output, the model is imported and run both ways once.
+    None where that model cannot be built, imported or run."""
+    import onnx
+
+    model = onnx.load(str(path))
+    nodes = list(model.graph.node)
+    if len(nodes) == 1:
+        return _node_label(nodes[0])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        typed = {v.name: v for v in inferred.graph.value_info}
+        outputs = [o.name for o in model.graph.output]
+        for node in nodes:
+            for name in node.output:
+                if name and name in typed and name not in outputs:
+                    model.graph.output.append(typed[name])
+                    outputs.append(name)
+        with tempfile.TemporaryDirectory(prefix="collage-import-check-") as work:
+            probe = Path(work) / "probe.onnx"
+            onnx.save(model, str(probe))
+            (got,) = invoke_alone(import_onnx(probe, new_context()), {"main": list(inputs)}).values()
+            want = run_onnx(str(probe), inputs).outputs
+    except (CollageError, ValueError, RuntimeError, onnx.checker.ValidationError):
+        return None
+    if len(got) != len(outputs) or len(want) != len(outputs):
+        return None
+    index = {name: k for k, name in enumerate(outputs)}
+    for node in nodes:
+        for name in node.output:
+            k = index.get(name)
+            if k is not None and not compare(k, name, got[k], want[k]).ok:
+                return _node_label(node)
+    return None
+
+
+def _node_label(node) -> str:
+    return f"'{node.name}' ({node.op_type})" if node.name else f"{node.op_type} -> {', '.join(node.output)}"
+
+
+def torch_source(model, example_inputs: Sequence, result=None) -> Source:
+    """The eager PyTorch ``model``; ``result``: its output on ``example_inputs`` where the caller has it
+    already (the entry point runs the model once for the output's structure), else it is run here."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from ..frontends.torch import model_key
+
+    if result is None:
+        with torch.no_grad():
+            result = model(*example_inputs)
+    leaves = [(pytree.keystr(p), t) for p, t in pytree.tree_flatten_with_path(result)[0] if isinstance(t, torch.Tensor)]
+
+    def run(inputs: Sequence[np.ndarray]) -> SourceRun:
+        # The check runs on the example inputs (given inputs are used as they are): ``result`` is on them.
+        return SourceRun("torch eager", [_torch_to_numpy(t) for _, t in leaves])
+
+    return Source("torch eager", run, tuple(name for name, _ in leaves), model_key(model, example_inputs))
+
+
+def _torch_to_numpy(t) -> np.ndarray:
+    import torch
+
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def jax_source(fn: Callable, example_args: Sequence) -> Source:
+    """The user's JAX function under ``jax.jit`` (its module is the lowering of that same jit)."""
+    import jax
+
+    def run(inputs: Sequence[np.ndarray]) -> SourceRun:
+        _, tree = jax.tree_util.tree_flatten(example_args)
+        args = jax.tree_util.tree_unflatten(tree, list(inputs))
+        return SourceRun("jax.jit", [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(jax.jit(fn)(*args))])
+
+    shapes = jax.eval_shape(fn, *example_args)
+    names = tuple(jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(shapes)[0])
+    return Source("jax.jit", run, names, f"jax={jax.__version__}")
