@@ -156,7 +156,7 @@ def compare(index: int, name: str, got: np.ndarray, want: np.ndarray) -> OutputC
     g, w = got.astype(wide), want.astype(wide)
     finite = np.isfinite(w)
     scale = float(np.abs(w[finite]).max()) if finite.any() else 0.0
-    allowed = tol.rtol * np.abs(w) + tol.atol_scale * scale + tol.atol_floor
+    allowed = np.where(finite, tol.rtol * np.abs(w) + tol.atol_scale * scale + tol.atol_floor, 0.0)
     # NaN where the source has NaN, the same infinity where it has one: no error; any other NaN: infinite.
     same_special = (np.isnan(g) & np.isnan(w)) | (~finite & ~np.isnan(w) & (g == w))
     with np.errstate(invalid="ignore"):

@@ -1,0 +1,171 @@
+"""The import check (``collage_mlir.measure.import_check``): an imported model must compute what its source
+computes before anything is built on it. Five ONNX node tests torch-mlir lowers wrongly (exit 0 with wrong
+numbers before the check) now fail ``collage compile model.onnx`` in one line naming the output and the
+node; correct ONNX, torch and JAX imports pass (the verdict cached); a source that computes other numbers
+(monkeypatched) fails the torch and JAX entry points too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from collage_mlir.errors import CollageError  # noqa: E402
+from collage_mlir.frontends import load_model  # noqa: E402
+from collage_mlir.ir import new_context  # noqa: E402
+from collage_mlir.measure.import_check import check_model_file, compare  # noqa: E402
+from collage_mlir.tools import cli  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+from onnx_nodes import node_cases, write_case  # noqa: E402
+
+#: (ONNX node test, the op module that builds it, output name, op type): wrong with exit 0 before the check.
+WRONG = [("test_mod_mixed_sign_int16", "mod", "z", "Mod"),
+         ("test_spacetodepth_crd_mode_example", "spacetodepth", "y", "SpaceToDepth"),
+         ("test_reduce_max_bool_inputs", "reducemax", "reduced", "ReduceMax"),
+         ("test_lppool_3d_default", "lppool", "y", "LpPool"),
+         ("test_maxpool_3d_dilations_use_ref_impl_large", "maxpool", "y", "MaxPool")]
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    built = node_cases(sorted({m for _, m, _, _ in WRONG}))
+    root = tmp_path_factory.mktemp("cases")
+    return {name: write_case(built[name], root) for name, _, _, _ in WRONG}
+
+
+def _compile_args(d: Path, out: Path, *extra: str) -> list[str]:
+    inputs = [a for p in sorted(d.glob("in_*.npy")) for a in ("--input", str(p))]
+    return ["compile", str(d / "model.onnx"), *inputs, "-o", str(out), *extra]
+
+
+def test_a_wrong_lowering_fails_collage_compile_in_one_line(cases, tmp_path):
+    """Through the console entry point: one ``collage: error:`` line, exit 1, no artifact."""
+    d = cases["test_mod_mixed_sign_int16"]
+    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *_compile_args(d, tmp_path / "out")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("collage: error: "), r.stderr
+    assert "output 0 'z'" in lines[0] and "first differing node: Mod" in lines[0], lines[0]
+    assert "import 1, source -2" in lines[0], lines[0]  # 7 mod -3: ONNX's Mod takes the divisor's sign
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name,module,output,op", WRONG, ids=[w[0] for w in WRONG])
+def test_each_wrong_lowering_names_its_output_and_node(name, module, output, op, cases, tmp_path, capsys):
+    assert cli.main(_compile_args(cases[name], tmp_path / "out")) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("collage: error: "), err
+    assert f"output 0 '{output}'" in err and f"first differing node: {op}" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_import_check_compiles_it_anyway(cases, tmp_path):
+    assert cli.main(_compile_args(cases["test_mod_mixed_sign_int16"], tmp_path / "out", "--no-import-check")) == 0
+
+
+def _onnx_model(path: Path, nodes, inputs, outputs, inits=(), opset: int = 17) -> Path:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+def test_the_first_differing_node_of_a_chain(tmp_path):
+    """Neg, then the wrongly lowered Mod, then Abs: the node named is the Mod, not the output's Abs."""
+    i16 = lambda n: helper.make_tensor_value_info(n, TensorProto.INT16, [6])  # noqa: E731
+    path = _onnx_model(tmp_path / "chain.onnx",
+                       [helper.make_node("Neg", ["x"], ["n"], name="neg"),
+                        helper.make_node("Mod", ["n", "y"], ["m"], name="mod"),
+                        helper.make_node("Abs", ["m"], ["z"], name="abs")], [i16("x"), i16("y")], [i16("z")])
+    x = np.array([-4, -7, 5, 4, -2, 3], np.int16)
+    y = np.array([2, -3, 8, -2, 3, 5], np.int16)
+    with pytest.raises(CollageError, match=r"output 0 'z': .*first differing node: 'mod' \(Mod\)") as err:
+        check_model_file(load_model(path, new_context()), path, [x, y], cache=False)
+    assert "\n" not in str(err.value) and "(onnxruntime)" in str(err.value)
+
+
+def test_a_correct_onnx_model_passes_and_its_verdict_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in [("w", (4, 3, 3, 3)), ("fc", (4 * 6 * 6, 10))]]
+    path = _onnx_model(tmp_path / "cnn.onnx",
+                       [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+                        helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("MatMul", ["f", "fc"], ["y"])],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])], inits)
+    first = check_model_file(load_model(path, new_context()), path)  # generated inputs
+    assert first.ok and not first.cached and first.source == "onnxruntime"
+    assert [o.name for o in first.outputs] == ["y"] and first.outputs[0].max_error < 1e-3
+    again = check_model_file(load_model(path, new_context()), path)
+    assert again.ok and again.cached and again.outputs == first.outputs
+
+
+def test_a_stablehlo_file_has_no_source_to_check(tmp_path):
+    path = tmp_path / "m.mlir"
+    path.write_text("func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> { return %x : tensor<2xf32> }\n")
+    assert check_model_file(load_model(path, new_context()), path) is None
+
+
+def test_compare_rules():
+    f32 = np.array([1.0, 100.0, np.nan, np.inf], np.float32)
+    assert compare(0, "y", f32 + np.float32(0.005), f32).ok  # 1e-4 of the magnitude (100) absorbs it
+    assert not compare(0, "y", f32 + np.float32(0.05), f32).ok
+    assert not compare(0, "y", np.array([1.0, 100.0, 0.0, np.inf], np.float32), f32).ok  # NaN must stay NaN
+    assert not compare(0, "y", np.array([1.0, 100.0, np.nan, -np.inf], np.float32), f32).ok
+    f16 = np.array([1.0, 2.0], np.float16)
+    assert compare(0, "y", f16 + np.float16(0.01), f16).ok and not compare(0, "y", f16 + np.float16(0.1), f16).ok
+    ints = np.array([0, -2, 5], np.int16)
+    assert compare(0, "y", ints, ints).ok and not compare(0, "y", ints + np.int16(1), ints).ok
+    bad = compare(3, "y", ints.reshape(3, 1), ints)
+    assert not bad.ok and bad.max_error == float("inf") and "shape [3, 1], the source gives [3]" in bad.detail
+
+
+def test_torch_import_checked_against_eager(torch, tmp_path, monkeypatch):
+    import collage_mlir.torch as ctorch
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh()).eval()
+    x = torch.randn(3, 8)
+    compiled = ctorch.compile(model, [x])  # the import is right: checked, passes
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    real = ctorch.torch_source  # another digest: not the verdict cached just now
+    monkeypatch.setattr(ctorch, "torch_source",
+                        lambda m, inputs, result: replace(real(m, inputs, result * 2), digest="doubled"))
+    with pytest.raises(CollageError, match=r"torch:Sequential: .*\(torch eager\): output 0: max error") as err:
+        ctorch.compile(model, [x])
+    assert "\n" not in str(err.value)
+    ctorch.compile(model, [x], check_import=False)  # the user knows what they do (the artifact: cached)
+
+
+def test_jax_function_checked_against_jit(tmp_path, monkeypatch):
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import collage_mlir.jax as cjax
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+
+    def f(x, w):
+        return {"h": jnp.tanh(x @ w), "n": jnp.sum(x)}
+
+    x, w = np.ones((4, 8), np.float32), np.eye(8, dtype=np.float32)
+    np.testing.assert_allclose(cjax.compile(f, x, w)(x, w)["h"], np.tanh(x @ w), rtol=1e-5)
+    real = cjax.jax_source  # another digest: not the verdict cached just now
+    monkeypatch.setattr(cjax, "jax_source", lambda fn, args: replace(
+        real(lambda *a: {"h": fn(*a)["h"], "n": fn(*a)["n"] + 1}, args), digest="plus one"))
+    with pytest.raises(CollageError, match=r"jax:f: .*\(jax.jit\): output 1 '\['n'\]': max error 1") as err:
+        cjax.compile(f, x, w)
+    assert "\n" not in str(err.value)
