@@ -12,39 +12,49 @@ from pathlib import Path
 
 import numpy as np
 
-from ..dialects.stablehlo import const_expr_value, tensor_type
+from ..dialects.stablehlo import const_expr_value, sunk_chain, tensor_type
 from ..errors import CollageError
-from ..graph import Graph, nested_ops, producer
+from ..graph import Graph, body_ops, external_operands, nested_ops, producer
 from ..ir import ir
 from .base import RegionArtifact, Tolerance
 from .onnx_export import DTYPES, F32_EXACT, FLOATS, OnnxGraphBackend, engine_patterns, gather_info
 
-#: How far back ``exact_types`` looks for a value's non-constant inputs.
+#: How far back ``_static`` looks for a value's inputs.
 _MAX_ANCESTORS = 64
+_I64_MESSAGE = ("OpenVINO computes i64 in 32 bits: only i64 values computed from constants that fit 32 bits, or read "
+                "as gather indices")
 
 
-def _from_constants(value: ir.Value) -> bool:
-    """Whether ``value`` is computed from constants alone (within ``_MAX_ANCESTORS`` ops)."""
+def _static(value: ir.Value, inside: set[ir.Operation] | None, passed: frozenset) -> bool:
+    """Whether OpenVINO gets ``value`` from constants alone (within ``_MAX_ANCESTORS`` ops), so it folds it
+    whole. ``inside``: the region's ops (a producer outside it hands a constant expression the region gets
+    its own copy of, unless the value is among ``passed``, the region's run-time inputs); None asks it of
+    the op alone, as if every producer could join its region."""
     seen: set = set()
     stack = [value]
     while stack:
-        op = producer(stack.pop())
+        v = stack.pop()
+        if v in passed:
+            return False
+        op = producer(v)
         if op is None or len(seen) >= _MAX_ANCESTORS:
             return False  # a function argument, or too far to tell
-        if op in seen:
+        if (inside is not None and op not in inside) or op in seen:
             continue
         seen.add(op)
         stack.extend(op.operands)
     return True
 
 
-def _index_read(op: ir.Operation, v: ir.Value) -> bool:
+def _index_read(op: ir.Operation, v: ir.Value, inside: set[ir.Operation] | None) -> bool:
     """Whether ``op`` reads the i64 value ``v`` only where the export reads it exactly on OpenVINO: as
     the start indices of a row gather (clamped in f32 straight from the input, ``onnx_export._gather``),
-    or as the input of a reshape (the export converts before it, ``onnx_optimize._hoist_casts``)."""
-    if op.name == "stablehlo.reshape":  # only if what it makes is itself read as indices, never returned
-        r = op.results[0]
-        return all(_index_read(u.owner.operation, r) for u in r.uses)
+    or as the input of a reshape whose one use is such a read inside the region (the export then converts
+    before the reshape, ``onnx_optimize._hoist_casts``)."""
+    if op.name == "stablehlo.reshape":
+        uses = [u.owner.operation for u in op.results[0].uses]
+        return len(uses) == 1 and (inside is None or uses[0] in inside) and \
+            _index_read(uses[0], op.results[0], inside)
     if op.name != "stablehlo.gather" or op.operands[0] == v or op.operands[1] != v:
         return False
     g = gather_info(op)
@@ -52,33 +62,61 @@ def _index_read(op: ir.Operation, v: ir.Value) -> bool:
     return len(g.start_index_map) == 1 and table[g.start_index_map[0]] <= F32_EXACT
 
 
+def _fits_i32(v: np.ndarray) -> bool:
+    return np.iinfo(np.int32).min <= v.min() and v.max() <= np.iinfo(np.int32).max
+
+
+def _inexact_i64(op: ir.Operation, inside: set[ir.Operation] | None, passed: frozenset) -> bool:
+    """Whether OpenVINO would cut an i64 value ``op`` reads or makes to 32 bits: one not computed from
+    constants and not read as gather indices, or a constant (as written) beyond 32 bits."""
+    for v in list(op.operands) + list(op.results):
+        if (tt := tensor_type(v)) is None or tt[1] != "i64":
+            continue
+        if not _static(v, inside, passed):
+            if not _index_read(op, v, inside):
+                return True
+        elif (c := const_expr_value(v)) is not None and c.size and not _fits_i32(c):
+            return True
+    return False
+
+
 def exact_types(op: ir.Operation) -> str | None:
     """i64 from constants or as row-gather indices (OpenVINO computes i64 in 32 bits); constant pad values"""
     # Probed (test_graph_translation.py::test_engine_type_coverage): 2**40 + 3 comes back as 3, and a pad
     # value given at run time is ignored (zeros). f64 runs in f32 — as IREE runs it (it demotes f64).
     # An i64 graph input converted to f32 by the node reading it arrives whole (probed; test_onnx_ops.py):
-    # token ids reach the embedding gathers that way.
-    for v in list(op.operands) + list(op.results):
-        tt = tensor_type(v)
-        if tt is not None and tt[1] == "i64" and not _from_constants(v) and not _index_read(op, v):
-            return "OpenVINO computes i64 in 32 bits: only i64 values computed from constants or read as gather indices"
+    # token ids reach the embedding gathers that way. Op by op this can only ask whether some region could
+    # hold the op; ``i64_problem`` asks it of the region a plan makes, with the same two predicates.
+    if _inexact_i64(op, None, frozenset()):
+        return _I64_MESSAGE
     if op.name == "stablehlo.pad" and const_expr_value(op.operands[1]) is None:
         return "OpenVINO ignores a padding value given at run time: it must be a constant"
     return None
 
 
-def runtime_i64_output(graph: Graph, ids: frozenset[int]) -> str | None:
-    """Why the region ``ids`` cannot run on OpenVINO as a whole, else None: an i64 value not computed
-    from constants (a reshaped index) must not leave it, as OpenVINO would return it cut to 32 bits."""
-    ops = [graph.nodes[i].op for i in ids]
+def i64_problem(ops: list[ir.Operation], passed: frozenset, outputs: list[ir.Value]) -> str | None:
+    """Why OpenVINO would compute an i64 value of the region ``ops`` in 32 bits, else None. ``passed``: the
+    region's run-time inputs (what is not cloned into it, ``sh.sunk_chain``); ``outputs``: the values it
+    hands on. Decides both which regions the backend takes and whether its build accepts one (the outlined
+    function: its arguments passed, its returned values handed on), so a plan never holds a region the
+    build refuses: a value computed from constants outside the region but passed in (an iota IREE keeps)
+    is a run-time input to OpenVINO."""
     inside = {o for op in ops for o in nested_ops(op)}
     for op in ops:
-        for r in op.results:
-            tt = tensor_type(r)
-            if tt is not None and tt[1] == "i64" and not _from_constants(r) and \
-                    any(u.owner.operation not in inside for u in r.uses):
-                return "an i64 value computed at run time would leave the OpenVINO region (cut to 32 bits)"
+        if _inexact_i64(op, inside, passed):
+            return _I64_MESSAGE
+    if any(tensor_type(v)[1] == "i64" and not _static(v, inside, passed) for v in outputs):
+        return "an i64 value computed at run time would leave the OpenVINO region (cut to 32 bits)"
     return None
+
+
+def region_i64_problem(graph: Graph, ids: frozenset[int]) -> str | None:
+    """``i64_problem`` of the region ``ids`` as outlining will make it."""
+    ops = [graph.nodes[i].op for i in sorted(ids)]
+    inside = {o for op in ops for o in nested_ops(op)}
+    passed = frozenset(v for v in external_operands(ops) if sunk_chain(v, inside) is None)
+    outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
+    return i64_problem(ops, passed, outputs)
 
 
 class OpenVinoBackend(OnnxGraphBackend):
@@ -101,24 +139,29 @@ class OpenVinoBackend(OnnxGraphBackend):
         return f"openvino-{openvino.get_version().split('-')[0]}"
 
     def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
-        return [(name, ids) for name, ids in super().candidates(graph) if runtime_i64_output(graph, ids) is None]
+        return [(name, ids) for name, ids in super().candidates(graph) if region_i64_problem(graph, ids) is None]
 
     def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
-        return super().accepts(graph, ids) or runtime_i64_output(graph, ids)
+        return super().accepts(graph, ids) or region_i64_problem(graph, ids)
 
     def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
+        block = func.regions[0].blocks[0]
+        returned = list(list(block.operations)[-1].operands)
+        if (why := i64_problem(list(body_ops(func)), frozenset(block.arguments), returned)) is not None:
+            raise CollageError(f"{func.location}: {why}; leave the region to another backend")
         art = super().build(func, out_dir, region)
         import onnx
         from onnx import numpy_helper
 
         model = onnx.load(Path(out_dir) / art.file)
-        if (why := inexact_i64_input(model)) is not None:
-            raise CollageError(f"{func.location}: {why}; leave the region to another backend")
+        if (why := inexact_i64_input(model)) is not None:  # the export broke what i64_problem relies on
+            raise CollageError(f"{func.location}: {why} (a defect of collage's ONNX export); leave the region "
+                               "to another backend")
 
         # i64 constants reach OpenVINO folded; they must survive its 32-bit arithmetic unchanged.
         for t in model.graph.initializer:
             v = numpy_helper.to_array(t)
-            if v.dtype == np.int64 and v.size and (v.min() < np.iinfo(np.int32).min or v.max() > np.iinfo(np.int32).max):
+            if v.dtype == np.int64 and v.size and not _fits_i32(v):
                 raise CollageError(f"{func.location}: an i64 constant of this region does not fit the 32 bits "
                                    "OpenVINO computes i64 in; leave the region to another backend")
         return art

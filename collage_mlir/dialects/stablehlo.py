@@ -202,6 +202,29 @@ def const_expr_ops(value: ir.Value, max_ops: int = 8, readable: bool = True) -> 
     return None if inner is None else inner + [op]
 
 
+#: Constants up to this many elements (or any splat) are cloned into every region that reads them.
+SINK_MAX_ELEMENTS = 64
+
+
+def sunk_chain(value: ir.Value, readers: set[ir.Operation] | None = None) -> list[ir.Operation] | None:
+    """The constant-expression ops a region gets its own copy of for its input ``value``, else None (the
+    value is passed in as an argument). Outlining and every backend's region checks decide by this one
+    rule: a splat or small readable constant expression (a relu's zero, a GELU's coefficient) is cloned
+    into any region; for a backend that embeds constants, whose region's ops (nested ones included) are
+    ``readers``, so is every constant expression only the region reads (its weights)."""
+    ops = const_expr_ops(value, readable=readers is None)
+    if ops is None:
+        return None
+    if readers is not None and all(u.owner.operation in readers for u in value.uses):
+        return ops
+    data = const_expr_value(value)
+    if data is None:
+        return None
+    if data.size <= SINK_MAX_ELEMENTS or (data.size and bool(np.all(data == data.flat[0]))):
+        return ops
+    return None
+
+
 def clone_const_expr(chain: list[ir.Operation], ip: ir.InsertionPoint) -> list[ir.Operation]:
     """Clones a constant expression (``const_expr_ops``' chain, producers first) at ``ip``, each clone
     reading the previous one; the last clone's result is the expression's value."""

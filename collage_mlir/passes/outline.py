@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from iree.compiler.dialects import func as func_d
 
 from ..backends import registry
@@ -24,27 +23,15 @@ from ..graph import body_ops, external_operands, module_block, nested_ops, publi
 from ..ir import ir, location_text
 from . import ModulePass
 
-#: Constants up to this many elements (or any splat) are cloned into regions instead of passed in.
-SINK_MAX_ELEMENTS = 64
-
 
 def _sinkable(value: ir.Value, inside: set[ir.Operation] | None = None) -> list[ir.Operation] | None:
-    """The constant-expression ops to clone into a region for ``value`` when it is a splat or small
-    constant (possibly under converts/reshapes/broadcasts), or any constant expression that only the
-    region's ops (``inside``, given for a backend that embeds constants) read; else None."""
-    ops = sh.const_expr_ops(value, readable=inside is None)
-    if ops is None or any(collage.REGION in op.attributes for op in ops):
+    """``sh.sunk_chain``, unless another region owns the constant expression."""
+    ops = sh.sunk_chain(value, inside)
+    if ops is not None and any(collage.REGION in op.attributes for op in ops):
         # Another region owns it and will move it: OutlinePass gives readers their own copies first
         # (_own_constants); this keeps a direct caller of outline_region from cloning it anyway.
         return None
-    if inside is not None and all(u.owner.operation in inside for u in value.uses):
-        return ops
-    data = sh.const_expr_value(value)
-    if data is None:
-        return None
-    if data.size <= SINK_MAX_ELEMENTS or (data.size and bool(np.all(data == data.flat[0]))):
-        return ops
-    return None
+    return ops
 
 
 def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, backend: str,

@@ -16,6 +16,7 @@ import collage_runtime
 from collage_mlir.backends import get_backend
 from collage_mlir.backends.onnx_export import translate
 from collage_mlir.backends.openvino import inexact_i64_input
+from collage_mlir.errors import CollageError
 from collage_mlir.frontends.torch import import_torch
 from collage_mlir.graph import Graph
 from collage_mlir.iree import compile_module
@@ -217,7 +218,7 @@ func.func @main(%ids: tensor<4xi64>, %t: tensor<8x2xf32>) -> (tensor<4xi64>, ten
     assert "32 bits" in ov.supports(graph.nodes[add].op)
     assert "32 bits" in ov.supports(graph.nodes[returned_reshape].op)
     assert ov.supports(graph.nodes[gather_reshape].op) is None and ov.supports(graph.nodes[gather].op) is None
-    assert "leave the OpenVINO region" in ov.accepts(graph, frozenset({gather_reshape}))
+    assert "32 bits" in ov.accepts(graph, frozenset({gather_reshape}))  # its ids would leave the region
     assert ov.accepts(graph, frozenset({gather_reshape, gather})) is None
 
     g = helper.make_graph(
@@ -227,3 +228,77 @@ func.func @main(%ids: tensor<4xi64>, %t: tensor<8x2xf32>) -> (tensor<4xi64>, ten
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 2])],
         [helper.make_tensor("shape", TensorProto.INT64, [2], [4, 1])])
     assert "without an exact conversion" in inexact_i64_input(onnx.helper.make_model(g))
+
+
+#: GPT-2's position ids as torch-mlir writes them: an iota (from constants alone) scaled and offset in
+#: i64, reshaped, then gathered; and token ids from outside gathered. Constants computed outside an
+#: OpenVINO region reach it as run-time inputs unless outlining clones them in.
+POSITIONS = """
+func.func @main(%ids: tensor<1x16xi64>, %t: tensor<64x4xf32>) -> tensor<1x16x4xf32> {
+  %c = stablehlo.constant dense<0> : tensor<16xi64>
+  %c_0 = stablehlo.constant dense<1> : tensor<16xi64>
+  %n = stablehlo.constant dense<16> : tensor<1xi64>
+  %0 = stablehlo.reshape %ids : (tensor<1x16xi64>) -> tensor<1x16xi64>
+  %1 = "stablehlo.gather"(%t, %0) <{dimension_numbers = #stablehlo.gather<offset_dims = [2], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 4>}> : (tensor<64x4xf32>, tensor<1x16xi64>) -> tensor<1x16x4xf32>
+  %9 = stablehlo.dynamic_iota %n, dim = 0 : (tensor<1xi64>) -> tensor<16xi64>
+  %10 = stablehlo.multiply %9, %c_0 : tensor<16xi64>
+  %11 = stablehlo.add %10, %c : tensor<16xi64>
+  %12 = stablehlo.add %11, %c : tensor<16xi64>
+  %13 = stablehlo.reshape %12 : (tensor<16xi64>) -> tensor<1x16xi64>
+  %14 = "stablehlo.gather"(%t, %13) <{dimension_numbers = #stablehlo.gather<offset_dims = [2], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 4>}> : (tensor<64x4xf32>, tensor<1x16xi64>) -> tensor<1x16x4xf32>
+  %15 = stablehlo.add %1, %14 : tensor<1x16x4xf32>
+  return %15 : tensor<1x16x4xf32>
+}
+"""
+
+
+def test_openvino_takes_only_regions_its_build_accepts(tmp_path):
+    """One predicate (``i64_problem``) decides the candidates and the build: every OpenVINO candidate of
+    the position-ids graph outlines to a function its build accepts; a region whose i64 arithmetic reads
+    an iota left outside (passed in at run time) is no candidate, and its build alone refuses it. With
+    only the op-level check, ``prefer:openvino`` and random plans on Hugging Face GPT-2 failed to compile
+    ("i64 input in0 reaches gather indices without an exact conversion")."""
+    from collage_mlir.passes.assign import AssignPass
+    from collage_mlir.passes.outline import OutlinePass
+
+    pytest.importorskip("openvino")
+    ov = get_backend("openvino")
+
+    kept = []  # the modules outlived by their functions
+
+    def outlined(ids: frozenset[int]):
+        module = parse_module(POSITIONS, new_context())
+        NumberOpsPass().run(module)
+        AssignPass(plan=Plan([Region("r", "openvino", ids)])).run(module)
+        OutlinePass().run(module)
+        kept.append(module)
+        return next(f for f in module.body.operations if str(f.attributes["sym_name"]).strip('"') == "r")
+
+    module = parse_module(POSITIONS, new_context())
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    by_name = collections.defaultdict(list)
+    for oid, node in graph.nodes.items():
+        by_name[node.name].append(oid)
+    (iota,), (mul,), adds = by_name["stablehlo.dynamic_iota"], by_name["stablehlo.multiply"], by_name["stablehlo.add"]
+    cut = frozenset({adds[0], adds[1], by_name["stablehlo.reshape"][1], by_name["stablehlo.gather"][1]})
+    assert "32 bits" in ov.accepts(graph, cut)  # the multiply's result arrives from IREE
+    assert ov.accepts(graph, cut | {iota, mul}) is None
+    candidates = [ids for _, ids in ov.candidates(graph)]
+    assert cut not in candidates and len(candidates) > 10
+    for k, ids in enumerate(candidates):
+        ov.build(outlined(ids), tmp_path / str(k), "r")
+    with pytest.raises(CollageError, match="32 bits"):
+        ov.build(outlined(cut), tmp_path / "cut", "r")
+
+    (y,) = _compiled_run(POSITIONS, "prefer:openvino", tmp_path / "prefer")
+    (ref,) = _compiled_run(POSITIONS, "default", tmp_path / "default")
+    np.testing.assert_array_equal(y, ref)
+
+
+def _compiled_run(text: str, plan: str, out) -> list[np.ndarray]:
+    ids = np.array([[3, 70, 2**40, -5] * 4], np.int64)
+    table = np.arange(256, dtype=np.float32).reshape(64, 4)
+    art = compile_module(parse_module(text, new_context()), plan, out)
+    with collage_runtime.load(art.out_dir) as prog:
+        return [np.array(y) for y in prog.invoke("main", ids, table)]
