@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 
 from ..dialects import stablehlo as sh
+from ..errors import CollageError
 from ..ir import ir
 from .base import BackendKind, OpSetBackend, RegionArtifact, Tolerance
 from .patterns import OpPattern
@@ -154,7 +155,7 @@ def region_module(func: ir.Operation) -> ir.Module:
 
 
 def region_module_text(func: ir.Operation) -> str:
-    """``region_module(func)`` as text (weights as hex: twice their size; for reading, not for XLA)."""
+    """``region_module(func)`` as text (weights as hex: twice their size)."""
     text = region_module(func).operation.get_asm(enable_debug_info=False)
     return _RESOURCE_SECTION.sub("", text)
 
@@ -165,6 +166,23 @@ def region_module_bytecode(func: ir.Operation) -> bytes:
     buf = io.BytesIO()
     region_module(func).operation.write_bytecode(buf)
     return buf.getvalue()
+
+
+def jaxlib_parse_error(module: bytes | str) -> str | None:
+    """Why jaxlib's MLIR (the parser XLA's PJRT client runs at load) cannot read ``module``, else None.
+    IREE's MLIR is newer than jaxlib's: its bytecode of a ``chlo.top_k`` (JAX's ``lax.top_k``) reads back
+    as "expected mlir::IntegerAttr", which jaxlib only said at run time, as "Failed to parse using
+    StableHLO v1.17.0"."""
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir import ir as jax_ir
+
+    with jax_mlir.make_ir_context():
+        try:
+            jax_ir.Module.parse(module)
+        except Exception as exc:  # noqa: BLE001  jaxlib raises MLIRError or ValueError
+            lines = [line.strip() for line in str(exc).splitlines() if "error" in line]
+            return " ".join((lines[0] if lines else str(exc)).split())[:300]
+    return None
 
 
 class XlaCpuBackend(OpSetBackend):
@@ -190,8 +208,17 @@ class XlaCpuBackend(OpSetBackend):
         return f"jaxlib-{version.__version__}"
 
     def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
+        """Writes the region module as bytecode, or as text where jaxlib cannot read IREE's bytecode of it;
+        one jaxlib cannot read either way fails here, at compile time, not when the program loads."""
         path = Path(out_dir) / "regions" / f"{region}.xla.mlirbc"
+        data = region_module_bytecode(func)
+        if (why := jaxlib_parse_error(data)) is not None:
+            path, data = path.with_suffix(".mlir"), region_module_text(func)
+            if (why_text := jaxlib_parse_error(data)) is not None:
+                raise CollageError(f"{func.location}: XLA (jaxlib {self.version()}) cannot read this region: "
+                                   f"{why_text}; leave the region to another backend")
+            data = data.encode()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(region_module_bytecode(func))
+        path.write_bytes(data)
         return RegionArtifact(str(path.relative_to(out_dir)), "collage_runtime.executors.xla_pjrt")
 
