@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..errors import CollageError
 from ..ir import ir, parse_module
@@ -34,6 +35,23 @@ def model_key(model, example_inputs: Sequence) -> str:
     return h.hexdigest()[:32]
 
 
+@contextmanager
+def _persistent_buffers(model) -> Iterator[None]:
+    """Registers the model's non-persistent buffers as persistent while it is exported, then as they were.
+    torch.export lifts a non-persistent buffer (Hugging Face BERT's ``position_ids``/``token_type_ids``)
+    as a constant the torch-mlir importer asserts on ("Could not find state mapping for buffer")."""
+    changed = []
+    for sub in model.modules():
+        for name in list(getattr(sub, "_non_persistent_buffers_set", ())):
+            sub._non_persistent_buffers_set.discard(name)
+            changed.append((sub, name))
+    try:
+        yield
+    finally:
+        for sub, name in changed:
+            sub._non_persistent_buffers_set.add(name)
+
+
 def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_name: str = "main",
                  cache: Path | None | bool = True) -> ir.Module:
     """Imports ``model`` (in eval mode) as StableHLO into ``context``; ``cache=False`` disables the cache."""
@@ -50,7 +68,7 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
         path = root / f"{model_key(model, example_inputs)}-{func_name}.mlirbc"
         if path.exists():
             return parse_module(path.read_bytes(), context, where=str(path))
-    with torch.no_grad():
+    with torch.no_grad(), _persistent_buffers(model):
         imported = fx.export_and_import(model, *example_inputs, output_type="stablehlo", func_name=func_name)
     buf = io.BytesIO()
     imported.operation.write_bytecode(buf)

@@ -2,8 +2,7 @@
 wrapped to take token ids and return the last hidden state as one tensor.
 
 Attention is transformers' ``eager`` implementation (explicit matmul, softmax, matmul) so every contender
-runs the same math. BERT keeps ``position_ids`` and ``token_type_ids`` as non-persistent buffers, which
-torch.export lifts as constants the torch-mlir importer asserts on; they are re-registered as persistent."""
+runs the same math."""
 
 from __future__ import annotations
 
@@ -20,14 +19,6 @@ def _transformers():
         raise CollageError(f"BERT and GPT-2 need Hugging Face transformers ({exc}); "
                            "run `pip install 'collage-mlir[bench]'`") from None
     return transformers
-
-
-def _persistent_buffers(module: nn.Module) -> None:
-    for sub in module.modules():
-        for name in list(getattr(sub, "_non_persistent_buffers_set", ())):
-            buf = getattr(sub, name)
-            delattr(sub, name)
-            sub.register_buffer(name, buf, persistent=True)
 
 
 class LastHidden(nn.Module):
@@ -47,7 +38,6 @@ def bert(layers: int = 12, hidden: int = 768, heads: int = 12) -> nn.Module:
     config = tf.BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                            intermediate_size=4 * hidden, attn_implementation="eager")
     model = tf.BertModel(config, add_pooling_layer=False)
-    _persistent_buffers(model)
     return LastHidden(model)
 
 
@@ -57,7 +47,6 @@ def gpt2(layers: int = 12, hidden: int = 768, heads: int = 12) -> nn.Module:
     config = tf.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, use_cache=False,
                            attn_implementation="eager")
     model = tf.GPT2Model(config)
-    _persistent_buffers(model)
     return LastHidden(model)
 
 

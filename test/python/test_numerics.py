@@ -66,3 +66,27 @@ def test_random_plans_mix_backends(reference):
     used = {r.backend for seed in range(20) for r in resolve_plan(f"random:{seed}", graph).regions}
     assert used == {b.name for b in available_backends()}
     assert resolve_plan("random:3", graph).to_json() == resolve_plan("random:3", graph).to_json()
+
+
+def test_non_persistent_buffers_import(torch, tmp_path):
+    """A module with a non-persistent buffer (as Hugging Face BERT keeps ``position_ids``) imports and
+    computes as torch does; the torch-mlir importer asserted on it ("Could not find state mapping for
+    buffer"). The buffer stays non-persistent in the user's model."""
+    from torch import nn
+
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.register_buffer("position_ids", torch.arange(16).unsqueeze(0), persistent=False)
+
+        def forward(self, x):
+            return x + self.embed(self.position_ids[:, : x.shape[1]])
+
+    model, x = Positions().eval(), torch.randn(1, 6, 8)
+    compile_module(import_torch(model, [x], new_context(), cache=False), "default", tmp_path)
+    with collage_runtime.load(tmp_path) as prog:
+        (y,) = prog.invoke("main", x.numpy())
+    with torch.no_grad():
+        np.testing.assert_allclose(y, model(x).numpy(), rtol=1e-6, atol=1e-6)
+    assert "position_ids" not in model.state_dict()
