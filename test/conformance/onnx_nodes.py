@@ -83,13 +83,18 @@ def write_case(case, root: Path) -> Path | str:
     """Writes ``case`` to ``root/NAME`` (model.onnx, in_K.npy, want_K.npy, tolerance.json); a string (why)
     where it is not a model of plain tensors (sequences, optionals, strings)."""
     import onnx
+    from onnx import numpy_helper
 
-    inputs, outputs = case.data_sets[0]
-    arrays = list(inputs) + list(outputs)
-    if not all(isinstance(a, np.ndarray) and a.dtype.kind in "biufc" for a in arrays):
-        kinds = sorted({type(a).__name__ if not isinstance(a, np.ndarray) else f"{a.dtype}" for a in arrays
-                        if not isinstance(a, np.ndarray) or a.dtype.kind not in "biufc"})
-        return f"not a tensor model: {', '.join(kinds)} values"
+    def array(value):  # tensors come as arrays, numpy scalars or TensorProtos
+        if isinstance(value, onnx.TensorProto):
+            return numpy_helper.to_array(value)
+        return np.asarray(value) if isinstance(value, np.generic) else value
+
+    inputs, outputs = ([array(v) for v in values] for values in case.data_sets[0])
+    odd = sorted({type(a).__name__ if not isinstance(a, np.ndarray) else str(a.dtype) for a in inputs + outputs
+                  if not isinstance(a, np.ndarray) or a.dtype.kind not in "biufc"})
+    if odd:  # sequences, optionals, strings; bfloat16/float8/float4, which have no numpy dtype in the runtime
+        return f"not a model of numeric numpy tensors: {', '.join(odd)} values"
     d = root / case.name
     d.mkdir(parents=True, exist_ok=True)
     onnx.save(case.model, str(d / "model.onnx"))
@@ -246,6 +251,17 @@ def run_cases(dirs: Sequence[Path], plans: Sequence[str], timeout_s: float = 300
     return rows
 
 
+def run_parallel(dirs: Sequence[Path], plans: Sequence[str], jobs: int, timeout_s: float = 300.0,
+                 on_row=lambda row: None) -> list[Row]:
+    """``run_cases`` on ``jobs`` shares of ``dirs`` at the same time (``on_row`` is called from their
+    threads)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(jobs) as pool:
+        parts = pool.map(lambda k: run_cases(dirs[k::jobs], plans, timeout_s, on_row), range(jobs))
+        return [r for part in parts for r in part]
+
+
 @dataclass(frozen=True)
 class _ChildResult:
     rows: dict
@@ -283,15 +299,19 @@ def _run_child(dirs: Sequence[Path], plans: Sequence[str], timeout_s: float) -> 
     code = proc.wait()
     if timed_out:
         return _ChildResult(rows, checked, f"timed out (no result for {timeout_s:.0f} s)")
-    tail = " / ".join(ln.strip() for ln in errors if ln.strip() and "leaked" not in ln)[-300:]
+    said = [ln.strip() for ln in errors if any(w in ln for w in ("Fatal Python error", "Assert", "rror:", "Abort"))]
+    tail = " / ".join(said[:2] or [ln.strip() for ln in errors if ln.strip()][-1:])[:300]
     return _ChildResult(rows, checked, f"the child died (rc={code}): {tail}")
 
 
 def prepare(names: Iterable[str] | None, modules: Sequence[str] | None, root: Path) -> tuple[list[Path], list[Row], dict]:
-    """Writes the cases (``names``, or all of ``modules``' / ONNX's) under ``root``: their directories,
-    refused rows for cases that are no tensor models, and every case's tolerances."""
+    """Writes the cases (``names``, or all of ``modules``' / ONNX's, in a seeded shuffle so that a run cut
+    short is a sample spread over op types) under ``root``: their directories, refused rows for cases
+    that are no tensor models, and every case's tolerances."""
+    import random
+
     cases = node_cases(modules)
-    wanted = sorted(cases) if names is None else list(names)
+    wanted = list(names) if names is not None else random.Random(0).sample(sorted(cases), len(cases))
     missing = [n for n in wanted if n not in cases]
     if missing:
         raise SystemExit(f"unknown ONNX node cases: {', '.join(missing)}")
@@ -299,7 +319,7 @@ def prepare(names: Iterable[str] | None, modules: Sequence[str] | None, root: Pa
     for n in wanted:
         d = write_case(cases[n], root)
         if isinstance(d, str):
-            rows.append(Row(n, "*", "refused", f"import: {d}"))
+            rows.append(Row(n, "*", "refused", f"inputs: {d}"))
         else:
             dirs.append(d)
     return dirs, rows, {n: (cases[n].rtol, cases[n].atol) for n in wanted}
@@ -389,15 +409,7 @@ def main() -> None:
         for r in rows:
             on_row(r)
         started = time.time()
-        shards = [dirs[k::args.jobs] for k in range(args.jobs)]
-        results: list[list[Row]] = [[] for _ in shards]
-        threads = [threading.Thread(target=lambda k=k: results[k].extend(run_cases(shards[k], plans, args.timeout, on_row)))
-                   for k in range(len(shards))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        rows += [r for part in results for r in part]
+        rows += run_parallel(dirs, plans, args.jobs, args.timeout, on_row)
         if sink:
             sink.close()
     text = summary(rows, plans) + f"\n{len({r.case for r in rows})} cases, {time.time() - started:.0f} s\n"

@@ -1,0 +1,53 @@
+"""ONNX's backend node tests as a conformance corpus (test/conformance/onnx_nodes.py): no (case, plan) gives
+wrong numbers with exit 0 or crashes, and every case IREE alone passes after import also passes under
+``prefer:ort``, ``prefer:openvino`` and random plans, except the entries of
+test/conformance/onnx_nodes_expected.json (each with its reason). CI runs a sample spread over op types;
+the whole suite (~1,900 cases, about an hour on 2 cores) is ``-m bench``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+from onnx_nodes import PLANS, expand, load_expected, prepare, run_parallel, violations  # noqa: E402
+
+#: (op module under onnx.backend.test.case.node, case): elementwise, broadcasting, integer and boolean
+#: ops, reductions, convolution and pooling, normalization, data movement, indexing, and a lowering the
+#: import check refuses (Mod with mixed signs).
+SAMPLE = [("abs", "test_abs"), ("add", "test_add_bcast"), ("pow", "test_pow_types_int32_float32"),
+          ("mod", "test_mod_mixed_sign_int16"), ("where", "test_where_example"), ("and_", "test_and_bcast4v3d"),
+          ("clip", "test_clip_example"), ("gemm", "test_gemm_default_matrix_bias"), ("conv", "test_conv_with_strides_padding"),
+          ("maxpool", "test_maxpool_2d_pads"), ("averagepool", "test_averagepool_2d_strides"),
+          ("softmax", "test_softmax_axis_1"), ("reducesum", "test_reduce_sum_keepdims_example"),
+          ("argmax", "test_argmax_default_axis_example"), ("batch_normalization", "test_batchnorm_epsilon"),
+          ("layernormalization", "test_layer_normalization_2d_axis0"), ("transpose", "test_transpose_default"),
+          ("concat", "test_concat_2d_axis_0"), ("gather", "test_gather_0"), ("slice", "test_slice"),
+          ("expand", "test_expand_dim_changed"), ("cast", "test_cast_FLOAT_to_DOUBLE")]
+CI_PLANS = ("default", "prefer:ort", "prefer:openvino", "random:0")
+
+
+def _check(names, modules, plans, tmp_path) -> list:
+    dirs, refused, _ = prepare(names, modules, tmp_path)
+    rows = expand(refused, plans) + run_parallel(dirs, plans, jobs=2)
+    assert {(r.case, r.plan) for r in rows} == {(n, p) for n in (names or {r.case for r in rows}) for p in plans}
+    problems = violations(rows, load_expected())
+    assert not problems, "\n".join(problems)
+    return rows
+
+
+def test_onnx_node_sample(tmp_path):
+    rows = _check([c for _, c in SAMPLE], sorted({m for m, _ in SAMPLE}), CI_PLANS, tmp_path)
+    by = {(r.case, r.plan): r for r in rows}
+    assert by[("test_mod_mixed_sign_int16", "default")].reason.startswith("check: "), by
+    assert sum(1 for r in rows if r.plan == "default" and r.klass == "passed") >= len(SAMPLE) - 3
+
+
+@pytest.mark.bench
+def test_onnx_node_suite(tmp_path):
+    _check(None, None, PLANS, tmp_path)
