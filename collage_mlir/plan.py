@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends import DEFAULT_BACKEND, get_backend
+from .backends import DEFAULT_BACKEND, RegionKey, get_backend
 from .backends.base import crossing_type_problem
 from .errors import CollageError
 from .graph import Graph
@@ -30,12 +30,22 @@ class Region:
     backend: str
     ops: frozenset[int]
 
+    @property
+    def key(self) -> RegionKey:
+        return RegionKey(self.backend, frozenset(self.ops))
+
 
 @dataclass
 class Plan:
     regions: list[Region] = field(default_factory=list)
     default_backend: str = DEFAULT_BACKEND
     source: str = "<plan>"
+
+    @property
+    def key(self) -> tuple[str, tuple[RegionKey, ...]]:
+        """The plan as a value: its default backend and its regions' keys, sorted (region names, the
+        regions' order and ``source`` do not count). Hashable and ordered: it keys and sorts plans."""
+        return self.default_backend, tuple(sorted(r.key for r in self.regions))
 
     def to_json(self) -> dict:
         return {

@@ -10,10 +10,10 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 
 from ..errors import CollageError
-from .base import Backend, BackendInfo, BackendKind, RegionArtifact, Tolerance
+from .base import Backend, BackendInfo, BackendKind, Candidate, RegionArtifact, RegionKey, Tolerance
 
-__all__ = ["Backend", "BackendInfo", "BackendKind", "RegionArtifact", "Tolerance", "registry", "get_backend",
-           "DEFAULT_BACKEND"]
+__all__ = ["Backend", "BackendInfo", "BackendKind", "Candidate", "RegionArtifact", "RegionKey", "Tolerance", "registry",
+           "get_backend", "DEFAULT_BACKEND"]
 
 GROUP = "collage_mlir.backends"
 DEFAULT_BACKEND = "iree-cpu"

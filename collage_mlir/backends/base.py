@@ -6,13 +6,14 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property, total_ordering
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 from ..dialects.stablehlo import const_expr_ops
 from ..graph import Graph, external_operands, nested_ops
 from ..ir import ir
-from .patterns import OpPattern, grow_regions, match, match_all, supported_by
+from .patterns import OpPattern, grow_regions, match, supported_by
 
 if TYPE_CHECKING:
     from .iree_device import IreeDevice
@@ -22,6 +23,33 @@ class BackendKind(str, Enum):
     CODEGEN = "codegen"  # compiled into the IREE program itself
     LIBRARY = "library"  # per-op library calls (oneDNN, cuBLAS) served by the collage_rt module
     GRAPH = "graph"  # whole-subgraph engines (ONNX Runtime, TensorRT, XLA) served by collage_rt
+
+
+@total_ordering
+@dataclass(frozen=True)
+class RegionKey:
+    """A region on a backend, as a value: what costs, measurements and plans are keyed by (the cost DB
+    keys rows by the region's structure instead). Ordered by backend, then sorted op ids."""
+
+    backend: str
+    ops: frozenset[int]
+
+    def __lt__(self, other: "RegionKey") -> bool:
+        return (self.backend, sorted(self.ops)) < (other.backend, sorted(other.ops))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A region a backend could take: its op ids (convex), the backend's name and the pattern (or rule)
+    that found it, as TVM Collage's ``CandidatePartition``."""
+
+    backend: str
+    pattern: str
+    ops: frozenset[int]
+
+    @cached_property
+    def key(self) -> RegionKey:
+        return RegionKey(self.backend, self.ops)
 
 
 @dataclass(frozen=True)
@@ -59,7 +87,7 @@ class Backend:
     #: Regions get the constant expressions only they read (weights, folded batch-norm statistics) as
     #: constants, not arguments: a graph engine folds and prepacks constants, and IREE then neither holds
     #: nor hands them over. GPT-2 with its feed-forward matmuls on ORT and the rest on OpenVINO (49
-    #: regions): 219 ms a call with the weights passed in, 84 ms embedded (bench/mixed_linear.py).
+    #: regions): 219 ms a call with the weights passed in, 84 ms embedded (studies/mixed_linear).
     embeds_constants: ClassVar[bool] = False
     #: Codegen backends only: the logical IREE device (its own executable target and flags) that its
     #: regions run on inside the IREE program; None runs them on the program's default device.
@@ -80,9 +108,15 @@ class Backend:
     def version(self) -> str:
         return "unknown"
 
-    def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
-        """Every (pattern name, op ids) this backend could take in ``graph``."""
-        return match_all(self.patterns, graph)
+    def candidates(self, graph: Graph) -> list[Candidate]:
+        """Every region this backend could take in ``graph``, one per op set (named by the first pattern
+        that matches it), in op order."""
+        found: dict[frozenset[int], str] = {}
+        for oid in graph.topological_order():
+            for pattern in self.patterns:
+                for region in match(pattern, graph, oid):
+                    found.setdefault(region, pattern.name)
+        return [Candidate(self.name, name, region) for region, name in found.items()]
 
     def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
         """None if this backend can run exactly the ops ``ids`` as one region, else the reason."""
@@ -150,7 +184,7 @@ class OpSetBackend(Backend):
         """None when this backend can run ``op`` (inside some region), else why not."""
         return supported_by(self.patterns, op)
 
-    def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
+    def candidates(self, graph: Graph) -> list[Candidate]:
         ok = {i for i, n in graph.nodes.items() if self.supports(n.op) is None}
         out = []
         for region in grow_regions(graph, ok, self.max_region_ops):
@@ -158,7 +192,7 @@ class OpSetBackend(Backend):
                 continue
             if crossing_type_problem(graph, region):
                 continue
-            out.append((graph.nodes[min(region)].name if len(region) == 1 else "subgraph", region))
+            out.append(Candidate(self.name, graph.nodes[min(region)].name if len(region) == 1 else "subgraph", region))
         return out
 
     def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:

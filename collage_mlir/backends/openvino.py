@@ -16,7 +16,7 @@ from ..dialects.stablehlo import const_expr_value, sunk_chain, tensor_type
 from ..errors import CollageError
 from ..graph import Graph, body_ops, external_operands, nested_ops, producer
 from ..ir import ir
-from .base import RegionArtifact, Tolerance
+from .base import Candidate, RegionArtifact, Tolerance
 from .onnx_export import DTYPES, F32_EXACT, FLOATS, OnnxGraphBackend, engine_patterns, gather_info
 
 #: How far back ``_static`` looks for a value's inputs.
@@ -138,8 +138,8 @@ class OpenVinoBackend(OnnxGraphBackend):
 
         return f"openvino-{openvino.get_version().split('-')[0]}"
 
-    def candidates(self, graph: Graph) -> list[tuple[str, frozenset[int]]]:
-        return [(name, ids) for name, ids in super().candidates(graph) if region_i64_problem(graph, ids) is None]
+    def candidates(self, graph: Graph) -> list[Candidate]:
+        return [c for c in super().candidates(graph) if region_i64_problem(graph, c.ops) is None]
 
     def accepts(self, graph: Graph, ids: frozenset[int]) -> str | None:
         return super().accepts(graph, ids) or region_i64_problem(graph, ids)

@@ -149,16 +149,6 @@ def match(pattern: OpPattern, graph: Graph, anchor: int) -> list[frozenset[int]]
     return [f for f in found if graph.is_convex(f)]
 
 
-def match_all(patterns: tuple[OpPattern, ...], graph: Graph) -> list[tuple[str, frozenset[int]]]:
-    """Every (pattern name, region) of ``patterns`` in ``graph``, deduplicated, in op order."""
-    out: dict[frozenset[int], str] = {}
-    for oid in graph.topological_order():
-        for pattern in patterns:
-            for region in match(pattern, graph, oid):
-                out.setdefault(region, pattern.name)
-    return [(name, region) for region, name in out.items()]
-
-
 def supported_by(patterns: tuple[OpPattern, ...], op: ir.Operation) -> str | None:
     """None when some single-op pattern in ``patterns`` takes ``op``, else the closest reason."""
     reasons = []

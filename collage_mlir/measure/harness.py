@@ -1,8 +1,8 @@
-"""The harness: measures (region, backend) pairs and records every result in the cost database.
+"""The harness: measures regions on backends (``RegionKey``) and records every result in the cost database.
 
-    extract each region → skip pairs the DB already holds → capture reference values (IREE alone, once)
+    extract each region → skip regions the DB already holds → capture reference values (IREE alone, once)
     → in batches: build candidates in parallel worker processes, then time them one at a time in a
-    timing worker (validated against the reference first) → one DB row per pair, written as it finishes
+    timing worker (validated against the reference first) → one DB row per region, written as it finishes
 
 Builds run in parallel because compiling is the slow part; timing runs alone so candidates do not
 disturb each other's timings. A build or run that fails, crashes or hangs becomes a row (error, crash,
@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import HARNESS_VERSION
-from ..backends import Backend, get_backend
+from ..backends import Backend, RegionKey, get_backend
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
@@ -56,7 +56,7 @@ class MeasureOptions:
     seed: int = 0
     #: Where region files, data and artifacts go (a temporary directory when None; kept when given).
     work_dir: Path | None = None
-    #: ``time.monotonic()`` after which no new build starts (pairs not built get no row: a budgeted
+    #: ``time.monotonic()`` after which no new build starts (regions not built get no row: a budgeted
     #: search asks for them again next time). None: measure everything asked.
     deadline: float | None = None
     #: Expected seconds of the reference capture (one whole-model IREE compile): with a deadline, a
@@ -84,11 +84,12 @@ class Progress:
 
 @dataclass
 class Summary:
-    """Every pair's row (from the DB or just measured), the pairs that could not be posed, how many pairs
-    were DB hits and how many were measured now (pairs with one structural hash share one row)."""
+    """Every region's row (from the DB or just measured), why each region that could not be posed could
+    not, how many regions were DB hits and how many were measured now (regions with one structural hash
+    share one row)."""
 
-    rows: dict[tuple[frozenset[int], str], Measurement]
-    skipped: list[tuple[frozenset[int], str, str]]
+    rows: dict[RegionKey, Measurement]
+    skipped: dict[RegionKey, str]
     cache_hits: int
     measured: int
     elapsed_s: float
@@ -103,7 +104,8 @@ class _Job:
     region: ExtractedRegion | None
     backend: Backend
     key: tuple
-    rows: list[frozenset[int]]
+    #: The regions (one backend, one structural hash) this job's row answers.
+    regions: list[RegionKey]
     out_dir: Path | None = None
     #: The DB held its row when first asked (``region`` is None then: never extracted).
     hit: bool = False
@@ -125,20 +127,20 @@ def _ops_key(ops: frozenset[int]) -> str:
 _HASH_CHUNK = 512
 
 
-def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str]], db: CostDB, *,
+def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB, *,
                     examples: Mapping[str, Sequence[np.ndarray]] | None = None,
                     options: MeasureOptions | None = None,
                     on_progress: Callable[[Progress], None] | None = None,
                     digest: str | None = None) -> Summary:
-    """Measures each (op ids, backend name) of ``module`` (numbered with ``collage-number-ops``)
-    unless ``db`` holds it; ``examples`` are the model's inputs per public function; ``digest`` is
+    """Measures each region of ``module`` (numbered with ``collage-number-ops``) on its backend unless
+    ``db`` holds it; ``examples`` are the model's inputs per public function; ``digest`` is
     ``module_digest(module)`` when the caller has it.
 
-    Lazily, in the order given: each pair's structural hash comes from the DB's cache (keyed by the
+    Lazily, in the order given: each region's structural hash comes from the DB's cache (keyed by the
     module's digest and the op set) or, failing that, from extracting the region (then cached); its row
-    from the DB; pairs the DB lacks are built and timed in batches as they come, so a budget spends itself
-    on the first pairs and a warm rerun extracts nothing. Past the deadline a pair whose hash is not
-    cached is not extracted (no row: a later run asks again)."""
+    from the DB; regions the DB lacks are built and timed in batches as they come, so a budget spends
+    itself on the first regions and a warm rerun extracts nothing. Past the deadline a region whose hash
+    is not cached is not extracted (no row: a later run asks again)."""
     options = options or MeasureOptions()
     device, description = device_fingerprint()
     db.record_device(device, description)
@@ -148,12 +150,12 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
     new_hashes: list[tuple[str, str | None, str]] = []
     extracted: dict[frozenset[int], ExtractedRegion] = {}
     jobs: dict[tuple, _Job] = {}
-    rows: dict[tuple[frozenset[int], str], Measurement] = {}
-    skipped: list[tuple[frozenset[int], str, str]] = []
+    rows: dict[RegionKey, Measurement] = {}
+    skipped: dict[RegionKey, str] = {}
     pending: list[_Job] = []
     started = time.perf_counter()
-    pairs = list(dict.fromkeys(pairs))
-    progress = Progress(total=len(pairs))
+    regions = list(dict.fromkeys(regions))
+    progress = Progress(total=len(regions))
     stats = {"hits": 0, "measured": 0}
 
     def region_of(ops: frozenset[int]) -> ExtractedRegion | str:
@@ -165,7 +167,7 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
         return extracted[ops]
 
     def hash_of(ops: frozenset[int]) -> tuple[str | None, str] | None:
-        """(structural hash, or None and why the pair cannot be posed); None: unknown (past the deadline)."""
+        """(structural hash, or None and why the region cannot be posed); None: unknown (past the deadline)."""
         key = _ops_key(ops)
         if key not in cached:
             if options.spent():
@@ -186,8 +188,8 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
         db.put_region_hashes(digest, HASH_VERSION, new_hashes)
         new_hashes.clear()
 
-    def answered(ops, name, m: Measurement) -> None:
-        rows[(ops, name)] = m
+    def answered(region: RegionKey, m: Measurement) -> None:
+        rows[region] = m
         progress.done += 1
         progress.failures += not m.usable
 
@@ -195,7 +197,7 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
         session: list[_Session] = []  # workers and reference values, started at the first build
 
         def run_pending() -> None:
-            batch = [j for j in pending if (j.rows[0], j.backend.name) not in rows]
+            batch = [j for j in pending if j.regions[0] not in rows]
             pending.clear()
             if not batch or options.spent():
                 return
@@ -210,41 +212,40 @@ def measure_regions(module: ir.Module, pairs: Iterable[tuple[frozenset[int], str
             flush_hashes()  # a build takes seconds: keep what extraction found even if the run is killed
             stats["measured"] += session[0].measure(batch, db, rows, progress, on_progress)
 
-        for k, (ops, name) in enumerate(pairs):
+        for k, asked in enumerate(regions):
             if on_progress and k % 256 == 0:
                 progress.cache_hits = stats["hits"]
                 on_progress(progress)
-            found = hash_of(ops)
+            found = hash_of(asked.ops)
             if found is None:
                 continue  # past the deadline and never extracted: no row
             region_hash, why = found
             if region_hash is None:
-                skipped.append((ops, name, why))
+                skipped[asked] = why
                 progress.done += 1
                 continue
-            backend = get_backend(name)
-            key = (region_hash, name, backend.version(), device, HARNESS_VERSION)
+            backend = get_backend(asked.backend)
+            key = (region_hash, backend.name, backend.version(), device, HARNESS_VERSION)
             job = jobs.get(key)
-            if job is not None:  # structurally equal to a pair seen in this call: one row for both
-                job.rows.append(ops)
-                first = (job.rows[0], name)
-                if first in rows:
-                    answered(ops, name, rows[first])
+            if job is not None:  # structurally equal to a region seen in this call: one row for both
+                job.regions.append(asked)
+                if job.regions[0] in rows:
+                    answered(asked, rows[job.regions[0]])
                     stats["hits" if job.hit else "measured"] += 1
                 continue
             found_row = None if options.remeasure else db.get(*key)
             if found_row is not None:
-                jobs[key] = _Job(None, backend, key, [ops], hit=True)
-                answered(ops, name, found_row)
+                jobs[key] = _Job(None, backend, key, [asked], hit=True)
+                answered(asked, found_row)
                 stats["hits"] += 1
                 continue
             if options.spent():
                 continue  # no build starts past the deadline: no extraction for it either
-            region = region_of(ops)
+            region = region_of(asked.ops)
             if isinstance(region, str):  # extraction cannot fail where it gave a hash; keep it honest
-                skipped.append((ops, name, region))
+                skipped[asked] = region
                 continue
-            jobs[key] = job = _Job(region, backend, key, [ops])
+            jobs[key] = job = _Job(region, backend, key, [asked])
             pending.append(job)
             if len(pending) >= options.batch:
                 progress.cache_hits = stats["hits"]
@@ -397,7 +398,7 @@ class _Session:
             self.builders.put(worker)
 
     def measure(self, batch: list[_Job], db: CostDB, rows: dict, progress: Progress, on_progress) -> int:
-        """Builds ``batch`` in parallel, then times each built job; returns how many pairs got a row."""
+        """Builds ``batch`` in parallel, then times each built job; returns how many regions got a row."""
         if self.data is None:  # the first region written captures every value at once (one whole-model compile)
             self.data = _Inputs(self.module, self.work, self.examples, self.options.seed, self.graph)
         recorded = 0
@@ -405,8 +406,8 @@ class _Session:
         def record(job: _Job, m: Measurement) -> None:
             nonlocal recorded
             db.put(m)  # committed before anything else happens: a killed run keeps every finished row
-            for ops in job.rows:
-                rows[(ops, job.backend.name)] = m
+            for region in job.regions:
+                rows[region] = m
                 progress.done += 1
                 progress.failures += not m.usable
                 recorded += 1

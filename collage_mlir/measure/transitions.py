@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import HARNESS_VERSION
-from ..backends import Backend
+from ..backends import Backend, RegionKey
 from ..graph import number_ops
 from ..ir import new_context, parse_module
 from ..plan import Plan, Region
@@ -58,7 +58,7 @@ def measure_transitions(backends: Sequence[Backend], db: CostDB, options: Measur
     module = parse_module(probe_module(n), new_context())
     number_ops(module)
     used = list({b.name: b for _, a, b2 in todo for b in (a, b2)}.values())
-    alone = measure_regions(module, [(frozenset({0}), b.name) for b in used], db, options=options).rows
+    alone = measure_regions(module, [RegionKey(b.name, frozenset({0})) for b in used], db, options=options).rows
     rng = np.random.default_rng(options.seed)
     x, w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32), (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
     expected = (x.astype(np.float64) @ w @ w).astype(np.float32)
@@ -66,7 +66,7 @@ def measure_transitions(backends: Sequence[Backend], db: CostDB, options: Measur
         for k, a, b in todo:
             if options.spent():
                 break
-            if (frozenset({0}), a.name) not in alone or (frozenset({0}), b.name) not in alone:
+            if RegionKey(a.name, frozenset({0})) not in alone or RegionKey(b.name, frozenset({0})) not in alone:
                 continue  # a side not measured within the budget: nothing to store, ask again next time
             t = _measure_pair(module, a, b, keys[k], alone, timer, [x, w], expected)
             db.put_transition(t)
@@ -78,7 +78,7 @@ def measure_transitions(backends: Sequence[Backend], db: CostDB, options: Measur
 
 def _measure_pair(module, a: Backend, b: Backend, key: tuple, alone: dict, timer: PlanTimer, inputs, expected
                   ) -> Transition:
-    cost_a, cost_b = alone.get((frozenset({0}), a.name)), alone.get((frozenset({0}), b.name))
+    cost_a, cost_b = alone.get(RegionKey(a.name, frozenset({0}))), alone.get(RegionKey(b.name, frozenset({0})))
     for backend, m in ((a, cost_a), (b, cost_b)):
         if m is None or not m.usable:
             why = m.message if m is not None else "not measured"

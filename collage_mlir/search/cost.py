@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Sequence
 
-from ..backends import DEFAULT_BACKEND
+from ..backends import DEFAULT_BACKEND, RegionKey
 from ..plan import Plan
 
 
@@ -88,11 +88,8 @@ class CostEstimator(ABC):
     default_backend: str = DEFAULT_BACKEND
 
     @abstractmethod
-    def region_costs(self, pairs: Sequence[tuple[frozenset[int], str]]) -> list[Cost]:
-        """The cost of running each (op ids, backend) as one region."""
-
-    def region_cost(self, ops: frozenset[int], backend: str) -> Cost:
-        return self.region_costs([(ops, backend)])[0]
+    def region_costs(self, regions: Sequence[RegionKey]) -> list[Cost]:
+        """The cost of running each region's ops as one region on its backend."""
 
     @abstractmethod
     def transition_cost(self, src: str, dst: str, nbytes: int) -> Cost:
@@ -125,13 +122,14 @@ class MockEstimator(CostEstimator):
         self.producers = producers or {}
         self.invalid_rate = invalid_rate
         self.nonadditive = nonadditive
-        self.asked: list[tuple[frozenset[int], str]] = []
+        self.asked: list[RegionKey] = []
         self.plans_timed = 0
 
-    def region_costs(self, pairs):
+    def region_costs(self, regions):
         out = []
-        for ops, backend in pairs:
-            self.asked.append((ops, backend))
+        for region in regions:
+            self.asked.append(region)
+            ops, backend = region.ops, region.backend
             if backend != self.default_backend and _unit(self.seed, "bad", sorted(ops), backend) < self.invalid_rate:
                 out.append(Cost.invalid("mock: wrong numbers"))
                 continue

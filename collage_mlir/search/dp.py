@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from ..backends import RegionKey
 from ..errors import CollageError
 from ..plan import Plan, Region
 from .cost import Cost, CostEstimator, CostKind, transition_seconds
@@ -50,7 +51,7 @@ class DpResult:
     cost_s: float  # predicted (additive) cost of the plan
     chosen: list[tuple[SearchCandidate, Cost]]  # the plan's candidates (default-backend ones too)
     states: int
-    costs: dict[tuple[frozenset[int], str], Cost]  # every region cost asked
+    costs: dict[RegionKey, Cost]  # every region cost asked
 
 
 #: Up to this many ops the DP is exact (climbs to ancestors); above, it takes Collage's rule.
@@ -112,7 +113,7 @@ def optimize(index: CandidateIndex, estimator: CostEstimator, *, exact: bool | N
             covered, labels = state
             label = dict(labels)
             for c in () if covered == full else _steps(index, covered, bit, anc_mask, exact):
-                rc = costs.get((c.ops, c.backend), not_posed)
+                rc = costs.get(c.key, not_posed)
                 if rc.usable:
                     total = base + rc.seconds
                 elif rc.kind is CostKind.UNKNOWN and c.backend == index.default_backend and len(c.ops) == 1:
@@ -145,7 +146,7 @@ def optimize(index: CandidateIndex, estimator: CostEstimator, *, exact: bool | N
         s = best[s][1]
     chosen.reverse()
     return DpResult(to_plan(index, chosen, "dp"), best[end][0],
-                    [(c, costs.get((c.ops, c.backend), not_posed)) for c in chosen], expanded, costs)
+                    [(c, costs.get(c.key, not_posed)) for c in chosen], expanded, costs)
 
 
 def _beam(states: list[tuple], best: dict, limits: DpLimits) -> list[tuple]:
@@ -158,9 +159,8 @@ def _beam(states: list[tuple], best: dict, limits: DpLimits) -> list[tuple]:
     return sorted(s for v in sets for s in v[:limits.labels_per_set])
 
 
-def reachable_candidates(index: CandidateIndex, exact: bool, limits: DpLimits | None = None
-                         ) -> list[tuple[frozenset[int], str]]:
-    """Every (ops, backend) some state of the DP can take, in index order: what must be costed (found
+def reachable_candidates(index: CandidateIndex, exact: bool, limits: DpLimits | None = None) -> list[RegionKey]:
+    """Every region some state of the DP can take, in index order: what must be costed (found
     from the states' covered sets alone, so the costs can be asked in one batch). Visits covered sets by
     size, at most ``limits.sets_per_size`` of them per size (the first by mask; past the deadline as
     many as ``SPENT`` keeps)."""
@@ -179,7 +179,7 @@ def reachable_candidates(index: CandidateIndex, exact: bool, limits: DpLimits | 
                 nxt = covered | c.mask
                 if nxt != full:
                     buckets.setdefault(bin(nxt).count("1"), set()).add(nxt)
-    return [(c.ops, c.backend) for c in index.candidates if id(c) in found]
+    return [c.key for c in index.candidates if id(c) in found]
 
 
 def _ancestor_masks(index: CandidateIndex) -> dict[int, int]:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..backends import RegionKey
 from ..errors import CollageError
 from ..plan import Plan, Region
 from .cost import Cost, CostEstimator
@@ -73,10 +74,10 @@ class _Decoder:
         self.g, self.units, self.options, self.accepts, self.default = graph, units, options, accepts, default_backend
         unit_of = {op: k for k, u in enumerate(units) for op in u}
         self.adjacent = [sorted({unit_of[p] for op in u for p in graph.producers[op]} - {k}) for k, u in enumerate(units)]
-        self._ok: dict[tuple[str, frozenset[int]], bool] = {}
+        self._ok: dict[RegionKey, bool] = {}
 
     def ok(self, backend: str, ops: frozenset[int]) -> bool:
-        key = (backend, ops)
+        key = RegionKey(backend, ops)
         if key not in self._ok:
             self._ok[key] = self.g.is_convex(ops) and self.accepts(backend, ops)
         return self._ok[key]
@@ -176,11 +177,9 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
     units = refine(graph, [p for _, p in seeds])
     choices = [[default] + [b for b in backends if b != default and accepts(b, u)] for u in units]
     dec = _Decoder(graph, units, choices, accepts, default)
-    times: dict[str, Cost] = {}
-    plans: dict[str, Plan] = {}
-
-    def key(plan: Plan) -> str:
-        return repr(plan.to_json()["regions"])
+    # Plans by value (``Plan.key``): a decoded genome equal to a plan timed already is not timed again.
+    times: dict[tuple, Cost] = {}
+    plans: dict[tuple, Plan] = {}
 
     def spent() -> bool:
         return opt.deadline is not None and time.monotonic() > opt.deadline
@@ -189,16 +188,16 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
         if spent():
             return math.inf  # it would not be timed; decoding a large model's genome alone takes seconds
         plan = dec.decode(genome, "evolved")
-        k = key(plan)
+        k = plan.key
         if k not in times:
             times[k] = estimator.plan_time(plan)
             plans[k] = plan
         return times[k].seconds if times[k].usable else math.inf
 
     for _, plan in seeds:
-        if key(plan) not in times:
-            times[key(plan)] = estimator.plan_time(plan, tag="seed")
-        plans.setdefault(key(plan), plan)
+        if plan.key not in times:
+            times[plan.key] = estimator.plan_time(plan, tag="seed")
+        plans.setdefault(plan.key, plan)
     population = [dec.encode(p) for _, p in seeds]
     n = len(units)
 
@@ -250,15 +249,15 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
         best = min(best, gen_best)
         if on_progress:
             on_progress("evolve", generation, best)
-    return _final(seeds, times, plans, estimator, opt, generation, on_progress, key)
+    return _final(seeds, times, plans, estimator, opt, generation, on_progress)
 
 
-def _final(seeds, times: dict[str, Cost], plans: dict[str, Plan], estimator: CostEstimator, opt: EvolveOptions,
-           generations: int, on_progress, key) -> EvolveResult:
+def _final(seeds, times: dict[tuple, Cost], plans: dict[tuple, Plan], estimator: CostEstimator, opt: EvolveOptions,
+           generations: int, on_progress) -> EvolveResult:
     """Re-measures the best evolved plans, the DP plan and the best single-backend plan side by side,
     interleaved, and keeps the single-backend plan unless another's median wins by more than the larger
     relative spread of the two and it is faster in most rounds."""
-    seed_names = {key(p): name for name, p in seeds}
+    seed_names = {p.key: name for name, p in seeds}
     ranked = sorted((k for k, c in times.items() if c.usable), key=lambda k: (times[k].seconds, k))
     singles = [k for k in ranked if seed_names.get(k) not in (None, "dp")]
     close = [k for k in singles if times[k].seconds <= times[singles[0]].seconds * (1 + opt.close)]

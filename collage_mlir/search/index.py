@@ -11,7 +11,7 @@ from typing import Iterable, Mapping, Sequence
 
 import networkx as nx
 
-from ..backends import DEFAULT_BACKEND, Backend
+from ..backends import DEFAULT_BACKEND, Backend, Candidate, RegionKey
 from ..dialects import collage
 from ..graph import Graph, external_operands, producer
 from ..ir import ir
@@ -108,37 +108,58 @@ def _result_bytes(op: ir.Operation) -> int:
     return total
 
 
-@dataclass(frozen=True)
-class SearchCandidate:
-    """One (backend, region): ``mask`` has bit ``pos[op]`` set per op; ``inputs`` are the ops outside it
-    whose results flow in across a boundary (constant expressions are copied in, not passed);
-    ``inputs_mask`` has every op outside it that flows in; ``first`` is its first op in topological order."""
+#: The pattern name of a backend's maximal region (``regions.py``) and of an op alone on the default backend.
+MAXIMAL = "maximal"
+ALONE = "alone"
 
-    backend: str
-    ops: frozenset[int]
+
+@dataclass(frozen=True, eq=False)
+class SearchCandidate:
+    """A candidate as the search sees it: ``mask`` has bit ``pos[op]`` set per op; ``inputs`` are the ops
+    outside it whose results flow in across a boundary (constant expressions are copied in, not passed);
+    ``inputs_mask`` has every op outside it that flows in; ``first`` is its first op in topological order;
+    ``maximal``: one of its backend's maximal regions."""
+
+    candidate: Candidate
     mask: int
     first: int
     inputs: tuple[int, ...]
     inputs_mask: int
     maximal: bool = False
 
+    @property
+    def key(self) -> RegionKey:
+        return self.candidate.key
+
+    @property
+    def backend(self) -> str:
+        return self.candidate.backend
+
+    @property
+    def ops(self) -> frozenset[int]:
+        return self.candidate.ops
+
 
 class CandidateIndex:
-    """Candidates by the ops they contain and by their first op."""
+    """Candidates by the ops they contain and by their first op: every op alone on the default backend,
+    then ``candidates``, then each backend's ``maximal`` regions (a region found twice is kept once, as
+    found first)."""
 
-    def __init__(self, graph: SearchGraph, regions: Iterable[tuple[str, frozenset[int], bool]],
+    def __init__(self, graph: SearchGraph, candidates: Iterable[Candidate],
+                 maximal: Mapping[str, Sequence[frozenset[int]]] | None = None,
                  default_backend: str = DEFAULT_BACKEND):
         self.graph = graph
         self.default_backend = default_backend
-        seen: dict[tuple[str, frozenset[int]], SearchCandidate] = {}
-        singles = [(default_backend, frozenset({op}), False) for op in graph.order]
-        for backend, ops, maximal in (*singles, *regions):
-            if (backend, ops) in seen:
+        seen: dict[RegionKey, SearchCandidate] = {}
+        singles = [(Candidate(default_backend, ALONE, frozenset({op})), False) for op in graph.order]
+        grown = [(Candidate(b, MAXIMAL, ops), True) for b, regions in (maximal or {}).items() for ops in regions]
+        for c, is_maximal in (*singles, *((c, False) for c in candidates), *grown):
+            if c.key in seen:
                 continue
-            inputs = graph.external_producers(ops)
+            inputs = graph.external_producers(c.ops)
             charged = tuple(p for p in inputs if p not in graph.constant)
-            seen[(backend, ops)] = SearchCandidate(backend, ops, graph.mask(ops), min(ops, key=graph.pos.__getitem__),
-                                                   charged, graph.mask(inputs), maximal)
+            seen[c.key] = SearchCandidate(c, graph.mask(c.ops), min(c.ops, key=graph.pos.__getitem__), charged,
+                                          graph.mask(inputs), is_maximal)
         self.candidates = sorted(seen.values(), key=lambda c: (graph.pos[c.first], -len(c.ops), c.backend,
                                                                 sorted(c.ops)))
         self.rank = {id(c): k for k, c in enumerate(self.candidates)}  # deterministic order of steps
@@ -164,11 +185,9 @@ class CandidateIndex:
         """Every candidate of ``backends`` in ``graph`` plus, for each graph-level backend, its maximal
         regions (grown without the per-candidate op cap; ``maximal`` when the caller has them, by backend
         name), plus every op alone on the default backend."""
-        regions = [(c.backend, c.ops, False) for c in enumerate_candidates(graph, list(backends))]
-        for b in backends:
-            grown = maximal[b.name] if maximal is not None else maximal_regions(graph, b)
-            regions += [(b.name, r, True) for r in grown]
-        return cls(SearchGraph.from_graph(graph), regions)
+        if maximal is None:
+            maximal = {b.name: maximal_regions(graph, b) for b in backends}
+        return cls(SearchGraph.from_graph(graph), enumerate_candidates(graph, list(backends)), maximal)
 
 
 def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[int]], out_bytes: dict[int, int],
@@ -177,19 +196,16 @@ def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[in
     transition per (producer op, consuming region) crossing a boundary (as the DP counts them); inf when
     a region or boundary is invalid."""
 
-    label: dict[int, tuple[str, int]] = {}
-    regions: list[tuple[str, frozenset[int]]] = [(r.backend, frozenset(r.ops)) for r in plan.regions]
-    covered = {i for _, ops in regions for i in ops}
-    regions += [(estimator.default_backend, frozenset({i})) for i in order if i not in covered]
-    for k, (backend, ops) in enumerate(regions):
-        for i in ops:
-            label[i] = (backend, k)
+    regions = [r.key for r in plan.regions]
+    covered = {i for r in regions for i in r.ops}
+    regions += [RegionKey(estimator.default_backend, frozenset({i})) for i in order if i not in covered]
+    label = {i: r.backend for r in regions for i in r.ops}
     total = 0.0
-    for cost in estimator.region_costs([(ops, backend) for backend, ops in regions]):
+    for cost in estimator.region_costs(regions):
         if not cost.usable:
             return math.inf
         total += cost.seconds
-    for k, (backend, ops) in enumerate(regions):
-        for p in sorted({p for q in ops for p in producers.get(q, ()) if p not in ops and p not in constant}):
-            total += transition_seconds(estimator.transition_cost(label[p][0], backend, out_bytes[p]))
+    for r in regions:
+        for p in sorted({p for q in r.ops for p in producers.get(q, ()) if p not in r.ops and p not in constant}):
+            total += transition_seconds(estimator.transition_cost(label[p], r.backend, out_bytes[p]))
     return total

@@ -13,17 +13,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from ..backends import Backend
+from ..backends import Backend, Candidate
 from ..graph import Graph
 from ..measure.db import CostDB
 from .candidates import enumerate_candidates
 from .regions import maximal_regions
 
 KIND = "candidate-regions"
-#: Bump when the cached document's meaning changes.
-VERSION = 1
-
-Regions = list[tuple[str, frozenset[int], bool]]
+#: Bump when the cached document's meaning changes (2: candidates with their pattern names, maximal
+#: regions only under "maximal").
+VERSION = 2
 
 
 @lru_cache(maxsize=None)
@@ -47,21 +46,20 @@ def cache_key(module_digest: str, backends: Sequence[Backend]) -> str:
 
 
 def candidate_regions(graph: Graph, backends: Sequence[Backend], db: CostDB | None = None,
-                      module_digest: str | None = None) -> tuple[Regions, dict[str, list[frozenset[int]]]]:
-    """(every candidate as (backend, ops, maximal?), each backend's maximal regions): from the DB's cache
-    when it holds this module's under the same backends and code, else enumerated (and cached)."""
+                      module_digest: str | None = None) -> tuple[list[Candidate], dict[str, list[frozenset[int]]]]:
+    """(every backend's candidates, each backend's maximal regions by name): from the DB's cache when it
+    holds this module's under the same backends and code, else enumerated (and cached)."""
     key = cache_key(module_digest, backends) if db is not None and module_digest else None
     doc = db.get_cached(KIND, key) if key else None
     if doc is not None:
         data = json.loads(doc)
-        regions = [(b, frozenset(ops), bool(m)) for b, ops, m in data["regions"]]
+        candidates = [Candidate(b, pattern, frozenset(ops)) for b, pattern, ops in data["candidates"]]
         maximal = {b: [frozenset(r) for r in rs] for b, rs in data["maximal"].items()}
-        return regions, maximal
+        return candidates, maximal
     maximal = {b.name: maximal_regions(graph, b) for b in backends}
-    regions = [(c.backend, c.ops, False) for c in enumerate_candidates(graph, list(backends))]
-    regions += [(b.name, r, True) for b in backends for r in maximal[b.name]]
+    candidates = enumerate_candidates(graph, list(backends))
     if key:
         db.put_cached(KIND, key, json.dumps({
-            "regions": [(b, sorted(ops), int(m)) for b, ops, m in regions],
+            "candidates": [(c.backend, c.pattern, sorted(c.ops)) for c in candidates],
             "maximal": {b: [sorted(r) for r in rs] for b, rs in maximal.items()}}))
-    return regions, maximal
+    return candidates, maximal

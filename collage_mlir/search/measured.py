@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..backends import Backend, get_backend
+from ..backends import Backend, RegionKey, get_backend
 from ..errors import CollageError
 from ..ir import ir
 from ..measure import HARNESS_VERSION
@@ -58,7 +58,7 @@ class MeasuredEstimator(CostEstimator):
         self.deadline = deadline
         self.on_progress = on_progress
         self.device, _ = device_fingerprint()
-        self._regions: dict[tuple[frozenset[int], str], Cost] = {}
+        self._regions: dict[RegionKey, Cost] = {}
         self._fits: dict[tuple[str, str], TransitionFit | str] = {}
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
@@ -81,37 +81,37 @@ class MeasuredEstimator(CostEstimator):
         return self.deadline is not None and time.monotonic() > self.deadline
 
     # -- regions ----------------------------------------------------------------------------------
-    def timed_whole(self, ops: frozenset[int], backend: str, cost: Cost) -> None:
+    def timed_whole(self, region: RegionKey, cost: Cost) -> None:
         """Takes ``cost`` as the region's: a single-backend plan that is this one region over the whole
         model was timed whole (a seed), which is that region's cost, so it is not built again alone."""
-        self._regions[(frozenset(ops), backend)] = cost
+        self._regions[region] = cost
 
-    def region_costs(self, pairs):
-        pairs = list(pairs)
-        todo = [p for p in pairs if p not in self._regions]
+    def region_costs(self, regions):
+        regions = list(regions)
+        todo = [r for r in regions if r not in self._regions]
         if todo and self._spent():
-            for p in todo:
-                self._regions[p] = Cost.unknown("tuning budget spent before it was measured")
+            for r in todo:
+                self._regions[r] = Cost.unknown("tuning budget spent before it was measured")
             todo = []
-        # One call: the harness looks up and builds the pairs lazily in the order given (hashes from the
-        # DB's cache where a run saw the pair before) and starts no build past the deadline (the pairs it
-        # did not reach stay unknown).
+        # One call: the harness looks up and builds the regions lazily in the order given (hashes from the
+        # DB's cache where a run saw the region before) and starts no build past the deadline (the regions
+        # it did not reach stay unknown).
         if todo:
             summary = measure_regions(self.module, todo, self.db, examples=self.examples,
                                       options=replace(self.options, deadline=self.deadline),
                                       on_progress=self._region_progress(0, len(todo)), digest=self._module_hash)
             self.measured += summary.measured
             self.cache_hits += summary.cache_hits
-            for ops, backend, why in summary.skipped:
+            for region, why in summary.skipped.items():
                 # A region where only constants flow in is folded by the compiler: it costs nothing.
-                self._regions[(ops, backend)] = (Cost.known(0.0, "folded at compile time") if "only constants" in why
-                                                 else Cost.invalid(why))
+                self._regions[region] = (Cost.known(0.0, "folded at compile time") if "only constants" in why
+                                         else Cost.invalid(why))
             for key, m in summary.rows.items():
                 self._regions[key] = (Cost.known(m.median_s, spread=m.spread or 0.0) if m.usable
                                       else Cost.invalid(f"{m.status}: {m.message}"[:200]))
-            for p in todo:
-                self._regions.setdefault(p, Cost.unknown("tuning budget spent before it was measured"))
-        return [self._regions.get(p, Cost.unknown("not measured")) for p in pairs]
+            for r in todo:
+                self._regions.setdefault(r, Cost.unknown("tuning budget spent before it was measured"))
+        return [self._regions.get(r, Cost.unknown("not measured")) for r in regions]
 
     def _region_progress(self, offset: int, total: int):
         if self.on_progress is None:

@@ -9,25 +9,25 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..backends import RegionKey
 from .cost import CostEstimator
 from .index import CandidateIndex
 
-Pair = tuple[frozenset[int], str]
 
-
-def measure_by_priority(index: CandidateIndex, estimator: CostEstimator, pairs: Sequence[Pair]) -> list[Pair]:
-    """Asks ``estimator`` for every pair's cost, in priority order (a measured estimator measures them in
-    that order until its deadline); returns the order."""
+def measure_by_priority(index: CandidateIndex, estimator: CostEstimator, regions: Sequence[RegionKey]
+                        ) -> list[RegionKey]:
+    """Asks ``estimator`` for every region's cost, in priority order (a measured estimator measures them
+    in that order until its deadline); returns the order."""
     default = estimator.default_backend
-    first = [p for p in pairs if p[1] == default and len(p[0]) == 1]
-    base = {next(iter(ops)): c.seconds for (ops, _), c in zip(first, estimator.region_costs(first)) if c.usable}
-    maximal = {(c.ops, c.backend) for c in index.candidates if c.maximal}
-    rank = {p: k for k, p in enumerate(pairs)}
+    first = [r for r in regions if r.backend == default and len(r.ops) == 1]
+    base = {next(iter(r.ops)): c.seconds for r, c in zip(first, estimator.region_costs(first)) if c.usable}
+    maximal = {c.key for c in index.candidates if c.maximal}
+    rank = {r: k for k, r in enumerate(regions)}
     chosen = set(first)
 
-    def key(p: Pair) -> tuple:
-        return (p in maximal, -max(base.get(op, 0.0) for op in p[0]), len(p[0]), rank[p])
+    def key(r: RegionKey) -> tuple:
+        return (r in maximal, -max(base.get(op, 0.0) for op in r.ops), len(r.ops), rank[r])
 
-    rest = sorted((p for p in pairs if p not in chosen), key=key)
+    rest = sorted((r for r in regions if r not in chosen), key=key)
     estimator.region_costs(rest)
     return first + rest

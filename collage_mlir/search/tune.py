@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..backends import DEFAULT_BACKEND, Backend, BackendKind, get_backend
+from ..backends import DEFAULT_BACKEND, Backend, BackendKind, RegionKey, get_backend
 from ..errors import CollageError
 from ..graph import Graph, number_ops
 from ..ir import ir
@@ -88,12 +88,13 @@ def single_backend_plans(graph: Graph, backends: Sequence[Backend],
 
 
 def accepts_fn(graph: Graph) -> Callable[[str, frozenset[int]], bool]:
-    cache: dict[tuple[str, frozenset[int]], bool] = {}
+    cache: dict[RegionKey, bool] = {}
 
     def accepts(backend: str, ops: frozenset[int]) -> bool:
-        if (backend, ops) not in cache:
-            cache[(backend, ops)] = backend == DEFAULT_BACKEND or get_backend(backend).accepts(graph, ops) is None
-        return cache[(backend, ops)]
+        key = RegionKey(backend, ops)
+        if key not in cache:
+            cache[key] = backend == DEFAULT_BACKEND or get_backend(backend).accepts(graph, ops) is None
+        return cache[key]
 
     return accepts
 
@@ -163,8 +164,8 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     report("candidates", 0, None, "")
     # A rerun on this DB reads the candidates instead of enumerating them (the backends' checks, ~12 s on
     # ResNet-50 idle).
-    regions, maximal = candidate_regions(graph, backends, db, digest)
-    index = CandidateIndex(SearchGraph.from_graph(graph), regions)
+    candidates, maximal = candidate_regions(graph, backends, db, digest)
+    index = CandidateIndex(SearchGraph.from_graph(graph), candidates, maximal)
     report("candidates", len(index), len(index), f"{len(index)} candidates")
     est = MeasuredEstimator(module, backends, db, work_dir, examples=examples, options=measure, deadline=deadline,
                             on_progress=lambda stage, p: report(stage, p.done, p.total,
@@ -180,7 +181,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         for name, c in sorted(seed_costs.items()):
             regions = single[name].regions
             if len(regions) == 1 and ops <= regions[0].ops and c.usable:
-                est.timed_whole(regions[0].ops, name, c)
+                est.timed_whole(regions[0].key, c)
         default_s = walls.get(DEFAULT_BACKEND, 0.0)
         # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
         # that built them left it in the DB (else a warm rerun would start the capture, a whole-model
@@ -221,13 +222,11 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         # incumbent the search must beat is always measured as such). Plans the budget left untimed are
         # not seeds (a seed is timed whatever the deadline).
         seeds: list[tuple[str, Plan]] = []
-        seen: set[str] = set()
-        dp_timed = time.monotonic() <= deadline or repr(dp.plan.to_json()["regions"]) in {
-            repr(single[n].to_json()["regions"]) for n in timed}
-        candidates = [*((n, single[n]) for n in single if n in timed), *((("dp", dp.plan),) if dp_timed else ())]
-        for name, plan in candidates:
-            if repr(plan.to_json()["regions"]) not in seen:
-                seen.add(repr(plan.to_json()["regions"]))
+        seen: set[tuple] = set()
+        dp_timed = time.monotonic() <= deadline or dp.plan.key in {single[n].key for n in timed}
+        for name, plan in [*((n, single[n]) for n in single if n in timed), *((("dp", dp.plan),) if dp_timed else ())]:
+            if plan.key not in seen:
+                seen.add(plan.key)
                 seeds.append((name, plan))
         opts.seed, opts.deadline = seed, deadline
         accepts = accepts_fn(graph)
@@ -300,7 +299,7 @@ def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict
         return t if math.isfinite(t) else None
 
     def measured_s(p: Plan) -> float | None:
-        f = next((f for f in evolved.finalists if f.plan.to_json()["regions"] == p.to_json()["regions"]), None)
+        f = next((f for f in evolved.finalists if f.plan.key == p.key), None)
         if f is not None:
             return f.median_s
         c = est.plan_time(p, tag="seed")  # every plan here was timed as a seed: a DB answer
@@ -309,10 +308,10 @@ def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict
     doc = plan.to_json()
     for entry, region in zip(doc["regions"], plan.regions):
         others = [b for b in names if b not in (region.backend, DEFAULT_BACKEND) and accepts(b, region.ops)]
-        costs = est.region_costs([(region.ops, region.backend)] + [(region.ops, b) for b in others])
+        costs = est.region_costs([region.key] + [RegionKey(b, region.ops) for b in others])
         mine, rest = costs[0], list(zip(others, costs[1:]))
         # The default backend runs a region's ops one by one, as the DP prices them.
-        alone = est.region_costs([(frozenset({i}), DEFAULT_BACKEND) for i in sorted(region.ops)])
+        alone = est.region_costs([RegionKey(DEFAULT_BACKEND, frozenset({i})) for i in sorted(region.ops)])
         if all(c.usable for c in alone):
             rest.append((DEFAULT_BACKEND, Cost.known(sum(c.seconds for c in alone))))
         rest.sort(key=lambda bc: (bc[1].seconds, bc[0]))

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(task, total=p.total, completed=p.done, hits=p.cache_hits, failures=p.failures,
                        description=p.current)
 
-        summary = measure_regions(module, [(c.ops, c.backend) for c in candidates], db, examples=examples,
+        summary = measure_regions(module, [c.key for c in candidates], db, examples=examples,
                                   options=options, on_progress=show)
         bar.update(task, description="done")
         transitions = []
@@ -117,9 +117,9 @@ def _print_summary(summary, names: list[str], db_path: Path) -> None:
         table.add_column(status, justify="right")
     table.add_column("not posed", justify="right")
     for name in names:
-        mine = [m for (_, b), m in summary.rows.items() if b == name]
+        mine = [m for region, m in summary.rows.items() if region.backend == name]
         counts = [sum(1 for m in mine if m.status == s) for s in STATUSES]
         table.add_row(name, str(len(mine)), *[str(c) if c else "" for c in counts],
-                      str(sum(1 for _, b, _ in summary.skipped if b == name) or ""))
+                      str(sum(1 for region in summary.skipped if region.backend == name) or ""))
     Console().print(table)
     print(f"cost database: {db_path}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collage_mlir.backends import registry
+from collage_mlir.backends import RegionKey, registry
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context, parse_module
 from collage_mlir.measure.db import CostDB
@@ -219,12 +219,12 @@ def test_faulty_backends_are_recorded_and_the_run_completes(faulty_backends, tmp
     ops = sorted(graph.nodes)
     names = ["iree-cpu", "faulty-crash", "faulty-hang", "faulty-wrong", "faulty-build"]
     adds = by_name(graph, "stablehlo.add")  # one region hash: the hang costs one timeout
-    pairs = [(frozenset({i}), b) for i in ops for b in names if b != "faulty-hang" or i in adds]
+    regions = [RegionKey(b, frozenset({i})) for i in ops for b in names if b != "faulty-hang" or i in adds]
     db = CostDB(tmp_path / "costs.sqlite")
     options = MeasureOptions(timing=QUICK, run_timeout_s=10, build_timeout_s=120)
-    summary = measure_regions(module, pairs, db, options=options)
-    status = {(min(ids), b): m for (ids, b), m in summary.rows.items()}
-    assert len(status) == len(pairs)
+    summary = measure_regions(module, regions, db, options=options)
+    status = {(min(r.ops), r.backend): m for r, m in summary.rows.items()}
+    assert len(status) == len(regions)
     for i in ops:
         assert status[(i, "iree-cpu")].status == "ok" and status[(i, "iree-cpu")].median_s > 0
         assert status[(i, "faulty-crash")].status == "crash"
@@ -235,8 +235,8 @@ def test_faulty_backends_are_recorded_and_the_run_completes(faulty_backends, tmp
         assert status[(i, "faulty-build")].status == "error"
         assert "cannot build anything" in status[(i, "faulty-build")].message
     # Failures are rows: a second run measures nothing again.
-    again = measure_regions(module, pairs, db, options=options)
-    assert again.measured == 0 and again.cache_hits == len(pairs)
+    again = measure_regions(module, regions, db, options=options)
+    assert again.measured == 0 and again.cache_hits == len(regions)
     assert {m.status for m in db.measurements()} == {"ok", "crash", "timeout", "wrong", "error"}
 
 
@@ -246,8 +246,8 @@ def test_same_conv_in_two_models_shares_one_row(tmp_path):
     a, b = numbered(CONV_A), numbered(CONV_B)
     conv_a = frozenset(by_name(Graph(a), "stablehlo.convolution"))
     conv_b = frozenset(by_name(Graph(b), "stablehlo.convolution"))
-    first = measure_regions(a, [(conv_a, "iree-cpu")], db, options=options)
-    second = measure_regions(b, [(conv_b, "iree-cpu")], db, options=options)
+    first = measure_regions(a, [RegionKey("iree-cpu", conv_a)], db, options=options)
+    second = measure_regions(b, [RegionKey("iree-cpu", conv_b)], db, options=options)
     assert first.measured == 1 and second.cache_hits == 1 and second.measured == 0
     rows = db.measurements()
     assert len(rows) == 1 and rows[0].status == "ok" and rows[0].region == "convolution"
@@ -278,7 +278,7 @@ def test_region_handing_on_a_constant_expression_is_measured(tmp_path):
     assert len(extract_region(graph, first).outputs) == 2  # the sum and the reshaped scalar
     last = frozenset(by_name(graph, "stablehlo.multiply"))
     db = CostDB(tmp_path / "costs.sqlite")
-    summary = measure_regions(module, [(last, "iree-cpu"), (first, "iree-cpu")], db,
+    summary = measure_regions(module, [RegionKey("iree-cpu", last), RegionKey("iree-cpu", first)], db,
                               options=MeasureOptions(timing=QUICK, batch=1))
     assert summary.measured == 2 and [m.status for m in db.measurements()] == ["ok", "ok"]
 

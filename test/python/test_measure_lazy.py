@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from collage_mlir.backends import get_backend
+from collage_mlir.backends import RegionKey, get_backend
 from collage_mlir.measure import HARNESS_VERSION, harness
 from collage_mlir.measure.db import CostDB, Measurement
 from collage_mlir.measure.device import device_fingerprint
@@ -39,14 +39,14 @@ def test_warm_rerun_extracts_nothing_and_answers_the_same(tmp_path, monkeypatch)
     db = CostDB(tmp_path / "costs.sqlite")
     _put_row(db, extract_region(graph, blocks[0]).hash)
     const = frozenset(i for i, n in graph.nodes.items() if n.name == "stablehlo.constant")
-    pairs = [(b, "iree-cpu") for b in blocks] + [(frozenset({min(const)}), "iree-cpu")]
+    regions = [RegionKey("iree-cpu", b) for b in blocks] + [RegionKey("iree-cpu", frozenset({min(const)}))]
     seen = _counting_extract(monkeypatch)
-    cold = measure_regions(module, pairs, db)
-    assert sorted(map(sorted, seen)) == sorted(map(sorted, (p[0] for p in pairs)))  # each op set extracted once
+    cold = measure_regions(module, regions, db)
+    assert sorted(map(sorted, seen)) == sorted(map(sorted, (r.ops for r in regions)))  # each op set extracted once
     assert cold.cache_hits == 2 and cold.measured == 0 and len(cold.skipped) == 1
 
     seen.clear()
-    warm = measure_regions(module, pairs, CostDB(tmp_path / "costs.sqlite"))
+    warm = measure_regions(module, regions, CostDB(tmp_path / "costs.sqlite"))
     assert seen == []  # hashes and the reason a pair cannot be posed both come from the DB
     assert warm.rows == cold.rows and warm.skipped == cold.skipped and warm.cache_hits == 2
 
@@ -66,14 +66,14 @@ def test_lookup_is_lazy_in_the_order_given_and_stops_extracting_past_the_deadlin
             return SpentAfter.calls > 1
 
     seen = _counting_extract(monkeypatch)
-    summary = measure_regions(module, [(b, "iree-cpu") for b in blocks], db, options=SpentAfter())
+    summary = measure_regions(module, [RegionKey("iree-cpu", b) for b in blocks], db, options=SpentAfter())
     assert seen == [blocks[0]]  # the second pair would need an extraction past the deadline: not asked
-    assert list(summary.rows) == [(blocks[0], "iree-cpu")] and summary.measured == 0
+    assert list(summary.rows) == [RegionKey("iree-cpu", blocks[0])] and summary.measured == 0
     # What was extracted before the deadline is cached: past it, a pair the cache knows is still answered.
     seen.clear()
     past = MeasureOptions(deadline=time.monotonic() - 1)
-    summary = measure_regions(module, [(b, "iree-cpu") for b in reversed(blocks)], db, options=past)
-    assert seen == [] and list(summary.rows) == [(blocks[0], "iree-cpu")]
+    summary = measure_regions(module, [RegionKey("iree-cpu", b) for b in reversed(blocks)], db, options=past)
+    assert seen == [] and list(summary.rows) == [RegionKey("iree-cpu", blocks[0])]
 
 
 def test_hash_cache_table_is_added_to_an_existing_database(tmp_path):
@@ -84,7 +84,7 @@ def test_hash_cache_table_is_added_to_an_existing_database(tmp_path):
     module, graph, blocks = _two_blocks()
     with CostDB(path) as db:
         assert db.region_hashes(module_digest(module), HASH_VERSION) == {}
-        measure_regions(module, [(blocks[0], "iree-cpu")], db, options=MeasureOptions(capture_s=1e9, deadline=1e18))
+        measure_regions(module, [RegionKey("iree-cpu", blocks[0])], db, options=MeasureOptions(capture_s=1e9, deadline=1e18))
     with CostDB(path) as db:
         key = ",".join(map(str, sorted(blocks[0])))
         assert db.region_hashes(module_digest(module), HASH_VERSION) == {key: (extract_region(graph, blocks[0]).hash, "")}

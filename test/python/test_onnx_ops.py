@@ -284,7 +284,7 @@ def test_openvino_takes_only_regions_its_build_accepts(tmp_path):
     cut = frozenset({adds[0], adds[1], by_name["stablehlo.reshape"][1], by_name["stablehlo.gather"][1]})
     assert "32 bits" in ov.accepts(graph, cut)  # the multiply's result arrives from IREE
     assert ov.accepts(graph, cut | {iota, mul}) is None
-    candidates = [ids for _, ids in ov.candidates(graph)]
+    candidates = [c.ops for c in ov.candidates(graph)]
     assert cut not in candidates and len(candidates) > 10
     for k, ids in enumerate(candidates):
         ov.build(outlined(ids), tmp_path / str(k), "r")

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from collage_mlir.backends import Candidate, RegionKey
 from collage_mlir.plan import Plan, Region
 from collage_mlir.search.cost import Cost, CostKind, MockEstimator, TransitionFit
 from collage_mlir.search.dp import optimize
@@ -36,7 +37,7 @@ def random_case(seed: int, n: int):
                 break
             grown.add(rng.choice(near))
         if graph.is_convex(frozenset(grown)):
-            regions.append((rng.choice(BACKENDS), frozenset(grown), False))
+            regions.append(Candidate(rng.choice(BACKENDS), "test", frozenset(grown)))
     return graph, CandidateIndex(graph, regions)
 
 
@@ -99,8 +100,7 @@ def test_dp_asks_costs_lazily_once():
 def test_index_by_op():
     graph, index = random_case(3, 10)
     for op in graph.order:
-        assert {(c.backend, c.ops) for c in index.candidates_at(op)} == {
-            (c.backend, c.ops) for c in index.candidates if op in c.ops}
+        assert {c.key for c in index.candidates_at(op)} == {c.key for c in index.candidates if op in c.ops}
         assert all(c.first == op for c in index.starting_at(op))
         assert any(c.backend == index.default_backend and c.ops == {op} for c in index.candidates_at(op))
 
@@ -138,8 +138,8 @@ def test_evolve_is_deterministic_and_never_worse_than_a_single_backend(seed):
     from collage_mlir.search.evolve import EvolveOptions, evolve
 
     graph, index = random_case(seed, 12)
-    allowed = {(c.backend, c.ops) for c in index.candidates}
-    accepts = lambda b, ops: b == index.default_backend or (b, ops) in allowed  # noqa: E731
+    allowed = {c.key for c in index.candidates}
+    accepts = lambda b, ops: b == index.default_backend or RegionKey(b, ops) in allowed  # noqa: E731
     docs, results = [], []
     for _ in range(2):
         est = MockEstimator(seed, graph.order, graph.out_bytes, producers=graph.producers, nonadditive=0.5)

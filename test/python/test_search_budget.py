@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from collage_mlir.backends import get_backend
+from collage_mlir.backends import Candidate, RegionKey, get_backend
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context, parse_module
 from collage_mlir.measure import HARNESS_VERSION
@@ -40,11 +40,12 @@ def wide_graph(layers: int, width: int):
             producers[x], producers[y] = (prev,), (x,)
             ids += [x, y]
             outs.append(y)
-            regions += [(b, ops, False) for b in BACKENDS for ops in (frozenset({x}), frozenset({y}), frozenset({x, y}))]
+            regions += [Candidate(b, "test", ops) for b in BACKENDS
+                        for ops in (frozenset({x}), frozenset({y}), frozenset({x, y}))]
         j = len(ids)
         producers[j] = tuple(outs)
         ids.append(j)
-        regions += [(b, frozenset({j}), False) for b in BACKENDS]
+        regions += [Candidate(b, "test", frozenset({j})) for b in BACKENDS]
         prev = j
     graph = SearchGraph(ids, producers, {i: 4096 for i in ids})
     return graph, CandidateIndex(graph, regions)
@@ -107,9 +108,9 @@ def test_repeated_blocks_share_one_row_by_structure(tmp_path):
     backend = get_backend("iree-cpu")
     device, _ = device_fingerprint()
     db.put(Measurement(first.hash, backend.name, backend.version(), device, HARNESS_VERSION, "ok", median_s=1e-5))
-    summary = measure_regions(module, [(b, "iree-cpu") for b in blocks], db)
+    summary = measure_regions(module, [RegionKey("iree-cpu", b) for b in blocks], db)
     assert summary.cache_hits == 2 and summary.measured == 0
-    assert {k: m.median_s for k, m in summary.rows.items()} == {(b, "iree-cpu"): 1e-5 for b in blocks}
+    assert {k: m.median_s for k, m in summary.rows.items()} == {RegionKey("iree-cpu", b): 1e-5 for b in blocks}
 
 
 def test_spent_deadline_measures_nothing_and_records_nothing(tmp_path, monkeypatch):
@@ -121,7 +122,7 @@ def test_spent_deadline_measures_nothing_and_records_nothing(tmp_path, monkeypat
     # Past the deadline; and before it, but too close for the whole-model capture the builds need.
     for options in (MeasureOptions(deadline=time.monotonic() - 1),
                     MeasureOptions(deadline=time.monotonic() + 600, capture_s=3600)):
-        summary = measure_regions(module, [(b, "iree-cpu") for b in blocks], db, options=options)
+        summary = measure_regions(module, [RegionKey("iree-cpu", b) for b in blocks], db, options=options)
         assert summary.rows == {} and summary.measured == 0
         assert db.measurements() == []  # a budget-skipped pair is no failure row: a later tune measures it
 

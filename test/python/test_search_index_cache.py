@@ -18,7 +18,7 @@ def test_rerun_reads_the_candidates_enumeration_found(tmp_path, monkeypatch):
     db = CostDB(tmp_path / "costs.sqlite")
     fresh = index_cache.candidate_regions(graph, backends, db, digest)
     assert fresh == index_cache.candidate_regions(graph, backends)  # without a DB: the same enumeration
-    assert any(b == "onednn" for b, _, _ in fresh[0])
+    assert any(c.backend == "onednn" for c in fresh[0])
 
     def refuse(*a, **k):
         raise AssertionError("enumerated again")

@@ -231,6 +231,6 @@ def test_region_boundaries_keep_f64_and_constants_on_iree():
     assert "f64" in backend.accepts(graph, frozenset({conv_in, mul, conv_out}))  # negate's f64 comes in
     everything = frozenset(graph.nodes)
     assert backend.accepts(graph, everything) is None
-    regions = {ops for _, ops in backend.candidates(graph)}
+    regions = {c.ops for c in backend.candidates(graph)}
     assert frozenset({c}) not in regions and frozenset({conv_in}) not in regions
     assert all(backend.accepts(graph, r) is None for r in regions)
