@@ -17,7 +17,7 @@ class TimingOptions:
     is at most ``rel_spread``), or when ``budget_s`` or ``max_repeats`` is reached. A sample averages
     enough calls to last ``min_sample_s`` (so sub-millisecond calls are not timer noise). The minimum
     span matters on a shared machine: five quick samples can agree with each other and not with the
-    next run (bench/results/measure_repeatability.md)."""
+    next run (studies/measure_repeatability/measure_repeatability.md)."""
 
     warmup: int = 2
     min_repeats: int = 10

@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--breakdown-repeats", type=int, default=20,
                    help="after the timing, runs of the collage artifact with the region timer on, for the breakdown "
                         "of its time per region (0: none; default 20)")
-    b.add_argument("-o", "--output", default="bench/results", help="directory for the results (default bench/results)")
+    b.add_argument("-o", "--output", default="collage-bench",
+                   help="directory for the results (default: collage-bench in the current directory)")
     b.add_argument("--name", default="bench", help="result file name stem (default: bench)")
 
 

@@ -1,4 +1,4 @@
-"""Region calls through ``collage_rt`` as ``bench/boundary.py`` measures them: a chain of regions (each
+"""Region calls through ``collage_rt`` as ``studies/boundary/boundary.py`` measures them: a chain of regions (each
 region's result the next one's input, so IREE's caching allocator alternates their blocks) and a region
 with two results compute what numpy computes, call after call with new data; one more region in a
 program costs little beyond its engine (a loose bound: CI machines are shared)."""
@@ -16,8 +16,8 @@ from collage_mlir.iree import compile_module
 from collage_mlir.ir import new_context, parse_module
 from collage_mlir.plan import Plan, Region
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-import boundary  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository root: studies/ is not an installed package
+from studies.boundary import boundary  # noqa: E402
 
 _MODULES = {"ort": "onnxruntime", "openvino": "openvino", "xla-cpu": "jax", "onednn": "torch"}
 

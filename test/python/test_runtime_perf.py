@@ -29,8 +29,8 @@ from collage_runtime.executors import executor
 from collage_runtime.manifest import ArtifactError
 from collage_runtime.types import numpy_dtype
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-import boundary  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository root: studies/ is not an installed package
+from studies.boundary import boundary  # noqa: E402
 
 N, LINKS = 192, 8
 

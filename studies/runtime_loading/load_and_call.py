@@ -2,8 +2,8 @@
 and process CPU; the input is random data of the artifact's ``main`` signature.
 
     collage compile resnet50.mlir --plan prefer:ort -o /tmp/r50_ort       # e.g. the zoo's ResNet-50
-    python bench/load_and_call.py /tmp/r50_ort [--calls 5] [--threads N]
-    PYTHONPATH=/tmp/collage-before/runtime python bench/load_and_call.py /tmp/r50_ort   # previous runtime
+    python -m studies.runtime_loading.load_and_call /tmp/r50_ort [--calls 5] [--threads N]
+    PYTHONPATH=/tmp/collage-before/runtime python -m studies.runtime_loading.load_and_call /tmp/r50_ort   # previous runtime
 """
 
 from __future__ import annotations

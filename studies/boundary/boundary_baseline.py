@@ -1,9 +1,9 @@
-"""``bench/boundary.py`` against the runtime as it was before the thread budget and the prepared boundary
+"""``studies/boundary/boundary.py`` against the runtime as it was before the thread budget and the prepared boundary
 (commit f4102a2^: executors imported by module name, ``load(path)``, ``MappedMemory.asarray`` views,
 per-call ``IOBinding.bind_input``), same method and clock, for before/after tables:
 
     git worktree add --detach /tmp/collage-before f4102a2^
-    PYTHONPATH=/tmp/collage-before/runtime python bench/boundary_baseline.py --out bench/results/boundary_before
+    PYTHONPATH=/tmp/collage-before/runtime python -m studies.boundary.boundary_baseline --out studies/boundary/boundary_before
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ if hasattr(rt_module, "load_executor"):
 # What boundary.py imports from the new runtime, in the old one's terms.
 collage_runtime.executors.executor = lambda name: (lambda path, engines: importlib.import_module(name).load(path))
 sys.modules["collage_runtime.engines"] = SimpleNamespace(Engines=lambda threads: None)
-sys.path.insert(0, str(Path(__file__).parent))
-import boundary  # noqa: E402
+from studies.boundary import boundary  # noqa: E402
 
 _load = collage_runtime.load
 

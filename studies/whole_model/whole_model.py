@@ -20,8 +20,8 @@ time of all threads, per call):
 The ratio of each variant to ``user`` is the median over rounds of the per-round ratio (both timed
 within seconds of each other, so the shared machine's load mostly cancels).
 
-    python bench/whole_model.py [--models resnet-small,encoder-small,zoo:resnet50,zoo:bert_base]
-                                [--engines ort,openvino,xla-cpu] [--rounds 15] [--threads N] [--slices]
+    python -m studies.whole_model.whole_model [--models resnet-small,encoder-small,zoo:resnet50,zoo:bert_base]
+                                              [--engines ort,openvino,xla-cpu] [--rounds 15] [--threads N] [--slices]
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from report import header, write_report
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test" / "python"))
+from studies.common.report import header, write_report
 
 import collage_runtime  # noqa: E402
 from collage_runtime.engines import Engines  # noqa: E402
@@ -66,7 +64,7 @@ def build(name: str):
         model, inputs = zoo.build(model_name, small=kind == "zoo-small")
         x = inputs[0]
         return model, (x.to(torch.int32) if not x.is_floating_point() else x)
-    from test_graph_translation import encoder, resnet
+    from collage_mlir.zoo.tiny import encoder, resnet
 
     return {"resnet-small": resnet, "encoder-small": encoder}[name]()
 
@@ -236,7 +234,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--slices", action="store_true", help="also time the plan prefer:ENGINE (small regions)")
     p.add_argument("--name", default="whole_model", help="result file name stem (default whole_model)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--out", default=str(Path(__file__).parent))
     a = p.parse_args()
     rows, counts = [], []
     with tempfile.TemporaryDirectory() as tmp:

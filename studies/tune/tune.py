@@ -11,10 +11,10 @@ single-backend plan's time is its seed timing. ``--rounds N`` adds N more interl
 plan afterwards (each built once). The load average is recorded before and after each tune: the machine
 is shared.
 
-    python bench/tune.py [--models small_cnn,bert_small] [--backends all|iree-cpu,onednn,...]
-                         [--budget 600] [--rounds 0] [--name tune] [--keep DIR] [--out bench/results]
+    python -m studies.tune.tune [--models small_cnn,bert_small] [--backends all|iree-cpu,onednn,...]
+                                [--budget 600] [--rounds 0] [--name tune] [--keep DIR] [--out studies/tune]
 
-Models: ``small_cnn`` (test/python/models.py), and from ``collage_mlir.zoo`` any name with ``_small``
+Models: ``small_cnn`` (collage_mlir/zoo/tiny.py), and from ``collage_mlir.zoo`` any name with ``_small``
 for its CI variant (``bert_small`` = BERT 2 layers, hidden 128, seq 32) or the full model.
 Writes OUT/NAME.json and OUT/NAME.md. Not run in CI.
 """
@@ -31,10 +31,7 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test" / "python"))
-
-from report import header, write_report  # noqa: E402
+from studies.common.report import header, write_report  # noqa: E402
 
 from collage_mlir.backends import get_backend  # noqa: E402
 from collage_mlir.ir import new_context  # noqa: E402
@@ -51,7 +48,7 @@ def load(name: str):
     if name == "small_cnn":
         import torch
 
-        from models import small_cnn
+        from collage_mlir.zoo.tiny import small_cnn
 
         x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(1))
         return import_torch(small_cnn(), [x], new_context()), [x.numpy()]
@@ -114,7 +111,7 @@ def main() -> None:
     ap.add_argument("--name", default="tune")
     ap.add_argument("--keep", default=None,
                     help="keep each model's cost DB and work files in KEEP/MODEL (to rerun or profile the warm tune)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).parent))
     ap.add_argument("--render", default=None, help="rewrite OUT/NAME.md from this result JSON and stop")
     args = ap.parse_args()
     if args.render:

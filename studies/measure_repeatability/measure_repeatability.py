@@ -15,8 +15,8 @@ recorded per run: the samples' relative inter-quartile spread and the median's p
 uncertainty, 1.57 * IQR / sqrt(n) / median (``timing.median_uncertainty``), which is what the timing
 loop stops on.
 
-    python bench/measure_repeatability.py [--runs 5] [--candidates NAME,...] [--budget 1.0]
-                                          [--out bench/results] [--quick]
+    python -m studies.measure_repeatability.measure_repeatability [--runs 5] [--candidates NAME,...] [--budget 1.0]
+                                                                  [--out studies/measure_repeatability] [--quick]
 
 Writes OUT/measure_repeatability.json and OUT/measure_repeatability.md. Not run in CI.
 """
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from report import header, write_report
+from studies.common.report import header, write_report
 
 from collage_mlir.backends import get_backend
 from collage_mlir.graph import Graph
@@ -231,7 +231,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5, help="separate runs per candidate (default 5)")
     p.add_argument("--candidates", default="", help="comma-separated subset of: " + ",".join(s.name for s in SPECS))
     p.add_argument("--budget", type=float, default=1.0, help="timing budget per candidate, s (default 1)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="output directory")
+    p.add_argument("--out", default=str(Path(__file__).parent), help="output directory")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 2 candidates on 2 backends each, 3 runs, 0.2 s budget")
     a = p.parse_args()

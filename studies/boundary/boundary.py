@@ -20,9 +20,9 @@ the program (``Program.device_function``), paid once per program call, not per b
 Times are the process's CPU time (``time.process_time``, all threads: an engine's helper threads and any
 spinning count) unless ``--wall``: on a shared 2-core machine wall time mostly measures the neighbours.
 
-    python bench/boundary.py [--backends ...] [--sizes 256,4096,...] [--rounds 5] [--wall] [--out PATH]
-    python bench/boundary.py --steps     # each step of a boundary, timed alone
-    python bench/boundary.py --mix openvino,ort --sizes 256,65536   # a 2-region chain: CPU, and what the
+    python -m studies.boundary.boundary [--backends ...] [--sizes 256,4096,...] [--rounds 5] [--wall] [--out PATH]
+    python -m studies.boundary.boundary --steps     # each step of a boundary, timed alone
+    python -m studies.boundary.boundary --mix openvino,ort --sizes 256,65536   # a 2-region chain: CPU, and what the
                                          # engines' threads burn after a call (spinning: issue 10 item 1)
 """
 
@@ -331,7 +331,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--wall", action="store_true", help="wall-clock instead of process CPU time")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "boundary"))
+    p.add_argument("--out", default=str(Path(__file__).parent / "boundary"))
     p.add_argument("--steps", action="store_true", help="time the boundary's steps one by one instead")
     p.add_argument("--mix", help="backends of a chain, one region each (e.g. openvino,ort): time it and the "
                                  "CPU its threads burn after a call, instead")

@@ -3,7 +3,7 @@ matmul of BERT-base (seq 128), timed on every available CPU backend through a co
 (so the time includes the backend's region boundary, as a plan would pay it). 2 threads everywhere (the
 machine has 2 cores). Outputs are checked against iree-cpu.
 
-    python bench/cpu_ops.py [--models resnet50,...] [--backends ...] [--out bench/results/cpu_ops]
+    python -m studies.cpu_ops.cpu_ops [--models resnet50,...] [--backends ...] [--out studies/cpu_ops/cpu_ops]
 
 Writes OUT.json (every timing) and OUT.md (the table: winner per op, best/worst ratio).
 """
@@ -22,8 +22,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-sys.path.insert(0, str(Path(__file__).parent))
-from model_zoo_ops import MODELS, Conv, Matmul, unique  # noqa: E402
+from studies.cpu_ops.model_zoo_ops import MODELS, Conv, Matmul, unique  # noqa: E402
 
 import collage_runtime  # noqa: E402
 from collage_mlir.iree import compile_module  # noqa: E402
@@ -147,7 +146,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--backends", default=",".join(b.name for b in available_backends()))
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_ops"))
+    p.add_argument("--out", default=str(Path(__file__).parent / "cpu_ops"))
     a = p.parse_args()
     run(a.models.split(","), a.backends.split(","), Path(a.out))
     print(Path(a.out).with_suffix(".md").read_text())

@@ -23,8 +23,8 @@ that is the whole model as one iree-cpu region, so its ratio checks the harness 
 Measured: ``PlanTimer.time(module, plan, inputs)`` median (the plan compiled as ``collage compile`` builds
 it, timed like a candidate).
 
-    python bench/additivity.py [--models small_cnn,mlp,transformer] [--seeds 0,1,2] [--backends ...]
-                               [--budget 1.0] [--db PATH] [--out bench/results] [--quick]
+    python -m studies.additivity.additivity [--models small_cnn,mlp,transformer] [--seeds 0,1,2] [--backends ...]
+                                            [--budget 1.0] [--db PATH] [--out studies/additivity] [--quick]
 
 Writes OUT/additivity.json and OUT/additivity.md. Not run in CI.
 """
@@ -38,10 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import header, write_report
+from studies.common.report import header, write_report
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test" / "python"))
-from models import mlp, small_cnn  # noqa: E402
 
 from collage_mlir.backends import DEFAULT_BACKEND, get_backend  # noqa: E402
 from collage_mlir.dialects import stablehlo as sh  # noqa: E402
@@ -56,6 +54,7 @@ from collage_mlir.passes.number_ops import NumberOpsPass  # noqa: E402
 from collage_mlir.plan import Plan  # noqa: E402
 from collage_mlir.search import available_backends  # noqa: E402
 from collage_mlir.search.simple_plans import random_plan  # noqa: E402
+from collage_mlir.zoo.tiny import mlp, small_cnn  # noqa: E402
 
 NAME = "additivity"
 DEFAULT_UNIT = "<default>"
@@ -336,7 +335,7 @@ def main() -> None:
     p.add_argument("--backends", default=None, help="backends of the random plans (default: every available one)")
     p.add_argument("--budget", type=float, default=1.0, help="timing budget per region / plan, s (default 1)")
     p.add_argument("--db", default=None, help="cost database to use (default: a fresh one in a temporary directory)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="output directory")
+    p.add_argument("--out", default=str(Path(__file__).parent), help="output directory")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: mlp only, plans default and random:0 over iree-cpu,ort, 0.2 s budget")
     a = p.parse_args()

@@ -1,8 +1,8 @@
-"""Where IREE alone spends a zoo model's time, from the per-operator study (bench/results/cpu_ops.json):
+"""Where IREE alone spends a zoo model's time, from the per-operator study (studies/cpu_ops/cpu_ops.json):
 each convolution / matmul occurrence of the model at its measured median per backend, summed; against the
 best backend per operator (what a placement could reach on those operators alone).
 
-    python bench/zoo_breakdown.py [--results bench/results/cpu_ops.json]
+    python -m studies.cpu_ops.zoo_breakdown [--results studies/cpu_ops/cpu_ops.json]
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+from pathlib import Path
 
-import model_zoo_ops as ops
+from studies.cpu_ops import model_zoo_ops as ops
 
 
 def occurrences(model: str) -> list:
@@ -24,7 +25,7 @@ def occurrences(model: str) -> list:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", default="bench/results/cpu_ops.json")
+    p.add_argument("--results", default=str(Path(__file__).parent / "cpu_ops.json"))
     args = p.parse_args()
     times = collections.defaultdict(dict)
     for r in json.load(open(args.results)):

@@ -3,7 +3,7 @@ and run with the runtime's region timer, each library region's engine time insid
 its DB row (the same region measured alone, what the DP priced it at), and the time left to IREE (its
 regions and the glue between library regions).
 
-    python bench/dp_breakdown.py MODEL --db COSTS.sqlite [--runs 20] [--name dp_breakdown_MODEL]
+    python -m studies.dp_breakdown.dp_breakdown MODEL --db COSTS.sqlite [--runs 20] [--name dp_breakdown_MODEL]
 
 MODEL is a zoo model a ``collage tune`` / ``collage bench --tune`` run tuned on that DB (its latest
 stored tune result whose plans name this model's ops is taken).
@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from report import header, write_report
+from studies.common.report import header, write_report
 
 import collage_runtime
 from collage_mlir import zoo
@@ -53,7 +53,7 @@ def main() -> None:
     p.add_argument("--db", required=True)
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--name", default=None)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--out", default=str(Path(__file__).parent))
     args = p.parse_args()
     module = zoo.import_stablehlo(args.model, new_context(), False)
     number_ops(module)

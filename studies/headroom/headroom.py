@@ -16,9 +16,9 @@ fused into the node), which a region in a program never gets. Each engine is tim
 call evicts them, as the rest of a model does between two calls of a layer in a program); the cold
 bound is the realistic one for layers whose weights are megabytes.
 
-    python bench/headroom.py [--models resnet50,bert_base,...] [--name headroom]
+    python -m studies.headroom.headroom [--models resnet50,bert_base,...] [--name headroom]
 
-Writes bench/results/NAME.{json,md}.
+Writes studies/headroom/NAME.{json,md}.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collage_runtime.telemetry import disable_engine_telemetry
 from collage_mlir import zoo
 
 COMPUTE = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent
 THREADS = 2
 
 
@@ -267,7 +267,7 @@ def run(argv, study_fn, report_fn, default_name: str, script: str, extra_args=()
             print(f"{name}: whole {r['whole_ms']:.3f} ms, bound warm {r['bound_warm']:.3f}x, "
                   f"cold {r['bound_cold']:.3f}x", flush=True)
             results.append(r)
-    command = f"python bench/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = f"python -m studies.headroom.{script.removesuffix('.py')} " + " ".join(argv if argv is not None else sys.argv[1:])
     (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1))
     (RESULTS / f"{args.name}.md").write_text(report_fn(results, command.strip()))
 

@@ -13,8 +13,8 @@ wall time is split into phases by watching the harness's progress callbacks: reg
 look-ups, reference capture (the whole model compiled and run once with IREE), building candidates (in
 parallel workers), timing them (one at a time).
 
-    python bench/measure_throughput.py [--limit 120] [--backends ...] [--blocks 3,4,6,3] [--image 224]
-                                       [--budget 1.0] [--jobs N] [--out bench/results] [--quick]
+    python -m studies.measure_throughput.measure_throughput [--limit 120] [--backends ...] [--blocks 3,4,6,3] [--image 224]
+                                                            [--budget 1.0] [--jobs N] [--out studies/measure_throughput] [--quick]
 
 Writes OUT/measure_throughput.json and OUT/measure_throughput.md. Not run in CI.
 """
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import header, write_report
+from studies.common.report import header, write_report
 
 
 from collage_mlir.backends import get_backend
@@ -238,7 +238,7 @@ def main() -> None:
     p.add_argument("--image", type=int, default=224, help="input height and width (default 224)")
     p.add_argument("--budget", type=float, default=1.0, help="timing budget per candidate, s (default 1)")
     p.add_argument("--jobs", type=int, default=None, help="parallel builds (default: CPU count)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="output directory")
+    p.add_argument("--out", default=str(Path(__file__).parent), help="output directory")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: blocks 1,1,1,1, 64x64 input, 10 pairs, 0.2 s budget")
     a = p.parse_args()

@@ -1,9 +1,9 @@
 """A hand-made mixed plan for a transformer: its linear layers (a dot_general with a constant weight, with
-the scaling and bias additions after it) on one engine, everything else on OpenVINO. bench/headroom.py
+the scaling and bias additions after it) on one engine, everything else on OpenVINO. studies/headroom/headroom.py
 found ORT's matmul faster than OpenVINO's fully connected layer on BERT-base and GPT-2's linear layers;
 this plan tests whether that survives the program's boundaries.
 
-    python bench/mixed_linear.py gpt2_small --engine ort --which ffn -o /tmp/gpt2_ffn_ort.plan.json
+    python -m studies.mixed_linear.mixed_linear gpt2_small --engine ort --which ffn -o /tmp/gpt2_ffn_ort.plan.json
     collage bench gpt2_small --plan /tmp/gpt2_ffn_ort.plan.json --vs openvino-rt,ort-rt --seconds 30
 
 ``--which``: ``ffn`` (the two feed-forward matmuls of each layer, 768→3072→768), ``all`` (every linear layer).

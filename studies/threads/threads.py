@@ -7,7 +7,7 @@ alternate the processes, so every configuration sees the same neighbours. Per ca
 process's CPU ms (all threads) and utilisation = CPU / (wall x threads); ``idle_cpu_ms`` is the CPU the
 process burns during 50 ms of sleep right after a call (spinning workers show up there).
 
-    python bench/threads.py [--rounds 5] [--links 20] [--threads 2] [--out bench/results/threads]
+    python -m studies.threads.threads [--rounds 5] [--links 20] [--threads 2] [--out studies/threads/threads]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main() -> None:
     p.add_argument("--links", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "threads"))
+    p.add_argument("--out", default=str(Path(__file__).parent / "threads"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:

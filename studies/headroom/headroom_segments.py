@@ -1,4 +1,4 @@
-"""The headroom bound of bench/headroom.py for whole segments instead of single compute nodes: could
+"""The headroom bound of studies/headroom/headroom.py for whole segments instead of single compute nodes: could
 another engine run a block of layers (a bottleneck, a transformer layer) faster than OpenVINO runs it
 inside the whole graph, where no single node is faster?
 
@@ -9,9 +9,9 @@ extracted (``onnx.utils.extract_model``) and timed alone on ORT and OpenVINO, wa
 the in-graph time of the OpenVINO nodes it covers (a node goes to the segment of the first ONNX layer
 fused into it; nodes fused from no ONNX layer, such as layout reorders, count for none).
 
-    python bench/headroom_segments.py [--models ...] [--share 0.05] [--name headroom_segments]
+    python -m studies.headroom.headroom_segments [--models ...] [--share 0.05] [--name headroom_segments]
 
-Writes bench/results/NAME.{json,md}.
+Writes studies/headroom/NAME.{json,md}.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from pathlib import Path
 
 import onnx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from headroom import _export, profile_openvino, run, time_cut  # noqa: E402
+from studies.headroom.headroom import _export, profile_openvino, run, time_cut  # noqa: E402
 
 
 def cut_points(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[str], dict[int, str]]:

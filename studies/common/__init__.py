@@ -1,0 +1,1 @@
+"""What several studies share: the result-file writer (``report``)."""
