@@ -23,9 +23,9 @@ from . import __version__
 from .backends import registry
 from .backends.iree_cpu import DEFAULT_IREE_ARGS, iree_compile
 from .errors import CollageError
-from .ir import ir, passmanager
+from .ir import ir
 from .dialects import collage
-from .passes import partition_pipeline, run_pipeline
+from .passes import PassPipeline, partition_pipeline
 from .passes.lower import library_regions
 from .plan import Plan
 
@@ -60,11 +60,10 @@ def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
     cpu_flags = [a for a in (*DEFAULT_IREE_ARGS, *iree_args) if a.startswith("--iree-llvmcpu-")]
     # The same PassManager pipeline as `collage-opt --collage-partition`, so IR printing and timing
     # behave alike; the passes' results are read back from the IR.
-    with module.operation.context:
-        pm = passmanager.PassManager("builtin.module")
-    for p in partition_pipeline(plan, str(artifact_dir) if artifact_dir else "", ",".join(cpu_flags)):
-        p.add_to(pm)
-    run_pipeline(pm, module)
+    pipeline = PassPipeline(module.operation.context)
+    for p in partition_pipeline(plan, Path(artifact_dir) if artifact_dir else None, tuple(cpu_flags)):
+        pipeline.add(p)
+    pipeline.run(module)
     mod_op = module.operation
     return Partitioned(plan, library_regions(module), collage.json_attr(mod_op, collage.DEVICES, []),
                        collage.json_attr(mod_op, collage.IREE_FLAGS, []))

@@ -5,7 +5,7 @@ A Python pattern-rewrite pass: one pattern per op name the plan mentions, driven
 ``walk_and_apply_patterns``. The plan is validated against the module's graph first, so a bad plan
 fails with one line before the IR changes.
 
-Without a ``plan`` option the plan is the module's ``collage.plan`` attribute, a dictionary shaped
+Without a ``plan`` option (None) the plan is the module's ``collage.plan`` attribute, a dictionary shaped
 like the plan JSON (``{version = 1, regions = [{name = "r", backend = "onednn", ops = [1, 2]}]}``),
 so a module can carry its own placement (and a lit test its own bad plan).
 """
@@ -13,20 +13,22 @@ so a module can carry its own placement (and a lit test its own bad plan).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..dialects import collage
 from ..errors import CollageError
 from ..graph import Graph
 from ..ir import ir, location_text, rewrite
 from ..plan import FORMAT, Plan
-from . import ModulePass
+from .base import ModulePass
 
 
-@dataclass
+@dataclass(frozen=True)
 class AssignPass(ModulePass):
     name = "collage-assign"
     summary = "Tag the ops of each plan region with collage.backend and collage.region"
-    plan: str | Plan = ""
+    #: The plan, or its file; None: the module's ``collage.plan`` attribute.
+    plan: Plan | Path | None = None
 
     def run(self, module: ir.Module | ir.Operation) -> None:
         plan = self.plan if isinstance(self.plan, Plan) else self._load(self.plan, module.operation)
@@ -55,7 +57,7 @@ class AssignPass(ModulePass):
             rewrite.walk_and_apply_patterns(module.operation, patterns.freeze())
 
     @staticmethod
-    def _load(path: str, module: ir.Operation) -> Plan:
+    def _load(path: Path | str | None, module: ir.Operation) -> Plan:
         if path:
             return Plan.load(path)
         if PLAN_ATTR not in module.attributes:

@@ -2,7 +2,7 @@
 region of a library or graph-level backend is built into a region artifact and its function becomes
 the import ``func.func private @collage_rt.<region>``, served at run time by the ``collage_rt`` module.
 
-With ``artifact-dir`` empty the IR is rewritten and no artifact is built (for inspecting the IR).
+Without ``artifact-dir`` the IR is rewritten and no artifact is built (for inspecting the IR).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from pathlib import Path
 
 from iree.compiler.dialects import func as func_d
 
-from ..backends import BackendKind
+from ..backends import BackendKind, get_backend
 from ..dialects import collage
 from ..graph import module_block
 from ..ir import ir
-from . import ModulePass, region_functions
+from .base import ModulePass
+from .outline import region_functions
 
 
 def _spec(t: ir.Type) -> dict:
@@ -24,11 +25,12 @@ def _spec(t: ir.Type) -> dict:
     return {"shape": list(t.shape), "dtype": str(t.element_type)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class LowerPass(ModulePass):
     name = "collage-lower"
     summary = "Turn library-backend regions into collage_rt imports and build their artifacts"
-    artifact_dir: str = ""
+    #: Where region artifacts are built; None: rewrite the IR only.
+    artifact_dir: Path | None = None
 
     def run(self, module: ir.Module | ir.Operation) -> None:
         block = module_block(module)
@@ -38,7 +40,7 @@ class LowerPass(ModulePass):
                     continue
                 region = collage.str_attr(fn, collage.REGION)
                 ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
-                art = backend.build(fn, Path(self.artifact_dir), region) if self.artifact_dir else None
+                art = backend.build(fn, Path(self.artifact_dir), region) if self.artifact_dir is not None else None
                 symbol = collage.region_symbol(region)
                 with fn.location, ir.InsertionPoint(fn):
                     decl = func_d.FuncOp(symbol, ftype, visibility="private").operation
@@ -54,8 +56,6 @@ class LowerPass(ModulePass):
 def library_regions(module: ir.Module | ir.Operation) -> list[dict]:
     """The manifest entries of the library regions ``collage-lower`` left in ``module`` (its
     ``collage_rt`` imports): name, backend and version, tensor signature, tolerance, artifact, executor."""
-    from ..backends import get_backend
-
     entries = []
     for op in module_block(module).operations:
         decl = op.operation

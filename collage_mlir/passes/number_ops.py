@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from ..graph import number_ops
 from ..ir import ir
-from . import ModulePass
+from .base import ModulePass
 
 
-@dataclass
+@dataclass(frozen=True)
 class NumberOpsPass(ModulePass):
     name = "collage-number-ops"
     summary = "Number the ops of public functions with collage.id"

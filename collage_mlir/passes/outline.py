@@ -15,13 +15,29 @@ from dataclasses import dataclass
 
 from iree.compiler.dialects import func as func_d
 
-from ..backends import registry
+from ..backends import Backend, get_backend, registry
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..graph import body_ops, external_operands, module_block, nested_ops, public_funcs, remap_operands
 from ..ir import ir, location_text
-from . import ModulePass
+from .base import ModulePass
+
+
+def region_functions(block: ir.Block) -> list[tuple[ir.Operation, Backend]]:
+    """The outlined region functions of a module body (``func.func`` with a body and a
+    ``collage.backend``), each with its backend."""
+    found = []
+    for op in block.operations:
+        fn = op.operation
+        name = collage.str_attr(fn, collage.BACKEND) if fn.name == "func.func" else None
+        if name is not None and len(fn.regions[0].blocks):
+            try:
+                found.append((fn, get_backend(name, where=location_text(fn.location))))
+            except CollageError as exc:
+                exc.location = fn.location
+                raise
+    return found
 
 
 def _sinkable(value: ir.Value, inside: set[ir.Operation] | None = None) -> list[ir.Operation] | None:
@@ -120,7 +136,7 @@ def _own_constants(region: str, ops: list[ir.Operation]) -> None:
             remap_operands(op, [(v, clones[-1].results[0])])
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutlinePass(ModulePass):
     name = "collage-outline"
     summary = "Outline each collage.region into a private function called by func.call"

@@ -39,13 +39,16 @@ from ..dialects import collage
 from ..errors import CollageError
 from ..graph import body_ops, module_block, producer, public_funcs
 from ..ir import ir, location_text
-from . import ModulePass, region_functions
+from .base import ModulePass
+from .outline import region_functions
 
 #: String attribute on a region call: the IREE device it was placed on.
 DEVICE_ATTR = "collage.device"
 #: Ops IREE may give data-tiling encodings: their constant operands get pinned on the default device.
 CONTRACTIONS = ("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution")
 _CONSTANT_OPS = ("stablehlo.constant", "arith.constant", "stablehlo.iota")
+#: llvm-cpu flags of the default device's executable target, unless the program says otherwise.
+DEFAULT_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-target-cpu=host",)
 
 
 def _transfer(value: ir.Value, device: str, loc: ir.Location, ip: ir.InsertionPoint) -> ir.Value:
@@ -96,12 +99,12 @@ class _ConstantCheck:
         return self._memo[op]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlaceDevicesPass(ModulePass):
     name = "collage-place-devices"
     summary = "Run regions of codegen backends with their own IREE device there (flow.tensor.transfer at boundaries)"
-    #: llvm-cpu flags of the default device's executable target (comma-separated).
-    default_flags: str = "--iree-llvmcpu-target-cpu=host"
+    #: llvm-cpu flags of the default device's executable target (option: comma-separated).
+    default_flags: tuple[str, ...] = DEFAULT_FLAGS
 
     def run(self, module: ir.Module | ir.Operation) -> None:
         block = module_block(module)
@@ -118,7 +121,7 @@ class PlaceDevicesPass(ModulePass):
                 return
             self._check_free(mod_op, block, extra)
             ordered = [extra[n] for n in sorted(extra)]
-            default_target = executable_target(tuple(f for f in self.default_flags.split(",") if f), False)
+            default_target = executable_target(tuple(f for f in self.default_flags if f), False)
             devices[0]["executable_target"] = default_target
             targets = [f"{DEFAULT_DEVICE_NAME} = {device_target(0, default_target)}"]
             for k, dev in enumerate(ordered, start=1):

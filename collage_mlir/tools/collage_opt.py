@@ -23,8 +23,9 @@ from .. import __version__
 from collage_runtime.types import split_top_level
 
 from ..errors import CollageError
-from ..ir import load_module, new_context, parse_module, passmanager
-from ..passes import PARTITION, partition_pipeline, registry, run_pipeline
+from ..ir import load_module, new_context, parse_module
+from ..passes import PARTITION, PartitionPipeline, PassPipeline, registry
+from ..passes.base import describe, option_fields, option_text
 from . import exit_quietly, run_tool
 from .diagnostic_verifier import DiagnosticVerifier
 
@@ -59,9 +60,10 @@ def _usage(ours: dict) -> str:
     lines = [USAGE]
     for name, cls in ours.items():
         lines.append(f"  --{name:<24}{cls.summary}\n")
-        for f in dataclasses.fields(cls):
-            if f.init and f.default is not dataclasses.MISSING:  # options; results have factories
-                lines.append(f"      {f.name.replace('_', '-')}=<{f.type}> (default: {f.default!r})\n")
+        for f, hint in option_fields(cls).values():
+            if f.default is not dataclasses.MISSING:  # options; results have factories
+                default = option_text(f.default) or "none"
+                lines.append(f"      {f.name.replace('_', '-')}=<{describe(hint)}> (default: {default})\n")
     return "".join(lines)
 
 
@@ -73,39 +75,25 @@ def _pipeline_elements(pipeline: str) -> list[str]:
     return split_top_level(text, "({")
 
 
-def build_pass_manager(elements: list[str], context) -> passmanager.PassManager:
-    """A module PassManager of collage passes (``name`` or ``name{opts}``) and upstream elements."""
+def build_pass_manager(elements: list[str], context) -> PassPipeline:
+    """A pipeline of collage passes (``name`` or ``name{opts}``) and upstream elements."""
     ours = registry()
-    with context:
-        pm = passmanager.PassManager("builtin.module")
-        for elem in elements:
-            name, _, opts = elem.partition("{")
-            if name == PARTITION:  # the pipeline `collage compile` runs, with its passes' options
-                values = _partition_options(opts.rstrip("}"))
-                for p in partition_pipeline(**values):
-                    p.add_to(pm)
-                continue
-            if name in ours:
-                ours[name].from_options(opts.rstrip("}")).add_to(pm)
-                continue
-            try:
-                pm.add(elem)
-            except ValueError as exc:
-                raise CollageError(f"unknown pass or bad pipeline element '{elem}': {' '.join(str(exc).split())}; "
-                                   f"collage passes: {', '.join(ours)}", where="collage-opt") from None
-    return pm
-
-
-def _partition_options(text: str) -> dict:
-    known = {"plan": "plan", "artifact-dir": "artifact_dir", "default-flags": "default_flags"}
-    values = {}
-    for item in text.split():
-        key, sep, value = item.partition("=")
-        if not sep or key not in known:
-            raise CollageError(f"unknown option '{item}' for --{PARTITION} (options: {', '.join(known)})",
-                               where="collage-opt")
-        values[known[key]] = value
-    return values
+    pipeline = PassPipeline(context)
+    for elem in elements:
+        name, _, opts = elem.partition("{")
+        if name == PARTITION:  # the pipeline `collage compile` runs, with its passes' options
+            for p in PartitionPipeline.from_options(opts.rstrip("}")).passes():
+                pipeline.add(p)
+            continue
+        if name in ours:
+            pipeline.add(ours[name].from_options(opts.rstrip("}")))
+            continue
+        try:
+            pipeline.add(elem)
+        except ValueError as exc:
+            raise CollageError(f"unknown pass or bad pipeline element '{elem}': {' '.join(str(exc).split())}; "
+                               f"collage passes: {', '.join(ours)}", where="collage-opt") from None
+    return pipeline
 
 
 def parse_args(argv: list[str]) -> Options:
@@ -207,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             if verifier is not None:
                 verifier.attach(context)
             # A bad pipeline is the command's error, not the input's: it stops the run.
-            pm = build_pass_manager(opts.elements, context)
+            pipeline = build_pass_manager(opts.elements, context)
             seen_before = len(verifier.seen) if verifier is not None else 0
             try:
                 if opts.split or opts.source == "-":
@@ -215,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
                 else:  # parsed from the file, so locations (--mlir-print-debuginfo) name it
                     module = load_module(opts.source, context)
                 if opts.print_after_all or opts.print_before_all:
-                    pm.enable_ir_printing(print_before_all=opts.print_before_all,
+                    pipeline.pm.enable_ir_printing(print_before_all=opts.print_before_all,
                                           print_after_all=opts.print_after_all,
                                           large_elements_limit=opts.elide_larger, enable_debug_info=opts.debug_info)
-                run_pipeline(pm, module)
+                pipeline.run(module)
                 buf = io.StringIO()
                 module.operation.print(large_elements_limit=opts.elide_larger, enable_debug_info=opts.debug_info,
                                        print_generic_op_form=opts.generic, file=buf)

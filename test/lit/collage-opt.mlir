@@ -42,7 +42,7 @@ func.func @fold(%a: tensor<4xf32>) -> tensor<4xf32> {
 // ELIDE: dense_resource<__elided__> : tensor<3xf32>
 // DEBUG: loc("{{.*}}collage-opt.mlir":{{[0-9]+}}:{{[0-9]+}})
 // HELP: --collage-assign
-// HELP-NEXT: plan=<str | Plan>
+// HELP-NEXT: plan=<path or none> (default: none)
 func.func @elided() -> tensor<3xf32> {
   %c = stablehlo.constant dense<[1.0, 2.0, 3.0]> : tensor<3xf32>
   return %c : tensor<3xf32>
