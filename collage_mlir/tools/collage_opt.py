@@ -204,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                     module = load_module(opts.source, context)
                 if opts.print_after_all or opts.print_before_all:
                     pipeline.pm.enable_ir_printing(print_before_all=opts.print_before_all,
-                                          print_after_all=opts.print_after_all,
-                                          large_elements_limit=opts.elide_larger, enable_debug_info=opts.debug_info)
+                                                   print_after_all=opts.print_after_all,
+                                                   large_elements_limit=opts.elide_larger,
+                                                   enable_debug_info=opts.debug_info)
                 pipeline.run(module)
                 buf = io.StringIO()
                 module.operation.print(large_elements_limit=opts.elide_larger, enable_debug_info=opts.debug_info,
