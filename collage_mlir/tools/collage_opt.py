@@ -75,7 +75,7 @@ def _pipeline_elements(pipeline: str) -> list[str]:
     return split_top_level(text, "({")
 
 
-def build_pass_manager(elements: list[str], context) -> PassPipeline:
+def build_pipeline(elements: list[str], context) -> PassPipeline:
     """A pipeline of collage passes (``name`` or ``name{opts}``) and upstream elements."""
     ours = registry()
     pipeline = PassPipeline(context)
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             if verifier is not None:
                 verifier.attach(context)
             # A bad pipeline is the command's error, not the input's: it stops the run.
-            pipeline = build_pass_manager(opts.elements, context)
+            pipeline = build_pipeline(opts.elements, context)
             seen_before = len(verifier.seen) if verifier is not None else 0
             try:
                 if opts.split or opts.source == "-":
