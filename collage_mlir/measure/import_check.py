@@ -58,7 +58,8 @@ class Tolerance:
     f32/f64: rtol 1e-3, atol 1e-4 of the magnitude (IREE vs ONNX Runtime/torch on the zoo models differ
     by ~1e-6 relative; the wrong lowerings this catches are off by whole units: 3 vs -1, a permuted
     tensor, a pool over the wrong window). f16/bf16 carry 3 decimal digits: rtol 1e-2, 1e-2 of the
-    magnitude. Integers and booleans compare exactly; NaN and infinities must sit at the same places."""
+    magnitude. Integers and booleans compare exactly; NaN and infinities must sit at the same places; the
+    dtype and shape must be the source's."""
 
     rtol: float
     atol_scale: float
@@ -139,9 +140,9 @@ class Source:
 def compare(index: int, name: str, got: np.ndarray, want: np.ndarray) -> OutputCheck:
     """The import's output ``got`` against the source's ``want`` (the ``Tolerance`` rule)."""
     got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape:
+    if got.shape != want.shape or got.dtype != want.dtype:  # e.g. f64 demoted to f32 by the importer
         return OutputCheck(index, name, float("inf"), 0.0,
-                           f"shape {list(got.shape)}, the source gives {list(want.shape)}")
+                           f"{got.dtype}{list(got.shape)}, the source gives {want.dtype}{list(want.shape)}")
     if want.dtype.kind not in "fc":  # integers and booleans: exactly
         same = np.asarray(got == want)
         if same.all():

@@ -130,7 +130,9 @@ def test_compare_rules():
     ints = np.array([0, -2, 5], np.int16)
     assert compare(0, "y", ints, ints).ok and not compare(0, "y", ints + np.int16(1), ints).ok
     bad = compare(3, "y", ints.reshape(3, 1), ints)
-    assert not bad.ok and bad.max_error == float("inf") and "shape [3, 1], the source gives [3]" in bad.detail
+    assert not bad.ok and bad.max_error == float("inf") and "int16[3, 1], the source gives int16[3]" in bad.detail
+    demoted = compare(0, "y", f32, f32.astype(np.float64))
+    assert not demoted.ok and "float32[4], the source gives float64[4]" in demoted.detail
 
 
 def test_torch_import_checked_against_eager(torch, tmp_path, monkeypatch):

@@ -17,18 +17,15 @@ pytest.importorskip("onnxruntime")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
 from onnx_nodes import PLANS, expand, load_expected, prepare, run_parallel, violations  # noqa: E402
 
-#: (op module under onnx.backend.test.case.node, case): elementwise, broadcasting, integer and boolean
-#: ops, reductions, convolution and pooling, normalization, data movement, indexing, and a lowering the
-#: import check refuses (Mod with mixed signs).
-SAMPLE = [("abs", "test_abs"), ("add", "test_add_bcast"), ("pow", "test_pow_types_int32_float32"),
-          ("mod", "test_mod_mixed_sign_int16"), ("where", "test_where_example"), ("and_", "test_and_bcast4v3d"),
-          ("clip", "test_clip_example"), ("gemm", "test_gemm_default_matrix_bias"), ("conv", "test_conv_with_strides_padding"),
-          ("maxpool", "test_maxpool_2d_pads"), ("averagepool", "test_averagepool_2d_strides"),
+#: (op module under onnx.backend.test.case.node, case): elementwise, broadcasting, a boolean select, matmul,
+#: convolution and pooling, softmax, a reduction (axes as an input), an integer result, normalization,
+#: indexing, and a lowering the import check refuses (Mod with mixed signs).
+SAMPLE = [("abs", "test_abs"), ("add", "test_add_bcast"), ("mod", "test_mod_mixed_sign_int16"),
+          ("where", "test_where_example"), ("gemm", "test_gemm_default_matrix_bias"),
+          ("conv", "test_conv_with_strides_padding"), ("maxpool", "test_maxpool_2d_pads"),
           ("softmax", "test_softmax_axis_1"), ("reducesum", "test_reduce_sum_keepdims_example"),
-          ("argmax", "test_argmax_default_axis_example"), ("batch_normalization", "test_batchnorm_epsilon"),
-          ("layernormalization", "test_layer_normalization_2d_axis0"), ("transpose", "test_transpose_default"),
-          ("concat", "test_concat_2d_axis_0"), ("gather", "test_gather_0"), ("slice", "test_slice"),
-          ("expand", "test_expand_dim_changed"), ("cast", "test_cast_FLOAT_to_DOUBLE")]
+          ("argmax", "test_argmax_default_axis_example"), ("layernormalization", "test_layer_normalization_2d_axis0"),
+          ("gather", "test_gather_0")]
 CI_PLANS = ("default", "prefer:ort", "prefer:openvino", "random:0")
 
 
@@ -45,7 +42,7 @@ def test_onnx_node_sample(tmp_path):
     rows = _check([c for _, c in SAMPLE], sorted({m for m, _ in SAMPLE}), CI_PLANS, tmp_path)
     by = {(r.case, r.plan): r for r in rows}
     assert by[("test_mod_mixed_sign_int16", "default")].reason.startswith("check: "), by
-    assert sum(1 for r in rows if r.plan == "default" and r.klass == "passed") >= len(SAMPLE) - 3
+    assert sum(1 for r in rows if r.plan == "default" and r.klass == "passed") >= len(SAMPLE) - 2
 
 
 @pytest.mark.bench
