@@ -120,11 +120,12 @@ def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, bac
 
 def _own_constants(region: str, ops: list[ir.Operation]) -> None:
     """Gives ``ops`` their own untagged copy of every constant expression they read that another
-    region owns, so outlining can sink it like any constant (a random plan may put a scalar's
-    convert in one region and its user in another: passed across, an f64 scalar would reach a
-    ``collage_rt`` signature, which IREE refuses)."""
+    region owns, so outlining sinks it as ``sh.sunk_chain`` says, whatever region the plan gives the
+    constant (a random plan may put a scalar's convert in one region and its user in another: passed
+    across, an f64 scalar would reach a ``collage_rt`` signature, which IREE refuses; a weight, or BERT's
+    i64 position ids, in an IREE region of its own would reach an OpenVINO region as a run-time input)."""
     for v in external_operands(ops):
-        chain = sh.const_expr_ops(v)
+        chain = sh.const_expr_ops(v, readable=False)
         if chain is None or all(collage.str_attr(op, collage.REGION) in (None, region) for op in chain):
             continue
         clones = sh.clone_const_expr(chain, ir.InsertionPoint(ops[0]))

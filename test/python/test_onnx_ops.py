@@ -302,3 +302,45 @@ def _compiled_run(text: str, plan: str, out) -> list[np.ndarray]:
     art = compile_module(parse_module(text, new_context()), plan, out)
     with collage_runtime.load(art.out_dir) as prog:
         return [np.array(y) for y in prog.invoke("main", ids, table)]
+
+
+def _positions_module(ids: np.ndarray) -> str:
+    """BERT's position ids as torch-mlir writes them: an i64 ``dense_resource`` buffer, sliced, reshaped and
+    gathered (row lookups of an embedding table)."""
+    blob = "0x08000000" + ids.astype("<i8").tobytes().hex()
+    n = ids.shape[1]
+    return f"""
+func.func @main(%t: tensor<{n}x4xf32>) -> tensor<1x16x4xf32> {{
+  %c = stablehlo.constant dense_resource<pos> : tensor<1x{n}xi64>
+  %0 = stablehlo.slice %c [0:1, 0:16] : (tensor<1x{n}xi64>) -> tensor<1x16xi64>
+  %1 = "stablehlo.gather"(%t, %0) <{{dimension_numbers = #stablehlo.gather<offset_dims = [2], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 4>}}> : (tensor<{n}x4xf32>, tensor<1x16xi64>) -> tensor<1x16x4xf32>
+  return %1 : tensor<1x16x4xf32>
+}}
+{{-#
+  dialect_resources: {{ builtin: {{ pos: "{blob}" }} }}
+#-}}
+"""
+
+
+def test_a_weight_another_region_owns_is_copied_into_an_openvino_region(tmp_path):
+    """A plan that puts BERT's i64 position ids (a ``dense_resource`` constant) in an IREE region of its own
+    and their slice on OpenVINO: the OpenVINO region gets its own copy, as the candidate check assumes
+    (``sunk_chain``), instead of the ids as a run-time input its build refuses (random:3 on a Hugging Face
+    BERT failed to compile)."""
+    pytest.importorskip("openvino")
+    text = _positions_module(np.arange(80, dtype=np.int64)[None] % 70)
+    module = parse_module(text, new_context())
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    ids = {node.name: oid for oid, node in graph.nodes.items()}
+    plan = Plan([Region("pos", "iree-cpu", frozenset({ids["stablehlo.constant"]})),
+                 Region("r", "openvino", frozenset({ids["stablehlo.slice"], ids["stablehlo.gather"]}))])
+    assert get_backend("openvino").accepts(graph, plan.regions[1].ops) is None
+    table = np.arange(320, dtype=np.float32).reshape(80, 4)
+    outs = []
+    for k, p in enumerate((plan, "default")):
+        art = compile_module(parse_module(text, new_context()), p, tmp_path / str(k))
+        with collage_runtime.load(art.out_dir) as prog:
+            outs.append(np.array(prog.invoke("main", table)[0]))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[1][0, :, 0], np.arange(16) * 4)

@@ -1,0 +1,203 @@
+"""Framework-made models, written as their users write them, through collage under the project's own plan
+strings: every plan collage makes must compile and run, and give IREE alone's numbers.
+
+    python test/conformance/framework_models.py [--models bert,gpt2,...] [--plans default random:1 ...] [--md OUT]
+
+Models (built in code, seeded random weights): Hugging Face BERT and GPT-2 (2 layers, hidden 64, imported
+by torch-mlir), and JAX functions lowered with ``jax.jit(f).lower(...)``: an NHWC CNN with ``jax.nn``
+activations and max pooling, an MLP with top-k / sort / cumsum post-processing, a transformer encoder
+layer. Each (model, plan) is compiled and run through the ``collage`` command line (each run in its own
+process), and its outputs compared with the ``default`` plan's: floats within the loosest tolerance of
+the backends the plan uses, integers exactly. A row is ``passed``, ``failed`` (one error line, non-zero
+exit: a plan collage made that does not build or run), or ``wrong`` (exit 0, numbers off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+PLANS = ("default", *(f"random:{k}" for k in range(1, 7)), "prefer:ort", "prefer:openvino", "prefer:onednn,xla-cpu")
+
+
+class Outcome(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    WRONG = "wrong"
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    plan: str
+    outcome: Outcome
+    detail: str = ""
+
+
+def _hf(kind: str, folder: Path) -> list[np.ndarray]:
+    import torch
+    import transformers
+
+    from collage_mlir.frontends.torch import import_torch
+    from collage_mlir.ir import new_context
+
+    torch.manual_seed(0)
+    if kind == "bert":
+        config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=128, max_position_embeddings=64)
+        model = transformers.BertModel(config)
+    else:
+        config = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+        model = transformers.GPT2Model(config)
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).last_hidden_state
+
+    ids = torch.randint(0, 1000, (1, 16))
+    module = import_torch(LastHidden(model).eval(), [ids], new_context(), cache=False)
+    (folder / "model.mlir").write_text(str(module))
+    return [ids.numpy()]
+
+
+def _jax(kind: str, folder: Path) -> list[np.ndarray]:
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    w = lambda *shape: (rng.standard_normal(shape) / np.sqrt(np.prod(shape[:-1]))).astype(np.float32)  # noqa: E731
+    if kind == "jax_cnn":
+        k1, k2, d = w(3, 3, 3, 16), w(3, 3, 16, 32), w(32, 10)
+
+        def f(x):  # NHWC, HWIO, as flax writes it
+            dn = ("NHWC", "HWIO", "NHWC")
+            h = jax.nn.relu(jax.lax.conv_general_dilated(x, k1, (1, 1), "SAME", dimension_numbers=dn))
+            h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+            h = jax.nn.gelu(jax.lax.conv_general_dilated(h, k2, (1, 1), "SAME", dimension_numbers=dn))
+            return jax.nn.log_softmax(h.mean(axis=(1, 2)) @ d)
+
+        args = [rng.standard_normal((1, 16, 16, 3)).astype(np.float32)]
+    elif kind == "jax_post":
+        w1 = w(16, 32)
+
+        def f(x):
+            h = jax.nn.relu(x @ w1)
+            s = jax.nn.softmax(h, axis=-1)
+            values, indices = jax.lax.top_k(s, 3)
+            return values, indices, jnp.cumsum(s, axis=-1), jnp.sort(h, axis=-1)
+
+        args = [rng.standard_normal((4, 16)).astype(np.float32)]
+    else:  # an encoder layer
+        wq, wk, wv, wo, w1, w2 = w(32, 32), w(32, 32), w(32, 32), w(32, 32), w(32, 64), w(64, 32)
+
+        def norm(x):
+            m = x.mean(-1, keepdims=True)
+            return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+        def f(x):
+            q, k, v = (jnp.reshape(x @ p, (8, 4, 8)).transpose(1, 0, 2) for p in (wq, wk, wv))
+            a = jax.nn.softmax(q @ k.transpose(0, 2, 1) / jnp.sqrt(8.0), axis=-1) @ v
+            h = norm(x + a.transpose(1, 0, 2).reshape(8, 32) @ wo)
+            return norm(h + jax.nn.gelu(h @ w1) @ w2)
+
+        args = [rng.standard_normal((8, 32)).astype(np.float32)]
+    (folder / "model.mlir").write_text(jax.jit(f).lower(*args).as_text())
+    return args
+
+
+MODELS = {"bert": lambda d: _hf("bert", d), "gpt2": lambda d: _hf("gpt2", d),
+          "jax_cnn": lambda d: _jax("jax_cnn", d), "jax_post": lambda d: _jax("jax_post", d),
+          "jax_encoder": lambda d: _jax("jax_encoder", d)}
+
+
+def _collage(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([shutil.which("collage"), *args], cwd=cwd, capture_output=True, text=True, timeout=1800)
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else f"exit {proc.returncode}"
+
+
+def run_model(name: str, plans: list[str], folder: Path) -> list[Row]:
+    """Every plan of ``plans`` on the model ``name`` (``default`` first: the reference)."""
+    from collage_mlir.backends import get_backend
+
+    inputs = MODELS[name](folder)
+    flags = []
+    for k, x in enumerate(inputs):
+        np.save(folder / f"in{k}.npy", x)
+        flags += ["--input", f"in{k}.npy"]
+    rows, reference = [], None
+    for plan in ["default", *[p for p in plans if p != "default"]]:
+        tag = plan.replace(":", "_").replace(",", "_")
+        built = _collage("compile", "model.mlir", "--plan", plan, "-o", f"out_{tag}", cwd=folder)
+        if built.returncode != 0:
+            rows.append(Row(name, plan, Outcome.FAILED, "compile: " + _last_line(built)))
+            continue
+        ran = _collage("run", f"out_{tag}", *flags, "--output-dir", f"res_{tag}", cwd=folder)
+        if ran.returncode != 0:
+            rows.append(Row(name, plan, Outcome.FAILED, "run: " + _last_line(ran)))
+            continue
+        outs = [np.load(p) for p in sorted((folder / f"res_{tag}").glob("out_*.npy"),
+                                            key=lambda p: int(p.stem.split("_")[1]))]
+        if reference is None:
+            reference = outs
+            rows.append(Row(name, plan, Outcome.PASSED))
+            continue
+        import json
+
+        manifest = json.loads((folder / f"out_{tag}" / "manifest.json").read_text())
+        backends = {r["backend"] for r in manifest["regions"]} | {"iree-cpu"}
+        rtol = max(get_backend(b).tolerance.rtol for b in backends)
+        atol = max(get_backend(b).tolerance.atol for b in backends)
+        bad = [f"out_{k}: max error {np.max(np.abs(g.astype(np.float64) - w)):.3g}"
+               for k, (g, w) in enumerate(zip(outs, reference))
+               if g.shape != w.shape or (not np.array_equal(g, w) if g.dtype.kind in "biu"
+                                         else not np.allclose(g, w, rtol=rtol, atol=atol))]
+        rows.append(Row(name, plan, Outcome.WRONG if bad else Outcome.PASSED, "; ".join(bad)))
+    return rows
+
+
+def markdown(rows: list[Row]) -> str:
+    out = ["| model | plan | outcome | detail |", "|---|---|---|---|"]
+    out += [f"| {r.model} | {r.plan} | {r.outcome.value} | {r.detail[:200]} |" for r in rows]
+    counts = {o: sum(r.outcome == o for r in rows) for o in Outcome}
+    out.append("")
+    out.append(", ".join(f"{n} {o.value}" for o, n in counts.items()) + f" of {len(rows)}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--plans", nargs="+", default=list(PLANS), help="plan strings (prefer: lists hold commas)")
+    ap.add_argument("--md", help="write the table here too")
+    args = ap.parse_args(argv)
+    rows: list[Row] = []
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            for row in run_model(name, args.plans, Path(tmp)):
+                print(f"{row.model:12} {row.plan:22} {row.outcome.value:7} {row.detail[:160]}", flush=True)
+                rows.append(row)
+    table = markdown(rows)
+    print(table)
+    if args.md:
+        Path(args.md).write_text(table + "\n")
+    return 0 if all(r.outcome == Outcome.PASSED for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
