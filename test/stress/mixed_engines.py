@@ -1,6 +1,7 @@
 """Stress, concurrency and soak runs of programs that mix engines (ORT, OpenVINO, XLA, oneDNN) in one process.
 
     python -X faulthandler test/stress/mixed_engines.py stress [--calls 10000] [--plans 3] [--live 3] [--seed 0]
+                                                        [--load-rate 0.03] [--unload-rate 0.02]
     python -X faulthandler test/stress/mixed_engines.py threads [--threads 4] [--calls 200] [--programs 1]
     python -X faulthandler test/stress/mixed_engines.py soak [--calls 100000] [--every 5000]
 
@@ -252,8 +253,12 @@ def call(prog, case: Case, index: int, dlpack: bool):
     return prog.invoke(case.function, *case.inputs[index])
 
 
-def stress(cases: list[Case], calls: int, seed: int = 0, live: int = 3, log=print) -> dict:
-    """Loads, calls and unloads ``cases`` at random in this process until ``calls`` calls have run."""
+def stress(cases: list[Case], calls: int, seed: int = 0, live: int = 3, load_rate: float = 0.03,
+           unload_rate: float = 0.02, log=print) -> dict:
+    """Loads, calls and unloads ``cases`` at random in this process until ``calls`` calls have run: per
+    step, a load with probability ``load_rate`` (below ``live`` programs loaded; always when none is), an
+    unload with ``unload_rate`` (``load_rate + unload_rate`` at ``live``), else a call. Each load picks a
+    thread budget of 1, 2 or 4 (4: OpenVINO regions load on 4 threads at once, beside ORT and XLA loads)."""
     import collage_runtime
 
     rng = random.Random(seed)
@@ -263,12 +268,12 @@ def stress(cases: list[Case], calls: int, seed: int = 0, live: int = 3, log=prin
     rss = [rss_kib()]
     while done < calls and not check.problems:
         r = rng.random()
-        if not loaded or (r < 0.02 and len(loaded) < min(live, len(cases))):
+        if not loaded or (r < load_rate and len(loaded) < min(live, len(cases))):
             k = rng.choice([k for k in range(len(cases)) if k not in loaded])
-            threads = rng.choice((1, 2))
+            threads = rng.choice((1, 2, 4))
             loaded[k] = collage_runtime.load(cases[k].path, threads=threads)
             counts["loads"] += 1
-        elif r < 0.04:
+        elif r < load_rate + unload_rate:
             k = rng.choice(sorted(loaded))
             how = rng.choice(("close", "with", "drop"))
             prog = loaded.pop(k)
@@ -362,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "soak: calls (100000)")
     ap.add_argument("--plans", type=int, default=3, help="stress: mixing plans per model")
     ap.add_argument("--live", type=int, default=3, help="stress: programs loaded at once, at most")
+    ap.add_argument("--load-rate", type=float, default=0.03, help="stress: chance of a load per step")
+    ap.add_argument("--unload-rate", type=float, default=0.02, help="stress: chance of an unload per step")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=4, help="threads: Python threads calling at once")
     ap.add_argument("--programs", type=int, default=1, help="threads: loaded copies the threads share")
@@ -373,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
         if args.mode == "stress":
-            report = stress(build(work, args.plans, args.seed, log), args.calls or 10000, args.seed, args.live, log)
+            report = stress(build(work, args.plans, args.seed, log), args.calls or 10000, args.seed, args.live,
+                            args.load_rate, args.unload_rate, log)
         else:
             model = mixed_model()
             ref = compile_case(model, "default", work / "mixed-default")
