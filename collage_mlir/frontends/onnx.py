@@ -38,6 +38,10 @@ def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:  # noqa: BLE001  onnx raises DecodeError, ValidationError, OSError...
         raise CollageError(f"cannot read the ONNX model: {' '.join(str(exc).split())[:300]}", where=where) from None
+    unsigned = _aborting_types(model)
+    if unsigned:
+        raise CollageError(f"cannot import the ONNX model: it has {'/'.join(unsigned)} tensors, on which torch-mlir's "
+                           "ONNX importer aborts the process (unsigned integers other than uint8/uint32)", where=where)
     tm_context = tm_ir.Context()
     torch_d.register_dialect(tm_context)
     diagnostics: list[str] = []
@@ -64,3 +68,15 @@ def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main
     buf = io.BytesIO()
     module.write_bytecode(buf)
     return parse_module(buf.getvalue(), context, where=where)
+
+
+def _aborting_types(model) -> list[str]:
+    """The element types of ``model``'s tensors (inputs, outputs, inferred values, initializers) on which
+    torch-mlir's lowering aborts the process ("LLVM ERROR: Unhandled type in getScalarTypeForType: ui16",
+    seen on ONNX's Add/TopK node tests): uint16 and uint64."""
+    from onnx import TensorProto
+
+    graph = model.graph
+    types = {v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
+    types |= {t.data_type for t in graph.initializer}
+    return [TensorProto.DataType.Name(t).lower() for t in (TensorProto.UINT16, TensorProto.UINT64) if t in types]
