@@ -32,6 +32,10 @@ class InputError(ValueError):
         self.index = index
 
 
+class ProgramClosed(RuntimeError):
+    """A call of a program after its ``close``."""
+
+
 class Program:
     """A loaded artifact (a directory, or one packed ``.collage`` file). ``invoke(name, *arrays)`` runs a
     public function and returns numpy arrays.
@@ -144,15 +148,15 @@ class Program:
 
     def _call(self, name: str, values: Sequence) -> tuple[Sequence, tuple[TensorSpec | None, ...]]:
         """Runs ``name`` on checked inputs (host arrays or buffer views); its raw results and their specs."""
-        if name not in self.functions:
-            raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self.functions)})")
-        signature = self._signatures.get(name)
+        if name not in self._signatures:
+            raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self._signatures)})")
+        signature = self._signatures[name]
         if signature is not None:
             check_inputs(name, signature, values)
         with self._lock:
             self._failures.clear()
             try:
-                result = self._functions[name](*values)
+                result = self._live()[name](*values)
             except RuntimeError:
                 if self._failures:  # a region's engine raised: say which, in one line
                     raise self._failures[-1] from None
@@ -166,26 +170,35 @@ class Program:
     def device_function(self, name: str) -> Callable:
         """Function ``name`` taking and returning device arrays (see ``to_device``): for timing loops that
         should not copy inputs in and results out on every call. Its calls hold the program's lock too."""
-        if name not in self.functions:
-            raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self.functions)})")
-        function, lock = self._functions[name], self._lock
+        if name not in self._signatures:
+            raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self._signatures)})")
+        lock, live = self._lock, self._live
 
         def serialized(*args):
             with lock:
-                return function(*args)
+                return live()[name](*args)
 
         return serialized
+
+    def _live(self):
+        """The context's functions; raises ProgramClosed after ``close``."""
+        functions = getattr(self, "_functions", None)
+        if functions is None:
+            raise ProgramClosed(f"{self.root}: the program is closed")
+        return functions
 
     def to_device(self, array: np.ndarray) -> rt.DeviceArray:
         """A copy of ``array`` on the program's device."""
         return rt.asdevicearray(self.config.device, np.require(array, requirements="C"))
 
     def close(self) -> None:
-        """Tears the context down in order (two-module contexts otherwise crash at exit)."""
-        for attr in ("_functions", "_context", "_main", "_modules"):
-            if hasattr(self, attr):
-                delattr(self, attr)
-        gc.collect()
+        """Tears the context down in order (two-module contexts otherwise crash at exit). A call running on
+        another thread finishes first; later calls raise ProgramClosed."""
+        with self._lock:
+            for attr in ("_functions", "_context", "_main", "_modules"):
+                if hasattr(self, attr):
+                    delattr(self, attr)
+            gc.collect()
         if hasattr(self, "_cleanup"):
             self._cleanup()
 

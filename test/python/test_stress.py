@@ -51,6 +51,45 @@ def test_threads_calling_two_programs_at_once_get_exact_results(mixed):
     assert report["problems"] == []
 
 
+def test_close_while_other_threads_call_waits_for_their_call(mixed):
+    """close() takes the program's lock: a running call finishes with its results; every later call,
+    through invoke or a device function, raises ProgramClosed (not an AttributeError, not a crash)."""
+    import threading
+
+    import collage_runtime
+    from collage_runtime.program import ProgramClosed
+
+    check = mixed_engines.Checker()
+    prog = collage_runtime.load(mixed.path)
+    fn = prog.device_function(mixed.function)
+    outcomes: list[str] = []
+    called = [threading.Event(), threading.Event()]
+
+    def work(t: int) -> None:
+        while True:
+            try:
+                check(mixed, t, mixed_engines.call(prog, mixed, t, t == 1))
+            except ProgramClosed:
+                outcomes.append("closed")
+                return
+            except Exception as exc:  # noqa: BLE001 - anything else fails the test below
+                outcomes.append(repr(exc))
+                return
+            called[t].set()
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for event in called:
+        event.wait()
+    prog.close()
+    for t in threads:
+        t.join()
+    assert outcomes == ["closed", "closed"] and check.problems == []
+    with pytest.raises(ProgramClosed, match="the program is closed"):
+        fn(*(prog.to_device(a) for a in mixed.inputs[0]))
+
+
 def test_repeated_calls_stay_bit_identical(mixed):
     report = mixed_engines.soak(mixed, calls=400, every=100, log=lambda _: None)
     assert report["problems"] == [] and [n for n, _ in report["rss_kib"]] == [0, 100, 200, 300, 400]

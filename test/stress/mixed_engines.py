@@ -4,6 +4,7 @@
                                                         [--load-rate 0.03] [--unload-rate 0.02]
     python -X faulthandler test/stress/mixed_engines.py threads [--threads 4] [--calls 200] [--programs 1]
     python -X faulthandler test/stress/mixed_engines.py soak [--calls 100000] [--every 5000]
+    python -X faulthandler test/stress/mixed_engines.py replay [--file models/fullyconnected.mlir] [--rounds 50]
 
 ``stress`` compiles small models (conformance files and test/python/models.py) under random plans whose
 library/graph regions span at least two of those engines, then in one process loads and unloads those
@@ -12,7 +13,8 @@ reference), interleaving calls (``invoke`` and ``invoke_dlpack``, several input 
 call is checked: within the plan's backends' tolerance of IREE alone's result (the default plan), and
 bit-identical to that program's first result for the same inputs (a reused or freed buffer shows there).
 ``threads`` calls one loaded mixed program from several threads at once; ``soak`` calls one many times,
-sampling the resident set. Each prints one JSON line (``--json``) or a summary, and exits 1 on a wrong
+sampling the resident set; ``replay`` repeats the conformance runner's own path (collage_run.run) in
+one process. Each prints one JSON line (``--json``) or a summary, and exits 1 on a wrong
 or failed call.
 
 It lives beside the conformance runner, not in it: it draws its models from both the conformance corpus
@@ -360,9 +362,29 @@ def soak(case: Case, calls: int, every: int = 5000, log=print) -> dict:
     return {"mode": "soak", "calls": calls, "regions": case.regions, "rss_kib": samples, "problems": check.problems}
 
 
+def replay(path: Path, rounds: int, seed: int = 0, log=print) -> dict:
+    """The conformance runner's own path (collage_run.run), ``rounds`` times in this process on ``path``: IREE
+    alone on a device of its own with the check module, then ``default`` and two new ``random:K`` plans,
+    each compiled here, loaded with the check module, run and closed (the runner that crashed did this once
+    per process)."""
+    import collage_run
+
+    problems, calls, regions = [], 0, Counter()
+    for k in range(rounds):
+        plans = ("default", f"random:{seed + 2 * k}", f"random:{seed + 2 * k + 1}")
+        res = collage_run.run(path, plans)
+        problems += [f"{path.name} {m}" for m in res["mismatches"]]
+        calls += sum(len(p["functions"]) for p in res["plans"].values())
+        for p in res["plans"].values():
+            regions.update(p["regions"])
+        log(f"round {k + 1}: {calls} calls, regions so far {dict(regions)}")
+    return {"mode": "replay", "file": path.name, "rounds": rounds, "calls": calls, "regions": dict(regions),
+            "problems": problems}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("stress", "threads", "soak"))
+    ap.add_argument("mode", choices=("stress", "threads", "soak", "replay"))
     ap.add_argument("--calls", type=int, help="stress: calls in all (10000); threads: per thread (200); "
                                                "soak: calls (100000)")
     ap.add_argument("--plans", type=int, default=3, help="stress: mixing plans per model")
@@ -373,13 +395,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4, help="threads: Python threads calling at once")
     ap.add_argument("--programs", type=int, default=1, help="threads: loaded copies the threads share")
     ap.add_argument("--every", type=int, default=5000, help="soak: calls between RSS samples")
+    ap.add_argument("--file", default="models/fullyconnected.mlir", help="replay: conformance file")
+    ap.add_argument("--rounds", type=int, default=50, help="replay: rounds of three plans")
     ap.add_argument("--workdir", help="where artifacts are compiled (default: a temporary directory)")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON line")
     args = ap.parse_args(argv)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else (lambda msg: print(msg, flush=True))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
-        if args.mode == "stress":
+        if args.mode == "replay":
+            from baseline import CONFORMANCE
+
+            report = replay(CONFORMANCE / args.file, args.rounds, args.seed, log)
+        elif args.mode == "stress":
             report = stress(build(work, args.plans, args.seed, log), args.calls or 10000, args.seed, args.live,
                             args.load_rate, args.unload_rate, log)
         else:
