@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from ..backends import DEFAULT_BACKEND, Backend
+from ..backends import DEFAULT_BACKEND, Backend, Candidate
 from ..graph import Graph
 from ..plan import Plan, Region
-from .candidates import Candidate, enumerate_candidates
+from .candidates import enumerate_candidates
 
 
 def _greedy_plan(graph: Graph, backends: list[Backend], choose: Callable[[list[Candidate]], Candidate | None],

@@ -41,7 +41,7 @@ from pathlib import Path
 from studies.common.report import header, write_report
 
 
-from collage_mlir.backends import DEFAULT_BACKEND, get_backend  # noqa: E402
+from collage_mlir.backends import DEFAULT_BACKEND, RegionKey, get_backend  # noqa: E402
 from collage_mlir.dialects import stablehlo as sh  # noqa: E402
 from collage_mlir.graph import Graph  # noqa: E402
 from collage_mlir.ir import new_context  # noqa: E402
@@ -195,21 +195,21 @@ def run_model(name: str, backends, seeds, db: CostDB, options: MeasureOptions, t
         plan.validate(graph)
         placed = {i for r in plan.regions for i in r.ops}
         rest = set(graph.nodes) - placed - consts
-        regions = [(r.ops, r.backend) for r in plan.regions]
-        singles = [(frozenset({i}), plan.default_backend) for i in sorted(rest)]
-        groups = [(g, plan.default_backend) for g in default_groups(graph, rest)]
+        regions = [r.key for r in plan.regions]
+        singles = [RegionKey(plan.default_backend, frozenset({i})) for i in sorted(rest)]
+        groups = [RegionKey(plan.default_backend, g) for g in default_groups(graph, rest)]
         parts.append((regions, singles, groups))
         pairs += regions + singles + groups
     summary = measure_regions(module, pairs, db, examples={"main": [x]}, options=options,
                               on_progress=_progress(name))
     rows = summary.rows
-    skipped = {(ops, b): why for ops, b, why in summary.skipped}
+    skipped = summary.skipped
 
     def total(ps):
         # A region where only constants flow in is folded by the compiler: it costs nothing.
         ps = [p for p in ps if not skipped.get(p, "").startswith("only constants flow in")]
         ok = [rows[p].median_s for p in ps if p in rows and rows[p].usable]
-        bad = [{"ops": sorted(p[0]), "backend": p[1], "region": rows[p].region[:100] if p in rows else "",
+        bad = [{"ops": sorted(p.ops), "backend": p.backend, "region": rows[p].region[:100] if p in rows else "",
                 "status": rows[p].status if p in rows else "not posed",
                 "message": (rows[p].message if p in rows else skipped.get(p, ""))[:300]}
                for p in ps if p not in rows or not rows[p].usable]

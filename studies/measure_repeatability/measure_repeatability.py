@@ -34,7 +34,7 @@ from pathlib import Path
 
 from studies.common.report import header, write_report
 
-from collage_mlir.backends import get_backend
+from collage_mlir.backends import RegionKey, get_backend
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context
 from collage_mlir.measure.db import CostDB
@@ -141,14 +141,14 @@ def run(args: argparse.Namespace) -> dict:
         for spec, module, examples, pairs, _ in jobs:
             with tempfile.TemporaryDirectory(prefix="collage-repeat-") as tmp, CostDB(Path(tmp) / "costs.sqlite") as db:
                 t0 = time.perf_counter()
-                summary = measure_regions(module, [(ops, b) for b, ops in pairs], db, examples=examples,
+                summary = measure_regions(module, [RegionKey(b, ops) for b, ops in pairs], db, examples=examples,
                                           options=options)
                 wall = time.perf_counter() - t0
             for b, ops in pairs:
-                m = summary.rows.get((ops, b))
+                m = summary.rows.get(RegionKey(b, ops))
                 rec = {"run": r, "wall_s": wall}
                 if m is None:
-                    why = next((w for o, n, w in summary.skipped if o == ops and n == b), "not measured")
+                    why = summary.skipped.get(RegionKey(b, ops), "not measured")
                     rec |= {"status": "not posed", "message": why}
                 else:
                     rec |= {"status": m.status, "median_s": m.median_s, "min_s": m.min_s, "spread": m.spread,

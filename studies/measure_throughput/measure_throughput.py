@@ -31,14 +31,14 @@ from pathlib import Path
 from studies.common.report import header, write_report
 
 
-from collage_mlir.backends import get_backend
+from collage_mlir.backends import Candidate, get_backend
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context
 from collage_mlir.measure.db import STATUSES, CostDB
 from collage_mlir.measure.harness import MeasureOptions, Progress, measure_regions
 from collage_mlir.measure.timing import TimingOptions
 from collage_mlir.passes.number_ops import NumberOpsPass
-from collage_mlir.search.candidates import Candidate, enumerate_candidates
+from collage_mlir.search.candidates import enumerate_candidates
 
 NAME = "measure_throughput"
 BACKENDS = "iree-cpu,iree-cpu-dt,onednn,ort,openvino"
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> dict:
     print(f"ResNet blocks {blocks}, {args.image}x{args.image}: {len(graph)} ops, {len(candidates)} candidate pairs "
           f"(import {import_s:.1f} s, enumerate {enumerate_s:.1f} s)", file=sys.stderr)
     chosen = choose(candidates, names, args.limit)
-    pairs = [(c.ops, c.backend) for c in chosen]
+    pairs = [c.key for c in chosen]
 
     options = MeasureOptions(timing=TimingOptions(budget_s=args.budget))
     if args.jobs:
@@ -160,15 +160,15 @@ def run(args: argparse.Namespace) -> dict:
         rows = db.measurements()
     per_backend = {}
     for name in names:
-        mine = [m for (ops, b), m in summary.rows.items() if b == name]
-        per_backend[name] = {"pairs": sum(1 for _, b in pairs if b == name),
+        mine = [m for p, m in summary.rows.items() if p.backend == name]
+        per_backend[name] = {"pairs": sum(1 for p in pairs if p.backend == name),
                              "candidates_in_model": sum(1 for c in candidates if c.backend == name),
                              "status": dict(collections.Counter(m.status for m in mine)),
-                             "not_posed": sum(1 for _, b, _ in summary.skipped if b == name)}
-    sizes = collections.Counter(len(ops) for ops, _ in pairs)
-    measured = [{"backend": b, "ops": len(ops), "region": m.region[:160], "status": m.status, "median_s": m.median_s,
+                             "not_posed": sum(1 for p in summary.skipped if p.backend == name)}
+    sizes = collections.Counter(len(p.ops) for p in pairs)
+    measured = [{"backend": p.backend, "ops": len(p.ops), "region": m.region[:160], "status": m.status, "median_s": m.median_s,
                   "spread": m.spread, "repeats": m.repeats}
-                 for (ops, b), m in summary.rows.items()]
+                 for p, m in summary.rows.items()]
     failures = [{"backend": m.backend, "status": m.status, "region": m.region[:120], "message": m.message[:300]}
                 for m in rows if not m.usable]
     return header(NAME) | {
@@ -185,7 +185,8 @@ def run(args: argparse.Namespace) -> dict:
         "per_backend": per_backend,
         "pairs": measured,
         "failures": failures,
-        "not_posed": [{"backend": b, "ops": len(ops), "why": why[:300]} for ops, b, why in summary.skipped],
+        "not_posed": [{"backend": p.backend, "ops": len(p.ops), "why": why[:300]}
+                      for p, why in summary.skipped.items()],
     }
 
 
