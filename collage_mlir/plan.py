@@ -22,6 +22,8 @@ from .graph import Graph
 FORMAT = "collage-plan"
 VERSION = 1
 _REGION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: ``Plan.key``: the default backend and the regions' keys, sorted.
+PlanKey = tuple[str, tuple[RegionKey, ...]]
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Plan:
     source: str = "<plan>"
 
     @property
-    def key(self) -> tuple[str, tuple[RegionKey, ...]]:
+    def key(self) -> PlanKey:
         """The plan as a value: its default backend and its regions' keys, sorted (region names, the
         regions' order and ``source`` do not count). Hashable and ordered: it keys and sorts plans."""
         return self.default_backend, tuple(sorted(r.key for r in self.regions))

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from ..backends import RegionKey
 from ..errors import CollageError
-from ..plan import Plan, Region
+from ..plan import Plan, PlanKey, Region
 from .cost import Cost, CostEstimator
 from .index import SearchGraph
 
@@ -178,8 +178,8 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
     choices = [[default] + [b for b in backends if b != default and accepts(b, u)] for u in units]
     dec = _Decoder(graph, units, choices, accepts, default)
     # Plans by value (``Plan.key``): a decoded genome equal to a plan timed already is not timed again.
-    times: dict[tuple, Cost] = {}
-    plans: dict[tuple, Plan] = {}
+    times: dict[PlanKey, Cost] = {}
+    plans: dict[PlanKey, Plan] = {}
 
     def spent() -> bool:
         return opt.deadline is not None and time.monotonic() > opt.deadline
@@ -252,8 +252,8 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
     return _final(seeds, times, plans, estimator, opt, generation, on_progress)
 
 
-def _final(seeds, times: dict[tuple, Cost], plans: dict[tuple, Plan], estimator: CostEstimator, opt: EvolveOptions,
-           generations: int, on_progress) -> EvolveResult:
+def _final(seeds, times: dict[PlanKey, Cost], plans: dict[PlanKey, Plan], estimator: CostEstimator,
+           opt: EvolveOptions, generations: int, on_progress) -> EvolveResult:
     """Re-measures the best evolved plans, the DP plan and the best single-backend plan side by side,
     interleaved, and keeps the single-backend plan unless another's median wins by more than the larger
     relative spread of the two and it is faster in most rounds."""

@@ -24,7 +24,7 @@ from ..measure import HARNESS_VERSION
 from ..measure.db import CostDB
 from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, module_digest
-from ..plan import Plan, Region
+from ..plan import Plan, PlanKey, Region
 from .cost import Cost
 from .dp import EXACT, EXACT_MAX_OPS, DpLimits, optimize, reachable_candidates
 from .evolve import EvolveOptions, EvolveResult, evolve
@@ -222,7 +222,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         # incumbent the search must beat is always measured as such). Plans the budget left untimed are
         # not seeds (a seed is timed whatever the deadline).
         seeds: list[tuple[str, Plan]] = []
-        seen: set[tuple] = set()
+        seen: set[PlanKey] = set()
         dp_timed = time.monotonic() <= deadline or dp.plan.key in {single[n].key for n in timed}
         for name, plan in [*((n, single[n]) for n in single if n in timed), *((("dp", dp.plan),) if dp_timed else ())]:
             if plan.key not in seen:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from collage_mlir import backends
-from collage_mlir.backends import Backend, BackendKind, get_backend
+from collage_mlir.backends import Backend, BackendKind, Candidate, RegionKey, get_backend
 from collage_mlir.errors import CollageError
 from collage_mlir.graph import Graph
 from collage_mlir.ir import load_module, new_context, parse_module
@@ -58,6 +58,21 @@ def test_candidates_cover_onednn_chain():
     assert ("onednn", "matmul", frozenset({1, 2, 3})) in found  # + bias (with its broadcast)
     assert ("onednn", "matmul", frozenset({1, 2, 3, 4})) in found  # + relu
     assert ("onednn", "matmul", frozenset({5})) in found
+
+
+def test_candidate_region_and_plan_keys_are_values():
+    c = Candidate("onednn", "matmul", frozenset({1, 2}))
+    assert c.key == RegionKey("onednn", frozenset({2, 1})) == Region("r", "onednn", frozenset({1, 2})).key
+    # One order everywhere: by backend, then by sorted op ids.
+    keys = [RegionKey("ort", frozenset({1})), RegionKey("onednn", frozenset({2, 3})),
+            RegionKey("onednn", frozenset({1, 5}))]
+    assert sorted(keys) == [keys[2], keys[1], keys[0]]
+    # A plan's key is its default backend and regions: not their names, order or the plan's source.
+    a = Plan([Region("r0", "onednn", frozenset({3, 4})), Region("r1", "ort", frozenset({7}))])
+    b = Plan([Region("x", "ort", frozenset({7})), Region("y", "onednn", frozenset({4, 3}))], source="other")
+    assert a.key == b.key and len({a.key, b.key}) == 1
+    assert a.key != Plan(a.regions[:1]).key and a.key != Plan(a.regions, default_backend="other").key
+    assert sorted([a.key, Plan().key]) == [Plan().key, a.key]
 
 
 def test_validate_accepts_and_rejects():
