@@ -118,17 +118,17 @@ class _Decoder:
             if current:
                 proposed.append((backend, current))
         proposed.sort(key=lambda bm: bm[1][0])
-        regions: list[tuple[str, frozenset[int]]] = []
+        regions: list[RegionKey] = []
         for backend, members in proposed:
             ops = frozenset().union(*(self.units[m] for m in members))
-            if self.g.acyclic([r for _, r in regions] + [ops]):
-                regions.append((backend, ops))
+            if self.g.acyclic([r.ops for r in regions] + [ops]):
+                regions.append(RegionKey(backend, ops))
                 continue
             for m in members:  # split what would close a cycle; units that still do stay on the default
-                if self.ok(backend, self.units[m]) and self.g.acyclic([r for _, r in regions] + [self.units[m]]):
-                    regions.append((backend, self.units[m]))
-        regions.sort(key=lambda r: min(self.g.pos[i] for i in r[1]))
-        return Plan([Region(f"region_{k}", b, ops) for k, (b, ops) in enumerate(regions)], self.default, source)
+                if self.ok(backend, self.units[m]) and self.g.acyclic([r.ops for r in regions] + [self.units[m]]):
+                    regions.append(RegionKey(backend, self.units[m]))
+        regions.sort(key=lambda r: min(self.g.pos[i] for i in r.ops))
+        return Plan([Region(f"region_{k}", r.backend, r.ops) for k, r in enumerate(regions)], self.default, source)
 
     def encode(self, plan: Plan) -> list[tuple[int, int]]:
         owner = {op: r for r in plan.regions for op in r.ops}
