@@ -37,9 +37,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from collage_runtime.types import byte_dtype
+
+from ..dialects import collage
 from ..errors import CollageError
 from ..frontends import cache_dir
 from ..frontends.onnx import import_onnx
+from ..graph import public_funcs
 from ..ir import ir, new_context
 from .reference import invoke_alone, model_inputs
 
@@ -135,14 +139,18 @@ class Source:
     names: tuple[str, ...]
     digest: str
     locate: Callable[[Sequence[np.ndarray]], str | None] | None = None
+    #: The source's inputs, (name, dtype) in order, where it declares them (an ONNX graph does): an
+    #: import that changed an input's type (torch-mlir makes float64 inputs float32) fails the check.
+    inputs: tuple[tuple[str, np.dtype], ...] | None = None
 
 
 def compare(index: int, name: str, got: np.ndarray, want: np.ndarray) -> OutputCheck:
     """The import's output ``got`` against the source's ``want`` (the ``Tolerance`` rule)."""
     got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:  # e.g. f64 demoted to f32 by the importer
+    if got.shape != want.shape or got.dtype != want.dtype:
+        why = " (IREE demotes float64 to float32)" if (got.dtype, want.dtype) == (np.float32, np.float64) else ""
         return OutputCheck(index, name, float("inf"), 0.0,
-                           f"{got.dtype}{list(got.shape)}, the source gives {want.dtype}{list(want.shape)}")
+                           f"{got.dtype}{list(got.shape)}, the source gives {want.dtype}{list(want.shape)}{why}")
     if want.dtype.kind not in "fc":  # integers and booleans: exactly
         same = np.asarray(got == want)
         if same.all():
@@ -192,6 +200,7 @@ def check_import(module: ir.Module, source: Source, examples: Sequence[np.ndarra
                  where: str | None = None, cache: bool = True) -> ImportCheck:
     """Runs ``module``'s @main with IREE alone and ``source`` on the same inputs and compares each output;
     raises CollageError (one line, ``ImportCheck.message``) on a mismatch, returns the verdict otherwise."""
+    _check_input_types(module, source, examples, where)
     inputs = check_inputs(module, examples)
     key = _verdict_key(module, source, inputs)
     path = cache_dir() / "import-check" / f"{key}.json"
@@ -206,7 +215,14 @@ def check_import(module: ir.Module, source: Source, examples: Sequence[np.ndarra
         raise CollageError(f"cannot check the import against its source: {exc} (--no-import-check / "
                            "check_import=False compiles without the check)", where=where) from None
     want = [np.asarray(a) for a in ran.outputs]
-    (got,) = invoke_alone(module, {"main": inputs}).values()
+    # IREE demotes float64 to float32 at the program's boundary (its default --iree-input-demote-f64-to-f32):
+    # its program takes float32 there, and an output the source gives as float64 then fails the dtype rule.
+    demoted = [a.astype(np.float32) if a.dtype == np.float64 else a for a in inputs]
+    try:
+        (got,) = invoke_alone(module, {"main": demoted}).values()
+    except (RuntimeError, ValueError) as exc:  # IREE's run-time errors
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise CollageError(f"the imported model does not run with IREE alone: {first[:300]}", where=where) from None
     if len(got) != len(want):
         raise CollageError(f"the imported model has {len(got)} outputs, its source ({ran.engine}) {len(want)}",
                            where=where)
@@ -221,6 +237,20 @@ def check_import(module: ir.Module, source: Source, examples: Sequence[np.ndarra
         tmp.write_text(json.dumps(asdict(verdict)))
         tmp.replace(path)  # atomic: a concurrent reader never sees half a file
     return verdict
+
+
+def _check_input_types(module: ir.Module, source: Source, examples: Sequence[np.ndarray] | None,
+                       where: str | None) -> None:
+    """The import takes each input in the source's dtype (the example's, or the one the source declares)."""
+    func = next(f for f in public_funcs(module) if collage.symbol_name(f) == "main")
+    types = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs
+    declared = source.inputs or tuple((f"{k}", np.asarray(a).dtype) for k, a in enumerate(examples or ()))
+    for k, ((name, dtype), t) in enumerate(zip(declared, types)):
+        element = str(ir.RankedTensorType(t).element_type) if isinstance(t, ir.RankedTensorType) else str(t)
+        if byte_dtype(element) != np.dtype(dtype):
+            label = f"input {k}" + (f" '{name}'" if name != f"{k}" else "")
+            raise CollageError(f"the imported model takes {label} as {t}, its source as {np.dtype(dtype)}: the "
+                               "importer changed the input's type (--no-import-check compiles it anyway)", where=where)
 
 
 def check_model_file(module: ir.Module, path: str | Path, examples: Sequence[np.ndarray] | None = None, *,
@@ -266,8 +296,11 @@ def onnx_source(path: str | Path) -> Source:
     engines = " ".join(_version(p) for p in ("onnx", "onnxruntime", "torch-mlir"))
     model = onnx.load(str(path), load_external_data=False)
     names = tuple(o.name for o in model.graph.output)
-    return Source("onnxruntime", lambda inputs: run_onnx(str(path), inputs), names, f"{digest} {engines}",
-                  lambda inputs: first_differing_node(path, inputs))
+    constants = {t.name for t in model.graph.initializer}
+    inputs = tuple((i.name, onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+                   for i in model.graph.input if i.name not in constants)
+    return Source("onnxruntime", lambda arrays: run_onnx(str(path), arrays), names, f"{digest} {engines}",
+                  lambda arrays: first_differing_node(path, arrays), inputs)
 
 
 def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray]) -> SourceRun:

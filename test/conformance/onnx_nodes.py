@@ -42,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 EXPECTED = HERE / "onnx_nodes_expected.json"
 PLANS = ("default", "prefer:ort", "prefer:openvino", "random:0", "random:1", "random:2")
 CLASSES = ("passed", "refused", "wrong", "crashed")
+#: numpy's own numeric dtypes (ONNX's float8/float4/int4 types are extension dtypes .npy files cannot hold).
+NUMERIC = {np.dtype(c) for c in "?bBhHiIlLqQefdFD"}
 _MARK = "@@ONNX_NODE@@"
 
 
@@ -91,7 +93,7 @@ def write_case(case, root: Path) -> Path | str:
 
     inputs, outputs = ([array(v) for v in values] for values in case.data_sets[0])
     odd = sorted({type(a).__name__ if not isinstance(a, np.ndarray) else str(a.dtype) for a in inputs + outputs
-                  if not isinstance(a, np.ndarray) or a.dtype.kind not in "biufc"})
+                  if not isinstance(a, np.ndarray) or a.dtype not in NUMERIC})
     if odd:  # sequences, optionals, strings; bfloat16/float8/float4, which have no numpy dtype in the runtime
         return f"not a model of numeric numpy tensors: {', '.join(odd)} values"
     d = root / case.name
@@ -332,6 +334,16 @@ def expand(rows: list[Row], plans: Sequence[str]) -> list[Row]:
 # --- the rule ------------------------------------------------------------------------------------------------
 
 
+def resumed(path: Path, plans: Sequence[str]) -> dict[str, list[Row]]:
+    """The cases of an earlier run's rows that have a row for every plan and none wrong or crashed."""
+    by_case: dict[str, list[Row]] = {}
+    for line in path.read_text().splitlines():
+        row = Row(**json.loads(line))
+        by_case.setdefault(row.case, []).append(row)
+    return {case: rs for case, rs in by_case.items()
+            if {r.plan for r in rs} >= set(plans) and not any(r.klass in ("wrong", "crashed") for r in rs)}
+
+
 def load_expected(path: Path = EXPECTED) -> dict:
     """``{case: {"plans": {plan: class}, "reason": ...}}`` from the expected-failure file."""
     return json.loads(path.read_text())["expected"]
@@ -384,6 +396,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds without a result before a child is killed")
     ap.add_argument("--json", help="write every row here (JSON lines, appended as they come)")
     ap.add_argument("--md", help="write the summary table here")
+    ap.add_argument("--resume", help="rows (JSON lines) of an earlier run: its cases with no wrong or crashed row "
+                                     "are taken as they are, not run again")
     args = ap.parse_args()
     plans = args.plans.split(",")
     if args.child:
@@ -395,6 +409,10 @@ def main() -> None:
         names = args.cases.split(",") if args.cases else None
         dirs, rows, _ = prepare(names, args.modules.split(",") if args.modules else None, Path(work))
         rows = expand(rows, plans)
+        if args.resume:
+            done = resumed(Path(args.resume), plans)
+            dirs = [d for d in dirs if d.name not in done]
+            rows += [r for case in done.values() for r in case if r.case not in {x.case for x in rows}]
         sink = open(args.json, "a") if args.json else None
         lock = threading.Lock()
 
