@@ -6,16 +6,15 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from collage_runtime.manifest import FORMAT, MANIFEST, VERSION, sha256_file
+from collage_runtime.manifest import MANIFEST, DeviceEntry, Manifest, RegionEntry, sha256_file, write_manifest
 from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
 from collage_runtime.package import pack
 
@@ -32,22 +31,22 @@ from .plan import Plan
 MODULE_FILE = "main.vmfb"
 
 
-@dataclass
+@dataclass(frozen=True)
 class CompileResult:
     out_dir: Path
     plan: Plan
-    manifest: dict
+    manifest: Manifest
 
 
-@dataclass
+@dataclass(frozen=True)
 class Partitioned:
     """What the collage passes did to a module: the plan used, the library regions built (manifest
     entries), the program's devices and the IREE flags a second device needs."""
 
     plan: Plan
-    regions: list[dict]
-    devices: list[dict]
-    iree_flags: list[str]
+    regions: tuple[RegionEntry, ...]
+    devices: tuple[DeviceEntry, ...]
+    iree_flags: tuple[str, ...]
 
 
 def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
@@ -65,8 +64,9 @@ def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
         pipeline.add(p)
     pipeline.run(module)
     mod_op = module.operation
-    return Partitioned(plan, library_regions(module), collage.json_attr(mod_op, collage.DEVICES, []),
-                       collage.json_attr(mod_op, collage.IREE_FLAGS, []))
+    devices = tuple(DeviceEntry.from_json(d, "collage.devices") for d in collage.json_attr(mod_op, collage.DEVICES, []))
+    return Partitioned(plan, tuple(library_regions(module)), devices,
+                       tuple(collage.json_attr(mod_op, collage.IREE_FLAGS, [])))
 
 
 def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str = "<module>",
@@ -91,29 +91,14 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
         iree_args = [*parts.iree_flags, *iree_args]
         vmfb = iree_compile(module, iree_args, **iree_kwargs)
         (stage / MODULE_FILE).write_bytes(vmfb)
-        for region in parts.regions:
-            region["sha256"] = sha256_file(stage / region["artifact"])
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "source": source,
-            "source_sha256": source_hash,
-            "module": MODULE_FILE,
-            "module_sha256": hashlib.sha256(vmfb).hexdigest(),
-            "versions": {
-                "collage-mlir": __version__,
-                "python": sys.version.split()[0],
-                **{name: info.backend.version() for name, info in registry().items()
-                   if info.backend and not info.problem},
-            },
-            "iree_args": list(DEFAULT_IREE_ARGS) + list(iree_args),
-            "plan": parts.plan.to_json(),
-            "devices": parts.devices,
-            "regions": parts.regions,
-        }
-        if provenance:
-            manifest["provenance"] = provenance
-        (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        versions = {"collage-mlir": __version__, "python": sys.version.split()[0],
+                    **{name: info.backend.version() for name, info in registry().items()
+                       if info.backend and not info.problem}}
+        manifest = Manifest(source, source_hash, MODULE_FILE, hashlib.sha256(vmfb).hexdigest(), versions,
+                            (*DEFAULT_IREE_ARGS, *iree_args), parts.plan.to_json(), parts.devices,
+                            tuple(replace(r, sha256=sha256_file(stage / r.artifact)) for r in parts.regions),
+                            provenance or None)
+        write_manifest(stage, manifest)
         if out.suffix == PACKAGE_SUFFIX:  # one deployable file
             pack(stage, out)
             shutil.rmtree(stage, ignore_errors=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from collage_runtime.manifest import Manifest
+
 from . import artifact
 from .graph import Graph, number_ops
 from .frontends import load_model
@@ -28,7 +30,7 @@ def compile_module(module: ir.Module, plan: "str | Plan", output_dir: str | Path
 
 
 def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str | Plan" = "default",
-                 check_import: bool = True, **iree_kwargs) -> dict:
+                 check_import: bool = True, **iree_kwargs) -> Manifest:
     """Compiles a StableHLO (or ONNX) file with ``plan``; ``iree_kwargs`` go to
     ``iree.compiler.tools.compile_str`` (``extra_args``, ``target_backends``, ...). Returns the artifact
     manifest. ``check_import``: an ONNX model must match ONNX Runtime on generated inputs first."""
@@ -39,7 +41,7 @@ def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str |
 
 
 def compile_str(input_str: str | bytes, *, output_dir: str | Path, plan: "str | Plan" = "default",
-                **iree_kwargs) -> dict:
+                **iree_kwargs) -> Manifest:
     """Like ``compile_file`` for MLIR text or bytecode held in memory."""
     module = parse_module(input_str, new_context())
     return compile_module(module, plan, output_dir, **iree_kwargs).manifest

@@ -10,6 +10,8 @@ from functools import cached_property, total_ordering
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
+from collage_runtime.types import Tolerance  # noqa: F401  (re-exported: backends state theirs)
+
 from ..dialects.stablehlo import const_expr_ops
 from ..graph import Graph, external_operands, nested_ops
 from ..ir import ir
@@ -59,14 +61,6 @@ class RegionArtifact:
 
     file: str
     executor: str
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How far a backend's results may differ from IREE llvm-cpu's (numpy ``allclose`` semantics)."""
-
-    rtol: float = 1e-5
-    atol: float = 1e-6
 
 
 class Backend:

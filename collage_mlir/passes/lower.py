@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from collage_runtime.manifest import RegionEntry
+from collage_runtime.types import TensorSpec
 from iree.compiler.dialects import func as func_d
 
 from ..backends import BackendKind, get_backend
@@ -20,9 +22,9 @@ from .base import ModulePass
 from .outline import region_functions
 
 
-def _spec(t: ir.Type) -> dict:
+def _spec(t: ir.Type) -> TensorSpec:
     t = ir.RankedTensorType(t)
-    return {"shape": list(t.shape), "dtype": str(t.element_type)}
+    return TensorSpec(tuple(t.shape), str(t.element_type))
 
 
 @dataclass(frozen=True)
@@ -53,29 +55,21 @@ class LowerPass(ModulePass):
                 fn.erase()
 
 
-def library_regions(module: ir.Module | ir.Operation) -> list[dict]:
+def library_regions(module: ir.Module | ir.Operation) -> list[RegionEntry]:
     """The manifest entries of the library regions ``collage-lower`` left in ``module`` (its
-    ``collage_rt`` imports): name, backend and version, tensor signature, tolerance, artifact, executor."""
+    ``collage_rt`` imports): name, backend and version, tensor signature, tolerance, artifact, executor
+    (the artifact's SHA-256 is the compile driver's to add once the file is final)."""
     entries = []
     for op in module_block(module).operations:
         decl = op.operation
         region = collage.str_attr(decl, collage.REGION) if decl.name == "func.func" else None
-        if region is None or len(decl.regions[0].blocks):
+        if region is None or len(decl.regions[0].blocks) or collage.ARTIFACT not in decl.attributes:
             continue
         backend = get_backend(collage.str_attr(decl, collage.BACKEND))
         ftype = ir.FunctionType(ir.TypeAttr(decl.attributes["function_type"]).value)
-        entry = {
-            "name": region,
-            "backend": backend.name,
-            "backend_version": backend.version(),
-            "inputs": [_spec(t) for t in ftype.inputs],
-            "outputs": [_spec(t) for t in ftype.results],
-            "tolerance": {"rtol": backend.tolerance.rtol, "atol": backend.tolerance.atol},
-        }
-        if collage.ARTIFACT in decl.attributes:
-            entry.update(artifact=collage.str_attr(decl, collage.ARTIFACT),
-                         executor=collage.str_attr(decl, collage.EXECUTOR))
-        entries.append(entry)
+        entries.append(RegionEntry(region, backend.name, backend.version(), tuple(_spec(t) for t in ftype.inputs),
+                                   tuple(_spec(t) for t in ftype.results), backend.tolerance,
+                                   collage.str_attr(decl, collage.ARTIFACT), collage.str_attr(decl, collage.EXECUTOR)))
     return entries
 
 

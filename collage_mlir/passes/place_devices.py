@@ -30,7 +30,9 @@ is otherwise left as it is. Run after ``collage-lower``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from collage_runtime.manifest import DeviceEntry
 
 from ..backends import DEFAULT_BACKEND, BackendKind, get_backend
 from ..backends.iree_device import (DEFAULT_DEVICE_NAME, MULTI_DEVICE_FLAGS, IreeDevice, device_target,
@@ -113,23 +115,22 @@ class PlaceDevicesPass(ModulePass):
             placed = self._region_devices(block)
             codegen_backends = {DEFAULT_BACKEND} | {b for _, b in placed.values()}
             extra: dict[str, IreeDevice] = {d.name: d for d, _ in placed.values() if d is not None}
-            devices = [{"name": DEFAULT_DEVICE_NAME, "ordinal": 0,
-                        "backends": sorted(b for b in codegen_backends if get_backend(b).iree_device is None)}]
+            default = DeviceEntry(DEFAULT_DEVICE_NAME, 0, tuple(sorted(b for b in codegen_backends
+                                                                        if get_backend(b).iree_device is None)))
             if not extra:
-                collage.set_json_attr(mod_op, collage.DEVICES, devices)
+                collage.set_json_attr(mod_op, collage.DEVICES, [default.to_json()])
                 collage.set_json_attr(mod_op, collage.IREE_FLAGS, [])
                 return
             self._check_free(mod_op, block, extra)
             ordered = [extra[n] for n in sorted(extra)]
             default_target = executable_target(tuple(f for f in self.default_flags if f), False)
-            devices[0]["executable_target"] = default_target
+            devices = [replace(default, executable_target=default_target)]
             targets = [f"{DEFAULT_DEVICE_NAME} = {device_target(0, default_target)}"]
             for k, dev in enumerate(ordered, start=1):
                 target = executable_target(dev.target_flags, dev.data_tiling)
                 targets.append(f"{dev.name} = {device_target(k, target)}")
-                devices.append({"name": dev.name, "ordinal": k,
-                                "backends": sorted({b for d, b in placed.values() if d is dev}),
-                                "executable_target": target})
+                devices.append(DeviceEntry(dev.name, k, tuple(sorted({b for d, b in placed.values() if d is dev})),
+                                           target))
             names = [DEFAULT_DEVICE_NAME] + [d.name for d in ordered]
             links = ", ".join(f"(@{a} -> @{b} = {{unified_memory = true}})" for a in names for b in names if a != b)
             attrs = mod_op.attributes
@@ -138,7 +139,7 @@ class PlaceDevicesPass(ModulePass):
             attrs["stream.topology"] = ir.Attribute.parse(f"#hal.device.topology<links = [{links}]>")
             self._pin(module, placed)
             flags = [f for d in ordered for f in d.program_flags] + list(MULTI_DEVICE_FLAGS)
-            collage.set_json_attr(mod_op, collage.DEVICES, devices)
+            collage.set_json_attr(mod_op, collage.DEVICES, [d.to_json() for d in devices])
             collage.set_json_attr(mod_op, collage.IREE_FLAGS, list(dict.fromkeys(flags)))
 
     @staticmethod

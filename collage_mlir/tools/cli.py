@@ -50,7 +50,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     with Console(stderr=True).status(f"compiling {args.model}"):  # a spinner while IREE and the engines build
         result = compile_module(module, plan, args.output, source=str(args.model), iree_args=passthrough,
                                 provenance=provenance)
-    regions = result.manifest["regions"]
+    regions = result.manifest.regions
     _print_placement(result.plan)
     print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")
     return 0

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 
-from collage_runtime.manifest import ArtifactError
+from collage_runtime.manifest import ArtifactError, Manifest
 from collage_runtime.profile import Breakdown, profile
 from collage_runtime.program import InputError
 
@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("-o", "--output", required=True, help="HTML file to write")
 
 
-def _plan_document(source: Path) -> tuple[dict, dict | None]:
+def _plan_document(source: Path) -> tuple[dict, Manifest | None]:
     """(plan JSON, manifest or None) from an artifact or a plan file."""
     if source.suffix == ".json":
         try:
@@ -49,14 +49,13 @@ def _plan_document(source: Path) -> tuple[dict, dict | None]:
         except (OSError, ValueError) as exc:
             raise CollageError(f"cannot read plan: {exc}", where=str(source)) from None
     import collage_runtime
-    from collage_runtime.manifest import ArtifactError
 
     try:
         with collage_runtime.load(source) as prog:
             manifest = prog.manifest
     except ArtifactError as exc:
         raise CollageError(str(exc)) from None
-    return manifest["plan"], manifest
+    return dict(manifest.plan), manifest
 
 
 def _colour(backend: str, seen: dict[str, str]) -> str:
@@ -137,7 +136,7 @@ def _breakdown_table(b: Breakdown, inputs: str) -> str:
                       for name, ms in rows) + "</table>")
 
 
-def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdown | None = None,
+def render(plan: dict, manifest: Manifest | None, graph, db_path, breakdown: Breakdown | None = None,
            inputs: str = "random") -> str:
     """The report page as HTML text."""
     owner = {oid: r["backend"] for r in plan.get("regions", []) for oid in r["ops"]}
@@ -169,7 +168,8 @@ def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdo
     parts.append("</table>")
     if breakdown is not None:
         parts.append(_breakdown_table(breakdown, inputs))
-    tuning = plan.get("tuning") or (manifest or {}).get("provenance")
+    recorded = (manifest.provenance if manifest else None) or {}  # written at compile time (collage_mlir.entry)
+    tuning = plan.get("tuning") or recorded or None
     if plan.get("tuning"):
         parts.append("<h2>End to end</h2><table><tr><th>plan</th><th>predicted</th><th>measured</th><th>regions</th></tr>")
         rows = [("this plan", tuning["plan"], len(plan.get("regions", []))), ("DP alone", tuning["dp"], None)]
@@ -178,7 +178,6 @@ def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdo
             parts.append(f"<tr><td>{e(name)}</td><td>{_ms(v.get('predicted_s'))}</td><td>{_ms(v.get('measured_s'))}"
                          f"</td><td>{n if n is not None else v.get('regions', '—')}</td></tr>")
         parts.append("</table>")
-    recorded = (manifest or {}).get("provenance") or {}  # written at compile time (collage_mlir.entry)
     tuning = tuning or {}
     backends = tuning.get("backends")
     prov = {"plan": recorded.get("plan") or plan.get("source") or "—",
@@ -188,8 +187,7 @@ def render(plan: dict, manifest: dict | None, graph, db_path, breakdown: Breakdo
     if "module_hash" in recorded:
         prov["module structural hash"] = recorded["module_hash"]
     if manifest:
-        prov |= {"artifact source": manifest.get("source", ""), **{f"version {k}": v
-                                                                   for k, v in manifest.get("versions", {}).items()}}
+        prov |= {"artifact source": manifest.source, **{f"version {k}": v for k, v in manifest.versions.items()}}
     parts.append("<h2>Provenance</h2><table>" + "".join(f"<tr><th>{e(str(k))}</th><td>{e(str(v))}</td></tr>"
                                                          for k, v in prov.items()) + "</table></body></html>")
     return "\n".join(parts)
@@ -201,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from ..ir import new_context
 
     plan, manifest = _plan_document(Path(args.source))
-    model = args.model or (manifest or {}).get("source")
+    model = args.model or (manifest.source if manifest else None)
     graph = None
     if model and Path(model).is_file():
         module = load_model(model, new_context())

@@ -7,9 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
-from .types import numpy_dtype
+from .types import TensorSpec, Tolerance
 
 MANIFEST = "manifest.json"
 FORMAT = "collage-artifact"
@@ -53,46 +54,167 @@ def verified_file(root: Path, relative: Any, sha256: Any, what: str) -> Path:
     return path
 
 
-def _tensor_specs(root: Path, specs: Any, what: str) -> None:
-    ok = isinstance(specs, list) and all(
-        isinstance(s, dict) and isinstance(s.get("shape"), list)
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s["shape"])
-        and isinstance(s.get("dtype"), str) and numpy_dtype(s["dtype"]) is not None for s in specs)
-    if not ok:
-        raise ArtifactError(f"{root / MANIFEST}: {what}: expected a list of {{shape: [int...], dtype}} entries")
+def _field(data: dict, key: str, kind: type, where: str):
+    value = data.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ArtifactError(f"{where}: {key}: expected {kind.__name__}, got {value!r}"[:300])
+    return value
 
 
-def load_manifest(root: Path) -> dict:
+def _specs(data: dict, key: str, where: str) -> tuple[TensorSpec, ...]:
+    items = data.get(key)
+    try:
+        if not isinstance(items, list):
+            raise ValueError
+        return tuple(TensorSpec.from_json(s) for s in items)
+    except ValueError:
+        raise ArtifactError(f"{where} {key}: expected a list of {{shape: [int...], dtype}} entries") from None
+
+
+@dataclass(frozen=True)
+class RegionEntry:
+    """A region served through ``collage_rt``: its backend, tensor signature, the backend's tolerance, and
+    the file its executor (an entry point of ``collage_runtime.executors``) loads, with that file's SHA-256
+    (empty while the compile driver is still writing the artifact)."""
+
+    name: str
+    backend: str
+    backend_version: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    tolerance: Tolerance
+    artifact: str
+    executor: str
+    sha256: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "backend": self.backend, "backend_version": self.backend_version,
+                "inputs": [s.to_json() for s in self.inputs], "outputs": [s.to_json() for s in self.outputs],
+                "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol},
+                "artifact": self.artifact, "executor": self.executor, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> "RegionEntry":
+        """The entry ``to_json`` wrote; ArtifactError naming the field otherwise (``where``: the manifest)."""
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{where}: regions: expected a list of region entries")
+        name = data.get("name")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ArtifactError(f"{where}: region: expected an identifier as name, got {name!r}")
+        at = f"{where}: region '{name}'"
+        if not isinstance(data.get("executor"), str):
+            raise ArtifactError(f"{at}: no executor")
+        if not isinstance(data.get("sha256"), str):
+            raise ArtifactError(f"{at} artifact has no SHA-256; recompile the artifact")
+        tolerance = data.get("tolerance", {})
+        if not (isinstance(tolerance, dict) and all(isinstance(tolerance.get(k), (int, float)) for k in ("rtol", "atol"))):
+            raise ArtifactError(f"{at}: tolerance: expected {{rtol, atol}} numbers")
+        outputs = _specs(data, "outputs", at)
+        if not outputs:
+            raise ArtifactError(f"{at} outputs: a region returns at least one tensor")
+        return cls(name, _field(data, "backend", str, at), str(data.get("backend_version", "")), _specs(data, "inputs", at),
+                   outputs, Tolerance(float(tolerance["rtol"]), float(tolerance["atol"])),
+                   data.get("artifact"), data["executor"], data["sha256"])
+
+
+@dataclass(frozen=True)
+class DeviceEntry:
+    """A logical IREE device of the program (codegen configurations): ordinal 0 is the default device;
+    ``executable_target`` is the ``#hal.executable.target`` it compiles for (None: IREE's default)."""
+
+    name: str
+    ordinal: int
+    backends: tuple[str, ...]
+    executable_target: str | None = None
+
+    def to_json(self) -> dict:
+        out = {"backends": list(self.backends), "name": self.name, "ordinal": self.ordinal}
+        if self.executable_target is not None:
+            out["executable_target"] = self.executable_target
+        return out
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> "DeviceEntry":
+        if not (isinstance(data, dict) and isinstance(data.get("backends"), list)
+                and all(isinstance(b, str) for b in data["backends"])
+                and isinstance(data.get("executable_target", ""), str)):
+            raise ArtifactError(f"{where}: devices: expected {{name, ordinal, backends: [str...]}} entries")
+        return cls(_field(data, "name", str, where), _field(data, "ordinal", int, where), tuple(data["backends"]),
+                   data.get("executable_target"))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``manifest.json``: the IREE module and its SHA-256, the library regions and logical devices, the plan
+    (as ``collage_mlir.plan.Plan`` writes it), the versions that built it and, when known, where the plan
+    came from (``provenance``, for ``collage report``)."""
+
+    source: str
+    source_sha256: str
+    module: str
+    module_sha256: str
+    versions: Mapping[str, str]
+    iree_args: tuple[str, ...]
+    plan: Mapping[str, Any]
+    devices: tuple[DeviceEntry, ...]
+    regions: tuple[RegionEntry, ...]
+    provenance: Mapping[str, Any] | None = None
+
+    def region(self, name: str) -> RegionEntry | None:
+        return next((r for r in self.regions if r.name == name), None)
+
+    def to_json(self) -> dict:
+        out = {"format": FORMAT, "version": VERSION, "source": self.source, "source_sha256": self.source_sha256,
+               "module": self.module, "module_sha256": self.module_sha256, "versions": dict(self.versions),
+               "iree_args": list(self.iree_args), "plan": dict(self.plan),
+               "devices": [d.to_json() for d in self.devices], "regions": [r.to_json() for r in self.regions]}
+        if self.provenance:
+            out["provenance"] = dict(self.provenance)
+        return out
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> "Manifest":
+        """The manifest ``to_json`` wrote (format, version and field types checked); ArtifactError otherwise."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ArtifactError(f"{where}: not a collage artifact manifest")
+        if data.get("version") != VERSION:
+            raise ArtifactError(f"{where}: artifact version {data.get('version')!r} is not supported "
+                                f"(this runtime reads version {VERSION}); recompile the artifact")
+        devices, regions = data.get("devices", []), data.get("regions")
+        if not isinstance(devices, list):
+            raise ArtifactError(f"{where}: devices: expected a list")
+        if not isinstance(regions, list):
+            raise ArtifactError(f"{where}: regions: expected a list of region entries")
+        entries = tuple(RegionEntry.from_json(r, where) for r in regions)
+        names = [r.name for r in entries]
+        if len(set(names)) != len(names):
+            raise ArtifactError(f"{where}: regions: region names must be unique")
+        versions, plan, provenance = data.get("versions", {}), data.get("plan", {}), data.get("provenance")
+        if not isinstance(versions, dict) or not isinstance(plan, dict) or not isinstance(provenance, (dict, type(None))):
+            raise ArtifactError(f"{where}: versions, plan and provenance must be objects")
+        iree_args = data.get("iree_args", [])
+        if not isinstance(iree_args, list) or not all(isinstance(a, str) for a in iree_args):
+            raise ArtifactError(f"{where}: iree_args: expected a list of strings")
+        return cls(str(data.get("source", "")), str(data.get("source_sha256", "")), data.get("module"),
+                   data.get("module_sha256"), versions, tuple(iree_args), plan,
+                   tuple(DeviceEntry.from_json(d, where) for d in devices), entries, provenance)
+
+
+def load_manifest(root: Path) -> Manifest:
     """Reads and checks ``root/manifest.json``: format and version, field types, every named file confined to
     ``root`` and matching its SHA-256. Raises ArtifactError with one line naming what is wrong."""
     path = root / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ArtifactError(f"{path}: cannot read artifact manifest ({' '.join(str(exc).split())})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{path}: not a collage artifact manifest")
-    if manifest.get("version") != VERSION:
-        raise ArtifactError(f"{path}: artifact version {manifest.get('version')!r} is not supported "
-                            f"(this runtime reads version {VERSION}); recompile the artifact")
-    verified_file(root, manifest.get("module"), manifest.get("module_sha256"), "module")
-    devices = manifest.get("devices", [])
-    if not isinstance(devices, list):
-        raise ArtifactError(f"{path}: devices: expected a list")
-    regions = manifest.get("regions")
-    if not isinstance(regions, list) or not all(isinstance(r, dict) for r in regions):
-        raise ArtifactError(f"{path}: regions: expected a list of region entries")
-    names = set()
-    for k, region in enumerate(regions):
-        name = region.get("name")
-        if not isinstance(name, str) or not name.isidentifier() or name in names:
-            raise ArtifactError(f"{path}: regions[{k}]: expected a unique identifier as name, got {name!r}")
-        names.add(name)
-        if not isinstance(region.get("executor"), str):
-            raise ArtifactError(f"{path}: region '{name}': no executor")
-        _tensor_specs(root, region.get("inputs"), f"region '{name}' inputs")
-        _tensor_specs(root, region.get("outputs"), f"region '{name}' outputs")
-        if not region["outputs"]:
-            raise ArtifactError(f"{path}: region '{name}' outputs: a region returns at least one tensor")
-        verified_file(root, region.get("artifact"), region.get("sha256"), f"region '{name}' artifact")
+    manifest = Manifest.from_json(data, str(path))
+    verified_file(root, manifest.module, manifest.module_sha256, "module")
+    for region in manifest.regions:
+        verified_file(root, region.artifact, region.sha256, f"region '{region.name}' artifact")
     return manifest
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Writes ``root/manifest.json`` (one space of indent, as before: the bytes ``collage compile`` wrote)."""
+    (root / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1) + "\n")

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .manifest import ArtifactError
+from .manifest import ArtifactError, Manifest
 from .program import InputError, Program
 from .types import parse_declaration
 
@@ -83,14 +83,13 @@ def random_inputs(program: Program, function: str = "main") -> list[np.ndarray]:
     return arrays
 
 
-def _plan_layout(manifest: dict) -> tuple[dict[str, tuple[str, int]], list[tuple[str, int]], int]:
+def _plan_layout(manifest: Manifest) -> tuple[dict[str, tuple[str, int]], list[tuple[str, int]], int]:
     """From the artifact's recorded plan: region name -> (backend, ops), the codegen (not library)
     regions as (backend, ops), and how many ops the regions hold."""
-    plan = manifest.get("plan") or {}
-    library = {r["name"] for r in manifest.get("regions", [])}
-    sizes = {r["name"]: (r["backend"], len(r.get("ops", ()))) for r in plan.get("regions", [])}
-    for r in manifest.get("regions", []):
-        sizes.setdefault(r["name"], (str(r.get("backend")), 0))
+    library = {r.name for r in manifest.regions}
+    sizes = {r["name"]: (r["backend"], len(r.get("ops", ()))) for r in manifest.plan.get("regions", [])}
+    for r in manifest.regions:
+        sizes.setdefault(r.name, (r.backend, 0))
     codegen = [sizes[n] for n in sizes if n not in library]
     return sizes, codegen, sum(n for _, n in sizes.values())
 

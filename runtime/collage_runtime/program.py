@@ -56,30 +56,30 @@ class Program:
             self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.manifest = load_manifest(self.root)
         # One thread budget for every engine in the program (default: all usable cores).
-        regions = self.manifest["regions"]
+        regions = self.manifest.regions
         self.engines = Engines(usable_cores() if threads is None else threads,
-                               sole=str(regions[0].get("backend")) if len(regions) == 1 else None)
+                               sole=regions[0].backend if len(regions) == 1 else None)
         self.config = rt.Config(device=iree_device(driver, self.engines.threads))
         # The CPU drivers' buffers are host memory: DLPack tensors are imported and exported in place.
         self._host_memory = driver in ("local-task", "local-sync")
         device = self.config.device
-        devices = len(self.manifest.get("devices") or ()) or 1
+        devices = len(self.manifest.devices) or 1
         if devices > 1:
             # The program's logical devices (codegen configurations, see the manifest's "devices") differ
             # only in the code compiled for them: one local device serves them all, so they share memory
             # and one task pool, and the context tears down like a single-device one.
             self.config.default_vm_modules = (
                 rt.create_hal_module(self.config.vm_instance, devices=[device] * devices),)
-        vmfb = (self.root / self.manifest["module"]).read_bytes()
+        vmfb = (self.root / self.manifest.module).read_bytes()
         try:
             self._main = rt.VmModule.copy_buffer(self.config.vm_instance, vmfb)
         except (RuntimeError, ValueError) as exc:
-            raise ArtifactError(f"{self.root / self.manifest['module']}: IREE cannot load the module "
+            raise ArtifactError(f"{self.root / self.manifest.module}: IREE cannot load the module "
                                 f"({' '.join(str(exc).split())[:200]})") from None
         # Keep every module object alive as long as the context: a temporary segfaults later.
         self._failures: list[Exception] = []
         self._lock = threading.Lock()  # one call at a time (see the class docstring)
-        self._modules = [create_rt_module(device, self.root, self.manifest["regions"], self.engines, self._failures,
+        self._modules = [create_rt_module(device, self.root, self.manifest.regions, self.engines, self._failures,
                                           region_timer)]
         self._modules += [factory(device) for factory in extra_modules]
         try:

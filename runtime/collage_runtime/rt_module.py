@@ -15,7 +15,7 @@ files inside the artifact directory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -26,8 +26,8 @@ import numpy as np
 
 from .engines import Engines
 from .executors import Run, executor, loads_concurrently, registered
-from .manifest import MANIFEST, ArtifactError, confined
-from .types import numpy_dtype
+from .manifest import MANIFEST, ArtifactError, RegionEntry, confined
+from .types import TensorSpec, numpy_dtype
 
 _HAL_TYPES = {
     "f32": rt.HalElementType.FLOAT_32, "f64": rt.HalElementType.FLOAT_64, "f16": rt.HalElementType.FLOAT_16,
@@ -66,18 +66,18 @@ def _check_views(region: str, refs, in_specs, view_type) -> None:
                                 f"but the manifest states {list(shape)} {dtype}; recompile the artifact")
 
 
-def _region_function(device: rt.HalDevice, run: Run, region: str, backend: str, inputs: list[dict],
-                     outputs: list[dict], failures: list[Exception], timer: RegionTimer | None = None):
-    in_specs = [(tuple(s["shape"]), numpy_dtype(s["dtype"])) for s in inputs]
+def _region_function(device: rt.HalDevice, run: Run, region: str, backend: str, inputs: tuple[TensorSpec, ...],
+                     outputs: tuple[TensorSpec, ...], failures: list[Exception], timer: RegionTimer | None = None):
+    in_specs = [(s.shape, s.dtype) for s in inputs]
     mem = int(rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE)
     usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
     out_specs = []  # (allocate this result's buffer, shape, dtype, HAL element type)
     for s in outputs:
-        shape, dtype = tuple(s["shape"]), numpy_dtype(s["dtype"])
+        shape, dtype = s.shape, s.dtype
         nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)  # IREE refuses 0-byte buffers
         # positional arguments bound at load: keywords cost nanobind ~0.2 µs per call
         out_specs.append((partial(device.allocator.allocate_buffer, mem, usage, nbytes), shape, dtype,
-                          int(_HAL_TYPES[s["dtype"]])))
+                          int(_HAL_TYPES[s.element])))
     view_type, ndarray = rt.HalBufferView, np.ndarray
     spent = [0.0]  # the executor's share of the current call, for `timer`
     if timer is not None:
@@ -165,21 +165,20 @@ def _region_function(device: rt.HalDevice, run: Run, region: str, backend: str, 
     return timed, signature
 
 
-def load_executor(root: Path, region: dict, engines: Engines) -> Run:
+def load_executor(root: Path, region: RegionEntry, engines: Engines) -> Run:
     """The region's registered executor, loaded on its artifact file (confined to ``root``)."""
-    name = region.get("name")
-    loader = executor(region.get("executor"))
+    loader = executor(region.executor)
     if loader is None:
-        raise ArtifactError(f"{root / MANIFEST}: region '{name}': executor {region.get('executor')!r} is not "
+        raise ArtifactError(f"{root / MANIFEST}: region '{region.name}': executor {region.executor!r} is not "
                             f"registered by any installed package (registered: {', '.join(sorted(registered()))})")
-    return loader(confined(root, region.get("artifact"), f"region '{name}' artifact"), engines)
+    return loader(confined(root, region.artifact, f"region '{region.name}' artifact"), engines)
 
 
-def load_executors(root: Path, regions: list[dict], engines: Engines) -> list[Run]:
+def load_executors(root: Path, regions: Sequence[RegionEntry], engines: Engines) -> list[Run]:
     """Each region's executor, in region order. Regions whose executor loads concurrently (OpenVINO: a
     model compiled per region, ~20 ms of CPU each, with the GIL released) load on the budget's threads
     while the others load on this thread (torch's thread count is per OS thread under OpenMP)."""
-    pooled = [k for k, r in enumerate(regions) if loads_concurrently(r.get("executor"))]
+    pooled = [k for k, r in enumerate(regions) if loads_concurrently(r.executor)]
     if engines.threads < 2 or len(pooled) < 2:
         return [load_executor(root, r, engines) for r in regions]
     with ThreadPoolExecutor(engines.threads, thread_name_prefix="collage-load") as pool:
@@ -189,7 +188,7 @@ def load_executors(root: Path, regions: list[dict], engines: Engines) -> list[Ru
     return [runs[k] for k in range(len(regions))]
 
 
-def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engines: Engines,
+def create_rt_module(device: rt.HalDevice, root: Path, regions: Sequence[RegionEntry], engines: Engines,
                      failures: list[Exception], timer: RegionTimer | None = None) -> rt.VmModule:
     """Builds the ``collage_rt`` module serving ``regions`` (manifest entries of library regions); what a
     region raises while serving a call is appended to ``failures`` before IREE sees it. ``timer``, when
@@ -201,7 +200,7 @@ def create_rt_module(device: rt.HalDevice, root: Path, regions: list[dict], engi
 
     iface = rt.PyModuleInterface("collage_rt", State)
     for region, run in zip(regions, load_executors(root, regions, engines)):
-        fn, signature = _region_function(device, run, region["name"], str(region.get("backend")), region["inputs"],
-                                         region["outputs"], failures, timer)
-        iface.export(region["name"], signature, fn)
+        fn, signature = _region_function(device, run, region.name, region.backend, region.inputs, region.outputs,
+                                         failures, timer)
+        iface.export(region.name, signature, fn)
     return iface.create()

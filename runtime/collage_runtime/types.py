@@ -38,6 +38,15 @@ def byte_dtype(element: str) -> np.dtype | None:
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """How far a backend's results may differ from IREE llvm-cpu's (numpy ``allclose`` semantics); a
+    backend states it, and an artifact's manifest records it per region."""
+
+    rtol: float = 1e-5
+    atol: float = 1e-6
+
+
+@dataclass(frozen=True)
 class TensorSpec:
     """A tensor in a function signature: its shape (None for a dynamic dimension) and element type."""
 
@@ -51,6 +60,19 @@ class TensorSpec:
     def __str__(self) -> str:
         dims = "".join(("?" if d is None else str(d)) + "x" for d in self.shape)
         return f"tensor<{dims}{self.element}>"
+
+    def to_json(self) -> dict:
+        """``{"shape": [...], "dtype": "f32"}``, as a manifest or step program writes a tensor."""
+        return {"shape": list(self.shape), "dtype": self.element}
+
+    @classmethod
+    def from_json(cls, data: object) -> "TensorSpec":
+        """The spec ``to_json`` wrote; ValueError unless a static shape and an element type numpy carries."""
+        if not (isinstance(data, dict) and isinstance(data.get("shape"), list)
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in data["shape"])
+                and isinstance(data.get("dtype"), str) and numpy_dtype(data["dtype"]) is not None):
+            raise ValueError("expected {shape: [int...], dtype}")
+        return cls(tuple(data["shape"]), data["dtype"])
 
     def accepts(self, array: np.ndarray) -> bool:
         """Whether ``array`` has this element type's host dtype, this rank and these static dimensions."""

@@ -74,7 +74,7 @@ def compile_region(backend: str, n: int, out_dir: Path, links: int = 1) -> dict:
 
         plan = Plan([Region(f"link{k}", backend, frozenset({k})) for k in range(links)], source="boundary chain")
         art = compile_module(module, plan, out_dir)
-    regions = art.manifest["regions"]
+    regions = art.manifest.regions
     assert len(regions) == links, f"{backend}: expected {links} region(s), got {len(regions)}"
     return regions[0]
 
@@ -125,7 +125,7 @@ def measure(backend: str, n: int, rounds: int = 5, wall: bool = False, threads: 
         compile_region(backend, n, chain, links)
         progs = {"e2e": _load(one, threads, False), "chain": _load(chain, threads, False),
                  "floor": _load(one, threads, True), "floor_chain": _load(chain, threads, True)}
-        run = executor(region["executor"])(one / region["artifact"], Engines(progs["e2e"].engines.threads))
+        run = executor(region.executor)(one / region.artifact, Engines(progs["e2e"].engines.threads))
         try:
             fns = {k: (p.device_function("mm"), p.to_device(a), p.to_device(b)) for k, p in progs.items()}
             times: dict[str, list[float]] = {k: [] for k in ("e2e", "chain", "alone", "floor", "floor_chain")}

@@ -41,7 +41,7 @@ def main() -> None:
         f(*args)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    print(f"{a.artifact}: {len(prog.manifest['regions'])} regions; load {load_wall:.2f} s wall, {load_cpu:.2f} s CPU; "
+    print(f"{a.artifact}: {len(prog.manifest.regions)} regions; load {load_wall:.2f} s wall, {load_cpu:.2f} s CPU; "
           f"call {statistics.median(wall) * 1e3:.1f} ms wall, {statistics.median(cpu) * 1e3:.1f} ms CPU (medians)")
     prog.close()
 

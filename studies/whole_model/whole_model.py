@@ -164,13 +164,13 @@ def measure(name: str, engines_: list[str], rounds: int, threads: int | None, tm
         plan = Plan([Region("whole", engine, frozenset(Graph(module).nodes))], source=f"whole:{engine}")
         whole_text = region_module_bytecode(_main(module)) if engine == "xla-cpu" else None  # compile outlines it
         art = compile_module(module, plan, tmp / f"{name}-{engine}")
-        (region,) = art.manifest["regions"]
-        region_file = art.out_dir / region["artifact"]
+        (region,) = art.manifest.regions
+        region_file = art.out_dir / region.artifact
         prog = collage_runtime.load(art.out_dir, threads=threads)
         programs.append(prog)
         n = prog.engines.threads
         engines = Engines(n)
-        load = executor(region["executor"])
+        load = executor(region.executor)
         if engine == "xla-cpu":
             alone = {"user (StableHLO module)": _user_xla(whole_text, xs)}
         else:
@@ -189,7 +189,7 @@ def measure(name: str, engines_: list[str], rounds: int, threads: int | None, tm
         if slices:
             sliced = compile_module(import_torch(model, [x], new_context()), f"prefer:{engine}",
                                     tmp / f"{name}-{engine}-prefer")
-            counts[f"prefer_{engine}_regions"] = len(sliced.manifest["regions"])
+            counts[f"prefer_{engine}_regions"] = len(sliced.manifest.regions)
             prog = collage_runtime.load(sliced.out_dir, threads=threads)
             programs.append(prog)
             f, dx = prog.device_function("main"), prog.to_device(xs)

@@ -134,6 +134,7 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
 def run_model(name: str, plans: list[str], folder: Path) -> list[Row]:
     """Every plan of ``plans`` on the model ``name`` (``default`` first: the reference)."""
     from collage_mlir.backends import get_backend
+    from collage_runtime.manifest import load_manifest
 
     inputs = MODELS[name](folder)
     flags = []
@@ -157,10 +158,8 @@ def run_model(name: str, plans: list[str], folder: Path) -> list[Row]:
             reference = outs
             rows.append(Row(name, plan, Outcome.PASSED))
             continue
-        import json
-
-        manifest = json.loads((folder / f"out_{tag}" / "manifest.json").read_text())
-        backends = {r["backend"] for r in manifest["regions"]} | {"iree-cpu"}
+        plan_regions = load_manifest(folder / f"out_{tag}").plan["regions"]  # codegen regions too
+        backends = {r["backend"] for r in plan_regions} | {"iree-cpu"}
         rtol = max(get_backend(b).tolerance.rtol for b in backends)
         atol = max(get_backend(b).tolerance.atol for b in backends)
         bad = [f"out_{k}: max error {np.max(np.abs(g.astype(np.float64) - w)):.3g}"

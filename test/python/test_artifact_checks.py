@@ -292,3 +292,15 @@ def test_one_deployable_file(built, tmp_path):
         with pytest.raises(ArtifactError, match=message):
             collage_runtime.load(tmp_path / f"{name}.collage")
     assert not (tmp_path.parent / "escape.txt").exists()
+
+
+def test_manifest_reads_back_as_written(artifact):
+    """``Manifest`` is the one type of ``manifest.json``: what a compile wrote reads back field for field,
+    and writes back the same JSON."""
+    from collage_runtime.manifest import MANIFEST, Manifest, load_manifest
+
+    on_disk = json.loads((artifact / MANIFEST).read_text())
+    manifest = load_manifest(artifact)
+    assert manifest.to_json() == on_disk
+    assert Manifest.from_json(on_disk, "m") == manifest and manifest.regions and manifest.devices
+    assert manifest.region(manifest.regions[0].name) is manifest.regions[0]

@@ -45,7 +45,7 @@ def test_region_with_two_results(backend, tmp_path):
             f"  %1 = stablehlo.tanh %0 : {t}\n  return %0, %1 : {t}, {t}\n}}\n")
     art = compile_module(parse_module(text, new_context()), Plan([Region("r", backend, frozenset({0, 1}))]),
                          tmp_path / "art")
-    assert len(art.manifest["regions"]) == 1 and len(art.manifest["regions"][0]["outputs"]) == 2
+    assert len(art.manifest.regions) == 1 and len(art.manifest.regions[0].outputs) == 2
     rng = np.random.default_rng(2)
     with collage_runtime.load(tmp_path / "art") as prog:
         for _ in range(2):

@@ -62,7 +62,7 @@ def test_iree_flags_pass_through(tmp_path):
 
 def test_several_functions_and_no_arguments(tmp_path):
     manifest = compile_str(TWO_FUNCS, output_dir=tmp_path, plan="random:1")
-    assert manifest["format"] == "collage-artifact"
+    assert manifest.to_json()["format"] == "collage-artifact"
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     w = np.ones((4, 2), np.float32)
     with collage_runtime.load(tmp_path) as prog:
@@ -75,9 +75,9 @@ def test_several_functions_and_no_arguments(tmp_path):
 
 def test_compile_file_api_places_library_region(tmp_path):
     manifest = compile_file(LIT_INPUTS / "mlp.mlir", output_dir=tmp_path, plan=str(LIT_INPUTS / "mlp-plan.json"))
-    (region,) = manifest["regions"]
-    assert region["backend"] == "onednn" and (tmp_path / region["artifact"]).is_file()
-    assert manifest["plan"]["regions"][0]["ops"] == [1, 2, 3, 4]
+    (region,) = manifest.regions
+    assert region.backend == "onednn" and (tmp_path / region.artifact).is_file()
+    assert manifest.plan["regions"][0]["ops"] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("args, message", [

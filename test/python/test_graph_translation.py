@@ -97,7 +97,7 @@ def test_whole_model_in_one_region(model, backend, references, tmp_path):
     net, x = MODELS[model]()
     module = import_torch(net, [x], new_context())
     art = compile_module(module, whole_model_plan(module, backend), tmp_path)
-    assert [r["backend"] for r in art.manifest["regions"]] == [backend]
+    assert [r.backend for r in art.manifest.regions] == [backend]
     x, want = references[model]
     with collage_runtime.load(art.out_dir) as prog:
         (got,) = prog.invoke("main", x)

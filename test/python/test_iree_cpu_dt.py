@@ -104,19 +104,19 @@ def shapes_artifacts(tmp_path_factory):
 def test_plan_and_manifest(shapes_artifacts):
     dt, alone = shapes_artifacts
     names = _op_names(SHAPES)
-    regions = dt.manifest["plan"]["regions"]
+    regions = dt.manifest.plan["regions"]
     assert all(r["backend"] == DT for r in regions)
     assert sorted(sorted(names[i] for i in r["ops"]) for r in regions) == \
         sorted(sorted(ops) for _, ops in CASES.values())
-    devices = dt.manifest["devices"]
-    assert [(d["name"], d["ordinal"]) for d in devices] == [("dev_default", 0), ("dev_iree_cpu_dt", 1)]
-    assert devices[1]["backends"] == [DT] and 'ukernels = "all"' in devices[1]["executable_target"]
-    assert "cpu_encoding_resolver" in devices[1]["executable_target"]
-    assert "identity_resolver" in devices[0]["executable_target"]
-    assert "--iree-opt-data-tiling=true" in dt.manifest["iree_args"]
-    assert "--iree-hal-link-executables=false" in dt.manifest["iree_args"]
+    devices = dt.manifest.devices
+    assert [(d.name, d.ordinal) for d in devices] == [("dev_default", 0), ("dev_iree_cpu_dt", 1)]
+    assert devices[1].backends == (DT,) and 'ukernels = "all"' in devices[1].executable_target
+    assert "cpu_encoding_resolver" in devices[1].executable_target
+    assert "identity_resolver" in devices[0].executable_target
+    assert "--iree-opt-data-tiling=true" in dt.manifest.iree_args
+    assert "--iree-hal-link-executables=false" in dt.manifest.iree_args
     # IREE alone stays a one-device program with its usual flags.
-    assert len(alone.manifest["devices"]) == 1 and "--iree-opt-data-tiling=true" not in alone.manifest["iree_args"]
+    assert len(alone.manifest.devices) == 1 and "--iree-opt-data-tiling=true" not in alone.manifest.iree_args
 
 
 @pytest.mark.parametrize("fn", list(CASES))
@@ -142,9 +142,9 @@ def test_torch_epilogue(kind, torch, tmp_path):
     model = model.eval()
     dt = compile_module(import_torch(model, [x], new_context()), f"prefer:{DT}", tmp_path / "dt")
     alone = compile_module(import_torch(model, [x], new_context()), "default", tmp_path / "alone")
-    (region,) = dt.manifest["plan"]["regions"]
+    (region,) = dt.manifest.plan["regions"]
     assert region["backend"] == DT and len(region["ops"]) >= min_ops  # anchor, bias, the whole activation
-    assert len(dt.manifest["devices"]) == 2
+    assert len(dt.manifest.devices) == 2
     (got,), (want,) = (_run(a, "main", [x.numpy()]) for a in (dt, alone))
     np.testing.assert_allclose(got, want, rtol=TOL.rtol, atol=TOL.atol)
     with torch.no_grad():
@@ -190,8 +190,8 @@ def test_mixed_iree_cpu_dt_onednn(tmp_path):
     assert all(len(r.ops) == 4 for r in regions)  # dot, broadcast, add, relu
     mixed = compile_module(module, Plan(regions, source="mixed"), tmp_path / "mixed")
     alone = compile_module(parse_module(src, new_context()), "default", tmp_path / "alone")
-    assert [r["backend"] for r in mixed.manifest["plan"]["regions"]] == ["onednn", DT, DT, "onednn"]
-    assert len(mixed.manifest["devices"]) == 2 and len(mixed.manifest["regions"]) == 2  # 2 onednn artifacts
+    assert [r["backend"] for r in mixed.manifest.plan["regions"]] == ["onednn", DT, DT, "onednn"]
+    assert len(mixed.manifest.devices) == 2 and len(mixed.manifest.regions) == 2  # 2 onednn artifacts
     x = np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32)
     (got,), (want,) = (_run(a, "main", [x]) for a in (mixed, alone))
     tol = get_backend("onednn").tolerance

@@ -189,7 +189,7 @@ def test_zoo_shapes_match_iree(fn, backend, zoo_mixed, zoo_reference):
     left, manifest, prog = zoo_mixed
     # Every op of every function is supported: the whole computation runs in the backend's regions.
     assert left[fn] == [], f"ops left to IREE in {fn}: {left[fn]}"
-    assert {r["backend"] for r in manifest["regions"]} == {backend}
+    assert {r.backend for r in manifest.regions} == {backend}
     rng = np.random.default_rng(0)
     args = [np.asarray(rng.standard_normal(s), dtype=np.float32) for s in CASES[fn]]
     got = [np.asarray(y) for y in prog.invoke(fn, *args)]
@@ -241,7 +241,7 @@ def test_torch_models_match_iree(model, backend, torch_references, tmp_path):
     """Weights arrive as dense_resource constants; softmax and layer norm as torch-mlir writes them."""
     build, x, want = torch_references[model]
     mixed = compile_module(import_torch(build, [x], new_context()), f"prefer:{backend}", tmp_path)
-    assert any(r["backend"] == backend for r in mixed.manifest["regions"])
+    assert any(r.backend == backend for r in mixed.manifest.regions)
     tol = get_backend(backend).tolerance
     (got,) = _run(mixed.out_dir, "main", [x.numpy()])
     np.testing.assert_allclose(got, want, rtol=tol.rtol, atol=tol.atol)

@@ -45,6 +45,6 @@ def iree_alone(tmp_path_factory):
 def test_whole_small_model_on_one_engine(model, backend, iree_alone, torch, tmp_path):
     pytest.importorskip(ENGINES[backend])
     got, art = _run(model, lambda m: whole_plan(m, backend), tmp_path)
-    assert [r["backend"] for r in art.manifest["regions"]] == [backend]
+    assert [r.backend for r in art.manifest.regions] == [backend]
     tol = get_backend(backend).tolerance
     np.testing.assert_allclose(got, iree_alone(model), rtol=tol.rtol, atol=tol.atol)

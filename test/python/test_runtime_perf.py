@@ -27,7 +27,6 @@ from collage_mlir.zoo.chain import matmul_tanh_chain
 from collage_runtime.engines import Engines
 from collage_runtime.executors import executor
 from collage_runtime.manifest import ArtifactError
-from collage_runtime.types import numpy_dtype
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository root: studies/ is not an installed package
 from studies.boundary import boundary  # noqa: E402
@@ -48,16 +47,16 @@ def test_many_regions_cost_the_sum_of_their_regions(backend, tmp_path):
     pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
     plan = Plan([Region(f"link{k}", backend, frozenset({2 * k, 2 * k + 1})) for k in range(LINKS)], source="chain")
     art = compile_module(parse_module(matmul_tanh_chain(N, LINKS), new_context()), plan, tmp_path / "art")
-    regions = art.manifest["regions"]
+    regions = art.manifest.regions
     assert len(regions) == LINKS
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((N, N), np.float32), rng.standard_normal((N, N), np.float32) / N
     engines = Engines(1)  # one thread: no pool that could spin, so this is the regions' own CPU cost
     alone = []
     for r in regions:  # each region's executor on its own, outside the program
-        run = executor(r["executor"])(tmp_path / "art" / r["artifact"], engines)
-        ins = [rng.standard_normal(s["shape"]).astype(numpy_dtype(s["dtype"])) for s in r["inputs"]]
-        outs = [np.empty(s["shape"], numpy_dtype(s["dtype"])) for s in r["outputs"]]
+        run = executor(r.executor)(tmp_path / "art" / r.artifact, engines)
+        ins = [rng.standard_normal(s.shape).astype(s.dtype) for s in r.inputs]
+        outs = [np.empty(s.shape, s.dtype) for s in r.outputs]
         alone.append(lambda run=run, ins=ins, outs=outs: run(ins, outs))
     with collage_runtime.load(tmp_path / "art", threads=2) as prog:
         (y,) = prog.invoke("main", x, w)

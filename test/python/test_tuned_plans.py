@@ -65,7 +65,7 @@ def test_a_tuned_plan_is_recorded_then_reused_by_structure(torch, tmp_path, monk
 
     # What `collage tune` records (record_tuned_plan, by the structural hash of the module it imported)
     # is what the entry point finds; the artifact says where its plan came from (collage report shows it).
-    provenance = again.program.manifest["provenance"]
+    provenance = again.program.manifest.provenance
     assert provenance["seed"] == 3 and provenance["budget_s"] == 5.0 and provenance["db"] == str(db)
     document = _onednn_document(module)
     document["tuning"]["seed"] = 4

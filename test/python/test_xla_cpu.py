@@ -22,12 +22,12 @@ def _run_both(make_module, fn: str, args: list[np.ndarray], tmp_path):
     result, the mixed manifest's regions, their artifact texts)."""
     mixed = compile_module(make_module(), "prefer:xla-cpu", tmp_path / "mixed")
     alone = compile_module(make_module(), "default", tmp_path / "alone")
-    regions = mixed.manifest["regions"]
-    assert regions and all(r["backend"] == "xla-cpu" for r in regions)
-    assert all(r["executor"] == "collage_runtime.executors.xla_pjrt" for r in regions)
+    regions = mixed.manifest.regions
+    assert regions and all(r.backend == "xla-cpu" for r in regions)
+    assert all(r.executor == "collage_runtime.executors.xla_pjrt" for r in regions)
     # bytecode (weights as raw bytes), or text where jaxlib cannot read IREE's bytecode
-    assert all(r["artifact"].endswith((".xla.mlirbc", ".xla.mlir")) for r in regions)
-    texts = [parse_module((mixed.out_dir / r["artifact"]).read_bytes(), new_context()).operation.get_asm()
+    assert all(r.artifact.endswith((".xla.mlirbc", ".xla.mlir")) for r in regions)
+    texts = [parse_module((mixed.out_dir / r.artifact).read_bytes(), new_context()).operation.get_asm()
              for r in regions]
     outs = []
     for art in (mixed, alone):
@@ -164,7 +164,7 @@ def test_jax_top_k_is_written_as_jaxlib_reads_it(tmp_path):
     assert "IntegerAttr" in jaxlib_parse_error(region_module_bytecode(next(iter(module.body.operations))))
     x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
     got, want, regions, texts = _run_both(lambda: parse_module(TOP_K, new_context()), "main", [x], tmp_path)
-    assert [r["artifact"].rsplit(".", 2)[1:] for r in regions] == [["xla", "mlir"]]
+    assert [r.artifact.rsplit(".", 2)[1:] for r in regions] == [["xla", "mlir"]]
     assert "chlo.top_k" in texts[0]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
