@@ -1,7 +1,8 @@
 """`onednn`: convolutions and matmuls on the oneDNN and MKL that PyTorch 2.13 bundles.
 
-Build translates the region function into a small step program (JSON) that the runtime executor
-``collage_runtime.executors.torch_steps`` runs with torch on zero-copy views of IREE buffers.
+Build translates the region function into a step program (``collage_runtime.steps.StepProgram``, written
+as JSON) that the runtime executor ``collage_runtime.executors.torch_steps`` runs with torch on zero-copy
+views of IREE buffers.
 
 - conv2d: any 2-D layout. oneDNN prefers NCHW or channels-last; other layouts are permuted views
   inside the region (channels-last costs no copy: a permuted NHWC tensor *is* channels-last NCHW).
@@ -128,5 +129,5 @@ class OneDnnBackend(Backend):
         program = translate_region(func, self.patterns)
         path = Path(out_dir) / "regions" / f"{region}.onednn.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(program, indent=1))
+        path.write_text(json.dumps(program.to_json(), indent=1))
         return RegionArtifact(str(path.relative_to(out_dir)), "collage_runtime.executors.torch_steps")

@@ -55,8 +55,8 @@ def test_conv_pattern_matches_iree(kind, torch, tmp_path):
     model = _conv_model(kind)
     mixed = compile_module(import_torch(model, [x], new_context()), "prefer:onednn", tmp_path / "mixed")
     alone = compile_module(import_torch(model, [x], new_context()), "default", tmp_path / "alone")
-    (region,) = mixed.manifest["regions"]
-    steps = json.loads((tmp_path / "mixed" / region["artifact"]).read_text())["steps"]
+    (region,) = mixed.manifest.regions
+    steps = json.loads((tmp_path / "mixed" / region.artifact).read_text())["steps"]
     assert [s["op"] for s in steps] == ["conv2d"] and steps[0]["act"] == "relu"  # bias and relu fused
     outs = []
     for art in (mixed, alone):
@@ -72,7 +72,7 @@ def test_matmul_pattern_matches_iree(fn, shapes, tmp_path):
     args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     mixed = compile_module(parse_module(MATMULS, new_context()), "prefer:onednn", tmp_path / "mixed")
     alone = compile_module(parse_module(MATMULS, new_context()), "default", tmp_path / "alone")
-    assert len(mixed.manifest["regions"]) == 3
+    assert len(mixed.manifest.regions) == 3
     outs = []
     for art in (mixed, alone):
         with collage_runtime.load(art.out_dir) as prog:
@@ -90,7 +90,7 @@ def _compare(mixed, alone, fn: str, *args: np.ndarray) -> None:
 
 
 def _steps(art) -> list[list[dict]]:
-    return [json.loads((art.out_dir / r["artifact"]).read_text())["steps"] for r in art.manifest["regions"]]
+    return [json.loads((art.out_dir / r.artifact).read_text())["steps"] for r in art.manifest.regions]
 
 
 ACTIVATIONS = {  # torch module -> (oneDNN post-op, algorithm)
@@ -208,7 +208,7 @@ def test_small_regions_run_on_one_thread(tmp_path, monkeypatch):
     from collage_runtime.executors import torch_steps
 
     art = compile_module(parse_module(SIZED, new_context()), "prefer:onednn", tmp_path / "mixed")
-    by_shape = {tuple(r["outputs"][0]["shape"]): art.out_dir / r["artifact"] for r in art.manifest["regions"]}
+    by_shape = {r.outputs[0].shape: art.out_dir / r.artifact for r in art.manifest.regions}
     assert set(by_shape) == {(8, 16), (256, 256)} and 8 * 32 * 16 < SMALL_REGION_MACS < 256 ** 3
     calls: list[int] = []
     original = torch.set_num_threads
@@ -223,3 +223,34 @@ def test_small_regions_run_on_one_thread(tmp_path, monkeypatch):
             run([a, b], [out])
             np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
         assert calls == expect and torch.get_num_threads() == 2
+
+
+def test_step_program_round_trips_and_rejects_bad_programs():
+    """A translated region's StepProgram survives to_json -> JSON -> from_json unchanged (the written file
+    is exactly its to_json); a malformed program is one ValueError line naming what is wrong."""
+    from collage_runtime.steps import StepOp, StepProgram
+    from collage_mlir.backends.steps import translate_region
+
+    module = parse_module(NHWC, new_context())
+    func = next(op for op in module.body.operations if op.operation.name == "func.func")
+    program = translate_region(func.operation, get_backend("onednn").patterns)
+    assert [(s.op, s.attrs.layouts, s.post.bias, s.post.act) for s in program.steps] == [
+        (StepOp.CONV2D, ("b01f", "01io", "b01f"), True, "sigmoid")]
+    data = json.loads(json.dumps(program.to_json()))
+    assert StepProgram.from_json(data) == program and StepProgram.from_json(data).to_json() == data
+
+    def bad(edit) -> str:
+        broken = json.loads(json.dumps(data))
+        edit(broken)
+        with pytest.raises(ValueError) as err:
+            StepProgram.from_json(broken)
+        assert "\n" not in str(err.value)
+        return str(err.value)
+
+    assert "version" in bad(lambda d: d.update(version=3))
+    assert "step 0: op" in bad(lambda d: d["steps"][0].update(op="fft"))
+    assert "step 0: stride" in bad(lambda d: d["steps"][0].update(stride="2"))
+    assert "step 0: act" in bad(lambda d: d["steps"][0].update(act="softmax"))
+    assert "4 inputs, expected 3" in bad(lambda d: d["steps"][0].update(**{"in": [0, 1, 2, 2]}))
+    assert "reads value 9 before it is defined" in bad(lambda d: d["steps"][0].update(**{"in": [0, 1, 9]}))
+    assert "result" in bad(lambda d: d.update(results=[7]))

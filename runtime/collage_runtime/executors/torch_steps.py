@@ -1,6 +1,7 @@
-"""Runs a step program (see collage_mlir.backends.steps) with torch: oneDNN convolutions with fused
-post-ops, MKL matmuls. Inputs are zero-copy torch views of mapped IREE buffers; results are written
-into the mapped output buffers (the last step of a result writes there directly where it can)."""
+"""Runs a step program (``collage_runtime.steps.StepProgram``, which the compiler's
+``collage_mlir.backends.steps`` writes) with torch: oneDNN convolutions with fused post-ops, MKL matmuls.
+Inputs are zero-copy torch views of mapped IREE buffers; results are written into the mapped output
+buffers (the last step of a result writes there directly where it can)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ..engines import Engines  # noqa: E402
+from ..manifest import ArtifactError  # noqa: E402
+from ..steps import (Broadcast, Const, Conv2d, Convert, Matmul, PostOps, Reshape, Step, StepOp,  # noqa: E402
+                     StepProgram, Transpose)
 from . import Run  # noqa: E402
 
 _DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "i32": torch.int32,
@@ -38,7 +42,7 @@ _INPLACE_ACT: dict[str, Callable] = {
 }
 
 
-def _broadcast(x: torch.Tensor, dims: list[int], shape: list[int]) -> torch.Tensor:
+def _broadcast(x: torch.Tensor, dims: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
     view = [1] * len(shape)
     for src_axis, dst_axis in enumerate(dims):
         view[dst_axis] = x.shape[src_axis]
@@ -50,30 +54,30 @@ def _to(layout: str, canonical: str) -> list[int]:
     return [layout.index(c) for c in canonical]
 
 
-def _conv2d(step: dict, args: list[torch.Tensor]) -> torch.Tensor:
-    lhs, rhs, out = step["layouts"]
+def _conv2d(conv: Conv2d, post: PostOps, args: list[torch.Tensor]) -> torch.Tensor:
+    lhs, rhs, out = conv.layouts
     x = args[0].permute(_to(lhs, _NCHW)) if lhs != _NCHW else args[0]
     w = args[1].permute(_to(rhs, _OIHW)).contiguous() if rhs != _OIHW else args[1]
     rest = args[2:]
-    bias = rest.pop(0).reshape(step["bias_size"]) if step["bias"] else None
-    attr, scalars, algorithm = step["act"], step["scalars"], step["algorithm"] or ""
-    geometry = (step["padding"], step["stride"], step["dilation"], step["groups"])
-    if step["binary"]:
+    bias = rest.pop(0).reshape(post.bias_size) if post.bias else None
+    attr, scalars, algorithm = post.act, list(post.scalars), post.algorithm
+    geometry = (list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups)
+    if post.binary:
         other = rest.pop(0)
         other = other.permute(_to(out, _NCHW)) if out != _NCHW else other
         y = torch.ops.mkldnn._convolution_pointwise.binary(
-            x, other, w, bias, *geometry, step["binary"], 1.0, None if attr == "none" else attr, scalars,
+            x, other, w, bias, *geometry, post.binary, 1.0, None if attr == "none" else attr, scalars,
             algorithm or None)
     else:
         y = torch.ops.mkldnn._convolution_pointwise(x, w, bias, *geometry, attr, scalars, algorithm)
     return y.permute(_to(_NCHW, out)) if out != _NCHW else y
 
 
-def _matmul(step: dict, args: list[torch.Tensor], out: torch.Tensor | None) -> torch.Tensor:
+def _matmul(mm: Matmul, post: PostOps, args: list[torch.Tensor], out: torch.Tensor | None) -> torch.Tensor:
     a, b = args[0], args[1]
-    b = b.transpose(-1, -2) if step["transpose_rhs"] else b
+    b = b.transpose(-1, -2) if mm.transpose_rhs else b
     rest = args[2:]
-    bias = rest.pop(0).reshape(-1) if step["bias"] else None
+    bias = rest.pop(0).reshape(-1) if post.bias else None
     if out is None:
         out = torch.empty(a.shape[:-1] + b.shape[-1:], dtype=a.dtype)
     if bias is not None and a.dim() == 2:
@@ -82,78 +86,75 @@ def _matmul(step: dict, args: list[torch.Tensor], out: torch.Tensor | None) -> t
         torch.matmul(a, b, out=out)
         if bias is not None:
             out.add_(bias)
-    if step["binary"]:
+    if post.binary:
         out.add_(rest.pop(0))
-    if step["act"] != "none":
-        _INPLACE_ACT[step["act"]](out, step["scalars"], step["algorithm"])
+    if post.act != "none":
+        _INPLACE_ACT[post.act](out, list(post.scalars), post.algorithm)
     return out
 
 
-def _step(step: dict, args: list[torch.Tensor]) -> torch.Tensor:
-    op = step["op"]
-    if op == "conv2d":
-        return _conv2d(step, args)
-    if op == "matmul":
-        return _matmul(step, args, None)
-    if op == "add":
-        return torch.add(*args)
-    if op == "sub":
-        return torch.sub(*args)
-    if op == "mul":
-        return torch.mul(*args)
-    if op == "div":
-        return torch.div(*args)
-    if op == "max":
-        return torch.maximum(*args)
-    if op == "min":
-        return torch.minimum(*args)
-    if op == "broadcast":
-        return _broadcast(args[0], step["dims"], step["shape"])
-    if op == "reshape":
-        return args[0].reshape(step["shape"])
-    if op == "transpose":
-        return args[0].permute(step["perm"])
-    if op == "convert":
-        return args[0].to(_DTYPES[step["dtype"]])
-    if op == "const":
-        return torch.tensor(step["value"], dtype=_DTYPES[step["dtype"]]).reshape(step["shape"])
-    raise ValueError(f"unknown step op {op!r}")
+_ELEMENTWISE: dict[StepOp, Callable] = {StepOp.ADD: torch.add, StepOp.SUB: torch.sub, StepOp.MUL: torch.mul,
+                                        StepOp.DIV: torch.div, StepOp.MAX: torch.maximum,
+                                        StepOp.MIN: torch.minimum}
 
 
-def _work(step: dict, args: list[torch.Tensor], y: torch.Tensor) -> int:
+def _step(step: Step, args: list[torch.Tensor]) -> torch.Tensor:
+    a = step.attrs
+    if isinstance(a, Conv2d):
+        return _conv2d(a, step.post, args)  # type: ignore[arg-type]
+    if isinstance(a, Matmul):
+        return _matmul(a, step.post, args, None)  # type: ignore[arg-type]
+    if a is None:
+        return _ELEMENTWISE[step.op](*args)
+    if isinstance(a, Broadcast):
+        return _broadcast(args[0], a.dims, a.shape)
+    if isinstance(a, Reshape):
+        return args[0].reshape(a.shape)
+    if isinstance(a, Transpose):
+        return args[0].permute(a.perm)
+    if isinstance(a, Convert):
+        return args[0].to(_DTYPES[a.dtype])
+    if isinstance(a, Const):
+        return torch.tensor(a.value, dtype=_DTYPES[a.dtype]).reshape(a.shape)
+    raise ValueError(f"unknown step op {step.op!r}")
+
+
+def _work(step: Step, args: list[torch.Tensor], y: torch.Tensor) -> int:
     """Multiply-adds of a convolution or matmul step, else one per element it produces."""
-    if step["op"] == "conv2d":
+    a = step.attrs
+    if isinstance(a, Conv2d):
         w = args[1]
-        return y.numel() * (w.numel() // w.shape[step["layouts"][1].index("o")])
-    if step["op"] == "matmul":
-        return args[0].numel() * args[1].shape[-2 if step["transpose_rhs"] else -1]
+        return y.numel() * (w.numel() // w.shape[a.layouts[1].index("o")])
+    if isinstance(a, Matmul):
+        return args[0].numel() * args[1].shape[-2 if a.transpose_rhs else -1]
     return y.numel()
 
 
 def load(path: Path, engines: Engines) -> Run:
     """The callable that runs the step program stored at ``path`` with the program's thread budget, or
-    with one thread where its work is small (``engines.SMALL_REGION_MACS``: counted on the first call)."""
+    with one thread where its work is small (``engines.SMALL_REGION_MACS``: counted on the first call).
+    ArtifactError where the file is not a step program this runtime reads."""
     engines.torch()
-    program = json.loads(Path(path).read_text())
-    if program.get("version") != 2:
-        raise ValueError(f"{path}: step program version {program.get('version')} (this runtime reads 2)")
-    steps = program["steps"]
-    results = program["results"]
+    try:
+        program = StepProgram.from_json(json.loads(Path(path).read_text()))
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise ArtifactError(f"{path}: {str(exc).splitlines()[0]}; recompile the artifact") from None
+    results = list(program.results)
     # Constants (and what is computed from them alone) are materialised once, not per call.
     consts: dict[int, torch.Tensor] = {}
-    compute = []
-    for s in steps:
-        if all(i in consts for i in s["in"]) and (s["op"] == "const" or s["in"]):
-            consts[s["out"]] = _step(s, [consts[i] for i in s["in"]])
+    compute: list[Step] = []
+    for s in program.steps:
+        if all(i in consts for i in s.ins) and (s.op is StepOp.CONST or s.ins):
+            consts[s.out] = _step(s, [consts[i] for i in s.ins])
         else:
             compute.append(s)
     # A matmul whose value is exactly one result (used by nothing else) writes into that buffer.
     uses: dict[int, int] = {}
     for s in compute:
-        for i in s["in"]:
+        for i in s.ins:
             uses[i] = uses.get(i, 0) + 1
-    direct = {s["out"]: results.index(s["out"]) for s in compute
-              if s["op"] == "matmul" and results.count(s["out"]) == 1 and s["out"] not in uses}
+    direct = {s.out: results.index(s.out) for s in compute
+              if s.op is StepOp.MATMUL and results.count(s.out) == 1 and s.out not in uses}
 
     def body(inputs: list[np.ndarray], outputs: list[np.ndarray], work: list[int] | None = None) -> None:
         values: dict[int, torch.Tensor] = dict(consts)
@@ -161,15 +162,15 @@ def load(path: Path, engines: Engines) -> Run:
             values[i] = torch.from_numpy(arr)
         written = set()
         for s in compute:
-            args = [values[i] for i in s["in"]]
-            if s["out"] in direct:
-                k = direct[s["out"]]
-                values[s["out"]] = _matmul(s, args, torch.from_numpy(outputs[k]))
+            args = [values[i] for i in s.ins]
+            if s.out in direct:
+                k = direct[s.out]
+                values[s.out] = _matmul(s.attrs, s.post, args, torch.from_numpy(outputs[k]))  # type: ignore[arg-type]
                 written.add(k)
             else:
-                values[s["out"]] = _step(s, args)
+                values[s.out] = _step(s, args)
             if work is not None:
-                work.append(_work(s, args, values[s["out"]]))
+                work.append(_work(s, args, values[s.out]))
         for k, (out, vid) in enumerate(zip(outputs, results)):
             if k not in written:
                 torch.from_numpy(out).copy_(values[vid])
