@@ -23,10 +23,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import CollageError
+from .status import Status
 
-#: ok: timed and validated; wrong: beyond tolerance; error: build/load/run raised; crash: the worker
-#: died; timeout: the worker hung.
-STATUSES = ("ok", "wrong", "error", "crash", "timeout")
+#: The statuses a row may have (``Status``), as stored.
+STATUSES = tuple(s.value for s in Status)
+
+
+def _status(value: str) -> Status | str:
+    """A stored status as the enum (a status a newer collage wrote stays the string it is)."""
+    return Status(value) if value in STATUSES else value
 
 SCHEMA_VERSION = 1
 FORMAT = "collage-costs"
@@ -43,7 +48,7 @@ class Measurement:
     backend_version: str
     device: str
     harness_version: int
-    status: str
+    status: Status
     median_s: float | None = None
     min_s: float | None = None
     spread: float | None = None  # relative inter-quartile spread of the samples
@@ -55,13 +60,16 @@ class Measurement:
     region: str = ""  # human-readable summary of the region (op names, shapes)
     created: float = field(default_factory=time.time)
 
+    def __post_init__(self) -> None:
+        self.status = _status(self.status)
+
     def key(self) -> tuple[str, str, str, str, int]:
         return (self.region_hash, self.backend, self.backend_version, self.device, self.harness_version)
 
     @property
     def usable(self) -> bool:
         """Only validated timings may ever be chosen by a search."""
-        return self.status == "ok"
+        return self.status == Status.OK
 
 
 @dataclass
@@ -75,17 +83,27 @@ class Transition:
     device: str
     harness_version: int
     nbytes: int  # bytes crossing the boundary in the probe
-    status: str  # "ok" or a failure status
+    status: Status  # OK or a failure
     cost_s: float | None = None  # extra seconds per boundary (may be negative)
     message: str = ""
     created: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.status = _status(self.status)
+
+    @property
+    def usable(self) -> bool:
+        """Only a measured boundary cost may price a plan."""
+        return self.status == Status.OK
 
     def key(self) -> tuple:
         return (self.src, self.dst, self.src_version, self.dst_version, self.device, self.harness_version,
                 self.nbytes)
 
 
-_M_KEY = ("region_hash", "backend", "backend_version", "device", "harness_version")
+#: The fields of a Measurement's key, in ``Measurement.key()`` order.
+KEY_FIELDS = ("region_hash", "backend", "backend_version", "device", "harness_version")
+_M_KEY = KEY_FIELDS
 _T_KEY = ("src", "dst", "src_version", "dst_version", "device", "harness_version", "nbytes")
 _M_COLS = tuple(f.name for f in fields(Measurement))
 _T_COLS = tuple(f.name for f in fields(Transition))
@@ -461,7 +479,7 @@ def _field_types(cls: type) -> dict[str, tuple[type, bool]]:
     out = {}
     for f in fields(cls):
         parts = str(f.type).split(" | ")
-        out[f.name] = ({"str": str, "int": int, "float": float}[parts[0]], "None" in parts)
+        out[f.name] = ({"str": str, "Status": str, "int": int, "float": float}[parts[0]], "None" in parts)
     return out
 
 

@@ -82,6 +82,22 @@ class Progress:
         return time.perf_counter() - self.started
 
 
+#: Why a region where only constants flow in is not posed (as the region-hash cache stores it).
+FOLDED = "only constants flow in: nothing to run (compilers fold it at compile time)"
+
+
+@dataclass(frozen=True)
+class NotPosed:
+    """Why the harness posed no measurement for a region: only constants flow in (``folded``: the compiler
+    folds it, it costs nothing), or it cannot be extracted as a standalone function (``why`` says why)."""
+
+    why: str
+
+    @property
+    def folded(self) -> bool:
+        return self.why == FOLDED
+
+
 @dataclass
 class Summary:
     """Every region's row (from the DB or just measured), why each region that could not be posed could
@@ -89,7 +105,7 @@ class Summary:
     share one row)."""
 
     rows: dict[RegionKey, Measurement]
-    skipped: dict[RegionKey, str]
+    skipped: dict[RegionKey, NotPosed]
     cache_hits: int
     measured: int
     elapsed_s: float
@@ -151,7 +167,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
     extracted: dict[frozenset[int], ExtractedRegion] = {}
     jobs: dict[tuple, _Job] = {}
     rows: dict[RegionKey, Measurement] = {}
-    skipped: dict[RegionKey, str] = {}
+    skipped: dict[RegionKey, NotPosed] = {}
     pending: list[_Job] = []
     started = time.perf_counter()
     regions = list(dict.fromkeys(regions))
@@ -176,7 +192,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
             if isinstance(region, str):
                 cached[key] = (None, region)
             elif not region.inputs:
-                cached[key] = (None, "only constants flow in: nothing to run (compilers fold it at compile time)")
+                cached[key] = (None, FOLDED)
             else:
                 cached[key] = (region.hash, "")
             new_hashes.append((key, *cached[key]))
@@ -221,7 +237,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
                 continue  # past the deadline and never extracted: no row
             region_hash, why = found
             if region_hash is None:
-                skipped[asked] = why
+                skipped[asked] = NotPosed(why)
                 progress.done += 1
                 continue
             backend = get_backend(asked.backend)
@@ -243,7 +259,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
                 continue  # no build starts past the deadline: no extraction for it either
             region = region_of(asked.ops)
             if isinstance(region, str):  # extraction cannot fail where it gave a hash; keep it honest
-                skipped[asked] = region
+                skipped[asked] = NotPosed(region)
                 continue
             jobs[key] = job = _Job(region, backend, key, [asked])
             pending.append(job)
@@ -357,10 +373,7 @@ def _row(job: _Job, outcome: Outcome, phase: str) -> Measurement:
                 harness_version=harness, region=job.region.summary)
     if not outcome.ok:
         return Measurement(status=outcome.status, message=f"{phase}: {outcome.message}", **base)
-    v = outcome.value
-    return Measurement(status=v["status"], median_s=v.get("median_s"), min_s=v.get("min_s"), spread=v.get("spread"),
-                       repeats=v.get("repeats"), threads=v.get("threads"), max_abs_err=v.get("max_abs_err"),
-                       max_rel_err=v.get("max_rel_err"), message=v.get("message", ""), **base)
+    return outcome.value.measurement(**base)
 
 
 class _Session:

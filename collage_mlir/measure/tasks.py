@@ -1,6 +1,6 @@
 """The tasks workers run (``worker.Worker.call("collage_mlir.measure.tasks:<name>", ...)``): build a
 module by a plan, and time a built artifact (validating its outputs first). Arguments and results are plain
-data: paths, numbers, strings.
+data: paths, numbers, strings in, frozen values (``Built``, ``Timed``) out.
 
 A candidate is built exactly as ``collage compile`` builds a program, so its time is what it costs in a
 deployed artifact. The compile driver is a later stage than measurement, so measurement does not import
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +22,8 @@ import numpy as np
 from ..errors import CollageError
 from ..ir import ir, new_context, parse_module
 from ..plan import Plan
+from .db import Measurement
+from .status import Status
 from .timing import TimingOptions, time_repeated
 from .validate import compare
 
@@ -51,13 +54,44 @@ def plan_builder() -> PlanBuilder:
     return found[0].load()
 
 
-def build_plan(module_file: str, plan: dict, out_dir: str) -> dict:
+@dataclass(frozen=True)
+class Built:
+    """What ``build_plan`` did: the artifact is written; ``build_s`` it took."""
+
+    build_s: float
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What ``time_artifact`` found: ``status`` ``OK`` with the timing (median, fastest, relative spread of
+    the samples, how many), or ``WRONG`` with why (no timing); the load time, the threads the process
+    may run on and, when checked, the largest errors against the reference."""
+
+    status: Status
+    load_s: float
+    threads: int
+    median_s: float | None = None
+    min_s: float | None = None
+    spread: float | None = None
+    repeats: int | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    message: str = ""
+
+    def measurement(self, **key) -> Measurement:
+        """The cost-DB row of this result under ``key`` (the row's key fields and region summary)."""
+        return Measurement(status=self.status, median_s=self.median_s, min_s=self.min_s, spread=self.spread,
+                           repeats=self.repeats, threads=self.threads, max_abs_err=self.max_abs_err,
+                           max_rel_err=self.max_rel_err, message=self.message, **key)
+
+
+def build_plan(module_file: str, plan: dict, out_dir: str) -> Built:
     """Compiles the module in ``module_file`` by ``plan`` (its JSON form) into the artifact directory
     ``out_dir``, exactly as ``collage compile`` would."""
     t0 = time.perf_counter()
     module = parse_module(Path(module_file).read_bytes(), new_context(), where=module_file)
     plan_builder()(module, Plan.from_json(plan, source=module_file), out_dir, source=module_file)
-    return {"build_s": time.perf_counter() - t0}
+    return Built(time.perf_counter() - t0)
 
 
 def load_arrays(path: str, prefix: str) -> list[np.ndarray]:
@@ -68,7 +102,7 @@ def load_arrays(path: str, prefix: str) -> list[np.ndarray]:
 
 
 def time_artifact(artifact_dir: str, data_file: str, timing: dict, rtol: float | None = None,
-                  atol: float | None = None, outputs_file: str | None = None) -> dict:
+                  atol: float | None = None, outputs_file: str | None = None) -> Timed:
     """Loads the artifact, runs ``main`` once on the data file's inputs and, when a tolerance is given,
     checks the results against its references (``wrong`` and no timing when they differ); then times it.
     With ``outputs_file`` the first run's results are saved there (``ref<k>``): a plan that is the
@@ -80,19 +114,19 @@ def time_artifact(artifact_dir: str, data_file: str, timing: dict, rtol: float |
     program = collage_runtime.load(artifact_dir)
     try:
         load_s = time.perf_counter() - t0
-        result: dict = {"status": "ok", "load_s": load_s, "threads": _threads()}
+        result = Timed(Status.OK, load_s, _threads())
         if outputs_file is not None:
             outputs = program.invoke("main", *inputs)
             np.savez(outputs_file, **{f"{REFERENCE}{k}": np.asarray(a) for k, a in enumerate(outputs)})
         if rtol is not None:
             check = compare(program.invoke("main", *inputs), load_arrays(data_file, REFERENCE), rtol, atol or 0.0)
-            result |= {"max_abs_err": check.max_abs, "max_rel_err": check.max_rel}
+            result = replace(result, max_abs_err=check.max_abs, max_rel_err=check.max_rel)
             if not check.ok:
-                return result | {"status": "wrong", "message": check.message}
+                return replace(result, status=Status.WRONG, message=check.message)
         fn = program.device_function("main")
         args = [program.to_device(a) for a in inputs]
         t = time_repeated(lambda: fn(*args), TimingOptions(**timing))
-        return result | {"median_s": t.median_s, "min_s": t.min_s, "spread": t.spread, "repeats": t.repeats}
+        return replace(result, median_s=t.median_s, min_s=t.min_s, spread=t.spread, repeats=t.repeats)
     finally:
         program.close()
 

@@ -25,6 +25,7 @@ from .db import CostDB, Transition
 from .device import device_fingerprint
 from .harness import MeasureOptions, measure_regions
 from .plan_timing import PlanTimer
+from .status import Status
 
 #: Side of the probe's square f32 tensors: 256 → 256 KiB cross each boundary.
 PROBE_SIZE = 256
@@ -82,7 +83,7 @@ def _measure_pair(module, a: Backend, b: Backend, key: tuple, alone: dict, timer
     for backend, m in ((a, cost_a), (b, cost_b)):
         if m is None or not m.usable:
             why = m.message if m is not None else "not measured"
-            return Transition(*key, status="error", message=f"{backend.name} cannot run the probe alone: {why}")
+            return Transition(*key, status=Status.ERROR, message=f"{backend.name} cannot run the probe alone: {why}")
     plan = Plan([Region("first", a.name, frozenset({0})), Region("second", b.name, frozenset({1}))],
                 source=f"transition {a.name} -> {b.name}")
     # Two chained matmuls on two backends: allow ten times the looser tolerance of the two.
@@ -91,9 +92,9 @@ def _measure_pair(module, a: Backend, b: Backend, key: tuple, alone: dict, timer
     outcome = timer.time(module, plan, inputs, [expected], rtol, atol)
     if not outcome.ok:
         return Transition(*key, status=outcome.status, message=outcome.message)
-    v = outcome.value
-    if v["status"] != "ok":
-        return Transition(*key, status=v["status"], message=v.get("message", ""))
-    return Transition(*key, status="ok", cost_s=v["median_s"] - cost_a.median_s - cost_b.median_s,
-                      message=f"pair {v['median_s'] * 1e6:.1f} us, alone {cost_a.median_s * 1e6:.1f} + "
+    t = outcome.value
+    if t.status != Status.OK:
+        return Transition(*key, status=t.status, message=t.message)
+    return Transition(*key, status=Status.OK, cost_s=t.median_s - cost_a.median_s - cost_b.median_s,
+                      message=f"pair {t.median_s * 1e6:.1f} us, alone {cost_a.median_s * 1e6:.1f} + "
                               f"{cost_b.median_s * 1e6:.1f} us")

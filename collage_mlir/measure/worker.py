@@ -20,23 +20,24 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CollageError
+from .status import Status
 
 #: How much of a dead worker's stderr a crash message quotes.
 _LOG_TAIL = 400
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
-    """What a task came to: ``ok`` (``value`` holds its result), ``error`` (it raised), ``crash`` (the
-    worker died) or ``timeout`` (it did not answer in time and was killed); ``message`` says why."""
+    """What a task came to: ``OK`` (``value`` holds its result), ``ERROR`` (it raised), ``CRASH`` (the
+    worker died) or ``TIMEOUT`` (it did not answer in time and was killed); ``message`` says why."""
 
-    status: str
+    status: Status
     value: Any = None
     message: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
 
 def python_command(module: str, *args: str) -> list[str]:
@@ -64,11 +65,11 @@ def _serve(conn) -> None:
         try:
             module, _, name = target.partition(":")
             value = getattr(importlib.import_module(module), name)(**kwargs)
-            reply = ("ok", value, "")
+            reply = (Status.OK, value, "")
         except CollageError as exc:
-            reply = ("error", None, str(exc))
+            reply = (Status.ERROR, None, str(exc))
         except Exception as exc:  # a backend's failure is a result to record, not the worker's end
-            reply = ("error", None, _short(f"{type(exc).__name__}: {exc}"))
+            reply = (Status.ERROR, None, _short(f"{type(exc).__name__}: {exc}"))
         conn.send(reply)
 
 
@@ -101,11 +102,11 @@ class Worker:
             self._conn.send((target, kwargs))
             if not self._conn.poll(timeout):
                 self.stop()
-                return Outcome("timeout", message=f"no result after {timeout:g} s; the worker was killed")
+                return Outcome(Status.TIMEOUT, message=f"no result after {timeout:g} s; the worker was killed")
             status, value, message = self._conn.recv()
-            return Outcome(status, value, message)
+            return Outcome(Status(status), value, message)
         except (EOFError, OSError, BrokenPipeError):
-            return Outcome("crash", message=self._death())
+            return Outcome(Status.CRASH, message=self._death())
 
     def _death(self) -> str:
         try:

@@ -19,12 +19,13 @@ from ..backends import Backend, RegionKey, get_backend
 from ..errors import CollageError
 from ..ir import ir
 from ..measure import HARNESS_VERSION
-from ..measure.db import CostDB, Measurement
+from ..measure.db import KEY_FIELDS, CostDB, Measurement
 from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, Progress, measure_regions
 from ..measure.plan_timing import PlanTimer
 from ..measure.worker import Outcome
 from ..measure.reference import model_inputs
+from ..measure.status import Status
 from ..measure.tasks import REFERENCE
 from ..measure.transitions import measure_transitions
 from ..plan import Plan
@@ -102,10 +103,10 @@ class MeasuredEstimator(CostEstimator):
                                       on_progress=self._region_progress(0, len(todo)), digest=self._module_hash)
             self.measured += summary.measured
             self.cache_hits += summary.cache_hits
-            for region, why in summary.skipped.items():
+            for region, skip in summary.skipped.items():
                 # A region where only constants flow in is folded by the compiler: it costs nothing.
-                self._regions[region] = (Cost.known(0.0, "folded at compile time") if "only constants" in why
-                                         else Cost.invalid(why))
+                self._regions[region] = (Cost.known(0.0, "folded at compile time") if skip.folded
+                                         else Cost.invalid(skip.why))
             for key, m in summary.rows.items():
                 self._regions[key] = (Cost.known(m.median_s, spread=m.spread or 0.0) if m.usable
                                       else Cost.invalid(f"{m.status}: {m.message}"[:200]))
@@ -147,7 +148,7 @@ class MeasuredEstimator(CostEstimator):
             wanted = pairs if k < 2 else [p for p in pairs if len(points.get((p[0].name, p[1].name), [])) >= 2]
             progress = (lambda i, _n, k=k: on_progress(k * len(pairs) + i, total)) if on_progress else None
             for t in measure_transitions(self.backends, self.db, options, n=n, pairs=wanted, on_progress=progress):
-                if t.status == "ok":
+                if t.usable:
                     points.setdefault((t.src, t.dst), []).append((t.nbytes, t.cost_s))
                 else:
                     failed[(t.src, t.dst)] = f"{t.status}: {t.message}"[:200]
@@ -203,8 +204,8 @@ class MeasuredEstimator(CostEstimator):
         one whole-model build serves as both the reference and the default seed's timing."""
         out = self.work / "plans" / "reference.npz"
         outcome = self._plan_timer().time(self._bytecode, Plan(source="reference"), self.inputs, outputs_to=out)
-        if not outcome.ok or outcome.value.get("status") != "ok":
-            why = outcome.message if not outcome.ok else outcome.value.get("message", "")
+        if not outcome.ok or outcome.value.status != Status.OK:
+            why = outcome.message if not outcome.ok else outcome.value.message
             raise CollageError(f"the reference run (IREE alone) failed: {why}"[:500])
         with np.load(out) as data:
             self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
@@ -226,13 +227,15 @@ class MeasuredEstimator(CostEstimator):
                 rtol = 10 * max(b.tolerance.rtol for b in used)
                 atol = 10 * max(b.tolerance.atol for b in used)
                 outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol)
-            v = outcome.value if outcome.ok else {"status": outcome.status, "message": outcome.message}
-            if v.get("median_s") is not None:  # load, a check and warm-up calls, then the samples
-                self.timings_s.append((v.get("load_s") or 0.0) + (v.get("repeats", 0) + 3) * v["median_s"])
-            row = Measurement(*key, status=v["status"], median_s=v.get("median_s"), min_s=v.get("min_s"),
-                              spread=v.get("spread"), repeats=v.get("repeats"), threads=v.get("threads"),
-                              max_abs_err=v.get("max_abs_err"), max_rel_err=v.get("max_rel_err"),
-                              message=v.get("message", "")[:500], region=f"plan {tag} of {len(plan.regions)} regions")
+            summary = f"plan {tag} of {len(plan.regions)} regions"
+            fields = dict(zip(KEY_FIELDS, key))
+            if outcome.ok:
+                t = outcome.value
+                if t.median_s is not None:  # load, a check and warm-up calls, then the samples
+                    self.timings_s.append(t.load_s + ((t.repeats or 0) + 3) * t.median_s)
+                row = replace(t, message=t.message[:500]).measurement(region=summary, **fields)
+            else:
+                row = Measurement(status=outcome.status, message=outcome.message[:500], region=summary, **fields)
             self.db.put(row)
             self.measured += 1
         if not row.usable:

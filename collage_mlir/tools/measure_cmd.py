@@ -93,7 +93,7 @@ def _print_transitions(transitions) -> None:
     from rich.table import Table
 
     names = list(dict.fromkeys(t.src for t in transitions))
-    cost = {(t.src, t.dst): (f"{t.cost_s * 1e6:+.0f}" if t.status == "ok" else t.status) for t in transitions}
+    cost = {(t.src, t.dst): (f"{t.cost_s * 1e6:+.0f}" if t.usable else str(t.status)) for t in transitions}
     table = Table(title="transition cost per boundary, µs (row: from, column: to)")
     table.add_column("")
     for n in names:

@@ -207,11 +207,11 @@ def run_model(name: str, backends, seeds, db: CostDB, options: MeasureOptions, t
 
     def total(ps):
         # A region where only constants flow in is folded by the compiler: it costs nothing.
-        ps = [p for p in ps if not skipped.get(p, "").startswith("only constants flow in")]
+        ps = [p for p in ps if not (p in skipped and skipped[p].folded)]
         ok = [rows[p].median_s for p in ps if p in rows and rows[p].usable]
         bad = [{"ops": sorted(p.ops), "backend": p.backend, "region": rows[p].region[:100] if p in rows else "",
                 "status": rows[p].status if p in rows else "not posed",
-                "message": (rows[p].message if p in rows else skipped.get(p, ""))[:300]}
+                "message": (rows[p].message if p in rows else skipped[p].why if p in skipped else "")[:300]}
                for p in ps if p not in rows or not rows[p].usable]
         return sum(ok), bad
 

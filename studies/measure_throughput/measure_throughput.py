@@ -185,8 +185,8 @@ def run(args: argparse.Namespace) -> dict:
         "per_backend": per_backend,
         "pairs": measured,
         "failures": failures,
-        "not_posed": [{"backend": p.backend, "ops": len(p.ops), "why": why[:300]}
-                      for p, why in summary.skipped.items()],
+        "not_posed": [{"backend": p.backend, "ops": len(p.ops), "why": skip.why[:300]}
+                      for p, skip in summary.skipped.items()],
     }
 
 
