@@ -29,6 +29,7 @@ from .measure.device import device_fingerprint
 from .measure.extract import structural_hash
 from .plan import Plan
 from .search import available_backends, resolve_plan
+from .search.record import TunedPlan, TuneRecord
 from .search.tune import tune
 
 #: Search budget of ``plan="tune"`` when no ``tune_budget`` is given.
@@ -50,11 +51,11 @@ def module_key(module: ir.Module) -> str:
     return structural_hash(module)
 
 
-def record_tuned_plan(db_path: str | Path | None, key: str, document: dict) -> None:
-    """Stores a tuned plan document (``TuneResult.document``) under ``key`` (``module_key`` of the module
-    before tuning) for this device, where ``choose_plan`` finds it."""
+def record_tuned_plan(db_path: str | Path | None, key: str, tuned: TunedPlan) -> None:
+    """Stores a tuned plan (``TuneResult.tuned``) under ``key`` (``module_key`` of the module before
+    tuning) for this device, where ``choose_plan`` finds it."""
     with CostDB(db_path or default_db_path()) as db:
-        db.put_plan(key, device_fingerprint()[0], document)
+        db.put_plan(key, device_fingerprint()[0], tuned.to_json())
 
 
 def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budget: float | None = None,
@@ -74,13 +75,14 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
         with CostDB(db_path) as cost_db:
             document = cost_db.get_plan(key, device)
         if document is not None:
-            stored = Plan.from_json(document, source=f"{db_path}: tuned plan {key[:12]}")
+            tuned = TunedPlan.from_json(document, source=f"{db_path}: tuned plan {key[:12]}")
+            stored = tuned.plan
             try:
                 stored.validate(graph)
             except CollageError as exc:  # e.g. a backend it used is not installed any more
                 warnings.warn(f"collage: not reusing the tuned plan: {exc}", RuntimeWarning, stacklevel=3)
             else:
-                return PlanChoice(stored, "tuned before", _provenance(document, db_path, key))
+                return PlanChoice(stored, "tuned before", _provenance(tuned, db_path, key))
     if plan is None and not tune_budget:
         return PlanChoice(Plan(source="default"), "default", {"plan": "default"})
     chosen = [get_backend(b) for b in backends] if backends else available_backends()
@@ -89,29 +91,30 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
     copy = parse_module(module.operation.get_asm(binary=True), new_context())
     with CostDB(db_path) as cost_db, tempfile.TemporaryDirectory(prefix="collage-tune-") as work:
         result = tune(copy, chosen, cost_db, work, budget_s=budget, seed=seed, examples=examples)
-        cost_db.put_plan(key, device, result.document)
-    return PlanChoice(result.plan, "tuned now", _provenance(result.document, db_path, key))
+        cost_db.put_plan(key, device, result.tuned.to_json())
+    return PlanChoice(result.plan, "tuned now", _provenance(result.tuned, db_path, key))
 
 
-def plan_provenance(spec: str, tuning: dict | None = None, db: str | Path | None = None) -> dict:
+def plan_provenance(spec: str, tuning: TuneRecord | None = None, db: str | Path | None = None) -> dict:
     """Where a plan came from, for the artifact's manifest: its spec (or file) and, for a tuned plan, the
     tuning record's seed, budget and backends (read from the plan file when not given) and the DB."""
     if tuning is None and spec.endswith(".json") and Path(spec).is_file():
         try:
-            document = json.loads(Path(spec).read_text())
-        except (OSError, ValueError):  # the plan's own loading reports it
-            document = {}
-        tuning = document.get("tuning") if isinstance(document, dict) else None
+            tuning = TunedPlan.from_json(json.loads(Path(spec).read_text()), source=spec).record
+        except (OSError, ValueError, CollageError):  # the plan's own loading reports it
+            tuning = None
     record: dict = {"plan": spec}
-    if isinstance(tuning, dict):
-        record |= {k: tuning[k] for k in ("seed", "budget_s", "backends") if k in tuning}
+    if tuning is not None:
+        fields = {"seed": tuning.seed, "budget_s": tuning.budget_s,
+                  "backends": list(tuning.backends) if tuning.backends is not None else None}
+        record |= {k: v for k, v in fields.items() if v is not None}
     if db is not None:
         record["db"] = str(db)
     return record
 
 
-def _provenance(document: dict, db_path: Path, key: str) -> dict:
-    return plan_provenance("tuned", document.get("tuning") or {}, db_path) | {"module_hash": key}
+def _provenance(tuned: TunedPlan, db_path: Path, key: str) -> dict:
+    return plan_provenance("tuned", tuned.record or TuneRecord(), db_path) | {"module_hash": key}
 
 
 def compile_cached(module: ir.Module, choice: PlanChoice, source: str) -> Path:

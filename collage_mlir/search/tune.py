@@ -32,6 +32,7 @@ from .index import CandidateIndex, SearchGraph, plan_cost
 from .index_cache import candidate_regions
 from .measured import MeasuredEstimator
 from .priority import measure_by_priority
+from .record import ChosenTimes, Finalist, PlanTimes, RegionChoice, TunedPlan, TuneRecord
 from .regions import maximal_regions
 from .simple_plans import preferred_plan
 
@@ -43,7 +44,7 @@ OnProgress = Callable[[str, int, "int | None", str], None]
 @dataclass
 class TuneResult:
     plan: Plan
-    document: dict  # the plan JSON with the tuning record
+    tuned: TunedPlan  # the plan with the tuning record (``tuned.to_json()``: the document written)
     evolved: EvolveResult | None  # None when ``reused``
     dp_plan: Plan
     single: dict[str, Plan]
@@ -157,7 +158,8 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     if reuse and (stored := db.get_cached(TUNE_RESULT, result_key)) is not None:
         record = json.loads(stored)
         report("reused", 1, 1, "a finished tune with these settings is in the DB")
-        return TuneResult(Plan.from_json(record["document"], source="tune"), record["document"], None,
+        tuned = TunedPlan.from_json(record["document"], source="tune")
+        return TuneResult(tuned.plan, tuned, None,
                           Plan.from_json(record["dp_plan"], source="dp"),
                           {n: Plan.from_json(p, source=n) for n, p in record["single"].items()},
                           record["candidates"], None, reused=True)
@@ -234,14 +236,14 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                          on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
                                                                    else opts.rounds, f"best {best * 1e3:.3f} ms"))
         est.deadline = min(deadline, time.monotonic())  # the record measures nothing new: DB and memory only
-        document = _document(evolved, dp.plan, dp_timed, {n: p for n, p in single.items() if n in timed},
+        tuned = _tuned_plan(evolved, dp.plan, dp_timed, {n: p for n, p in single.items() if n in timed},
                              sg, est, accepts, names, seed, budget_s, len(index))
     finally:
         est.close()
     db.put_cached(TUNE_RESULT, result_key, json.dumps({
-        "document": document, "dp_plan": dp.plan.to_json(), "candidates": len(index),
+        "document": tuned.to_json(), "dp_plan": dp.plan.to_json(), "candidates": len(index),
         "single": {n: p.to_json() for n, p in single.items()}}))
-    return TuneResult(evolved.plan, document, evolved, dp.plan, single, len(index), est)
+    return TuneResult(evolved.plan, tuned, evolved, dp.plan, single, len(index), est)
 
 
 def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed: int, budget_s: float,
@@ -286,11 +288,12 @@ def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: Measu
     return walls, costs
 
 
-def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict[str, Plan], sg: SearchGraph,
-              est: MeasuredEstimator, accepts, names: list[str], seed: int, budget_s: float, candidates: int) -> dict:
-    """The plan JSON (readable by ``Plan.from_json``) with a record of the tuning: per region its cost,
-    runner-up and why; predicted and measured end-to-end times of the plan, the DP plan (measured when
-    ``dp_timed``) and each single-backend plan timed (``single``). Holds no wall-clock figures, so a rerun on the same DB writes
+def _tuned_plan(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict[str, Plan], sg: SearchGraph,
+                est: MeasuredEstimator, accepts, names: list[str], seed: int, budget_s: float,
+                candidates: int) -> TunedPlan:
+    """The plan with a record of the tuning: per region its cost, runner-up and why; predicted and
+    measured end-to-end times of the plan, the DP plan (measured when ``dp_timed``) and each
+    single-backend plan timed (``single``). Holds no wall-clock figures, so a rerun on the same DB writes
     the same bytes."""
     plan = evolved.plan
 
@@ -305,8 +308,8 @@ def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict
         c = est.plan_time(p, tag="seed")  # every plan here was timed as a seed: a DB answer
         return c.seconds if c.usable else None
 
-    doc = plan.to_json()
-    for entry, region in zip(doc["regions"], plan.regions):
+    choices = []
+    for region in plan.regions:
         others = [b for b in names if b not in (region.backend, DEFAULT_BACKEND) and accepts(b, region.ops)]
         costs = est.region_costs([region.key] + [RegionKey(b, region.ops) for b in others])
         mine, rest = costs[0], list(zip(others, costs[1:]))
@@ -315,34 +318,29 @@ def _document(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict
         if all(c.usable for c in alone):
             rest.append((DEFAULT_BACKEND, Cost.known(sum(c.seconds for c in alone))))
         rest.sort(key=lambda bc: (bc[1].seconds, bc[0]))
-        entry["cost_s"] = mine.seconds if mine.usable else None
+        cost_s = mine.seconds if mine.usable else None
         runner = next(((b, c) for b, c in rest if c.usable), None)
-        entry["runner_up"] = runner[0] if runner else None
-        entry["runner_up_cost_s"] = runner[1].seconds if runner else None
-        if entry["cost_s"] is None:
-            entry["why"] = "not measured alone within the budget: chosen by whole-plan time"
+        if cost_s is None:
+            why = "not measured alone within the budget: chosen by whole-plan time"
         elif runner is None:
-            entry["why"] = "no other backend takes these ops (or every other fails on them)"
-        elif runner[1].seconds >= entry["cost_s"]:
-            entry["why"] = f"cheapest measured region ({runner[0]} next, {runner[1].seconds / entry['cost_s']:.2f}x)"
+            why = "no other backend takes these ops (or every other fails on them)"
+        elif runner[1].seconds >= cost_s:
+            why = f"cheapest measured region ({runner[0]} next, {runner[1].seconds / cost_s:.2f}x)"
         else:
-            entry["why"] = (f"{runner[0]} is cheaper alone ({runner[1].seconds / entry['cost_s']:.2f}x) but the whole "
-                            "plan measured faster this way (boundaries, shared cores)")
-    doc["tuning"] = {
-        "seed": seed,
-        "budget_s": budget_s,
-        "backends": names,
-        "candidates": candidates,
-        "generations": evolved.generations,
-        "plans_timed": evolved.plans_timed,
-        "why": evolved.why,
-        "plan": {"predicted_s": predicted(plan), "measured_s": evolved.chosen.median_s,
-                 "spread": evolved.chosen.spread, "from": evolved.chosen.name},
-        "dp": {"predicted_s": predicted(dp_plan), "measured_s": measured_s(dp_plan) if dp_timed else None,
-               "regions": len(dp_plan.regions)},
-        "single_backend": {name: {"predicted_s": predicted(p), "measured_s": measured_s(p),
-                                  "regions": len(p.regions)} for name, p in single.items()},
-        "finalists": [{"from": f.name, "regions": len(f.plan.regions), "times_s": f.times, "spread": f.spread}
-                      for f in evolved.finalists],
-    }
-    return doc
+            why = (f"{runner[0]} is cheaper alone ({runner[1].seconds / cost_s:.2f}x) but the whole "
+                   "plan measured faster this way (boundaries, shared cores)")
+        choices.append(RegionChoice(cost_s, runner[0] if runner else None, runner[1].seconds if runner else None, why))
+    record = TuneRecord(
+        seed=seed,
+        budget_s=budget_s,
+        backends=tuple(names),
+        candidates=candidates,
+        generations=evolved.generations,
+        plans_timed=evolved.plans_timed,
+        why=evolved.why,
+        plan=ChosenTimes(predicted(plan), evolved.chosen.median_s, evolved.chosen.spread, evolved.chosen.name),
+        dp=PlanTimes(predicted(dp_plan), measured_s(dp_plan) if dp_timed else None, len(dp_plan.regions)),
+        single_backend={name: PlanTimes(predicted(p), measured_s(p), len(p.regions)) for name, p in single.items()},
+        finalists=tuple(Finalist(f.name, len(f.plan.regions), tuple(f.times), f.spread) for f in evolved.finalists),
+    )
+    return TunedPlan(plan, tuple(choices), record)

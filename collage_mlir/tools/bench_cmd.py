@@ -94,7 +94,7 @@ def _tune(args: argparse.Namespace) -> dict[str, str]:
         _, inputs = zoo.build(m, args.small)
         result = tune_cmd.tune_model(module, {"main": [x.numpy() for x in inputs]}, backends, budget, 0, None)
         path = out / f"{args.name}_{m}.plan.json"
-        path.write_text(json.dumps(result.document, indent=1) + "\n")
+        path.write_text(json.dumps(result.tuned.to_json(), indent=1) + "\n")
         tune_cmd.print_summary(result, str(path))
         plans[m] = str(path)
     return plans

@@ -44,7 +44,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
                                     tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET), 0, None)
         tune_cmd.print_summary(tuned, "(tuned)")
         plan = tuned.plan
-        provenance = plan_provenance("tune", tuned.document.get("tuning"), default_db_path())
+        provenance = plan_provenance("tune", tuned.tuned.record, default_db_path())
     from rich.console import Console
 
     with Console(stderr=True).status(f"compiling {args.model}"):  # a spinner while IREE and the engines build

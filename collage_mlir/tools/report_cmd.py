@@ -23,6 +23,8 @@ from collage_runtime.profile import Breakdown, profile
 from collage_runtime.program import InputError
 
 from ..errors import CollageError
+from ..plan import Plan
+from ..search.record import TunedPlan
 
 PALETTE = {"iree-cpu": "#c8c8c8", "iree-cpu-dt": "#8fb3d9", "onednn": "#f2a65a", "ort": "#7fc97f",
            "openvino": "#beaed4", "xla-cpu": "#f0027f"}
@@ -41,13 +43,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("-o", "--output", required=True, help="HTML file to write")
 
 
-def _plan_document(source: Path) -> tuple[dict, Manifest | None]:
-    """(plan JSON, manifest or None) from an artifact or a plan file."""
+def _plan_document(source: Path) -> tuple[TunedPlan, Manifest | None]:
+    """(the plan with its tuning record when it has one, manifest or None) from an artifact or a plan file."""
     if source.suffix == ".json":
         try:
-            return json.loads(source.read_text()), None
+            data = json.loads(source.read_text())
         except (OSError, ValueError) as exc:
             raise CollageError(f"cannot read plan: {exc}", where=str(source)) from None
+        return TunedPlan.from_json(data, source=str(source)), None
     import collage_runtime
 
     try:
@@ -55,7 +58,11 @@ def _plan_document(source: Path) -> tuple[dict, Manifest | None]:
             manifest = prog.manifest
     except ArtifactError as exc:
         raise CollageError(str(exc)) from None
-    return dict(manifest.plan), manifest
+    try:
+        tuned = TunedPlan.from_json(dict(manifest.plan), source=str(source))
+    except CollageError:  # an artifact's plan as it recorded it, whatever that is: no regions to show
+        tuned = TunedPlan(Plan(source=str(source)))
+    return tuned, manifest
 
 
 def _colour(backend: str, seen: dict[str, str]) -> str:
@@ -97,7 +104,7 @@ def _graph_svg(graph, owner: dict[int, str], colours: dict[str, str]) -> str:
     return svg[svg.index("<svg"):]
 
 
-def _region_costs(graph, regions: list[dict], db_path) -> dict[str, dict[str, str]]:
+def _region_costs(graph, regions, db_path) -> dict[str, dict[str, str]]:
     """Region name → backend → its measured cost (or failure status) in the cost DB, for this device."""
     from ..measure.db import CostDB, default_db_path
     from ..measure.device import device_fingerprint
@@ -111,12 +118,12 @@ def _region_costs(graph, regions: list[dict], db_path) -> dict[str, dict[str, st
     with CostDB(path) as db:
         for r in regions:
             try:
-                region_hash = extract_region(graph, frozenset(r["ops"])).hash
+                region_hash = extract_region(graph, frozenset(r.ops)).hash
             except CollageError:
                 continue
             rows = db.measurements(region_hash=region_hash, device=device)
-            out[r["name"]] = {m.backend: (f"{m.median_s * 1e6:.1f} µs" if m.usable and m.median_s is not None
-                                          else m.status) for m in rows}
+            out[r.name] = {m.backend: (f"{m.median_s * 1e6:.1f} µs" if m.usable and m.median_s is not None
+                                       else m.status) for m in rows}
     return out
 
 
@@ -136,12 +143,16 @@ def _breakdown_table(b: Breakdown, inputs: str) -> str:
                       for name, ms in rows) + "</table>")
 
 
-def render(plan: dict, manifest: Manifest | None, graph, db_path, breakdown: Breakdown | None = None,
+def render(tuned: TunedPlan | dict, manifest: Manifest | None, graph, db_path, breakdown: Breakdown | None = None,
            inputs: str = "random") -> str:
-    """The report page as HTML text."""
-    owner = {oid: r["backend"] for r in plan.get("regions", []) for oid in r["ops"]}
+    """The report page as HTML text (``tuned``: a plan, with its tuning record when it has one, or its JSON)."""
+    if not isinstance(tuned, TunedPlan):
+        tuned = TunedPlan.from_json(tuned)
+    regions = tuned.plan.regions
+    choices = dict(zip((r.name for r in regions), tuned.choices))
+    owner = {oid: r.backend for r in regions for oid in r.ops}
     colours: dict[str, str] = {}
-    for b in ["iree-cpu", *sorted({r["backend"] for r in plan.get("regions", [])})]:
+    for b in ["iree-cpu", *sorted({r.backend for r in regions})]:
         _colour(b, colours)
     e = html.escape
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>collage placement report</title>",
@@ -153,36 +164,39 @@ def render(plan: dict, manifest: Manifest | None, graph, db_path, breakdown: Bre
                                   for b, c in colours.items()) + "</p>")
     if graph is not None:
         parts.append("<h2>Graph</h2>" + _graph_svg(graph, owner, colours))
-    costs = _region_costs(graph, plan.get("regions", []), db_path) if graph is not None else {}
+    costs = _region_costs(graph, regions, db_path) if graph is not None else {}
     backends = sorted({b for c in costs.values() for b in c})
     parts.append("<h2>Regions</h2><table><tr><th>region</th><th>backend</th><th>ops</th><th>cost</th>"
                  "<th>runner-up</th><th>why</th>" + "".join(f"<th>DB: {e(b)}</th>" for b in backends) + "</tr>")
-    for r in plan.get("regions", []):
+    for r in regions:
         ops = ", ".join(f"{i} {graph.nodes[i].name}" if graph is not None and i in graph.nodes else str(i)
-                        for i in r["ops"])
-        runner = f"{e(str(r['runner_up']))} ({_ms(r.get('runner_up_cost_s'))})" if r.get("runner_up") else "—"
-        parts.append(f"<tr><td>{e(r['name'])}</td><td><span class='sw' style='background:{colours[r['backend']]}'>"
-                     f"</span>{e(r['backend'])}</td><td>{e(ops)}</td><td>{_ms(r.get('cost_s'))}</td><td>{runner}</td>"
-                     f"<td>{e(str(r.get('why', '—')))}</td>"
-                     + "".join(f"<td>{e(costs.get(r['name'], {}).get(b, '—'))}</td>" for b in backends) + "</tr>")
+                        for i in sorted(r.ops))
+        c = choices.get(r.name)
+        runner = f"{e(str(c.runner_up))} ({_ms(c.runner_up_cost_s)})" if c and c.runner_up else "—"
+        parts.append(f"<tr><td>{e(r.name)}</td><td><span class='sw' style='background:{colours[r.backend]}'>"
+                     f"</span>{e(r.backend)}</td><td>{e(ops)}</td><td>{_ms(c.cost_s if c else None)}</td><td>{runner}</td>"
+                     f"<td>{e(c.why if c else '—')}</td>"
+                     + "".join(f"<td>{e(costs.get(r.name, {}).get(b, '—'))}</td>" for b in backends) + "</tr>")
     parts.append("</table>")
     if breakdown is not None:
         parts.append(_breakdown_table(breakdown, inputs))
     recorded = (manifest.provenance if manifest else None) or {}  # written at compile time (collage_mlir.entry)
-    tuning = plan.get("tuning") or recorded or None
-    if plan.get("tuning"):
+    rec = tuned.record
+    if rec is not None and rec.plan is not None and rec.dp is not None:
         parts.append("<h2>End to end</h2><table><tr><th>plan</th><th>predicted</th><th>measured</th><th>regions</th></tr>")
-        rows = [("this plan", tuning["plan"], len(plan.get("regions", []))), ("DP alone", tuning["dp"], None)]
-        rows += [(f"{name} alone", v, None) for name, v in sorted(tuning.get("single_backend", {}).items())]
+        rows = [("this plan", rec.plan, len(regions)), ("DP alone", rec.dp, rec.dp.regions)]
+        rows += [(f"{name} alone", v, v.regions) for name, v in sorted((rec.single_backend or {}).items())]
         for name, v, n in rows:
-            parts.append(f"<tr><td>{e(name)}</td><td>{_ms(v.get('predicted_s'))}</td><td>{_ms(v.get('measured_s'))}"
-                         f"</td><td>{n if n is not None else v.get('regions', '—')}</td></tr>")
+            parts.append(f"<tr><td>{e(name)}</td><td>{_ms(v.predicted_s)}</td><td>{_ms(v.measured_s)}"
+                         f"</td><td>{n if n is not None else '—'}</td></tr>")
         parts.append("</table>")
-    tuning = tuning or {}
-    backends = tuning.get("backends")
-    prov = {"plan": recorded.get("plan") or plan.get("source") or "—",
-            "tuning seed": tuning.get("seed", "—"), "tuning budget (s)": tuning.get("budget_s", "—"),
-            "tuning backends": ", ".join(backends) if isinstance(backends, list) else "—",
+    if rec is not None:  # the plan's own record, else the one recorded at compile time
+        seed, budget, backends = rec.seed, rec.budget_s, rec.backends
+    else:
+        seed, budget, backends = recorded.get("seed"), recorded.get("budget_s"), recorded.get("backends")
+    prov = {"plan": recorded.get("plan") or "—",
+            "tuning seed": "—" if seed is None else seed, "tuning budget (s)": "—" if budget is None else budget,
+            "tuning backends": ", ".join(backends) if isinstance(backends, (list, tuple)) else "—",
             "tuning DB": recorded.get("db", "—"), "costs shown from DB": str(db_path or "default")}
     if "module_hash" in recorded:
         prov["module structural hash"] = recorded["module_hash"]
@@ -198,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     from ..graph import Graph, number_ops
     from ..ir import new_context
 
-    plan, manifest = _plan_document(Path(args.source))
+    tuned, manifest = _plan_document(Path(args.source))
     model = args.model or (manifest.source if manifest else None)
     graph = None
     if model and Path(model).is_file():
@@ -218,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
             breakdown = profile(args.source, inputs or None, repeats=args.repeats)
         except (ArtifactError, InputError) as exc:
             raise CollageError(str(exc), where=args.source) from None
-    page = render(plan, manifest, graph, args.db, breakdown, "given" if args.input else "random")
+    page = render(tuned, manifest, graph, args.db, breakdown, "given" if args.input else "random")
     try:
         Path(args.output).write_text(page)
     except OSError as exc:

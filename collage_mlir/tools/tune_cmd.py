@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")
-    Path(args.output).write_text(json.dumps(result.document, indent=1) + "\n")
-    record_tuned_plan(args.db, key, result.document)
+    Path(args.output).write_text(json.dumps(result.tuned.to_json(), indent=1) + "\n")
+    record_tuned_plan(args.db, key, result.tuned)
     print_summary(result, args.output)
     # The placement to look at, beside the plan (plan.json -> plan.html).
     from ..graph import Graph, number_ops
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     numbered, _ = load_model(args.model, new_context(), inputs)
     number_ops(numbered)
     report = Path(args.output).with_suffix(".html")
-    report.write_text(report_cmd.render(result.document, None, Graph(numbered), args.db))
+    report.write_text(report_cmd.render(result.tuned, None, Graph(numbered), args.db))
     print(f"wrote {report}")
     return 0
 
@@ -160,16 +160,16 @@ def print_summary(result, output: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    doc = result.document["tuning"]
+    rec = result.tuned.record
 
     def ms(v) -> str:
         return f"{v * 1e3:.3f}" if v is not None else "-"
 
-    table = Table(title=f"plan {output}: {len(result.plan.regions)} regions ({doc['why']})")
+    table = Table(title=f"plan {output}: {len(result.plan.regions)} regions ({rec.why})")
     for col in ("plan", "regions", "predicted ms", "measured ms"):
         table.add_column(col, justify="right" if col != "plan" else "left")
-    table.add_row("[bold]tuned", str(len(result.plan.regions)), ms(doc["plan"]["predicted_s"]), ms(doc["plan"]["measured_s"]))
-    table.add_row("dp", str(doc["dp"]["regions"]), ms(doc["dp"]["predicted_s"]), ms(doc["dp"]["measured_s"]))
-    for name, row in doc["single_backend"].items():
-        table.add_row(f"{name} alone", str(row["regions"]), ms(row["predicted_s"]), ms(row["measured_s"]))
+    table.add_row("[bold]tuned", str(len(result.plan.regions)), ms(rec.plan.predicted_s), ms(rec.plan.measured_s))
+    table.add_row("dp", str(rec.dp.regions), ms(rec.dp.predicted_s), ms(rec.dp.measured_s))
+    for name, row in rec.single_backend.items():
+        table.add_row(f"{name} alone", str(row.regions), ms(row.predicted_s), ms(row.measured_s))
     Console().print(table)

@@ -30,6 +30,7 @@ from collage_mlir.iree import compile_module
 from collage_mlir.measure.db import CostDB
 from collage_mlir.measure.extract import extract_region
 from collage_mlir.plan import Plan
+from collage_mlir.search.record import TunedPlan
 from collage_mlir.search.tune import TUNE_RESULT
 
 
@@ -42,7 +43,8 @@ def stored_dp_plan(db_path: str, graph: Graph) -> tuple[Plan, float | None]:
         record = json.loads(doc)
         ops = {o for p in record["single"].values() for r in p["regions"] for o in r["ops"]}
         if ops and ops <= graph.nodes.keys() and last in ops:
-            predicted = record["document"].get("tuning", {}).get("dp", {}).get("predicted_s")
+            tuning = TunedPlan.from_json(record["document"], source="tune").record
+            predicted = tuning.dp.predicted_s if tuning is not None and tuning.dp is not None else None
             return Plan.from_json(record["dp_plan"], source="dp"), predicted
     raise SystemExit(f"no stored tune result for this model in {db_path}")
 

@@ -38,6 +38,7 @@ from collage_mlir.ir import new_context  # noqa: E402
 from collage_mlir.measure.db import CostDB  # noqa: E402
 from collage_mlir.measure.harness import MeasureOptions  # noqa: E402
 from collage_mlir.measure.plan_timing import PlanTimer  # noqa: E402
+from collage_mlir.search.record import TunedPlan  # noqa: E402
 from collage_mlir.search.tune import tune  # noqa: E402
 
 
@@ -72,17 +73,17 @@ def side_by_side(module, plans: dict, inputs, rounds: int, work: Path) -> dict:
     return {k: {"median_s": statistics.median(v) if v else None, "rounds_s": v} for k, v in times.items()}
 
 
-def quality(doc: dict) -> dict:
-    """From a tune's document: each plan's median time (finalists: their interleaved rounds; other
+def quality(tuned: TunedPlan) -> dict:
+    """From a tune's tuned plan: each plan's median time (finalists: their interleaved rounds; other
     single-backend plans: their one seed timing) and which finalist was which. The best single backend
     is the tune's incumbent (the single-backend finalist, picked by seed timing), compared with the
     tuned and DP plans over the same interleaved rounds."""
-    t = doc["tuning"]
-    finals = {f["from"]: {"median_s": statistics.median(f["times_s"]) if f["times_s"] else None,
-                          "rounds_s": f["times_s"], "regions": f["regions"]} for f in t["finalists"]}
-    singles = {name: row["measured_s"] for name, row in t["single_backend"].items()}
-    return rate({"finalists": finals, "single_backend_s": singles, "tuned_s": t["plan"]["measured_s"],
-                 "tuned_from": t["plan"]["from"], "dp_measured_s": t["dp"]["measured_s"]})
+    t = tuned.record
+    finals = {f.source: {"median_s": statistics.median(f.times_s) if f.times_s else None,
+                         "rounds_s": list(f.times_s), "regions": f.regions} for f in t.finalists}
+    singles = {name: row.measured_s for name, row in t.single_backend.items()}
+    return rate({"finalists": finals, "single_backend_s": singles, "tuned_s": t.plan.measured_s,
+                 "tuned_from": t.plan.source, "dp_measured_s": t.dp.measured_s})
 
 
 def rate(q: dict) -> dict:
@@ -158,11 +159,11 @@ def main() -> None:
             extra = side_by_side(module, {"tuned": cold.plan, "dp": cold.dp_plan,
                                           **{f"{b} alone": p for b, p in cold.single.items()}},
                                  inputs, args.rounds, work) if args.rounds else None
-        entry = {"candidates": cold.candidates, "same_plan_warm": cold.document == warm.document,
+        entry = {"candidates": cold.candidates, "same_plan_warm": cold.tuned.to_json() == warm.tuned.to_json(),
                  "tuned_regions": len(cold.plan.regions), "dp_regions": len(cold.dp_plan.regions),
-                 "why": cold.document["tuning"]["why"],
+                 "why": cold.tuned.record.why,
                  "runs": [{k: v for k, v in run.items() if k != "result"} for run in runs],
-                 "quality": quality(cold.document), "extra_rounds": extra}
+                 "quality": quality(cold.tuned), "extra_rounds": extra}
         result["models"][name] = entry
         rows.append((name, entry))
         _write(args, result, rows)  # after each model: a long run keeps what it finished

@@ -85,12 +85,13 @@ def test_torch_compile_finds_the_plan_tuned_for_the_model(torch, tmp_path, monke
     from collage_mlir.frontends.torch import import_torch
     from collage_mlir.graph import Graph
     from collage_mlir.ir import new_context
+    from collage_mlir.search.record import TunedPlan
     from collage_mlir.search.simple_plans import preferred_plan
 
     model, x = mlp(), torch.randn(4, 32)
     module = import_torch(model, [x], new_context())
     key = entry.module_key(module)
-    entry.record_tuned_plan(tmp_path / "c.sqlite", key, preferred_plan(Graph(module), [get_backend("onednn")]).to_json())
+    entry.record_tuned_plan(tmp_path / "c.sqlite", key, TunedPlan(preferred_plan(Graph(module), [get_backend("onednn")])))
     compiled = []
     real = collage_mlir.torch.compile
     monkeypatch.setattr(collage_mlir.torch, "compile", lambda *a, **k: compiled.append(real(*a, **k)) or compiled[-1])

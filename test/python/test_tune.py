@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from collage_mlir.search.record import TunedPlan
+
 TINY = """func.func @main(%x: tensor<64x64xf32>, %w: tensor<64x64xf32>) -> tensor<64x64xf32> {
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
   %1 = stablehlo.tanh %0 : tensor<64x64xf32>
@@ -67,6 +69,9 @@ def test_killed_tune_resumes_and_warm_rerun_writes_the_same_plan(tmp_path):
     assert (tmp_path / "b.json").read_bytes() == (tmp_path / "c.json").read_bytes() == (tmp_path / "d.json").read_bytes()
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["format"] == "collage-plan" and doc["tuning"]["single_backend"]["iree-cpu"]["measured_s"] > 0
+    tuned = TunedPlan.from_json(doc)  # the typed value reads back the bytes written
+    assert tuned.to_json() == doc and json.dumps(tuned.to_json(), indent=1) + "\n" == (tmp_path / "c.json").read_text()
+    assert tuned.record.single_backend["iree-cpu"].measured_s > 0 and len(tuned.choices) == len(tuned.plan.regions)
     page = (tmp_path / "c.html").read_text()  # the report beside the plan
     assert "<svg" in page and "iree-cpu alone" in page
     # Recorded by structure, for the entry points to reuse (test_tuned_plans.py).
@@ -74,6 +79,30 @@ def test_killed_tune_resumes_and_warm_rerun_writes_the_same_plan(tmp_path):
     from collage_mlir.ir import new_context, parse_module
 
     assert choose_plan(parse_module(TINY, new_context()), db=db).how == "tuned before"
+
+
+def test_a_tuned_plan_document_round_trips():
+    """TunedPlan.from_json(doc).to_json() == doc, key order included, for a document as `collage tune`
+    writes it; a plain plan reads with no choices and no record, a partial record as written."""
+    doc = {"format": "collage-plan", "version": 1, "default_backend": "iree-cpu",
+           "regions": [{"name": "r0", "backend": "onednn", "ops": [1, 2], "cost_s": 1e-4, "runner_up": "iree-cpu",
+                        "runner_up_cost_s": 2e-4, "why": "cheapest measured region (iree-cpu next, 2.00x)"},
+                       {"name": "r1", "backend": "ort", "ops": [4], "cost_s": None, "runner_up": None,
+                        "runner_up_cost_s": None, "why": "not measured alone within the budget"}],
+           "tuning": {"seed": 0, "budget_s": 60.0, "backends": ["iree-cpu", "onednn", "ort"], "candidates": 7,
+                      "generations": 2, "plans_timed": 5, "why": "dp plan beat the best single backend",
+                      "plan": {"predicted_s": 3e-4, "measured_s": 3.1e-4, "spread": 0.02, "from": "dp"},
+                      "dp": {"predicted_s": 3e-4, "measured_s": None, "regions": 2},
+                      "single_backend": {"iree-cpu": {"predicted_s": None, "measured_s": 5e-4, "regions": 0}},
+                      "finalists": [{"from": "dp", "regions": 2, "times_s": [3e-4, 3.1e-4, 3.2e-4], "spread": 0.02}]}}
+    tuned = TunedPlan.from_json(doc)
+    assert json.dumps(tuned.to_json(), indent=1) == json.dumps(doc, indent=1)
+    assert tuned.choices[1].cost_s is None and tuned.record.finalists[0].source == "dp"
+    plain = {k: doc[k] for k in ("format", "version", "default_backend")} | {
+        "regions": [{k: r[k] for k in ("name", "backend", "ops")} for r in doc["regions"]]}
+    assert TunedPlan.from_json(plain).record is None and TunedPlan.from_json(plain).to_json() == plain
+    partial = plain | {"tuning": {"seed": 3, "budget_s": 5.0, "backends": ["iree-cpu"]}}
+    assert TunedPlan.from_json(partial).to_json() == partial
 
 
 def test_a_whole_model_seed_prices_its_region_for_the_dp(tmp_path):

@@ -15,6 +15,7 @@ from collage_mlir import entry
 from collage_mlir.backends import get_backend
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context
+from collage_mlir.search.record import TunedPlan
 from collage_mlir.search.simple_plans import preferred_plan
 
 
@@ -33,10 +34,11 @@ class _FakeTune:
         self.document, self.calls = document, []
 
     def __call__(self, module, backends, db, work_dir, *, budget_s, seed=0, examples=None):
-        from collage_mlir.plan import Plan
+        from collage_mlir.search.record import TunedPlan
 
         self.calls.append({"budget_s": budget_s, "seed": seed, "examples": examples})
-        return type("Result", (), {"plan": Plan.from_json(self.document), "document": self.document})()
+        tuned = TunedPlan.from_json(self.document)
+        return type("Result", (), {"plan": tuned.plan, "tuned": tuned})()
 
 
 def test_a_tuned_plan_is_recorded_then_reused_by_structure(torch, tmp_path, monkeypatch):
@@ -69,7 +71,7 @@ def test_a_tuned_plan_is_recorded_then_reused_by_structure(torch, tmp_path, monk
     assert provenance["seed"] == 3 and provenance["budget_s"] == 5.0 and provenance["db"] == str(db)
     document = _onednn_document(module)
     document["tuning"]["seed"] = 4
-    entry.record_tuned_plan(db, entry.module_key(module), document)
+    entry.record_tuned_plan(db, entry.module_key(module), TunedPlan.from_json(document))
     choice = entry.choose_plan(import_torch(model, [x], new_context()), db=db)
     assert choice.how == "tuned before" and choice.plan.to_json() == again.plan.to_json()
     assert choice.provenance["seed"] == 4
@@ -104,7 +106,7 @@ def test_a_stored_plan_that_no_longer_fits_is_not_used(torch, tmp_path):
     model, x = mlp(), torch.randn(4, 32)
     module = import_torch(model, [x], new_context())
     bad = {"format": "collage-plan", "version": 1, "regions": [{"name": "r", "backend": "onednn", "ops": [999]}]}
-    entry.record_tuned_plan(tmp_path / "costs.sqlite", entry.module_key(module), bad)
+    entry.record_tuned_plan(tmp_path / "costs.sqlite", entry.module_key(module), TunedPlan.from_json(bad))
     with pytest.warns(RuntimeWarning, match="not reusing the tuned plan.*unknown op id 999"):
         compiled = collage_mlir.torch.compile(model, [x], db=tmp_path / "costs.sqlite")
     assert compiled.plan_how == "default"
