@@ -67,7 +67,31 @@ def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main
             break
     buf = io.BytesIO()
     module.write_bytecode(buf)
-    return parse_module(buf.getvalue(), context, where=where)
+    imported = parse_module(buf.getvalue(), context, where=where)
+    unsigned_compares(imported)
+    return imported
+
+
+def unsigned_compares(module: ir.Module) -> int:
+    """Makes every ``stablehlo.compare`` of unsigned integers compare UNSIGNED; returns how many changed.
+    torch-mlir's lowering states ``SIGNED`` for them (ONNX's ``GreaterOrEqual`` on uint8), which StableHLO's
+    spec forbids: IREE reads the operand type and computes the right answer, XLA's HLO verifier refuses
+    the region at its first call ("Expected comparison type UNSIGNED")."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        op = op.operation
+        if op.name == "stablehlo.compare" and isinstance(op.operands[0].type, ir.RankedTensorType):
+            element = ir.RankedTensorType(op.operands[0].type).element_type
+            if isinstance(element, ir.IntegerType) and element.is_unsigned:
+                found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    with module.context:
+        for op in found:
+            op.attributes["compare_type"] = ir.Attribute.parse("#stablehlo<comparison_type UNSIGNED>")
+    return len(found)
 
 
 def _aborting_types(model) -> list[str]:

@@ -182,3 +182,23 @@ def test_unsigned_types_torch_mlir_aborts_on_are_one_line(tmp_path, capsys):
     assert cli.main(["compile", str(path), "-o", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "uint16 tensors, on which torch-mlir's ONNX importer aborts" in err, err
+
+
+def test_unsigned_compares_run_on_xla(tmp_path):
+    """torch-mlir lowers a uint8 comparison with compare_type SIGNED, which XLA's verifier refused at the
+    region's first call (ONNX's test_greater_equal_uint8 under random plans); the frontend makes it UNSIGNED."""
+    pytest.importorskip("jax")
+    import collage_runtime
+
+    u8 = lambda n: helper.make_tensor_value_info(n, TensorProto.UINT8, [4])  # noqa: E731
+    path = _onnx_model(tmp_path / "ge.onnx", [helper.make_node("GreaterOrEqual", ["x", "y"], ["z"])], [u8("x"), u8("y")],
+                       [helper.make_tensor_value_info("z", TensorProto.BOOL, [4])])
+    x, y = np.array([200, 5, 130, 0], np.uint8), np.array([100, 5, 1, 255], np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    assert cli.main(["compile", str(path), "--input", str(tmp_path / "x.npy"), "--input", str(tmp_path / "y.npy"),
+                     "--plan", "prefer:xla-cpu", "-o", str(tmp_path / "out")]) == 0
+    with collage_runtime.load(tmp_path / "out") as prog:
+        assert [r.backend for r in prog.manifest.regions] == ["xla-cpu"]
+        (z,) = prog.invoke("main", x, y)
+    np.testing.assert_array_equal(z, x >= y)
