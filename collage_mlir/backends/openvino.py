@@ -94,6 +94,15 @@ def exact_types(op: ir.Operation) -> str | None:
     return None
 
 
+def no_scalar_dot(op: ir.Operation) -> str | None:
+    """not a dot product of vectors (rank-0 result): OpenVINO 2026.4 dies of SIGSEGV compiling it"""
+    # Probed: 1-D x 1-D dot_general, exported as MatMul of [1, k] x [k, 1] reshaped to [], crashes in
+    # compile_model (ONNX's test_matmul_1d_1d under prefer:openvino); rank-0 adds and reductions run.
+    if op.name == "stablehlo.dot_general" and (tt := tensor_type(op.results[0])) is not None and not tt[0]:
+        return "OpenVINO crashes compiling a dot product with a rank-0 result"
+    return None
+
+
 def i64_problem(ops: list[ir.Operation], passed: frozenset, outputs: list[ir.Value]) -> str | None:
     """Why OpenVINO would compute an i64 value of the region ``ops`` in 32 bits, else None. ``passed``: the
     region's run-time inputs (what is not cloned into it, ``sh.sunk_chain``); ``outputs``: the values it
@@ -124,7 +133,7 @@ class OpenVinoBackend(OnnxGraphBackend):
     requires = ("onnx", "openvino")
     suffix = ".openvino.onnx"
     executor = "collage_runtime.executors.openvino_model"
-    patterns = engine_patterns(exact_types)
+    patterns = engine_patterns(exact_types, no_scalar_dot)
     install_hint = "pip install 'collage-mlir[openvino]'"
     # Measured vs IREE llvm-cpu on test/python/test_onnx_backends.py's unit-normal inputs: max abs error
     # 1.3e-4 (ResNet-50 3x3 conv 1x64x56x56, outputs up to 123), 2.3e-5 (sum over 16k elements),

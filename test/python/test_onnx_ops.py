@@ -344,3 +344,22 @@ def test_a_weight_another_region_owns_is_copied_into_an_openvino_region(tmp_path
             outs.append(np.array(prog.invoke("main", table)[0]))
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[1][0, :, 0], np.arange(16) * 4)
+
+
+def test_openvino_takes_no_dot_product_of_vectors():
+    """OpenVINO 2026.4 dies of SIGSEGV compiling a 1-D x 1-D dot product (rank-0 result; ONNX's
+    test_matmul_1d_1d under prefer:openvino): it is no OpenVINO op; a matrix product is."""
+    pytest.importorskip("openvino")
+    module = parse_module("""
+func.func @main(%a: tensor<3xf32>, %m: tensor<2x3xf32>) -> (tensor<f32>, tensor<2xf32>) {
+  %0 = stablehlo.dot_general %a, %a, contracting_dims = [0] x [0] : (tensor<3xf32>, tensor<3xf32>) -> tensor<f32>
+  %1 = stablehlo.dot_general %m, %a, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3xf32>) -> tensor<2xf32>
+  return %0, %1 : tensor<f32>, tensor<2xf32>
+}
+""", new_context())
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    scalar, vector = sorted(graph.nodes)
+    ov = get_backend("openvino")
+    assert "rank-0" in ov.supports(graph.nodes[scalar].op)
+    assert ov.supports(graph.nodes[vector].op) is None
