@@ -146,3 +146,14 @@ def test_ctrl_c_that_a_binding_turns_into_another_error_still_exits_130():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert done.stderr.strip() == "collage: interrupted"
+
+
+@pytest.mark.parametrize("plan", ["default", "random:1"])
+def test_a_model_without_ops_compiles_and_runs(plan, tmp_path):
+    """A function that only returns its argument (ONNX's Dropout at inference imports to one) has no op to
+    number: it compiles under any plan and returns its input ("no op has a collage.id" before)."""
+    compile_str("func.func @main(%a: tensor<3xf32>) -> tensor<3xf32> {\n  return %a : tensor<3xf32>\n}\n",
+                output_dir=tmp_path, plan=plan)
+    x = np.arange(3, dtype=np.float32)
+    with collage_runtime.load(tmp_path) as prog:
+        np.testing.assert_array_equal(prog.invoke("main", x)[0], x)
