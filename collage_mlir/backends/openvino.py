@@ -103,14 +103,14 @@ def no_scalar_dot(op: ir.Operation) -> str | None:
     return None
 
 
-def i64_problem(ops: list[ir.Operation], passed: frozenset, outputs: list[ir.Value]) -> str | None:
+def i64_problem(ops: list[ir.Operation], inside: set[ir.Operation], passed: frozenset,
+                outputs: list[ir.Value]) -> str | None:
     """Why OpenVINO would compute an i64 value of the region ``ops`` in 32 bits, else None. ``passed``: the
     region's run-time inputs (what is not cloned into it, ``sh.sunk_chain``); ``outputs``: the values it
     hands on. Decides both which regions the backend takes and whether its build accepts one (the outlined
     function: its arguments passed, its returned values handed on), so a plan never holds a region the
     build refuses: a value computed from constants outside the region but passed in (an iota IREE keeps)
-    is a run-time input to OpenVINO."""
-    inside = {o for op in ops for o in nested_ops(op)}
+    is a run-time input to OpenVINO. ``inside``: ``ops`` and the ops nested in them."""
     for op in ops:
         if _inexact_i64(op, inside, passed):
             return _I64_MESSAGE
@@ -125,7 +125,7 @@ def region_i64_problem(graph: Graph, ids: frozenset[int]) -> str | None:
     inside = {o for op in ops for o in nested_ops(op)}
     passed = frozenset(v for v in external_operands(ops) if sunk_chain(v, inside) is None)
     outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
-    return i64_problem(ops, passed, outputs)
+    return i64_problem(ops, inside, passed, outputs)
 
 
 class OpenVinoBackend(OnnxGraphBackend):
@@ -156,7 +156,9 @@ class OpenVinoBackend(OnnxGraphBackend):
     def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
         block = func.regions[0].blocks[0]
         returned = list(list(block.operations)[-1].operands)
-        if (why := i64_problem(list(body_ops(func)), frozenset(block.arguments), returned)) is not None:
+        ops = list(body_ops(func))
+        inside = {o for op in ops for o in nested_ops(op)}
+        if (why := i64_problem(ops, inside, frozenset(block.arguments), returned)) is not None:
             raise CollageError(f"{func.location}: {why}; leave the region to another backend")
         art = super().build(func, out_dir, region)
         import onnx
