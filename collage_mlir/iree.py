@@ -15,8 +15,8 @@ from collage_runtime.manifest import Manifest
 
 from . import artifact
 from .graph import Graph, number_ops
-from .frontends import load_model
-from .ir import ir, new_context, parse_module
+from .frontends import load_model, stablehlo
+from .ir import ir, new_context
 from .measure.import_check import check_model_file
 from .plan import Plan
 from .search import resolve_plan
@@ -43,5 +43,5 @@ def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str |
 def compile_str(input_str: str | bytes, *, output_dir: str | Path, plan: "str | Plan" = "default",
                 **iree_kwargs) -> Manifest:
     """Like ``compile_file`` for MLIR text or bytecode held in memory."""
-    module = parse_module(input_str, new_context())
+    module = stablehlo.parse(input_str, new_context())
     return compile_module(module, plan, output_dir, **iree_kwargs).manifest

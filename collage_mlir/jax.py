@@ -19,7 +19,8 @@ import numpy as np
 
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
-from .ir import new_context, parse_module
+from .frontends import stablehlo
+from .ir import new_context
 from .measure.import_check import check_import as check, jax_source
 
 
@@ -55,7 +56,7 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
         raise CollageError(f"jax could not lower the function: {' '.join(str(exc).split())[:300]}") from None
     text = lowered.as_text()
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
-    module = parse_module(text, new_context(), where="<jax>")
+    module = stablehlo.parse(text, new_context(), where="<jax>")
     leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(example_args)]
     if check_import:  # device_put: the dtypes jax canonicalizes to (no x64: int64 becomes int32), as lowered
         check(module, jax_source(fn, example_args),

@@ -224,20 +224,28 @@ def _cumsum_axis(op: ir.Operation) -> tuple[int, bool] | None:
     return a, pads[a] == (0, n - 1)
 
 
+def _pooled_dims(op: ir.Operation) -> list[int]:
+    """The dims a window op pools over: window > 1, a stride or padding; the others (window 1, stride
+    1, no padding: batch and channel, wherever the layout puts them) are independent rows."""
+    dims = sh._array_attr(op, "window_dimensions", [])
+    strides = sh._array_attr(op, "window_strides", [1] * len(dims))
+    pads = _window_padding(op, len(dims))
+    return [a for a, (d, st, p) in enumerate(zip(dims, strides, pads)) if d != 1 or st != 1 or p != (0, 0)]
+
+
 def max_pool_window(op: ir.Operation) -> str | None:
-    """max over 1-3 trailing spatial dims, no dilation"""
+    """max over 1-3 dims of any layout (NCHW, JAX's NHWC...), no dilation"""
     if len(op.operands) != 2 or _reduce_kind(op) != "max":
         return "only one-input max windows (max pooling)"
-    dims = sh._array_attr(op, "window_dimensions", [])
-    if len(dims) < 3 or any(d != 1 for d in dims[:2]) or len(dims) > 5:
-        return "window must be 1x1 over batch and channel, 1-3 spatial dims"
     for name in ("base_dilations", "window_dilations"):
         if any(d != 1 for d in sh._array_attr(op, name, [])):
             return "no dilation"
-    rank = len(dims)
-    pads = _window_padding(op, rank)
-    if any(lo < 0 or hi < 0 for lo, hi in pads) or any(p != (0, 0) for p in pads[:2]):
-        return "padding only on spatial dims, non-negative"
+    pooled = _pooled_dims(op)
+    if not 1 <= len(pooled) <= 3:
+        return f"the window must pool 1-3 dims (it pools {len(pooled)})"
+    pads = _window_padding(op, len(sh._array_attr(op, "window_dimensions", [])))
+    if any(lo < 0 or hi < 0 for lo, hi in pads):
+        return "padding must be non-negative"
     if any(p != (0, 0) for p in pads):
         init = _constant_of(op.operands[1])
         if init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all()):
@@ -312,10 +320,8 @@ def _is_resource(attr: ir.Attribute) -> bool:
 
 
 def _constant_of(v: ir.Value) -> np.ndarray | None:
-    owner = v.owner
-    if isinstance(owner, ir.Block):
-        return None
-    return sh.constant_value(owner.operation)
+    """The value of ``v`` where it is a constant expression (JAX broadcasts its scalar inits), else None."""
+    return sh.const_expr_value(v)
 
 
 def _reduce_kind(op: ir.Operation) -> str | None:
@@ -517,12 +523,25 @@ def _reduce_window(b: _Builder, op, ins):
 
 
 def _max_pool(b: _Builder, op, ins):
+    """ONNX ``MaxPool`` over the pooled dims (``_pooled_dims``) moved last; the other dims are moved
+    first and, unless they are exactly two (batch, channel), merged into ``[1, rows]``."""
     dims = sh._array_attr(op, "window_dimensions", [])
     rank = len(dims)
     strides = sh._array_attr(op, "window_strides", [1] * rank)
     pads = _window_padding(op, rank)
-    y = b.node("MaxPool", [ins[0]], kernel_shape=dims[2:], strides=strides[2:],
-               pads=[lo for lo, _ in pads[2:]] + [hi for _, hi in pads[2:]])
+    shape, out_shape = _shape(op.operands[0]), _shape(op.results[0])
+    pooled = _pooled_dims(op)
+    free = [a for a in range(rank) if a not in pooled]
+    perm = free + pooled
+    x = b.transpose(ins[0], perm)
+    rows = [shape[a] for a in free]
+    if len(free) != 2:
+        x = b.reshape(x, [1, int(np.prod(rows, dtype=np.int64))] + [shape[a] for a in pooled])
+    y = b.node("MaxPool", [x], kernel_shape=[dims[a] for a in pooled], strides=[strides[a] for a in pooled],
+               pads=[pads[a][0] for a in pooled] + [pads[a][1] for a in pooled])
+    if len(free) != 2:
+        y = b.reshape(y, rows + [out_shape[a] for a in pooled])
+    y = b.transpose(y, [perm.index(a) for a in range(rank)])
     init = _constant_of(op.operands[1])
     if init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all()):
         y = b.node("Max", [y, ins[1]])

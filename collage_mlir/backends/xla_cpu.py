@@ -212,7 +212,7 @@ class XlaCpuBackend(OpSetBackend):
         one jaxlib cannot read either way fails here, at compile time, not when the program loads."""
         path = Path(out_dir) / "regions" / f"{region}.xla.mlirbc"
         data = region_module_bytecode(func)
-        if (why := jaxlib_parse_error(data)) is not None:
+        if jaxlib_parse_error(data) is not None:
             path, data = path.with_suffix(".mlir"), region_module_text(func)
             if (why_text := jaxlib_parse_error(data)) is not None:
                 raise CollageError(f"{func.location}: XLA (jaxlib {self.version()}) cannot read this region: "

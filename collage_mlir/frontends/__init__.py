@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..ir import ir, load_module
+from ..ir import ir
+from . import stablehlo
 
 
 def load_model(path: str | Path, context: ir.Context) -> ir.Module:
-    """A model file as StableHLO: ``.onnx`` through the ONNX frontend, ``.mlir``/``.mlirbc`` as they are."""
+    """A model file as StableHLO: ``.onnx`` through the ONNX frontend, ``.mlir``/``.mlirbc`` with their
+    function calls inlined (``frontends.stablehlo``)."""
     if Path(path).suffix == ".onnx":
         from .onnx import import_onnx
 
-        return import_onnx(path, context)
-    return load_module(path, context)
+        return stablehlo.normalize(import_onnx(path, context), where=str(path))
+    return stablehlo.load(path, context)
 
 
 def cache_dir() -> Path:

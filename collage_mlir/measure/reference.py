@@ -68,7 +68,8 @@ def model_inputs(module: ir.Module, examples: Mapping[str, Sequence[np.ndarray]]
 
 
 def return_also(func: ir.Operation, values: Sequence[ir.Value]) -> None:
-    """Makes ``func`` also return ``values`` (after its own results); call inside the module's context."""
+    """Makes ``func`` also return ``values`` (after its own results), each with no result attributes
+    (the function's own keep theirs: JAX's ``jax.result_info``); call inside the module's context."""
     block = func.regions[0].blocks[0]
     ret = block.operations[len(block.operations) - 1]
     operands = list(ret.operands) + list(values)
@@ -77,6 +78,9 @@ def return_also(func: ir.Operation, values: Sequence[ir.Value]) -> None:
     ret.erase()
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
     func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [v.type for v in operands]))
+    if "res_attrs" in func.attributes:
+        own = list(ir.ArrayAttr(func.attributes["res_attrs"]))
+        func.attributes["res_attrs"] = ir.ArrayAttr.get(own + [ir.DictAttr.get({})] * len(values))
 
 
 def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[str, list[np.ndarray]]

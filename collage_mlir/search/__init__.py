@@ -7,7 +7,7 @@ from ..backends import get_backend, registry
 from ..errors import CollageError
 from ..graph import Graph
 from ..plan import Plan
-from .simple_plans import preferred_plan, random_plan
+from .simple_plans import preferred_plan, random_plan, whole_plan
 
 
 def available_backends() -> list:
@@ -16,7 +16,8 @@ def available_backends() -> list:
 
 
 def resolve_plan(spec: "str | Plan", graph: Graph) -> Plan:
-    """A plan from ``default``, ``random:SEED``, ``prefer:B1,B2`` or a plan JSON file path."""
+    """A plan from ``default``, ``random:SEED``, ``prefer:B1,B2``, ``whole:B`` (B alone, taking all it
+    can: a tune's seed plan) or a plan JSON file path."""
     if isinstance(spec, Plan):
         return spec
     if spec == "default":
@@ -30,4 +31,6 @@ def resolve_plan(spec: "str | Plan", graph: Graph) -> Plan:
         return random_plan(graph, available_backends(), seed)
     if kind == "prefer" and arg:
         return preferred_plan(graph, [get_backend(n.strip(), where="--plan") for n in arg.split(",")])
+    if kind == "whole" and arg:
+        return whole_plan(graph, get_backend(arg.strip(), where="--plan"))
     return Plan.load(spec)

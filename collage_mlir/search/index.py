@@ -18,7 +18,7 @@ from ..ir import ir
 from ..plan import Plan
 from .candidates import enumerate_candidates
 from .cost import CostEstimator, transition_seconds
-from .regions import maximal_regions
+from .regions import MAXIMAL, maximal_regions
 
 
 @dataclass
@@ -108,8 +108,7 @@ def _result_bytes(op: ir.Operation) -> int:
     return total
 
 
-#: The pattern name of a backend's maximal region (``regions.py``) and of an op alone on the default backend.
-MAXIMAL = "maximal"
+#: The pattern name of an op alone on the default backend.
 ALONE = "alone"
 
 

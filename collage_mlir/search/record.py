@@ -16,7 +16,7 @@ reads it back; a plain plan file reads as a ``TunedPlan`` with no choices and no
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CollageError

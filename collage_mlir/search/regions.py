@@ -8,6 +8,9 @@ from ..backends import Backend, BackendKind
 from ..backends.base import OpSetBackend
 from ..graph import Graph
 
+#: The pattern name of a candidate that is one of its backend's maximal regions.
+MAXIMAL = "maximal"
+
 
 def maximal_regions(graph: Graph, backend: Backend) -> list[frozenset[int]]:
     """Disjoint convex regions covering the ops ``backend`` supports, each grown from its first op in

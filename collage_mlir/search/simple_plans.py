@@ -1,23 +1,25 @@
-"""Plans that need no measurement: random placement (a fuzzer for the whole pipeline) and
-"prefer these backends" placement (the demo's mixed plan)."""
+"""Plans that need no measurement: random placement (a fuzzer for the whole pipeline), "prefer these
+backends" placement (the demo's mixed plan) and one backend taking all it can (``whole:B``, the seeds of
+a tune)."""
 
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from ..backends import DEFAULT_BACKEND, Backend, Candidate
 from ..graph import Graph
 from ..plan import Plan, Region
 from .candidates import enumerate_candidates
+from .regions import MAXIMAL, maximal_regions
 
 
 def _greedy_plan(graph: Graph, backends: list[Backend], choose: Callable[[list[Candidate]], Candidate | None],
-                 source: str, order: list[int] | None = None) -> Plan:
+                 source: str, order: list[int] | None = None, extra: Sequence[Candidate] = ()) -> Plan:
     """Visits ops in ``order`` (default: topological); for each op not yet placed, ``choose`` picks one of
-    the candidates that contain it, overlap nothing placed so far and form no cycle with the regions
-    already placed (None leaves the op on the default backend)."""
-    candidates = enumerate_candidates(graph, backends)
+    the candidates (``backends``' own and ``extra``) that contain it, overlap nothing placed so far and
+    form no cycle with the regions already placed (None leaves the op on the default backend)."""
+    candidates = [*enumerate_candidates(graph, backends), *extra]
     taken: set[int] = set()
     regions: list[Region] = []
     for oid in order or graph.topological_order():
@@ -58,11 +60,35 @@ def random_plan(graph: Graph, backends: list[Backend], seed: int) -> Plan:
 
 def preferred_plan(graph: Graph, backends: list[Backend]) -> Plan:
     """Gives each op to the first backend in ``backends`` with a candidate for it, taking the largest
-    such candidate; ops nobody (or only the default backend) takes stay on the default backend."""
+    such candidate (a graph-level engine's maximal regions among them, so a preferred engine gets the
+    regions a tune would give it, not pattern-sized slices); ops nobody (or only the default backend)
+    takes stay on the default backend."""
     rank = {b.name: k for k, b in enumerate(backends)}
+    grown = [Candidate(b.name, MAXIMAL, ops) for b in backends for ops in maximal_regions(graph, b)]
 
     def choose(options: list[Candidate]) -> Candidate | None:
         pick = min(options, key=lambda c: (rank[c.backend], -len(c.ops)))
         return None if pick.backend == DEFAULT_BACKEND else pick
 
-    return _greedy_plan(graph, backends, choose, "preferred:" + ",".join(b.name for b in backends))
+    return _greedy_plan(graph, backends, choose, "preferred:" + ",".join(b.name for b in backends), extra=grown)
+
+
+def whole_plan(graph: Graph, backend: Backend, maximal: Sequence[frozenset[int]] | None = None) -> Plan:
+    """``backend`` alone, taking all it can: a graph-level engine its maximal regions (``maximal`` when
+    the caller has them), a library or codegen backend the largest candidate at each op; the default
+    backend is the empty plan."""
+    if backend.name == DEFAULT_BACKEND:
+        return Plan(source=backend.name)
+    regions = maximal if maximal is not None else maximal_regions(graph, backend)
+    if regions:
+        return Plan([Region(f"region_{k}", backend.name, r) for k, r in enumerate(regions)], source=backend.name)
+    plan = preferred_plan(graph, [backend])
+    plan.source = backend.name
+    return plan
+
+
+def single_backend_plans(graph: Graph, backends: Sequence[Backend],
+                         maximal: Mapping[str, Sequence[frozenset[int]]] | None = None) -> dict[str, Plan]:
+    """``whole_plan`` of each backend, for those that place anything (the default backend always)."""
+    plans = {b.name: whole_plan(graph, b, None if maximal is None else maximal[b.name]) for b in backends}
+    return {name: p for name, p in plans.items() if p.regions or name == DEFAULT_BACKEND}

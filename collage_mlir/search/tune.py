@@ -24,7 +24,7 @@ from ..measure import HARNESS_VERSION
 from ..measure.db import CostDB
 from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, module_digest
-from ..plan import Plan, PlanKey, Region
+from ..plan import Plan, PlanKey
 from .cost import Cost
 from .dp import EXACT, EXACT_MAX_OPS, DpLimits, optimize, reachable_candidates
 from .evolve import EvolveOptions, EvolveResult, evolve
@@ -33,8 +33,7 @@ from .index_cache import candidate_regions
 from .measured import MeasuredEstimator
 from .priority import measure_by_priority
 from .record import ChosenTimes, Finalist, PlanTimes, RegionChoice, TunedPlan, TuneRecord
-from .regions import maximal_regions
-from .simple_plans import preferred_plan
+from .simple_plans import single_backend_plans
 
 #: on_progress(stage, done, total, note): stage is "candidates", "seeds", "transitions", "regions", "dp",
 #: "evolve", "finalists"; total is None when unknown.
@@ -66,26 +65,6 @@ class TuneResult:
 
 #: What the DB keeps of a finished tune (``_result_key``): its document and the plans it compared.
 TUNE_RESULT = "tune-result"
-
-
-def single_backend_plans(graph: Graph, backends: Sequence[Backend],
-                         maximal: Mapping[str, Sequence[frozenset[int]]] | None = None) -> dict[str, Plan]:
-    """Each backend alone: a graph-level engine takes its maximal regions, a library or codegen
-    backend the largest candidate at each op (the default backend is the empty plan)."""
-    plans: dict[str, Plan] = {}
-    for b in backends:
-        if b.name == DEFAULT_BACKEND:
-            plans[b.name] = Plan(source=b.name)
-            continue
-        regions = maximal[b.name] if maximal is not None else maximal_regions(graph, b)
-        if regions:
-            plan = Plan([Region(f"region_{k}", b.name, r) for k, r in enumerate(regions)], source=b.name)
-        else:
-            plan = preferred_plan(graph, [b])
-            plan.source = b.name
-        if plan.regions:
-            plans[b.name] = plan
-    return plans
 
 
 def accepts_fn(graph: Graph) -> Callable[[str, frozenset[int]], bool]:

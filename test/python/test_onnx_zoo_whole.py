@@ -12,7 +12,6 @@ import pytest
 import collage_runtime
 from collage_mlir import zoo
 from collage_mlir.backends import get_backend
-from collage_mlir.bench.contenders.iree import whole_plan
 from collage_mlir.iree import compile_module
 from collage_mlir.ir import new_context
 
@@ -44,7 +43,7 @@ def iree_alone(tmp_path_factory):
 @pytest.mark.parametrize("backend", sorted(ENGINES))
 def test_whole_small_model_on_one_engine(model, backend, iree_alone, torch, tmp_path):
     pytest.importorskip(ENGINES[backend])
-    got, art = _run(model, lambda m: whole_plan(m, backend), tmp_path)
-    assert [r.backend for r in art.manifest.regions] == [backend]
+    got, art = _run(model, lambda m: f"whole:{backend}", tmp_path)
+    assert [r.backend for r in art.manifest.regions] == [backend]  # its maximal region is the whole model
     tol = get_backend(backend).tolerance
     np.testing.assert_allclose(got, iree_alone(model), rtol=tol.rtol, atol=tol.atol)

@@ -157,7 +157,8 @@ def test_tuned_cnn_plan_compiles_and_matches_iree_alone(tmp_path):
     from collage_mlir.search.dp import optimize
     from collage_mlir.search.evolve import EvolveOptions, evolve
     from collage_mlir.search.index import CandidateIndex
-    from collage_mlir.search.tune import accepts_fn, single_backend_plans
+    from collage_mlir.search.simple_plans import single_backend_plans
+    from collage_mlir.search.tune import accepts_fn
 
     from models import small_cnn
 

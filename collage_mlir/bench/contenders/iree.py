@@ -19,30 +19,9 @@ from . import Contender, Prepared, SetupContext
 IREE_FLAGS = ("--iree-opt-data-tiling=false",)
 IREE_DT_FLAGS = ("--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all")
 XLA_BACKEND = "xla-cpu"
-#: ``--plan whole:BACKEND``: the whole model as one region on BACKEND (a plan a user can state without
-#: any search, e.g. the best single engine's).
-WHOLE = "whole:"
-
-
-def whole_plan(module, backend_name: str):
-    """A plan putting every op of ``module`` in one region on ``backend_name``; a CollageError naming
-    the first op it cannot take otherwise."""
-    from ...backends import get_backend
-    from ...graph import Graph, number_ops
-    from ...plan import Plan, Region
-
-    number_ops(module)
-    graph = Graph(module)
-    backend = get_backend(backend_name)
-    why = backend.accepts(graph, frozenset(graph.nodes))
-    if why:
-        raise CollageError(f"{backend_name} cannot take the whole model: {why}")
-    return Plan([Region("whole", backend_name, frozenset(graph.nodes))], source=f"whole:{backend_name}")
-
-
 def compile_artifact(model: str, small: bool, plan: str, flags: list[str], out: str) -> int:
-    """Worker task: compiles the zoo model with ``plan`` (a plan string or ``whole:BACKEND``) into ``out``;
-    returns the number of ops the plan places."""
+    """Worker task: compiles the zoo model with ``plan`` (a plan string: ``whole:BACKEND`` is that backend's
+    maximal regions) into ``out``; returns the number of ops of the model."""
     from ... import zoo
     from ...graph import Graph, number_ops
     from ...ir import new_context
@@ -51,8 +30,7 @@ def compile_artifact(model: str, small: bool, plan: str, flags: list[str], out: 
     module = zoo.import_stablehlo(model, new_context(), small)
     number_ops(module)
     ops = len(Graph(module).nodes)
-    plan_spec = whole_plan(module, plan[len(WHOLE):]) if plan.startswith(WHOLE) else plan
-    compile_module(module, plan_spec, out, source=f"zoo:{model}", iree_args=list(flags))
+    compile_module(module, plan, out, source=f"zoo:{model}", iree_args=list(flags))
     return ops
 
 
@@ -90,6 +68,6 @@ CONTENDERS = (
               compiles_stablehlo=True),
     Contender("iree-dt", "IREE llvm-cpu alone (data tiling + ukernels)",
               partial(_setup, plan="default", flags=IREE_DT_FLAGS), compiles_stablehlo=True),
-    Contender("xla", "XLA:CPU (whole model as one xla-cpu region)", partial(_setup, plan=WHOLE + XLA_BACKEND),
+    Contender("xla", "XLA:CPU (whole model as one xla-cpu region)", partial(_setup, plan=f"whole:{XLA_BACKEND}"),
               compiles_stablehlo=True),
 )
