@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole default suite: lit (IR a pass produces, error lines), pytest (numerics, CLI), then the IREE
 # conformance files, two at a time: each runs in its own process (nothing shared), and they are most of
-# the suite's time.
+# the suite's time. test/python's folders mirror the package's stages (frontends/, graph/, backends/,
+# measure/, search/, passes/, runtime/, tools/, ...; conformance/ is the corpora).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lit -sv test/lit
-python3 -m pytest -q test/python --ignore=test/python/test_conformance.py
-python3 -m pytest -q -n 2 test/python/test_conformance.py
+python3 -m pytest -q test/python --ignore=test/python/conformance/test_conformance.py
+python3 -m pytest -q -n 2 test/python/conformance/test_conformance.py

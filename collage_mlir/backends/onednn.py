@@ -103,7 +103,7 @@ class OneDnnBackend(Backend):
     kind = BackendKind.LIBRARY
     install_hint = "pip install torch==2.13.0"
     # oneDNN/MKL reorder the reduction; measured max relative error stays under 1e-5 with atol for
-    # values near zero (see test/python/test_onednn.py).
+    # values near zero (see test/python/backends/test_onednn.py).
     tolerance = Tolerance(rtol=1e-4, atol=1e-5)
     patterns = (
         OpPattern("conv2d", "stablehlo.convolution", (static_f32, _conv2d), (BIAS, RESIDUAL, ACTIVATION)),

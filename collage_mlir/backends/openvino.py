@@ -135,7 +135,7 @@ class OpenVinoBackend(OnnxGraphBackend):
     executor = "collage_runtime.executors.openvino_model"
     patterns = engine_patterns(exact_types, no_scalar_dot)
     install_hint = "pip install 'collage-mlir[openvino]'"
-    # Measured vs IREE llvm-cpu on test/python/test_onnx_backends.py's unit-normal inputs: max abs error
+    # Measured vs IREE llvm-cpu on test/python/backends/test_onnx_backends.py's unit-normal inputs: max abs error
     # 1.3e-4 (ResNet-50 3x3 conv 1x64x56x56, outputs up to 123), 2.3e-5 (sum over 16k elements),
     # 4e-6 (layer norm), 0 for the BERT 128x768x768 matmul, strided 1x1, depthwise and NHWC convs
     # (same accumulation order as IREE), < 1e-7 (softmax, data movement). Winograd-style or blocked

@@ -33,7 +33,7 @@ class OrtBackend(OnnxGraphBackend):
     executor = "collage_runtime.executors.onnxruntime_session"
     patterns = engine_patterns(ort_kernels)
     install_hint = "pip install 'collage-mlir[ort]'"
-    # Measured vs IREE llvm-cpu on test/python/test_onnx_backends.py's unit-normal inputs: max abs error
+    # Measured vs IREE llvm-cpu on test/python/backends/test_onnx_backends.py's unit-normal inputs: max abs error
     # 1.8e-4 (BERT 128x768x768 matmul, outputs up to 118), 1.1e-4 (ResNet-50 3x3 conv 1x64x56x56,
     # outputs up to 123), 6e-5 (dilated NHWC conv), 4.6e-5 (strided 1x1), 2.3e-5 (sum over 16k
     # elements), 4e-6 (layer norm), < 1e-7 (softmax, data movement); i.e. about 1.5e-6 of the output

@@ -189,7 +189,7 @@ class XlaCpuBackend(OpSetBackend):
     name = "xla-cpu"
     kind = BackendKind.GRAPH
     install_hint = "pip install 'collage-mlir[xla]'"
-    # Measured against IREE llvm-cpu on the shapes of test/python/test_xla_cpu.py: ResNet-50 3x3 conv
+    # Measured against IREE llvm-cpu on the shapes of test/python/backends/test_xla_cpu.py: ResNet-50 3x3 conv
     # (1x64x56x56) and strided 1x1 (256->512, stride 2) bit-identical; MobileNetV2 depthwise max abs
     # 4.8e-7 (rel 1.1e-5); BERT-ish matmul + GELU 2.4e-7 (rel 4.4e-6); softmax 1.2e-7; layer norm 7.2e-7
     # (rel 7.9e-6); reductions over 512 elements max abs 4.4e-5 at |y| up to 72, rel up to 1.8e-4 only

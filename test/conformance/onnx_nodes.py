@@ -17,7 +17,7 @@ then for each plan compile, load with ``collage_runtime`` and run. Each (case, p
     crashed   the child died (a signal) or hung past the timeout
 
 A child that crashes costs the (case, plan) it was in; the rest go on in a new child. The rule
-``test/python/test_onnx_nodes.py`` enforces: no (case, plan) is wrong or crashed, and every case that
+``test/python/conformance/test_onnx_nodes.py`` enforces: no (case, plan) is wrong or crashed, and every case that
 passes under ``default`` passes under every plan, except entries of ``onnx_nodes_expected.json``.
 """
 

@@ -1,8 +1,10 @@
-"""Shared fixtures: torch models imported once per session, a private cache dir for imports."""
+"""Shared fixtures: torch imported once per session, a private cache dir for imports, one small compiled
+artifact several folders' tests read. (Shared models: models.py; shared paths: helpers.py.)"""
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import pytest
@@ -13,3 +15,18 @@ os.environ.setdefault("COLLAGE_CACHE_DIR", os.path.join(tempfile.gettempdir(), "
 @pytest.fixture(scope="session")
 def torch():
     return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="session")
+def ort_region_artifact(tmp_path_factory):
+    """An artifact whose function ``mm`` (an 8x8 matmul) is one ort region, compiled once per session.
+    Read it, or copy it before changing it."""
+    pytest.importorskip("onnxruntime")
+    from helpers import ROOT
+
+    sys.path.insert(0, str(ROOT))  # the repository root: studies/ is not an installed package
+    from studies.boundary import boundary
+
+    out = tmp_path_factory.mktemp("ort") / "art"
+    boundary.compile_region("ort", 64, out)
+    return out

@@ -1,4 +1,6 @@
-"""Small models built in code (random weights) for the numerics tests."""
+"""Small models built in code (random weights) that tests in several folders share: torch modules (``mlp``,
+``small_cnn``, ``lstm``, ``branching``), a StableHLO module (``two_blocks``) and an ONNX file (``onnx_cnn``).
+Each imports its framework when called, so a compiler-free test can import this module."""
 
 from __future__ import annotations
 
@@ -41,3 +43,57 @@ def branching():
 
     torch.manual_seed(0)
     return Branching().eval()
+
+
+TWO_BLOCKS = """func.func @main(%x: tensor<16x16xf32>) -> tensor<16x16xf32> {
+  %w0 = stablehlo.constant dense<%W0%> : tensor<16x16xf32>
+  %w1 = stablehlo.constant dense<%W1%> : tensor<16x16xf32>
+  %0 = stablehlo.dot_general %x, %w0, contracting_dims = [1] x [0] : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32>
+  %1 = stablehlo.tanh %0 : tensor<16x16xf32>
+  %2 = stablehlo.dot_general %1, %w1, contracting_dims = [1] x [0] : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32>
+  %3 = stablehlo.tanh %2 : tensor<16x16xf32>
+  return %3 : tensor<16x16xf32>
+}
+"""
+
+
+def two_blocks():
+    """A model with two matmul+tanh blocks that differ only in their weights (256 elements each, beyond
+    the structural hash's small-constant limit): ``(module, graph, [ops of block 0, ops of block 1])``,
+    its ops numbered."""
+    from collage_mlir.graph import Graph
+    from collage_mlir.ir import new_context, parse_module
+    from collage_mlir.passes.number_ops import NumberOpsPass
+
+    def dense(f) -> str:
+        return "[" + ", ".join("[" + ", ".join(f"{f(i, j):.4f}" for j in range(16)) + "]" for i in range(16)) + "]"
+
+    w0, w1 = dense(lambda i, j: (i * 16 + j) / 256), dense(lambda i, j: -(i + j) / 32)
+    module = parse_module(TWO_BLOCKS.replace("%W0%", w0).replace("%W1%", w1), new_context())
+    NumberOpsPass().run(module)
+    graph = Graph(module)
+    by_name = lambda name: sorted(i for i, n in graph.nodes.items() if n.name == name)  # noqa: E731
+    dots, tanhs = by_name("stablehlo.dot_general"), by_name("stablehlo.tanh")
+    return module, graph, [frozenset({d, t}) for d, t in zip(dots, tanhs)]
+
+
+def onnx_cnn(path) -> None:
+    """Writes a small ONNX CNN (conv, relu, global average pool, flatten, gemm; input ``x``: 2x3x8x8 f32,
+    output ``y``: 2x5) to ``path``."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.3, n) for n, s in
+             [("w", (4, 3, 3, 3)), ("b", (4,)), ("fc", (4, 5)), ("fb", (5,))]]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))

@@ -19,7 +19,7 @@ or failed call.
 
 It lives beside the conformance runner, not in it: it draws its models from both the conformance corpus
 and test/python/models.py, and runs one long process rather than one process per file. The pytest side
-(test/python/test_stress.py, marker ``bench`` for the long runs) imports it.
+(test/python/runtime/test_stress.py, marker ``bench`` for the long runs) imports it.
 """
 
 from __future__ import annotations

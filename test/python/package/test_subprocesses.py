@@ -12,7 +12,8 @@ import numpy as np
 
 from collage_mlir.measure.db import CostDB
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT
+
 MODEL = """func.func @main(%x: tensor<4x16xf32>) -> tensor<4x16xf32> {
   %0 = stablehlo.tanh %x : tensor<4x16xf32>
   %1 = stablehlo.add %0, %x : tensor<4x16xf32>

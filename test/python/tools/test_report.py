@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 from html.parser import HTMLParser
-from pathlib import Path
 
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context, parse_module
@@ -19,7 +18,8 @@ from collage_mlir.measure.extract import extract_region
 from collage_mlir.passes.number_ops import NumberOpsPass
 from collage_mlir.tools import cli
 
-LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
+from helpers import LIT_INPUTS
+
 
 
 class _Page(HTMLParser):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-CONFORMANCE_DIR = Path(__file__).resolve().parents[1] / "conformance"
+from helpers import CONFORMANCE as CONFORMANCE_DIR
+
 sys.path.insert(0, str(CONFORMANCE_DIR))
 from baseline import _JSON_MARK, CONFORMANCE  # noqa: E402
 

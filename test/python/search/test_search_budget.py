@@ -10,7 +10,7 @@ import time
 
 from collage_mlir.backends import Candidate, RegionKey, get_backend
 from collage_mlir.graph import Graph
-from collage_mlir.ir import new_context, parse_module
+from collage_mlir.ir import new_context
 from collage_mlir.measure import HARNESS_VERSION
 from collage_mlir.measure.db import CostDB, Measurement, Transition
 from collage_mlir.measure.device import device_fingerprint
@@ -23,6 +23,8 @@ from collage_mlir.search.dp import EXACT_MAX_OPS, SPENT, DpLimits, optimize
 from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
 from collage_mlir.search.measured import PROBE_SIZES, MeasuredEstimator
 from collage_mlir.search.regions import maximal_regions
+
+from models import two_blocks
 
 BACKENDS = ("a", "b", "c", "d", "e")
 
@@ -73,35 +75,8 @@ def test_dp_is_bounded_where_labels_exploded_and_degrades_past_the_deadline():
             <= 1e-9 * result.cost_s
 
 
-TWO_BLOCKS = """func.func @main(%x: tensor<16x16xf32>) -> tensor<16x16xf32> {
-  %w0 = stablehlo.constant dense<%W0%> : tensor<16x16xf32>
-  %w1 = stablehlo.constant dense<%W1%> : tensor<16x16xf32>
-  %0 = stablehlo.dot_general %x, %w0, contracting_dims = [1] x [0] : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32>
-  %1 = stablehlo.tanh %0 : tensor<16x16xf32>
-  %2 = stablehlo.dot_general %1, %w1, contracting_dims = [1] x [0] : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32>
-  %3 = stablehlo.tanh %2 : tensor<16x16xf32>
-  return %3 : tensor<16x16xf32>
-}
-"""
-
-
-def _two_blocks():
-    """A model with two matmul+tanh blocks that differ only in their weights (256 elements each, beyond
-    the structural hash's small-constant limit)."""
-    def dense(f) -> str:
-        return "[" + ", ".join("[" + ", ".join(f"{f(i, j):.4f}" for j in range(16)) + "]" for i in range(16)) + "]"
-
-    w0, w1 = dense(lambda i, j: (i * 16 + j) / 256), dense(lambda i, j: -(i + j) / 32)
-    module = parse_module(TWO_BLOCKS.replace("%W0%", w0).replace("%W1%", w1), new_context())
-    NumberOpsPass().run(module)
-    graph = Graph(module)
-    by_name = lambda name: sorted(i for i, n in graph.nodes.items() if n.name == name)
-    dots, tanhs = by_name("stablehlo.dot_general"), by_name("stablehlo.tanh")
-    return module, graph, [frozenset({d, t}) for d, t in zip(dots, tanhs)]
-
-
 def test_repeated_blocks_share_one_row_by_structure(tmp_path):
-    module, graph, blocks = _two_blocks()
+    module, graph, blocks = two_blocks()
     first, second = (extract_region(graph, b) for b in blocks)
     assert first.hash == second.hash  # weights are not in the key: a region's time does not depend on them
     db = CostDB(tmp_path / "costs.sqlite")
@@ -114,7 +89,7 @@ def test_repeated_blocks_share_one_row_by_structure(tmp_path):
 
 
 def test_spent_deadline_measures_nothing_and_records_nothing(tmp_path, monkeypatch):
-    module, _, blocks = _two_blocks()
+    module, _, blocks = two_blocks()
     # No values captured yet (another test may have measured this very module in this process, and a
     # capture already done would rightly let the second case build).
     monkeypatch.setattr(harness, "_CAPTURED", {"key": None, "values": {}})
@@ -166,7 +141,7 @@ def test_maximal_regions_equal_the_rule_spelled_out():
 def test_transitions_between_two_engines_are_priced_through_the_default(tmp_path):
     """Only the default backend's pairs are in the DB and the budget is spent: the fit reads them, probes
     nothing, and prices engine → engine as leaving through the default backend and entering from it."""
-    module, _, _ = _two_blocks()
+    module, _, _ = two_blocks()
     db = CostDB(tmp_path / "costs.sqlite")
     device, _ = device_fingerprint()
     backends = [get_backend(n) for n in ("iree-cpu", "onednn", "ort")]

@@ -7,14 +7,15 @@ the whole suite (~1,900 cases, about an hour on 2 cores) is ``-m bench``."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+
+from helpers import CONFORMANCE
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+sys.path.insert(0, str(CONFORMANCE))
 from onnx_nodes import PLANS, expand, load_expected, prepare, run_parallel, violations  # noqa: E402
 
 #: (op module under onnx.backend.test.case.node, case): elementwise, broadcasting, a boolean select, matmul,

@@ -6,12 +6,13 @@ and GPT-2, JAX CNN, post-processing and encoder; default, random:1-6 and three p
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import CONFORMANCE
+
 pytest.importorskip("jax")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+sys.path.insert(0, str(CONFORMANCE))
 import framework_models  # noqa: E402
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT
+
 
 #: The stages in import order; a module may import its own stage and the ones before it.
 STAGES = ["__init__", "errors", "ir", "dialects", "frontends", "graph", "backends", "plan", "measure", "search",

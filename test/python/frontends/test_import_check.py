@@ -25,7 +25,9 @@ from collage_mlir.ir import new_context  # noqa: E402
 from collage_mlir.measure.import_check import check_model_file, compare  # noqa: E402
 from collage_mlir.tools import cli  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+from helpers import CONFORMANCE
+
+sys.path.insert(0, str(CONFORMANCE))
 from onnx_nodes import node_cases, write_case  # noqa: E402
 
 #: (ONNX node test, the op module that builds it, output name, op type): wrong with exit 0 before the check.

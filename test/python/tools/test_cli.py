@@ -13,7 +13,8 @@ import pytest
 import collage_runtime
 from collage_mlir.iree import compile_file, compile_str
 
-LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
+from helpers import LIT_INPUTS
+
 
 TWO_FUNCS = """
 func.func @scale(%x: tensor<3x4xf32>, %w: tensor<4x2xf32>) -> tensor<3x2xf32> {

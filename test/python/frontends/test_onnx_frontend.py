@@ -13,23 +13,9 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
 
-
-def _cnn(path) -> None:
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.3, n) for n, s in
-             [("w", (4, 3, 3, 3)), ("b", (4,)), ("fc", (4, 5)), ("fb", (5,))]]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
-             helper.make_node("Flatten", ["p"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc", "fb"], ["y"])]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    onnx.save(model, str(path))
+from models import onnx_cnn  # noqa: E402
 
 
 def collage(*args: str) -> subprocess.CompletedProcess:
@@ -38,7 +24,7 @@ def collage(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("plan", ["default"])  # prefer:ort: the README's cli example (test_readme_examples.py)
 def test_onnx_model_compiles_and_equals_onnxruntime(plan, tmp_path):
-    _cnn(tmp_path / "cnn.onnx")
+    onnx_cnn(tmp_path / "cnn.onnx")
     x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     r = collage("compile", str(tmp_path / "cnn.onnx"), "--plan", plan, "-o", str(tmp_path / "a"))

@@ -13,11 +13,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-STRESS = Path(__file__).resolve().parents[1] / "stress"
+from helpers import STRESS
+
 sys.path.insert(0, str(STRESS))
 import mixed_engines  # noqa: E402
 

@@ -6,7 +6,6 @@ program costs little beyond its engine (a loose bound: CI machines are shared)."
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,9 @@ from collage_mlir.iree import compile_module
 from collage_mlir.ir import new_context, parse_module
 from collage_mlir.plan import Plan, Region
 
-sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository root: studies/ is not an installed package
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT))  # the repository root: studies/ is not an installed package
 from studies.boundary import boundary  # noqa: E402
 
 _MODULES = {"ort": "onnxruntime", "openvino": "openvino", "xla-cpu": "jax", "onednn": "torch"}

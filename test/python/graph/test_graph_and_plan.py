@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -16,7 +14,9 @@ from collage_mlir.passes.number_ops import NumberOpsPass
 from collage_mlir.plan import Plan, Region
 from collage_mlir.search.candidates import enumerate_candidates
 
-MLP = Path(__file__).resolve().parents[1] / "lit" / "Inputs" / "mlp.mlir"
+from helpers import LIT_INPUTS
+
+MLP = LIT_INPUTS / "mlp.mlir"
 
 DIAMOND = """
 func.func @d(%a: tensor<4xf32>) -> tensor<4xf32> {

@@ -8,11 +8,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
+from helpers import LIT_INPUTS
+
 
 pytestmark = pytest.mark.bench
 

@@ -5,7 +5,7 @@ of two ways: exit 0 with the right answer (compared with IREE alone on the same 
 answer with exit 0 fails the test.
 
 The default suite runs a few cases per target (deterministic: hypothesis' derandomize); the campaign
-(``pytest -m bench test/python/test_fuzz.py``, COLLAGE_FUZZ_EXAMPLES cases per target, default 1000) is
+(``pytest -m bench test/python/tools/test_fuzz.py``, COLLAGE_FUZZ_EXAMPLES cases per target, default 1000) is
 recorded in docs/reliability.md.
 """
 
@@ -30,7 +30,8 @@ from collage_mlir.ir import new_context, parse_module
 from collage_mlir.tools.cli import main as collage_main
 from collage_runtime.program import InputError
 
-LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
+from helpers import LIT_INPUTS
+
 MLP = (LIT_INPUTS / "mlp.mlir").read_text()
 PLAN = (LIT_INPUTS / "mlp-plan.json").read_text()
 SMALL = int(os.environ.get("COLLAGE_FUZZ_SMALL", "8"))

@@ -26,7 +26,8 @@ from collage_mlir.ir import new_context, parse_module
 from collage_runtime.manifest import ArtifactError
 from collage_runtime.program import InputError
 
-LIT_INPUTS = Path(__file__).resolve().parents[1] / "lit" / "Inputs"
+from helpers import FAULTY, LIT_INPUTS
+
 MLP = (LIT_INPUTS / "mlp.mlir").read_text()
 PLAN = str(LIT_INPUTS / "mlp-plan.json")
 
@@ -238,7 +239,6 @@ def test_db_reading_commands_never_create_a_database(tmp_path):
     assert not missing.parent.exists()
 
 
-FAULTY = Path(__file__).resolve().parent / "faulty"
 ADD = """
 func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
   %0 = stablehlo.add %a, %b : tensor<4xf32>

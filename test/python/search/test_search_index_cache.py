@@ -8,11 +8,11 @@ from collage_mlir.measure.db import CostDB
 from collage_mlir.measure.harness import module_digest
 from collage_mlir.search import index_cache
 
-from test_search_budget import _two_blocks
+from models import two_blocks
 
 
 def test_rerun_reads_the_candidates_enumeration_found(tmp_path, monkeypatch):
-    module, graph, _ = _two_blocks()
+    module, graph, _ = two_blocks()
     backends = [get_backend("iree-cpu"), get_backend("onednn")]
     digest = module_digest(module)
     db = CostDB(tmp_path / "costs.sqlite")

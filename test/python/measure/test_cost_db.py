@@ -20,7 +20,8 @@ from collage_mlir.errors import CollageError
 from collage_mlir.measure import HARNESS_VERSION
 from collage_mlir.measure.db import CostDB, Measurement, Transition, default_db_path
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT
+
 
 
 def meas(region_hash: str = "r0", backend: str = "onednn", status: str = "ok", **kw) -> Measurement:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-LIT = ROOT / "test" / "lit"
+from helpers import LIT, ROOT
+from models import onnx_cnn
+
 _BLOCK = re.compile(r"<!-- example: (\w+) -->\n```(\w+)\n(.*?)```", re.DOTALL)
 EXAMPLES = {name: (lang, code) for name, lang, code in _BLOCK.findall((ROOT / "README.md").read_text())}
 
@@ -63,9 +63,7 @@ def test_python_example(name, workdir):
 
 def test_cli_example(workdir):
     pytest.importorskip("onnx")
-    from test_onnx_frontend import _cnn
-
-    _cnn(workdir / "model.onnx")  # input x: 2x3x8x8, as x.npy
+    onnx_cnn(workdir / "model.onnx")  # input x: 2x3x8x8, as x.npy
     lang, code = EXAMPLES["cli"]
     assert lang == "sh"
     r = subprocess.run(["bash", "-e", "-c", code], capture_output=True, text=True)

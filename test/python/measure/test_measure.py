@@ -21,7 +21,8 @@ from collage_mlir.measure.timing import TimingOptions
 from collage_mlir.measure.validate import compare
 from collage_mlir.passes.number_ops import NumberOpsPass
 
-FAULTY = Path(__file__).parent / "faulty"
+from helpers import FAULTY, HERE
+
 QUICK = TimingOptions(budget_s=0.05, min_repeats=3, max_repeats=20)
 
 ELEMENTWISE = """
@@ -182,7 +183,8 @@ def test_extraction_preserves_results_on_conformance_inputs(monkeypatch):
     from collage_mlir.measure.worker import Worker
 
     # Two worker processes (the harness's own): a file IREE cannot handle costs that file only.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    # The workers import this file (and the helpers it imports) by name.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
     workers = [Worker(f"extract{k}") for k in range(2)]
     try:
         with ThreadPoolExecutor(len(workers)) as pool:

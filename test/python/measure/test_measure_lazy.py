@@ -14,7 +14,7 @@ from collage_mlir.measure.device import device_fingerprint
 from collage_mlir.measure.extract import HASH_VERSION, extract_region
 from collage_mlir.measure.harness import MeasureOptions, measure_regions, module_digest
 
-from test_search_budget import _two_blocks
+from models import two_blocks
 
 
 def _put_row(db: CostDB, region_hash: str, median_s: float = 1e-5) -> None:
@@ -35,7 +35,7 @@ def _counting_extract(monkeypatch) -> list[frozenset[int]]:
 
 
 def test_warm_rerun_extracts_nothing_and_answers_the_same(tmp_path, monkeypatch):
-    module, graph, blocks = _two_blocks()
+    module, graph, blocks = two_blocks()
     db = CostDB(tmp_path / "costs.sqlite")
     _put_row(db, extract_region(graph, blocks[0]).hash)
     const = frozenset(i for i, n in graph.nodes.items() if n.name == "stablehlo.constant")
@@ -52,7 +52,7 @@ def test_warm_rerun_extracts_nothing_and_answers_the_same(tmp_path, monkeypatch)
 
 
 def test_lookup_is_lazy_in_the_order_given_and_stops_extracting_past_the_deadline(tmp_path, monkeypatch):
-    module, graph, blocks = _two_blocks()
+    module, graph, blocks = two_blocks()
     db = CostDB(tmp_path / "costs.sqlite")
     for b in blocks:
         _put_row(db, extract_region(graph, b).hash)
@@ -81,7 +81,7 @@ def test_hash_cache_table_is_added_to_an_existing_database(tmp_path):
     CostDB(path).close()
     with sqlite3.connect(path) as c:  # a database written before the cache existed has no such table
         assert "region_hashes" not in {r[0] for r in c.execute("SELECT name FROM sqlite_master")}
-    module, graph, blocks = _two_blocks()
+    module, graph, blocks = two_blocks()
     with CostDB(path) as db:
         assert db.region_hashes(module_digest(module), HASH_VERSION) == {}
         measure_regions(module, [RegionKey("iree-cpu", blocks[0])], db, options=MeasureOptions(capture_s=1e9, deadline=1e18))

@@ -1,0 +1,15 @@
+"""Paths the tests in every sub-folder share. test/python is on ``sys.path`` (pyproject's pytest
+``pythonpath``), so every test imports this module and ``models`` the same way, from any folder:
+``from helpers import LIT_INPUTS``, ``from models import mlp``. Test files never import each other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]                     # the repository (README.md, collage_mlir/, studies/)
+LIT = ROOT / "test" / "lit"
+LIT_INPUTS = LIT / "Inputs"                # small .mlir models and plans the lit tests use too
+CONFORMANCE = ROOT / "test" / "conformance"  # the corpora's runners: onnx_nodes.py, framework_models.py, ...
+STRESS = ROOT / "test" / "stress"
+FAULTY = HERE / "faulty"                   # backends and executors that fail on purpose (their entry points)
