@@ -271,10 +271,16 @@ class _Builder:
         self.count += 1
         return f"{hint}_{self.count}"
 
-    def node(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs) -> str:
+    def node(self, op_type: str, inputs: list[str], **attrs) -> str:
+        """Adds a node; its (only) output's name."""
+        (out,) = self.multi_node(op_type, inputs, 1, **attrs)
+        return out
+
+    def multi_node(self, op_type: str, inputs: list[str], n_out: int, **attrs) -> list[str]:
+        """Adds a node with ``n_out`` outputs; their names."""
         outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(self.helper.make_node(op_type, inputs, outs, name=outs[0], **attrs))
-        return outs[0]
+        return outs
 
     def const(self, value: np.ndarray, hint: str = "c") -> str:
         from onnx import numpy_helper
@@ -382,6 +388,28 @@ def _not(b: _Builder, op, ins):
 
 def _unary(b: _Builder, op, ins):
     return [b.node(UNARY[op.name], ins)]
+
+
+def _square(b: _Builder, op, ins):
+    return [b.node("Mul", [ins[0], ins[0]])]
+
+
+def _erf(b: _Builder, op, ins):
+    return [b.node("Erf", ins)]
+
+
+def _erfc(b: _Builder, op, ins):
+    """1 - erf(x): exact to f32's absolute precision (JAX's exact GELU is x * erfc(-x / sqrt 2) / 2)."""
+    one = b.const(np.ones((), DTYPES[_dtype(op.results[0])][0]), "one")
+    return [b.node("Sub", [one, b.node("Erf", ins)])]
+
+
+def _top_k(b: _Builder, op, ins):
+    """ONNX ``TopK`` on the last axis, largest first; ties keep the lower index first, as
+    ``chlo.top_k`` (the ONNX spec's tie rule)."""
+    values, indices = b.multi_node("TopK", [ins[0], b.ints([_int_attr(op, "k")], "k")], 2, axis=-1, largest=1,
+                                   sorted=1)
+    return [values, b.node("Cast", [indices], to=DTYPES[_dtype(op.results[1])][1])]
 
 
 def _rsqrt(b: _Builder, op, ins):
@@ -631,6 +659,10 @@ OPS: dict[str, OnnxOp] = {
     "stablehlo.negate": OnnxOp(_unary, _NUM),
     "stablehlo.abs": OnnxOp(_unary, _NUM),
     "stablehlo.rsqrt": OnnxOp(_rsqrt, (static_known_types, float_operands)),
+    "chlo.square": OnnxOp(_square, _NUM),
+    "chlo.erf": OnnxOp(_erf, (static_known_types, float_operands)),
+    "chlo.erfc": OnnxOp(_erfc, (static_known_types, float_operands)),
+    "chlo.top_k": OnnxOp(_top_k, (static_known_types, numeric_operands)),
     "stablehlo.compare": OnnxOp(_compare, (static_known_types, supported_compare)),
     "stablehlo.select": OnnxOp(_select, (static_known_types,)),
     "stablehlo.convert": OnnxOp(_convert, (static_known_types,)),

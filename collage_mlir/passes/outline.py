@@ -110,12 +110,27 @@ def outline_region(func: ir.Operation, ops: list[ir.Operation], region: str, bac
         remap_operands(op, mapping)
     with loc, ir.InsertionPoint(entry):
         func_d.ReturnOp(outputs)
-    for _, chain in sunk:  # drop constant expressions whose every use moved into regions
-        for p in reversed(chain):
-            if list(p.results[0].uses) or collage.REGION in p.attributes:
-                break
-            p.erase()
+    _erase_unused([p for _, chain in sunk for p in chain])
     return fn
+
+
+def _erase_unused(chain_ops: list[ir.Operation]) -> None:
+    """Erases the constant-expression ops of ``chain_ops`` whose every use moved into regions, users
+    before producers. Chains share ops (a broadcast another sunk value converts): each op is visited
+    once, and never after it is erased (touching an erased op kills the process)."""
+    pending: list[ir.Operation] = []
+    for op in chain_ops:
+        if not any(op == p for p in pending):
+            pending.append(op)
+    pending = [op for op in pending if collage.REGION not in op.attributes]
+    progress = True
+    while progress:
+        progress = False
+        for op in list(pending):
+            if not list(op.results[0].uses):
+                pending.remove(op)
+                op.erase()
+                progress = True
 
 
 def _own_constants(region: str, ops: list[ir.Operation]) -> None:

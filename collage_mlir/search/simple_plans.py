@@ -58,35 +58,38 @@ def random_plan(graph: Graph, backends: list[Backend], seed: int) -> Plan:
     return _greedy_plan(graph, backends, choose, f"random:{seed}", order)
 
 
-def preferred_plan(graph: Graph, backends: list[Backend]) -> Plan:
+def preferred_plan(graph: Graph, backends: list[Backend], source: str | None = None,
+                   maximal: Mapping[str, Sequence[frozenset[int]]] | None = None) -> Plan:
     """Gives each op to the first backend in ``backends`` with a candidate for it, taking the largest
-    such candidate (a graph-level engine's maximal regions among them, so a preferred engine gets the
-    regions a tune would give it, not pattern-sized slices); ops nobody (or only the default backend)
-    takes stay on the default backend."""
+    such candidate (a graph-level engine's maximal regions among them, ``maximal`` when the caller has
+    them, so a preferred engine gets the regions a tune would give it, not pattern-sized slices); ops
+    nobody (or only the default backend) takes stay on the default backend."""
     rank = {b.name: k for k, b in enumerate(backends)}
-    grown = [Candidate(b.name, MAXIMAL, ops) for b in backends for ops in maximal_regions(graph, b)]
+    grown = [Candidate(b.name, MAXIMAL, ops) for b in backends
+             for ops in (maximal[b.name] if maximal is not None else maximal_regions(graph, b))]
 
     def choose(options: list[Candidate]) -> Candidate | None:
         pick = min(options, key=lambda c: (rank[c.backend], -len(c.ops)))
         return None if pick.backend == DEFAULT_BACKEND else pick
 
-    return _greedy_plan(graph, backends, choose, "preferred:" + ",".join(b.name for b in backends), extra=grown)
+    return _greedy_plan(graph, backends, choose, source or "preferred:" + ",".join(b.name for b in backends),
+                        extra=grown)
 
 
 def whole_plan(graph: Graph, backend: Backend, maximal: Sequence[frozenset[int]] | None = None) -> Plan:
     """``backend`` alone, taking all it can: a graph-level engine its maximal regions (``maximal`` when
-    the caller has them), a library or codegen backend the largest candidate at each op; the default
-    backend is the empty plan."""
+    the caller has them) and any op it takes outside them, a library or codegen backend the largest
+    candidate at each op; the default backend is the empty plan."""
     if backend.name == DEFAULT_BACKEND:
         return Plan(source=backend.name)
     regions = maximal if maximal is not None else maximal_regions(graph, backend)
-    if regions:
+    placed = frozenset().union(*regions)
+    # Ops it takes outside its maximal regions (an op with no neighbour it takes: a region of one);
+    # operand-free ops (constants) are copied into the regions that read them.
+    if regions and not any(i not in placed and len(n.op.operands) and backend.supports(n.op) is None
+                           for i, n in graph.nodes.items()):
         return Plan([Region(f"region_{k}", backend.name, r) for k, r in enumerate(regions)], source=backend.name)
-    plan = preferred_plan(graph, [backend])
-    plan.source = backend.name
-    return plan
-
-
+    return preferred_plan(graph, [backend], source=backend.name, maximal={backend.name: regions})
 def single_backend_plans(graph: Graph, backends: Sequence[Backend],
                          maximal: Mapping[str, Sequence[frozenset[int]]] | None = None) -> dict[str, Plan]:
     """``whole_plan`` of each backend, for those that place anything (the default backend always)."""

@@ -108,3 +108,30 @@ func.func @weights(%x: tensor<2x8xf32>) -> tensor<2x8xf32> {
     }
   }
 #-}
+
+// -----
+
+// Two values the region reads are constant expressions sharing ops (%b2 reshapes %b1): both are
+// sunk, and each shared op is erased once, after its last user (outlining used to touch an op it had
+// already erased and kill the process: a JAX CNN's tuned plan).
+// ORDER-LABEL: func.func @shared_chain
+// ORDER-NEXT: %[[R:.*]] = call @s(%arg0)
+// ORDER-NEXT: return %[[R]]
+// ORDER-LABEL: func.func private @s(%arg0: tensor<8xf32>) -> tensor<2x4xf32>
+// ORDER-NEXT: stablehlo.constant dense<0.000000e+00> : tensor<f32>
+// ORDER-NEXT: stablehlo.broadcast_in_dim
+// ORDER-NEXT: stablehlo.reshape
+// ORDER-NEXT: stablehlo.constant dense<0.000000e+00> : tensor<f32>
+// ORDER-NEXT: stablehlo.broadcast_in_dim
+// ORDER-NEXT: stablehlo.add %arg0
+// ORDER-NEXT: stablehlo.reshape
+// ORDER-NEXT: stablehlo.maximum
+func.func @shared_chain(%a: tensor<8xf32>) -> tensor<2x4xf32> {
+  %c = stablehlo.constant dense<0.0> : tensor<f32>
+  %b1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<2x4xf32>
+  %b2 = stablehlo.reshape %b1 : (tensor<2x4xf32>) -> tensor<8xf32>
+  %0 = stablehlo.add %a, %b2 {collage.backend = "ort", collage.region = "s"} : tensor<8xf32>
+  %1 = stablehlo.reshape %0 {collage.backend = "ort", collage.region = "s"} : (tensor<8xf32>) -> tensor<2x4xf32>
+  %2 = stablehlo.maximum %1, %b1 {collage.backend = "ort", collage.region = "s"} : tensor<2x4xf32>
+  return %2 : tensor<2x4xf32>
+}

@@ -1,0 +1,173 @@
+"""JAX-made StableHLO through collage: private functions inlined at load with the public signature kept
+(``frontends.stablehlo``), the reference run keeping JAX's result attributes, NHWC max pooling on the
+ONNX engines, ``prefer:``/``whole:`` plans taking an engine's maximal regions, and a JAX module through
+``collage tune``. Engines are compared with ``jax.jit`` at the backend's tolerance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from collage_mlir.errors import CollageError
+from collage_mlir.frontends import stablehlo
+from collage_mlir.ir import new_context
+
+CALLS = """module @jit_f {
+  func.func public @main(%arg0: tensor<4xf32> {jax.arg_info = "x", mhlo.sharding = "{replicated}"})
+      -> (tensor<4xf32> {jax.result_info = "[0]"}, tensor<4xf32> {jax.result_info = "[1]"}) {
+    %0 = call @relu(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+    %1 = call @twice(%0) : (tensor<4xf32>) -> tensor<4xf32>
+    return %0, %1 : tensor<4xf32>, tensor<4xf32>
+  }
+  func.func private @relu(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+    %cst = stablehlo.constant dense<0.0> : tensor<4xf32>
+    %0 = stablehlo.maximum %arg0, %cst : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+  func.func private @twice(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = call @relu(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+    %1 = stablehlo.add %0, %0 : tensor<4xf32>
+    return %1 : tensor<4xf32>
+  }
+}"""
+
+RECURSIVE = """func.func private @f(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = call @f(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = call @f(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}"""
+
+
+def _header(text: str) -> str:
+    return next(line for line in text.splitlines() if "func.func public @main" in line or "func.func @main" in line)
+
+
+def test_calls_are_inlined_and_the_public_signature_kept():
+    module = stablehlo.parse(CALLS, new_context())
+    text = str(module)
+    assert "call @" not in text and text.count("func.func") == 1
+    header = _header(text)
+    for attr in ('jax.arg_info = "x"', 'mhlo.sharding = "{replicated}"', 'jax.result_info = "[0]"',
+                 'jax.result_info = "[1]"', "module @jit_f"):
+        assert attr in header or attr in text.splitlines()[0], attr
+
+
+def test_a_recursive_call_is_one_error():
+    with pytest.raises(CollageError, match="cannot all be inlined"):
+        stablehlo.parse(RECURSIVE, new_context(), where="rec.mlir")
+
+
+# --- compiled, against jax.jit -------------------------------------------------------------------
+
+
+def _jax_module(f, *args, folder):
+    jax = pytest.importorskip("jax")
+    path = folder / "model.mlir"
+    path.write_text(jax.jit(f).lower(*args).as_text())
+    return path, [np.asarray(r) for r in jax.tree_util.tree_leaves(jax.jit(f)(*args))]
+
+
+def _compile_and_run(path, plan: str, args, out) -> tuple[list[np.ndarray], object]:
+    import collage_runtime
+    from collage_mlir.iree import compile_file
+
+    manifest = compile_file(path, output_dir=out, plan=plan, check_import=False)
+    with collage_runtime.load(out, threads=1) as prog:
+        return [np.array(y) for y in prog.invoke("main", *args)], manifest
+
+
+def _unplaced(path, plan: str) -> set[str]:
+    """The names of the ops (constants aside) ``plan`` leaves on the default backend."""
+    from collage_mlir.frontends import load_model
+    from collage_mlir.graph import Graph, number_ops
+    from collage_mlir.search import resolve_plan
+
+    module = load_model(path, new_context())
+    number_ops(module)
+    graph = Graph(module)
+    placed = set().union(*(r.ops for r in resolve_plan(plan, graph).regions))
+    return {n.op.name for i, n in graph.nodes.items() if i not in placed and n.op.name != "stablehlo.constant"}
+
+
+def _pools():
+    """Max pools as JAX users write them: NHWC 3x3/2 SAME (ResNet's stem: a padded window whose -inf init
+    JAX broadcasts), NHWC 2x2 VALID, a 1-D pool over (N, L, C) and one over (C, H, W) without batch."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, s, c):
+        pool = lambda v, w, st, pad: jax.lax.reduce_window(v, -jnp.inf, jax.lax.max, w, st, pad)  # noqa: E731
+        return (pool(x, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), pool(x, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+                pool(s, (1, 3, 1), (1, 2, 1), "SAME"), pool(c, (1, 2, 2), (1, 2, 2), "VALID"))
+
+    rng = np.random.default_rng(0)
+    return f, [rng.standard_normal(s).astype(np.float32) for s in ((2, 9, 8, 5), (2, 11, 3), (3, 6, 6))]
+
+
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_max_pools_of_any_layout_on_one_engine_match_jax(backend, tmp_path):
+    from collage_mlir.backends import get_backend
+
+    pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
+    f, args = _pools()
+    path, want = _jax_module(f, *args, folder=tmp_path)
+    got, manifest = _compile_and_run(path, f"whole:{backend}", args, tmp_path / "out")
+    assert [r.backend for r in manifest.regions] == [backend] * 4  # one region per pool: none is connected
+    tol = get_backend(backend).tolerance
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=tol.rtol, atol=tol.atol)
+
+
+def _chlo():
+    """The CHLO ops JAX emits in models: ``chlo.square`` (``jnp.var``), ``chlo.erfc`` (exact GELU) and
+    ``chlo.top_k`` (values and i32 indices)."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x):
+        values, indices = jax.lax.top_k(x, 3)
+        return jnp.var(x, axis=-1), jax.nn.gelu(x, approximate=False), values, indices
+
+    return f, [np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32) * 3]
+
+
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_chlo_ops_on_one_engine_match_jax(backend, tmp_path):
+    from collage_mlir.backends import get_backend
+
+    pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
+    f, args = _chlo()
+    path, want = _jax_module(f, *args, folder=tmp_path)
+    got, manifest = _compile_and_run(path, f"whole:{backend}", args, tmp_path / "out")
+    assert {r.backend for r in manifest.regions} == {backend} and not _unplaced(path, f"whole:{backend}")
+    tol = get_backend(backend).tolerance
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=tol.rtol, atol=tol.atol)
+
+
+def _cnn():
+    """A small JAX ResNet (zoo.jax_models: NHWC, jax.nn.relu as private calls, padded max pool)."""
+    from collage_mlir.zoo.jax_models import resnet
+
+    return resnet(blocks=(1, 1), base=8, classes=10, image=32)
+
+
+@pytest.mark.parametrize("plan", ["prefer:openvino,ort", "whole:ort"])
+def test_a_preferred_engine_takes_the_whole_jax_cnn(plan, tmp_path):
+    from collage_mlir.backends import get_backend
+
+    f, args = _cnn()
+    path, want = _jax_module(f, *args, folder=tmp_path)
+    got, manifest = _compile_and_run(path, plan, args, tmp_path / "out")
+    engine = plan.split(":")[1].split(",")[0]
+    pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[engine])
+    assert [r.backend for r in manifest.regions] == [engine]
+    tol = get_backend(engine).tolerance
+    np.testing.assert_allclose(got[0], want[0], rtol=tol.rtol, atol=tol.atol)
