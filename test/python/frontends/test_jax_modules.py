@@ -171,3 +171,50 @@ def test_a_preferred_engine_takes_the_whole_jax_cnn(plan, tmp_path):
     assert [r.backend for r in manifest.regions] == [engine]
     tol = get_backend(engine).tolerance
     np.testing.assert_allclose(got[0], want[0], rtol=tol.rtol, atol=tol.atol)
+
+
+def test_reference_capture_of_a_jax_module_keeps_its_result_attributes(tmp_path):
+    """The reference run returns inner values as extra results of ``@main``; JAX's ``jax.result_info``
+    result attributes must grow with them (IREE refused the module: 'expects result attribute array to
+    have the same number of elements as the number of function results')."""
+    from collage_mlir.frontends import load_model
+    from collage_mlir.graph import Graph, number_ops
+    from collage_mlir.measure.extract import ValueRef
+    from collage_mlir.measure.reference import capture
+
+    f, args = _cnn()
+    path, _ = _jax_module(f, *args, folder=tmp_path)
+    module = load_model(path, new_context())
+    number_ops(module)
+    graph = Graph(module)
+    relu = next(i for i, n in graph.nodes.items() if n.op.name == "stablehlo.maximum")
+    got = capture(module.operation.get_asm(binary=True), [ValueRef("main", relu, 0)], {"main": list(args)})
+    value = got[ValueRef("main", relu, 0)]
+    assert value.shape == (1, 16, 16, 8) and value.min() == 0.0 and value.max() > 0.0  # the stem's relu
+
+
+def test_collage_tune_on_a_jax_module_compiles_and_matches_jax(tmp_path):
+    """`collage tune` on a JAX CNN (NHWC, private relu calls): every plan it builds compiles (none
+    crashed: outlining once killed the build of a JAX plan), and the tuned plan equals ``jax.jit``."""
+    import sqlite3
+
+    from collage_mlir.backends import get_backend
+    from collage_mlir.measure.worker import python_command
+
+    f, args = _cnn()
+    path, want = _jax_module(f, *args, folder=tmp_path)
+    np.save(tmp_path / "x.npy", args[0])
+    db, plan = tmp_path / "costs.sqlite", tmp_path / "plan.json"
+    proc = subprocess.run(python_command("collage_mlir.tools.cli", "tune", str(path), "--backends", "iree-cpu,ort",
+                                         "--budget", "30", "--jobs", "1", "--db", str(db), "--input",
+                                         str(tmp_path / "x.npy"), "-o", str(plan)),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with sqlite3.connect(db) as c:
+        failed = c.execute("SELECT backend, status, message FROM measurements WHERE status = 'crash' "
+                           "OR (backend = 'collage-plan' AND status != 'ok')").fetchall()
+    assert not failed, failed
+    got, _ = _compile_and_run(path, str(plan), args, tmp_path / "out")
+    backends = {r["backend"] for r in json.loads(plan.read_text())["regions"]} | {"iree-cpu"}
+    tol = max((get_backend(b).tolerance for b in backends), key=lambda t: t.atol)
+    np.testing.assert_allclose(got[0], want[0], rtol=tol.rtol, atol=tol.atol)
