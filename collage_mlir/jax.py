@@ -18,8 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .entry import PlanChoice, choose_plan, compile_cached
-from .errors import CollageError
-from .frontends import stablehlo
+from .frontends.jax import import_jax
 from .ir import new_context
 from .measure.import_check import check_import as check, jax_source
 
@@ -50,13 +49,8 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
 
     import collage_runtime
 
-    try:
-        lowered = jax.jit(fn).lower(*example_args)
-    except Exception as exc:  # noqa: BLE001  jax's tracing errors have many types
-        raise CollageError(f"jax could not lower the function: {' '.join(str(exc).split())[:300]}") from None
-    text = lowered.as_text()
+    module = import_jax(fn, example_args, new_context())
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
-    module = stablehlo.parse(text, new_context(), where="<jax>")
     leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(example_args)]
     if check_import:  # device_put: the dtypes jax canonicalizes to (no x64: int64 becomes int32), as lowered
         check(module, jax_source(fn, example_args),

@@ -125,7 +125,7 @@ def to_markdown(result: BenchResult, command: str) -> str:
     lines = [f"# collage bench{' (small models)' if o.small else ''}", "",
              f"`{command}`", "",
              f"{machine()}; {o.threads} threads per contender; {plan_text}; "
-             f"numerics within {o.rtol:g} x max|ref| of PyTorch eager.", "",
+             f"numerics within {o.rtol:g} x max|ref| of the reference (PyTorch eager; `jax.jit` for JAX models).", "",
              "Median ms per inference ±(p75-p25)/median; **bold**: best peer; ratio: best peer / collage "
              "(>1: collage faster); ~~struck~~: outputs wrong, not ranked.", "",
              "Contenders: " + "; ".join(f"`{n}` {CONTENDERS[n].description}" for n in result.contenders
@@ -143,14 +143,14 @@ def to_markdown(result: BenchResult, command: str) -> str:
                      + f" | {best.name if best else '—'} | {f'{ratio:.2f}x' if ratio else '—'} | {gflops} |")
     g = geomean_ratio(result)
     lines += ["", f"Geomean of collage over the best peer: **{g:.2f}x**" if g else "Geomean: no model has a ratio.", ""]
-    lines += ["Compile time (s, from nothing to the first result; the torch-mlir import, done once before, is not "
+    lines += ["Compile time (s, from nothing to the first result; the StableHLO import, done once before, is not "
               "counted: " + ", ".join(f"{m.model} {m.import_s:.1f} s" for m in result.models if m.import_s is not None)
               + "):",
               "", "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for m in result.models:
         lines.append(f"| {m.model} | " + " | ".join(
             f"{c.compile_s:.1f}" if c and c.compile_s is not None else "—" for c in map(m.result, names)) + " |")
-    lines += ["", "Largest error vs PyTorch eager (relative to the output's largest magnitude):", "",
+    lines += ["", "Largest error vs the reference (relative to the output's largest magnitude):", "",
               "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for m in result.models:
         lines.append(f"| {m.model} | " + " | ".join(

@@ -1,5 +1,6 @@
 """The bench run: per model, every contender is set up in its own worker process (its compile time
-measured), checked against PyTorch eager, warmed up, then timed round-robin (A B C A B C ...) in
+measured), checked against the model's framework run as its users run it (PyTorch eager, ``jax.jit``),
+warmed up, then timed round-robin (A B C A B C ...) in
 slices while the others' processes wait, so slow drifts of a shared machine hit all alike."""
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ from ..errors import CollageError
 from ..measure.tasks import load_arrays
 from ..measure.validate import compare
 from ..measure.worker import Worker
-from .contenders import COLLAGE, CONTENDERS
+from .contenders import COLLAGE, CONTENDERS, REFERENCES
 
 TASKS = "collage_mlir.bench.tasks"
-REFERENCE = "torch"  # PyTorch eager gives every model's reference outputs
 
 
 class Status(str, Enum):
     OK = "ok"
-    WRONG = "wrong"    # timed, but its outputs differ from PyTorch eager's: flagged, never ranked
+    WRONG = "wrong"    # timed, but its outputs differ from the reference's: flagged, never ranked
     FAILED = "failed"  # could not be set up or run; ``message`` says why in one line
 
 
@@ -35,7 +35,8 @@ class Status(str, Enum):
 class BenchOptions:
     """Thread count for every contender; seconds of timing per model (all contenders together, after
     warm-up); the length of one timing slice; warm-up seconds per contender; the tolerance against
-    PyTorch eager (relative to each output's largest magnitude); the collage contender's plan."""
+    reference (PyTorch eager or ``jax.jit``, relative to each output's largest magnitude); the collage
+    contender's plan."""
 
     threads: int = 2
     seconds: float = 20.0
@@ -116,6 +117,11 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
     from .. import zoo
 
     entry = zoo.get(model)
+    reference = REFERENCES[entry.framework]
+    skipped = [n for n in names if entry.framework not in CONTENDERS[n].frameworks]
+    if skipped:
+        log(f"{model}: a {entry.framework.value} model: not for {', '.join(skipped)}")
+    names = [n for n in names if n not in skipped]
     work.mkdir(parents=True, exist_ok=True)
     workers: dict[str, Worker] = {}
     results = {n: ContenderResult(n, Status.OK) for n in names}
@@ -126,17 +132,17 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
             info = info_worker.call(f"{TASKS}:model_info", options.setup_timeout_s, model=model, small=options.small,
                                     stablehlo=any(CONTENDERS[n].compiles_stablehlo for n in names))
         if not info.ok:
-            raise CollageError(f"{model}: PyTorch eager reference failed: {_one_line(info.message)}")
+            raise CollageError(f"{model}: {reference} reference failed: {_one_line(info.message)}")
         gflop, import_s = info.value["flop"] / 1e9, info.value["import_s"]
-        for n in [REFERENCE] + [n for n in names if n != REFERENCE]:
+        for n in [reference] + [n for n in names if n != reference]:
             worker = workers.setdefault(n, Worker(f"bench-{model}-{n}", work))
-            out_file = ref_file if n == REFERENCE else work / f"{n}.npz"
+            out_file = ref_file if n == reference else work / f"{n}.npz"
             log(f"{model}: setting up {n} ...")
             outcome = worker.call(f"{TASKS}:prepare", options.setup_timeout_s, contender=n, model=model,
                                   small=options.small, threads=options.threads, work_dir=str(work / n),
                                   plan=plan or options.plan, outputs_file=str(out_file))
-            if n == REFERENCE and not outcome.ok:
-                raise CollageError(f"{model}: PyTorch eager reference failed: {_one_line(outcome.message)}")
+            if n == reference and not outcome.ok:
+                raise CollageError(f"{model}: {reference} reference failed: {_one_line(outcome.message)}")
             if n not in results:
                 continue
             res = results[n]
@@ -149,9 +155,9 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
             check = compare(load_arrays(str(out_file), "out"), load_arrays(str(ref_file), "out"), options.rtol, 0.0)
             res.max_rel_err = check.max_rel
             if not check.ok:
-                res.status, res.message = Status.WRONG, _one_line(f"differs from PyTorch eager: {check.message}")
-        if REFERENCE not in names:
-            workers.pop(REFERENCE).stop()
+                res.status, res.message = Status.WRONG, _one_line(f"differs from {reference}: {check.message}")
+        if reference not in names:
+            workers.pop(reference).stop()
         live = [n for n in names if results[n].status is not Status.FAILED]
         samples, load_avg, timed_at = _time_interleaved(live, workers, results, options, model, log)
         for n, times in samples.items():

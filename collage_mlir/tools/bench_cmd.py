@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--seconds", type=float, default=20.0,
                    help="seconds of interleaved timing per model, all contenders together (default 20)")
     b.add_argument("--rtol", type=float, default=1e-3,
-                   help="tolerance against PyTorch eager, relative to each output's largest |value| (default 1e-3)")
+                   help="tolerance against the reference (PyTorch eager; jax.jit for JAX models), relative to each output's largest |value| (default 1e-3)")
     b.add_argument("--breakdown-repeats", type=int, default=20,
                    help="after the timing, runs of the collage artifact with the region timer on, for the breakdown "
                         "of its time per region (0: none; default 20)")
@@ -91,8 +91,7 @@ def _tune(args: argparse.Namespace) -> dict[str, str]:
     plans = {}
     for m in args.models:
         module = zoo.import_stablehlo(m, new_context(), args.small)
-        _, inputs = zoo.build(m, args.small)
-        result = tune_cmd.tune_model(module, {"main": [x.numpy() for x in inputs]}, backends, budget, 0, None)
+        result = tune_cmd.tune_model(module, {"main": zoo.numpy_inputs(m, args.small)}, backends, budget, 0, None)
         path = out / f"{args.name}_{m}.plan.json"
         path.write_text(json.dumps(result.tuned.to_json(), indent=1) + "\n")
         tune_cmd.print_summary(result, str(path))

@@ -1,14 +1,17 @@
 """Model zoo: the benchmark models, built in code with seeded random weights (nothing downloaded), each
-with a small variant for CI; imported to StableHLO through the torch frontend (cached on disk as bytecode,
-so ResNet-50's minutes-long import happens once per machine).
+with a small variant for CI. PyTorch models (``nn.Module``) are imported to StableHLO through the torch
+frontend, JAX models (``jax_*``: functions written as JAX users write them, ``jax_models.py``) through
+the JAX frontend; both imports are cached on disk as bytecode, so ResNet-50's minutes-long import
+happens once per machine.
 
-    model, inputs = zoo.build("resnet50", small=False)
+    model, inputs = zoo.build("resnet50", small=False)       # (nn.Module, tensors) or (function, arrays)
     module = zoo.import_stablehlo("resnet50", context)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from functools import lru_cache
 from typing import Callable
 
@@ -18,15 +21,23 @@ from ..errors import CollageError
 SEED = 0
 
 
+class Framework(str, Enum):
+    """What a zoo model is written in: what builds it, imports it and gives its reference outputs."""
+
+    TORCH = "torch"  # (nn.Module, example tensors)
+    JAX = "jax"      # (function, example numpy arrays): the function is what jax.jit compiles
+
+
 @dataclass(frozen=True)
 class ZooModel:
-    """A benchmark model: full size and small (CI) builders of ``(nn.Module, example inputs)``."""
+    """A benchmark model: full size and small (CI) builders of ``(model, example inputs)``."""
 
     name: str
     description: str
     small_description: str
     full: Callable[[], tuple]
     small: Callable[[], tuple]
+    framework: Framework = Framework.TORCH
 
 
 def _resnet(small: bool, groups: int = 1, width: int = 64):
@@ -81,6 +92,31 @@ def _r3d(small: bool):
     return R3D(), (torch.randn(1, 3, 16, 112, 112),)
 
 
+def _jax(builder: str, **kwargs) -> Callable[[], tuple]:
+    def build():
+        from . import jax_models
+
+        return getattr(jax_models, builder)(**kwargs)
+    return build
+
+
+_JAX_MODELS = (
+    ZooModel("jax_resnet50", "JAX ResNet-50 (NHWC, jax.nn), 1x224x224x3",
+             "JAX ResNet (1,1,1,1) bottlenecks, width 16, 64x64",
+             _jax("resnet", blocks=(3, 4, 6, 3), bottleneck=True),
+             _jax("resnet", blocks=(1, 1, 1, 1), bottleneck=True, base=16, classes=10, image=64), Framework.JAX),
+    ZooModel("jax_vit_b16", "JAX ViT-B/16, 1x224x224x3", "JAX ViT 2 layers, width 64, patch 8, 32x32",
+             _jax("vit"), _jax("vit", image=32, patch=8, d=64, layers=2, heads=2, mlp=128, classes=10), Framework.JAX),
+    ZooModel("jax_bert_base", "JAX BERT-base encoder, seq 128 (last 16 padding)", "JAX BERT 2 layers, width 64, seq 32",
+             _jax("bert_encoder"), _jax("bert_encoder", seq=32, d=64, layers=2, heads=2, mlp=128, vocab=512),
+             Framework.JAX),
+    ZooModel("jax_lstm", "JAX 2-layer LSTM (lax.scan), 64 steps x 128 -> 256", "JAX LSTM 2 layers, 8 steps x 16 -> 32",
+             _jax("lstm"), _jax("lstm", steps=8, features=16, hidden=32), Framework.JAX),
+    ZooModel("jax_detector", "JAX detector: ResNet backbone, top-100 + sort post-processing, 1x224x224x3",
+             "JAX detector width 8, top-20, 64x64", _jax("detector"), _jax("detector", image=64, base=8, top=20),
+             Framework.JAX),
+)
+
 MODELS: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("resnet50", "ResNet-50, 1x3x224x224", "ResNet (1,1,1,1) blocks, width 16, 64x64",
              lambda: _resnet(False), lambda: _resnet(True)),
@@ -96,6 +132,7 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in (
              lambda: _dcgan(False), lambda: _dcgan(True)),
     ZooModel("r3d_18", "R3D-18, 1x3x16x112x112 clip", "R3D (1,1,1,1) blocks, width 8, 16x32x32 clip",
              lambda: _r3d(False), lambda: _r3d(True)),
+    *_JAX_MODELS,
 )}
 
 
@@ -124,32 +161,53 @@ def _calibrate_batch_norm(model, inputs) -> None:
 
 
 def build(name: str, small: bool = False) -> tuple:
-    """``(model in eval mode, example inputs)``, seeded: the same weights and inputs on every call."""
+    """``(model, example inputs)``, seeded: the same weights and inputs on every call. A PyTorch model
+    is an ``nn.Module`` in eval mode with tensors; a JAX model a function with numpy arrays."""
+    entry = get(name)
+    if entry.framework is Framework.JAX:
+        fn, inputs = (entry.small if small else entry.full)()
+        return fn, tuple(inputs)
     import torch
 
-    entry = get(name)
     torch.manual_seed(SEED)
     model, inputs = (entry.small if small else entry.full)()
     _calibrate_batch_norm(model, inputs)
     return model.eval(), tuple(inputs)
 
 
+def numpy_inputs(name: str, small: bool = False) -> list:
+    """The model's example inputs as numpy arrays (what a compiled program takes)."""
+    import numpy as np
+
+    _, inputs = build(name, small)
+    return [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in inputs]
+
+
 def import_stablehlo(name: str, context, small: bool = False, cache=True):
     """The model as a StableHLO module in ``context`` (``@main``), from the on-disk import cache when there."""
+    model, inputs = build(name, small)
+    if get(name).framework is Framework.JAX:
+        from ..frontends.jax import import_jax
+
+        return import_jax(model, inputs, context, cache=cache)
     from ..frontends.torch import import_torch
 
-    model, inputs = build(name, small)
     return import_torch(model, inputs, context, cache=cache)
 
 
 @lru_cache(maxsize=None)
 def flops(name: str, small: bool = False) -> float:
-    """Floating-point operations of one inference (multiply-add = 2), as torch's flop counter counts them
-    (matmuls and convolutions; elementwise work is not counted)."""
+    """Floating-point operations of one inference (multiply-add = 2): for PyTorch models as torch's flop
+    counter counts them (matmuls and convolutions; elementwise work is not counted), for JAX models by
+    XLA's cost analysis of the lowered function (elementwise work included)."""
+    model, inputs = build(name, small)
+    if get(name).framework is Framework.JAX:
+        import jax
+
+        return float((jax.jit(model).lower(*inputs).cost_analysis() or {}).get("flops", 0.0))
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    model, inputs = build(name, small)
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
         model(*inputs)
     return float(counter.get_total_flops())

@@ -10,6 +10,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ...zoo import Framework
+
 
 @dataclass(frozen=True)
 class SetupContext:
@@ -37,20 +39,22 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Contender:
-    """A contender: its CLI name, what it is (for the table), and its setup function."""
+    """A contender: its CLI name, what it is (for the table), its setup function, and the frameworks
+    whose zoo models it runs."""
 
     name: str
     description: str
     setup: Callable[[SetupContext], Prepared]
     is_collage: bool = False
-    compiles_stablehlo: bool = False  # starts from the torch-mlir import (cached)
+    compiles_stablehlo: bool = False  # starts from the model's StableHLO import (cached)
+    frameworks: frozenset[Framework] = frozenset({Framework.TORCH})
 
 
 def _registry() -> dict[str, Contender]:
-    from . import iree, onnxruntime, openvino, torch_compile, torch_eager
+    from . import iree, jax_jit, onnxruntime, openvino, torch_compile, torch_eager
 
     found = [torch_eager.CONTENDER, torch_compile.CONTENDER, onnxruntime.CONTENDER, onnxruntime.RUNTIME_POLICY,
-             openvino.CONTENDER, openvino.RUNTIME_POLICY,
+             openvino.CONTENDER, openvino.RUNTIME_POLICY, jax_jit.CONTENDER,
              *iree.CONTENDERS]
     return {c.name: c for c in found}
 
@@ -59,3 +63,5 @@ CONTENDERS: dict[str, Contender] = _registry()
 #: The peers (everything but collage itself), in table order.
 PEERS: tuple[str, ...] = tuple(n for n, c in CONTENDERS.items() if not c.is_collage)
 COLLAGE = next(n for n, c in CONTENDERS.items() if c.is_collage)
+#: The contender whose outputs every other one is checked against, per framework.
+REFERENCES: dict[Framework, str] = {Framework.TORCH: "torch", Framework.JAX: "jax"}

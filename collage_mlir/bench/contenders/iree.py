@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from ...errors import CollageError
+from ...zoo import Framework
 from . import Contender, Prepared, SetupContext
 
 #: IREE alone, as its users would build it for this CPU: without data tiling, and with it plus ukernels.
@@ -48,9 +49,8 @@ def _setup(ctx: SetupContext, plan: str | None = None, flags: tuple[str, ...] = 
     if not done.ok:
         raise CollageError(f"compile {done.status}: {done.message}")
     program = collage_runtime.load(out, threads=ctx.threads)
-    _, inputs = zoo.build(ctx.model, ctx.small)
     fn = program.device_function("main")
-    host = [np.require(x.numpy(), requirements="C") for x in inputs]
+    host = [np.require(x, requirements="C") for x in zoo.numpy_inputs(ctx.model, ctx.small)]
     args = [program.to_device(x) for x in host]
     last = []
 
@@ -62,12 +62,13 @@ def _setup(ctx: SetupContext, plan: str | None = None, flags: tuple[str, ...] = 
                     op_count=done.value)
 
 
+#: Compiled from the StableHLO import, so they run PyTorch and JAX models alike.
+_ANY = {"compiles_stablehlo": True, "frameworks": frozenset(Framework)}
 CONTENDERS = (
-    Contender("collage", "collage (the plan given)", _setup, is_collage=True, compiles_stablehlo=True),
+    Contender("collage", "collage (the plan given)", _setup, is_collage=True, **_ANY),
     Contender("iree", "IREE llvm-cpu alone (no data tiling)", partial(_setup, plan="default", flags=IREE_FLAGS),
-              compiles_stablehlo=True),
+              **_ANY),
     Contender("iree-dt", "IREE llvm-cpu alone (data tiling + ukernels)",
-              partial(_setup, plan="default", flags=IREE_DT_FLAGS), compiles_stablehlo=True),
-    Contender("xla", "XLA:CPU (whole model as one xla-cpu region)", partial(_setup, plan=f"whole:{XLA_BACKEND}"),
-              compiles_stablehlo=True),
+              partial(_setup, plan="default", flags=IREE_DT_FLAGS), **_ANY),
+    Contender("xla", "XLA:CPU (the whole model on xla-cpu)", partial(_setup, plan=f"whole:{XLA_BACKEND}"), **_ANY),
 )

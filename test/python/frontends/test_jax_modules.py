@@ -11,6 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from collage_mlir import zoo
 from collage_mlir.errors import CollageError
 from collage_mlir.frontends import stablehlo
 from collage_mlir.ir import new_context
@@ -218,3 +219,30 @@ def test_collage_tune_on_a_jax_module_compiles_and_matches_jax(tmp_path):
     backends = {r["backend"] for r in json.loads(plan.read_text())["regions"]} | {"iree-cpu"}
     tol = max((get_backend(b).tolerance for b in backends), key=lambda t: t.atol)
     np.testing.assert_allclose(got[0], want[0], rtol=tol.rtol, atol=tol.atol)
+
+
+# The loop and the top-k/sort model by default; every JAX zoo model's small variant with -m bench.
+DEFAULT_JAX_ZOO = {"jax_lstm", "jax_detector"}
+
+
+@pytest.mark.parametrize("name", [n if n in DEFAULT_JAX_ZOO else pytest.param(n, marks=pytest.mark.bench)
+                                  for n, m in zoo.MODELS.items() if m.framework is zoo.Framework.JAX])
+def test_jax_zoo_small_variant_under_iree_alone_matches_jax(name, tmp_path):
+    """The JAX zoo's small variants (zoo.import_stablehlo: lowered, inlined, cached) compile with IREE
+    alone and equal ``jax.jit``; the output depends on the input (no saturated activations)."""
+    import collage_runtime
+    import jax
+
+    from collage_mlir.iree import compile_module
+    from collage_mlir.measure.validate import compare
+
+    fn, inputs = zoo.build(name, small=True)
+    want = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(fn)(*inputs))]
+    compile_module(zoo.import_stablehlo(name, new_context(), small=True), "default", tmp_path / "out", source=name)
+    with collage_runtime.load(tmp_path / "out", threads=1) as program:
+        got = program.invoke("main", *zoo.numpy_inputs(name, small=True))
+    check = compare(got, want, 1e-4, 0.0)
+    assert check.ok, check.message
+    moved = [x + np.float32(1.0) if x.dtype == np.float32 else np.roll(x, 1, -1) for x in inputs]  # ids shift
+    other = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(fn)(*moved))]
+    assert compare(other, want, 1e-2, 0.0).max_rel > 0.1

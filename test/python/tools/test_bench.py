@@ -21,7 +21,7 @@ DEFAULT_ZOO_TESTS = {"gpt2_small"}
 
 
 @pytest.mark.parametrize("name", [n if n in DEFAULT_ZOO_TESTS else pytest.param(n, marks=pytest.mark.bench)
-                                  for n in zoo.MODELS])
+                                  for n, m in zoo.MODELS.items() if m.framework is zoo.Framework.TORCH])
 def test_zoo_small_variant_runs_under_iree_alone(name, torch, tmp_path):
     import collage_runtime
 
@@ -51,6 +51,7 @@ def test_zoo_build_is_deterministic_and_cached(torch):
     assert zoo.flops("dcgan", small=True) > 0
 
 
+@pytest.mark.fast
 def test_unknown_model_is_one_error_line(capsys):
     from collage_mlir.tools.cli import main
 
