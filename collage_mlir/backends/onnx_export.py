@@ -152,7 +152,7 @@ def gather_info(op: ir.Operation) -> GatherInfo:
 
 
 def row_gather(op: ir.Operation) -> str | None:
-    """gathers whole rows: indexed dims collapsed, other dims taken whole and trailing in the result"""
+    """gathers whole rows: indexed dims collapsed, other dims taken whole (anywhere in the result)"""
     try:
         g = gather_info(op)
     except (KeyError, ValueError):
@@ -167,9 +167,8 @@ def row_gather(op: ir.Operation) -> str | None:
         return "dims not indexed must be taken whole"
     if g.index_vector_dim not in (len(indices), len(indices) - 1):
         return "the index vector must be the last indices dim (or implicit)"
-    batch = len(result) - len(rest)
-    if g.offset_dims != list(range(batch, len(result))):
-        return "offset dims must trail the result"
+    if len(g.offset_dims) != len(rest) or len(result) - len(rest) < 0:
+        return "one offset dim per dim not indexed"
     return None
 
 
@@ -479,8 +478,16 @@ def _gather(b: _Builder, op, ins):
     rest = [d for d in range(len(operand)) if d not in g.start_index_map]
     x = b.transpose(ins[0], g.start_index_map + rest)
     if k == 1:  # a row lookup (embeddings): Gather, which every engine has a fast kernel for
-        return [b.node("Gather", [x, b.reshape(idx, indices[:-1], indices)], axis=0)]
-    return [b.node("GatherND", [x, idx])]
+        y = b.node("Gather", [x, b.reshape(idx, indices[:-1], indices)], axis=0)
+    else:
+        y = b.node("GatherND", [x, idx])
+    # y is (index batch dims..., rest...); the result puts rest at offset_dims, batch dims in the others
+    # (JAX's take_along_axis keeps a leading dim of size 1 as an offset dim).
+    rank = len(_shape(op.results[0]))
+    batch_pos = [p for p in range(rank) if p not in g.offset_dims]
+    perm = [rank - len(rest) + g.offset_dims.index(p) if p in g.offset_dims else batch_pos.index(p)
+            for p in range(rank)]
+    return [b.transpose(y, perm)]
 
 
 def _reshape(b: _Builder, op, ins):

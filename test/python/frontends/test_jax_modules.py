@@ -127,15 +127,18 @@ def test_max_pools_of_any_layout_on_one_engine_match_jax(backend, tmp_path):
 
 def _chlo():
     """The CHLO ops JAX emits in models: ``chlo.square`` (``jnp.var``), ``chlo.erfc`` (exact GELU) and
-    ``chlo.top_k`` (values and i32 indices)."""
+    ``chlo.top_k`` (values and i32 indices), and the gather of ``take_along_axis`` on a batch of one (its
+    leading dim an offset dim of the result)."""
     import jax
     import jax.numpy as jnp
 
-    def f(x):
+    def f(x, boxes):
         values, indices = jax.lax.top_k(x, 3)
-        return jnp.var(x, axis=-1), jax.nn.gelu(x, approximate=False), values, indices
+        picked = jnp.take_along_axis(boxes, indices[:1, :, None], axis=1)
+        return jnp.var(x, axis=-1), jax.nn.gelu(x, approximate=False), values, indices, picked
 
-    return f, [np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32) * 3]
+    rng = np.random.default_rng(1)
+    return f, [rng.standard_normal((4, 16)).astype(np.float32) * 3, rng.standard_normal((1, 16, 4)).astype(np.float32)]
 
 
 @pytest.mark.parametrize("backend", ["ort", "openvino"])
