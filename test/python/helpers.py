@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -12,4 +13,7 @@ LIT = ROOT / "test" / "lit"
 LIT_INPUTS = LIT / "Inputs"                # small .mlir models and plans the lit tests use too
 CONFORMANCE = ROOT / "test" / "conformance"  # the corpora's runners: onnx_nodes.py, framework_models.py, ...
 STRESS = ROOT / "test" / "stress"
+#: IREE's e2e StableHLO files (the conformance inputs), beside the repository in shared/; as
+#: test/conformance/baseline.py finds them.
+IREE_E2E = Path(os.environ.get("COLLAGE_CONFORMANCE_DIR", ROOT.parent / "shared" / "conformance" / "iree-e2e"))
 FAULTY = HERE / "faulty"                   # backends and executors that fail on purpose (their entry points)

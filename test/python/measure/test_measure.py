@@ -21,7 +21,7 @@ from collage_mlir.measure.timing import TimingOptions
 from collage_mlir.measure.validate import compare
 from collage_mlir.passes.number_ops import NumberOpsPass
 
-from helpers import FAULTY, HERE
+from helpers import FAULTY, HERE, IREE_E2E
 
 QUICK = TimingOptions(budget_s=0.05, min_repeats=3, max_repeats=20)
 
@@ -75,6 +75,7 @@ func.func @main(%a: tensor<1x8x16x16xf32>, %b: tensor<1x8x16x16xf32>) -> tensor<
 """ + _blob("conv2_kernel", 2)
 
 
+@pytest.mark.fast
 def test_extracted_region_takes_free_values_and_returns_escaping_ones():
     graph = Graph(numbered(ELEMENTWISE))
     add, mul = by_name(graph, "stablehlo.add")[0], by_name(graph, "stablehlo.multiply")[0]
@@ -86,6 +87,7 @@ def test_extracted_region_takes_free_values_and_returns_escaping_ones():
     assert "collage.id" not in text
 
 
+@pytest.mark.fast
 def test_structural_hash_ignores_names_and_large_weights_but_not_small_constants():
     a, b = Graph(numbered(CONV_A)), Graph(numbered(CONV_B))
     conv_a = extract_region(a, frozenset(by_name(a, "stablehlo.convolution")))
@@ -97,7 +99,7 @@ def test_structural_hash_ignores_names_and_large_weights_but_not_small_constants
     assert extract_region(g, frozenset(by_name(g, "stablehlo.maximum"))).hash != relu.hash
 
 
-CONFORMANCE = Path(os.environ.get("COLLAGE_CONFORMANCE_DIR", Path(__file__).resolve().parents[3] / "shared" / "conformance" / "iree-e2e"))
+CONFORMANCE = IREE_E2E
 CONFORMANCE_FILES = sorted(CONFORMANCE.rglob("*.mlir")) if CONFORMANCE.is_dir() else []
 
 
@@ -285,6 +287,7 @@ def test_region_handing_on_a_constant_expression_is_measured(tmp_path):
     assert summary.measured == 2 and [m.status for m in db.measurements()] == ["ok", "ok"]
 
 
+@pytest.mark.fast
 def test_validation_scales_errors_by_the_output_magnitude():
     ref = np.array([100.0, 1e-6], dtype=np.float32)
     assert compare([ref + np.float32(1e-3)], [ref], rtol=1e-4, atol=1e-5).ok
