@@ -11,6 +11,10 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
   and a splat constant operand shrinks to a scalar (same rule);
 - a ``Cast`` of an i64 value moves before the ``Reshape``/``Transpose`` producing it (so a graph
   input is converted where it enters: OpenVINO reads an i64 input exactly only there);
+- a ``Transpose`` read only by an elementwise op moves after it (a constant operand is transposed the
+  other way; two operands transposed alike share one): JAX's NHWC graphs transpose around every
+  NCHW ``Conv``, and sunk transposes meet and cancel, leaving the per-channel batch norm next to its
+  convolution;
 - ``x * 1``, ``x + 0``, ``x - 0``, ``x / 1``, ``x and true``, ``x or false``, ``Identity``,
   reshapes to the same shape, identity transposes, chained reshapes and chained transposes collapse;
 - a per-channel ``Add``/``Sub``/``Mul``/``Div`` by a constant after a ``Conv`` or ``ConvTranspose``
@@ -85,7 +89,8 @@ def optimize(model):
     shapes.update({k: tuple(v.shape) for k, v in consts.items()})
     g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output}, types)
     # Pruning first: dead readers would break the single-user checks of the fusions.
-    rules = (_prune, _fold_constants, _drop_broadcasts, _hoist_casts, _drop_identities, _fold_into_conv, _activations,
+    rules = (_prune, _fold_constants, _drop_broadcasts, _hoist_casts, _sink_transposes, _drop_identities,
+             _fold_into_conv, _activations,
              _batched_matmul, _gemm, _mean,
              _softmax, _gelu, _layer_norm)
     while any([rule(g) for rule in rules]):
@@ -199,6 +204,68 @@ def _bypass(g: _Graph, node, source: str) -> bool:
     g.rename_uses(node.output[0], source)
     g.nodes.remove(node)
     return True
+
+
+#: Elementwise ops a transpose commutes with (inputs beyond the first of ``Clip`` are scalars).
+SINK_UNARY = frozenset({"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Erf", "Clip",
+                        "Reciprocal", "Floor", "Ceil", "Sin", "Cos", "Not"})
+SINK_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"})
+
+
+def _sunk_operand(g: _Graph, name: str, perm: list[int], rank: int) -> str | None:
+    """The operand that, transposed by ``perm``, equals the constant ``name`` broadcast to ``rank``."""
+    c = g.consts.get(name)
+    if c is None or c.ndim > rank:
+        return None
+    if c.ndim == 0 or c.size == 1:
+        return name
+    full = c.reshape((1,) * (rank - c.ndim) + c.shape)
+    return g.fresh_const(np.ascontiguousarray(np.transpose(full, np.argsort(perm))), "t")
+
+
+def _sink_transposes(g: _Graph) -> bool:
+    from onnx import helper
+
+    changed = False
+    for n in list(g.nodes):
+        if n.op_type not in SINK_UNARY | SINK_BINARY or len(n.output) != 1 or n.output[0] not in g.shapes:
+            continue
+        arity = 1 if n.op_type in SINK_UNARY else 2
+        ts = [g.producer(x) for x in n.input[:arity]]
+        moved = [t for t in ts if t is not None and t.op_type == "Transpose" and t.input[0] in g.shapes
+                 and t.output[0] not in g.outputs and all(u is n for u in g.users(t.output[0]))]
+        if not moved:
+            continue
+        perm = list(_attr(moved[0], "perm", []))
+        rank = len(perm)
+        if any(list(_attr(t, "perm", [])) != perm for t in moved):
+            continue
+        new_inputs = list(n.input)
+        for k in range(arity):
+            t = ts[k]
+            if t is not None and any(t is m for m in moved):
+                new_inputs[k] = t.input[0]
+            else:
+                sunk = _sunk_operand(g, n.input[k], perm, rank)
+                if sunk is None:
+                    break
+                new_inputs[k] = sunk
+        else:
+            out = n.output[0]
+            inner = f"{out}_sunk{g.count}"
+            g.count += 1
+            g.shapes[inner] = tuple(g.shapes[out][int(i)] for i in np.argsort(perm))
+            if out in g.types:
+                g.types[inner] = g.types[out]
+            n.input[:] = new_inputs
+            n.output[0] = inner
+            g.nodes.insert(g.nodes.index(n) + 1, helper.make_node("Transpose", [inner], [out], perm=perm,
+                                                                  name=f"{inner}_t"))
+            for t in moved:
+                if t in g.nodes:
+                    g.nodes.remove(t)
+            changed = True
+    return changed
 
 
 def _drop_identities(g: _Graph) -> bool:

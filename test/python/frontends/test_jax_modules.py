@@ -249,3 +249,27 @@ def test_jax_zoo_small_variant_under_iree_alone_matches_jax(name, tmp_path):
     moved = [x + np.float32(1.0) if x.dtype == np.float32 else np.roll(x, 1, -1) for x in inputs]  # ids shift
     other = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(fn)(*moved))]
     assert compare(other, want, 1e-2, 0.0).max_rel > 0.1
+
+
+def test_nhwc_cnn_onnx_keeps_no_transpose_pairs(tmp_path):
+    """The ONNX of a JAX NHWC ResNet: each NCHW ``Conv`` is translated between two transposes; sunk
+    through the batch norm and relu they cancel, and the batch norm folds into the convolutions (the
+    op-by-op graph holds a transpose pair per convolution), computing what ``jax.jit`` does."""
+    import collections
+
+    ort = pytest.importorskip("onnxruntime")
+    from collage_mlir.backends.onnx_export import translate
+    from collage_mlir.frontends import load_model
+
+    f, args = _cnn()
+    path, want = _jax_module(f, *args, folder=tmp_path)
+    module = load_model(path, new_context())  # held: its ops die with it
+    main = next(op for op in module.body.operations if str(op.attributes["sym_name"]).strip('"') == "main")
+    raw, simple = translate(main, simplify=False), translate(main)
+    convs = collections.Counter(n.op_type for n in raw.graph.node)["Conv"]
+    ops = collections.Counter(n.op_type for n in simple.graph.node)
+    assert convs >= 5 and collections.Counter(n.op_type for n in raw.graph.node)["Transpose"] >= 2 * convs
+    # left: the input's and the head's transposes; the log-softmax's two subtractions
+    assert ops["Conv"] == convs and ops["Transpose"] <= 2 and not {"Mul", "Div"} & set(ops) and ops["Sub"] <= 2, ops
+    session = ort.InferenceSession(simple.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"in0": args[0]})[0], want[0], rtol=1e-4, atol=1e-4)
