@@ -52,8 +52,8 @@ def run_with_plan(path: Path, plan: str, kind: str) -> dict:
     return rec
 
 
-def _plan_key(path: Path, plan: str) -> str | None:
-    """The plan ``plan`` resolves to on this file, as JSON (None when it does not resolve)."""
+def _plan_key(path: Path, plan: str):
+    """The key (``Plan.key``) of the plan ``plan`` resolves to on this file (None when it does not resolve)."""
     from collage_mlir.errors import CollageError
     from collage_mlir.graph import Graph
     from collage_mlir.ir import load_module, new_context
@@ -63,7 +63,7 @@ def _plan_key(path: Path, plan: str) -> str | None:
     try:
         module = load_module(path, new_context())
         NumberOpsPass().run(module)
-        return json.dumps(resolve_plan(plan, Graph(module)).to_json(), sort_keys=True)
+        return resolve_plan(plan, Graph(module)).key
     except CollageError:
         return None
 

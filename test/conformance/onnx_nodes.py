@@ -179,7 +179,7 @@ def run_case(d: Path, plans: Sequence[str], emit) -> None:
         except CollageError as exc:
             emit(Row(name, plan, "refused", f"plan: {_line(exc)}"))
             continue
-        key = json.dumps(resolved.to_json(), sort_keys=True)
+        key = resolved.key
         if key in done:
             emit(Row(name, plan, done[key].klass, done[key].reason, done[key].regions))
             continue

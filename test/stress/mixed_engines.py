@@ -179,7 +179,7 @@ def mixing_plans(model: Model, count: int, seed: int = 0, tries: int = 60) -> li
     chosen, seen = [], set()
     for k in range(seed, seed + tries):
         plan = resolve_plan(f"random:{k}", graph)
-        key = json.dumps(plan.to_json(), sort_keys=True)
+        key = plan.key
         if key not in seen and len({r.backend for r in plan.regions} & ENGINES) >= 2:
             seen.add(key)
             chosen.append(plan)
