@@ -3,6 +3,9 @@
 # conformance files, two at a time: each runs in its own process (nothing shared), and they are most of
 # the suite's time. test/python's folders mirror the package's stages (frontends/, graph/, backends/,
 # measure/, search/, passes/, runtime/, tools/, ...; conformance/ is the corpora).
+#
+# While working: `python3 -m pytest -m fast` runs the compiler-free tier (no iree-compile, no engine
+# build, no worker process) in seconds; `python3 -m pytest test/python/search` runs one stage's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lit -sv test/lit

@@ -30,3 +30,13 @@ def ort_region_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("ort") / "art"
     boundary.compile_region("ort", 64, out)
     return out
+
+
+def pytest_ignore_collect(collection_path, config):
+    """``pytest -m fast`` does not import the test files that hold no fast test: importing them (torch,
+    jax, ONNX Runtime, OpenVINO) would take longer than the tier itself."""
+    if (config.getoption("markexpr", "") or "").strip() != "fast":
+        return None
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return "pytest.mark.fast" not in collection_path.read_text() or None
+    return None

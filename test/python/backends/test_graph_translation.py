@@ -252,6 +252,7 @@ def test_engine_type_coverage(engine):
     assert not wrong, f"{engine} differs from the ONNX reference on probes it accepts: {wrong}"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("backend", sorted(GRAPH_BACKENDS))
 def test_complex_is_refused(backend):
     """No graph backend takes complex numbers (ONNX has no complex type; XLA's differ from IREE's)."""

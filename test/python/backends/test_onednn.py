@@ -225,6 +225,7 @@ def test_small_regions_run_on_one_thread(tmp_path, monkeypatch):
         assert calls == expect and torch.get_num_threads() == 2
 
 
+@pytest.mark.fast
 def test_step_program_round_trips_and_rejects_bad_programs():
     """A translated region's StepProgram survives to_json -> JSON -> from_json unchanged (the written file
     is exactly its to_json); a malformed program is one ValueError line naming what is wrong."""

@@ -112,6 +112,7 @@ func.func @f(%x: tensor<1x2x4x4xf32>, %w: tensor<3x2x3x3xf32>) -> tensor<1x3x{n}
 """
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("s, p, n, why", [(2, 1, 4, "only with stride 1"), (1, 3, 11, "padding below")])
 def test_lhs_dilation_beyond_conv_transpose_is_refused(s, p, n, why):
     """Input dilation with a stride, or with more padding than the kernel reaches, is no ConvTranspose."""
@@ -346,6 +347,7 @@ def test_a_weight_another_region_owns_is_copied_into_an_openvino_region(tmp_path
     np.testing.assert_array_equal(outs[1][0, :, 0], np.arange(16) * 4)
 
 
+@pytest.mark.fast
 def test_openvino_takes_no_dot_product_of_vectors():
     """OpenVINO 2026.4 dies of SIGSEGV compiling a 1-D x 1-D dot product (rank-0 result; ONNX's
     test_matmul_1d_1d under prefer:openvino): it is no OpenVINO op; a matrix product is."""

@@ -170,6 +170,7 @@ def test_jax_top_k_is_written_as_jaxlib_reads_it(tmp_path):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.fast
 def test_unsupported_ops_are_refused():
     from collage_mlir.backends.xla_cpu import XlaCpuBackend
 
@@ -188,6 +189,7 @@ def test_unsupported_ops_are_refused():
     assert XlaCpuBackend().supports(ops[0]) and XlaCpuBackend().supports(ops[1])
 
 
+@pytest.mark.fast
 def test_types_outside_its_tolerance_are_refused():
     """f16 (XLA accumulates in f32, IREE in f16: rel errors of 1e-1 on a matmul) and complex."""
     from collage_mlir.backends.xla_cpu import XlaCpuBackend
@@ -204,6 +206,7 @@ def test_types_outside_its_tolerance_are_refused():
     assert "complex" in XlaCpuBackend().supports(cplx)
 
 
+@pytest.mark.fast
 def test_region_boundaries_keep_f64_and_constants_on_iree():
     from collage_mlir.graph import Graph
     from collage_mlir.passes.number_ops import NumberOpsPass

@@ -115,12 +115,14 @@ def test_a_correct_onnx_model_passes_and_its_verdict_is_cached(tmp_path, monkeyp
     assert again.ok and again.cached and again.outputs == first.outputs
 
 
+@pytest.mark.fast
 def test_a_stablehlo_file_has_no_source_to_check(tmp_path):
     path = tmp_path / "m.mlir"
     path.write_text("func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> { return %x : tensor<2xf32> }\n")
     assert check_model_file(load_model(path, new_context()), path) is None
 
 
+@pytest.mark.fast
 def test_compare_rules():
     f32 = np.array([1.0, 100.0, np.nan, np.inf], np.float32)
     assert compare(0, "y", f32 + np.float32(0.005), f32).ok  # 1e-4 of the magnitude (100) absorbs it

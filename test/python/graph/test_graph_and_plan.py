@@ -16,6 +16,8 @@ from collage_mlir.search.candidates import enumerate_candidates
 
 from helpers import LIT_INPUTS
 
+pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest -m fast`
+
 MLP = LIT_INPUTS / "mlp.mlir"
 
 DIAMOND = """

@@ -40,6 +40,7 @@ def integrity(path: Path) -> str:
         return c.execute("PRAGMA integrity_check").fetchone()[0]
 
 
+@pytest.mark.fast
 def test_put_get_roundtrip_and_failures(tmp_path):
     with CostDB(tmp_path / "sub" / "c.sqlite") as db:
         m = meas(min_s=9e-4, spread=0.02, repeats=20, threads=2, max_abs_err=1e-6, max_rel_err=1e-5,
@@ -67,6 +68,7 @@ def test_put_get_roundtrip_and_failures(tmp_path):
         assert s["devices"] == [{"fingerprint": "dev0", "description": "cpu x86_64 test"}]
 
 
+@pytest.mark.fast
 def test_default_path_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("COLLAGE_DB", str(tmp_path / "x.sqlite"))
     assert default_db_path() == tmp_path / "x.sqlite"
@@ -138,6 +140,7 @@ def test_killed_writer_loses_no_committed_row(tmp_path):
         assert db.get(*meas("after-kill").key()) is not None
 
 
+@pytest.mark.fast
 def test_export_import_roundtrip_and_merge(tmp_path):
     src = CostDB(tmp_path / "a.sqlite")
     rows = [meas("r0"), meas("r1", status="timeout", message="hung for 60 s"),
@@ -166,6 +169,7 @@ def test_export_import_roundtrip_and_merge(tmp_path):
     src.close()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("content, message", [
     (None, "no such file"),
     ("{not json", "not valid JSON"),
@@ -185,6 +189,7 @@ def test_import_rejects_bad_files(tmp_path, content, message):
         assert db.measurements() == []
 
 
+@pytest.mark.fast
 def test_import_checks_every_row_before_writing(tmp_path):
     good = json.loads(json.dumps(meas().__dict__))
     doc = {"format": "collage-costs", "version": 1,
@@ -200,6 +205,7 @@ def test_import_checks_every_row_before_writing(tmp_path):
             db.import_json(tmp_path / "e.json")
 
 
+@pytest.mark.fast
 def test_prune(tmp_path):
     old = time.time() - 40 * 86400
     with CostDB(tmp_path / "c.sqlite") as db:
@@ -221,6 +227,7 @@ def test_prune(tmp_path):
     assert integrity(tmp_path / "c.sqlite") == "ok"
 
 
+@pytest.mark.fast
 def test_non_database_files_are_refused(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("hello, this is not SQLite\n" * 100)

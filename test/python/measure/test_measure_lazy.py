@@ -7,6 +7,8 @@ from __future__ import annotations
 import sqlite3
 import time
 
+import pytest
+
 from collage_mlir.backends import RegionKey, get_backend
 from collage_mlir.measure import HARNESS_VERSION, harness
 from collage_mlir.measure.db import CostDB, Measurement
@@ -34,6 +36,7 @@ def _counting_extract(monkeypatch) -> list[frozenset[int]]:
     return seen
 
 
+@pytest.mark.fast
 def test_warm_rerun_extracts_nothing_and_answers_the_same(tmp_path, monkeypatch):
     module, graph, blocks = two_blocks()
     db = CostDB(tmp_path / "costs.sqlite")
@@ -51,6 +54,7 @@ def test_warm_rerun_extracts_nothing_and_answers_the_same(tmp_path, monkeypatch)
     assert warm.rows == cold.rows and warm.skipped == cold.skipped and warm.cache_hits == 2
 
 
+@pytest.mark.fast
 def test_lookup_is_lazy_in_the_order_given_and_stops_extracting_past_the_deadline(tmp_path, monkeypatch):
     module, graph, blocks = two_blocks()
     db = CostDB(tmp_path / "costs.sqlite")

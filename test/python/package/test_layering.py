@@ -6,7 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from helpers import ROOT
+
+pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest -m fast`
 
 
 #: The stages in import order; a module may import its own stage and the ones before it.

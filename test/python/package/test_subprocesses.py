@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+import pytest
+
 from collage_mlir.measure.db import CostDB
 
 from helpers import ROOT
@@ -48,6 +50,7 @@ def test_workers_and_run_children_ignore_the_users_folder(tmp_path):
     assert not (tmp_path / "imported").exists()
 
 
+@pytest.mark.fast
 def test_every_python_child_is_started_through_python_command():
     """``sys.executable`` appears in the package only inside ``measure.worker.python_command``."""
     found = []

@@ -18,6 +18,8 @@ from collage_mlir.passes.lower import LowerPass
 from collage_mlir.passes.number_ops import NumberOpsPass
 from collage_mlir.passes.place_devices import DEFAULT_FLAGS, PlaceDevicesPass
 
+pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest -m fast`
+
 NEG = """
 func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {
   %0 = stablehlo.negate %a : tensor<4xf32>

@@ -148,6 +148,7 @@ def test_compile_replaces_the_artifact_whole_or_not_at_all(built, tmp_path):
         np.testing.assert_allclose(prog.invoke("main", *_inputs())[0], built[1], rtol=1e-6)
 
 
+@pytest.mark.fast
 def test_compile_refuses_a_directory_that_is_not_an_artifact(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(CollageError, match="not empty and holds no collage artifact"):

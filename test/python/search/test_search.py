@@ -16,6 +16,8 @@ from collage_mlir.search.cost import Cost, CostKind, MockEstimator, TransitionFi
 from collage_mlir.search.dp import optimize
 from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
 
+pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest -m fast`
+
 BACKENDS = ("lib", "engine")
 
 

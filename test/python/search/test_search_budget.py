@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from collage_mlir.backends import Candidate, RegionKey, get_backend
 from collage_mlir.graph import Graph
 from collage_mlir.ir import new_context
@@ -25,6 +27,8 @@ from collage_mlir.search.measured import PROBE_SIZES, MeasuredEstimator
 from collage_mlir.search.regions import maximal_regions
 
 from models import two_blocks
+
+pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest -m fast`
 
 BACKENDS = ("a", "b", "c", "d", "e")
 

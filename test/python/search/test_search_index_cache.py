@@ -3,12 +3,16 @@ enumeration gives; other backends (or other code) are another key."""
 
 from __future__ import annotations
 
+import pytest
+
 from collage_mlir.backends import get_backend
 from collage_mlir.measure.db import CostDB
 from collage_mlir.measure.harness import module_digest
 from collage_mlir.search import index_cache
 
 from models import two_blocks
+
+pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest -m fast`
 
 
 def test_rerun_reads_the_candidates_enumeration_found(tmp_path, monkeypatch):

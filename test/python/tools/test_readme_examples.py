@@ -38,6 +38,7 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.fast
 def test_every_entry_point_has_a_five_line_example():
     assert set(EXAMPLES) == {"python", "torch", "jax", "cli"}
     for name, (_, code) in EXAMPLES.items():
