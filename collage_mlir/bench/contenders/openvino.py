@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from ...zoo import Framework
 from . import Contender, Prepared, SetupContext
 from .onnxruntime import export_onnx
 
@@ -32,6 +33,6 @@ def setup(ctx: SetupContext, runtime_policy: bool = False) -> Prepared:
                     lambda: [request.get_output_tensor(k).data.copy() for k in range(len(compiled.outputs))])
 
 
-CONTENDER = Contender("openvino", "OpenVINO (same ONNX, f32 precision hint)", setup)
+CONTENDER = Contender("openvino", "OpenVINO (same ONNX, f32 precision hint)", setup, frameworks=frozenset(Framework))
 RUNTIME_POLICY = Contender("openvino-rt", "OpenVINO as `openvino`, with collage's runtime's properties (no pinning)",
-                           partial(setup, runtime_policy=True))
+                           partial(setup, runtime_policy=True), frameworks=frozenset(Framework))

@@ -273,3 +273,20 @@ def test_nhwc_cnn_onnx_keeps_no_transpose_pairs(tmp_path):
     assert ops["Conv"] == convs and ops["Transpose"] <= 2 and not {"Mul", "Div"} & set(ops) and ops["Sub"] <= 2, ops
     session = ort.InferenceSession(simple.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {"in0": args[0]})[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def test_bench_of_a_jax_zoo_model_against_jax_users_peers(tmp_path):
+    """`collage bench` on a small JAX zoo model: the reference is ``jax.jit``, ``ort`` runs jax2onnx's
+    export (the route a JAX user has to ONNX Runtime), PyTorch peers are left out, and every contender's
+    outputs match ``jax.jit``'s."""
+    pytest.importorskip("jax2onnx")
+    from collage_mlir.tools.cli import main
+
+    assert main(["bench", "jax_lstm", "--small", "--vs", "jax,ort,torch", "--plan", "whole:xla-cpu", "--seconds",
+                 "1", "--breakdown-repeats", "0", "-o", str(tmp_path), "--name", "ci"]) == 0
+    (model,) = json.loads((tmp_path / "ci.json").read_text())["models"]
+    by_name = {c["name"]: c for c in model["contenders"]}
+    assert list(by_name) == ["collage", "jax", "ort"]  # torch: not for a JAX model
+    for c in by_name.values():
+        assert c["status"] == "ok" and c["max_rel_err"] <= 1e-3 and c["median_ms"] > 0, c
+    assert by_name["jax"]["max_rel_err"] == 0.0  # the reference itself
