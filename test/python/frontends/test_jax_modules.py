@@ -49,6 +49,7 @@ def _header(text: str) -> str:
     return next(line for line in text.splitlines() if "func.func public @main" in line or "func.func @main" in line)
 
 
+@pytest.mark.fast
 def test_calls_are_inlined_and_the_public_signature_kept():
     module = stablehlo.parse(CALLS, new_context())
     text = str(module)
@@ -59,6 +60,7 @@ def test_calls_are_inlined_and_the_public_signature_kept():
         assert attr in header or attr in text.splitlines()[0], attr
 
 
+@pytest.mark.fast
 def test_a_recursive_call_is_one_error():
     with pytest.raises(CollageError, match="cannot all be inlined"):
         stablehlo.parse(RECURSIVE, new_context(), where="rec.mlir")
@@ -290,3 +292,21 @@ def test_bench_of_a_jax_zoo_model_against_jax_users_peers(tmp_path):
     for c in by_name.values():
         assert c["status"] == "ok" and c["max_rel_err"] <= 1e-3 and c["median_ms"] > 0, c
     assert by_name["jax"]["max_rel_err"] == 0.0  # the reference itself
+
+
+def test_scan_loops_go_whole_to_xla_and_stay_off_the_onnx_engines():
+    """A ``lax.scan`` is a ``stablehlo.while`` with its body: ``whole:xla-cpu`` places the LSTM's loops in
+    one XLA region with everything else (the bench test above runs that plan against ``jax.jit``), and
+    the ONNX engines, which collage gives no loop, leave exactly the loops and their inits."""
+    from collage_mlir.graph import Graph, number_ops
+    from collage_mlir.search import resolve_plan
+
+    module = zoo.import_stablehlo("jax_lstm", new_context(), small=True)
+    number_ops(module)
+    graph = Graph(module)
+    loops = {i for i, n in graph.nodes.items() if n.op.name == "stablehlo.while"}
+    assert len(loops) == 2  # one per layer
+    xla = resolve_plan("whole:xla-cpu", graph)
+    assert len(xla.regions) == 1 and loops <= xla.regions[0].ops
+    ov = resolve_plan("whole:openvino", graph)
+    assert not loops & set().union(*(r.ops for r in ov.regions)) and ov.regions
