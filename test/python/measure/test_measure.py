@@ -178,30 +178,60 @@ def extraction_mismatches(path: str) -> list[str]:
     return bad
 
 
-@pytest.mark.skipif(not CONFORMANCE_FILES, reason="conformance inputs not found")
-def test_extraction_preserves_results_on_conformance_inputs(monkeypatch):
+#: The default suite's share of the conformance inputs (~90 s of the ~350 s the corpus takes on one core): one
+#: file per kind of region content — matmuls (f32, bf16), convolution, windows, gather/scatter, dynamic
+#: shapes and slices, sort, FFT (complex), f64 and f16, an LSTM with its reductions, and the shape ops
+#: (concatenate, pad, reverse, transpose, iota, select, bitcast). The whole corpus: ``-m bench`` (below).
+EXTRACTION_SAMPLE = ["models/unidirectional_lstm.mlir", "ops/batch_norm_inference.mlir", "ops/bitcast_convert.mlir",
+                     "ops/concatenate.mlir", "ops/convolution.mlir", "ops/dot_bf16.mlir", "ops/dot_general.mlir",
+                     "ops/dynamic_update_slice.mlir", "ops/exponential_fp16.mlir", "ops/fft.mlir", "ops/gather.mlir",
+                     "ops/iota.mlir", "ops/log.mlir", "ops/pad.mlir", "ops/reduce_window.mlir", "ops/reverse.mlir",
+                     "ops/scatter_dynamic.mlir", "ops/select.mlir", "ops/sort.mlir", "ops/transpose.mlir",
+                     "regression/dynamic_dot.mlir", "regression/dynamic_reduce_min.mlir"]
+
+
+def _extraction_checked(files: list[Path], monkeypatch) -> list:
+    """``extraction_mismatches`` of each file in two worker processes (the harness's own: a file IREE
+    cannot handle costs that file only); asserts no mismatch, returns the outcomes of the files checked."""
     from concurrent.futures import ThreadPoolExecutor
 
     from collage_mlir.measure.worker import Worker
 
-    # Two worker processes (the harness's own): a file IREE cannot handle costs that file only.
     # The workers import this file (and the helpers it imports) by name.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), str(HERE),
+                                                      os.environ.get("PYTHONPATH", "")]))
     workers = [Worker(f"extract{k}") for k in range(2)]
     try:
         with ThreadPoolExecutor(len(workers)) as pool:
             outcomes = list(pool.map(lambda k: [workers[k % 2].call("test_measure:extraction_mismatches", 300,
-                                                                    path=str(p)) for p in CONFORMANCE_FILES[k::2]],
+                                                                    path=str(p)) for p in files[k::2]],
                                      range(2)))
     finally:
         for w in workers:
             w.stop()
-    results = [o for part in outcomes for o in part]
-    checked = [o for o in results if o.ok]
-    # Files IREE alone cannot compile or run are errors here (see test/conformance/BASELINE.md).
-    assert len(checked) >= 60, f"only {len(checked)} conformance files could be checked"
+    checked = [o for part in outcomes for o in part if o.ok]
     mismatches = [m for o in checked for m in o.value]
     assert not mismatches, "\n".join(mismatches)
+    return checked
+
+
+@pytest.mark.skipif(not CONFORMANCE_FILES, reason="conformance inputs not found")
+def test_extraction_preserves_results_on_conformance_inputs(monkeypatch):
+    """EXTRACTION_SAMPLE: every file is checked (IREE alone compiles and runs each) and no region's
+    extracted results differ from the in-model values."""
+    files = [CONFORMANCE / name for name in EXTRACTION_SAMPLE]
+    checked = _extraction_checked(files, monkeypatch)
+    assert len(checked) == len(files), f"only {len(checked)} of {len(files)} sampled files could be checked"
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(not CONFORMANCE_FILES, reason="conformance inputs not found")
+def test_extraction_preserves_results_on_every_conformance_input(monkeypatch):
+    """The same check on the whole corpus (~6 minutes on 2 cores); the default suite runs it on
+    EXTRACTION_SAMPLE (test_extraction_preserves_results_on_conformance_inputs)."""
+    checked = _extraction_checked(CONFORMANCE_FILES, monkeypatch)
+    # Files IREE alone cannot compile or run are errors here (see test/conformance/BASELINE.md).
+    assert len(checked) >= 60, f"only {len(checked)} conformance files could be checked"
 
 
 # -- harness ----------------------------------------------------------------------------------------
@@ -302,11 +332,15 @@ def test_collage_measure_cli(tmp_path):
     model.write_text(ELEMENTWISE)
     db = tmp_path / "costs.sqlite"
     cmd = [sys.executable, "-m", "collage_mlir.tools.cli", "measure", str(model), "--backends", "iree-cpu,ort",
-           "--db", str(db), "--budget", "0.05", "--no-transitions"]
+           "--db", str(db), "--budget", "0.05"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "iree-cpu" in proc.stdout and "cache hits" in proc.stdout
+    assert "iree-cpu" in proc.stdout and "cache hits" in proc.stdout and "transition cost per" in proc.stdout
     rows = CostDB(db).measurements()
     assert {m.backend for m in rows} == {"iree-cpu", "ort"} and all(m.usable for m in rows)
+    # The boundary probe of every ordered pair, built and timed (the tune tests read theirs from the DB).
+    probes = CostDB(db).transitions()
+    assert {(t.src, t.dst) for t in probes} == {(a, b) for a in ("iree-cpu", "ort") for b in ("iree-cpu", "ort")}
+    assert all(t.usable for t in probes), [(t.src, t.dst, t.status, t.message) for t in probes]
     bad = subprocess.run(cmd[:5] + ["--backends", "nosuch", "--db", str(db)], capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown backend 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
