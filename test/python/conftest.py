@@ -12,6 +12,14 @@ import pytest
 os.environ.setdefault("COLLAGE_CACHE_DIR", os.path.join(tempfile.gettempdir(), "collage-test-cache"))
 
 
+def pytest_configure(config):
+    """One cache per xdist worker (run-tests.sh runs two): two processes importing the same model at once
+    would write the same temporary file."""
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker and os.environ["COLLAGE_CACHE_DIR"] == os.path.join(tempfile.gettempdir(), "collage-test-cache"):
+        os.environ["COLLAGE_CACHE_DIR"] += f"-{worker}"
+
+
 @pytest.fixture(scope="session")
 def torch():
     return pytest.importorskip("torch")
@@ -32,11 +40,15 @@ def ort_region_artifact(tmp_path_factory):
     return out
 
 
+#: A marker expression that selects one marker's tests: the files without that marker are not imported.
+_ONE_MARKER = {"fast": "fast", "serial and not bench": "serial"}
+
+
 def pytest_ignore_collect(collection_path, config):
-    """``pytest -m fast`` does not import the test files that hold no fast test: importing them (torch,
-    jax, ONNX Runtime, OpenVINO) would take longer than the tier itself."""
-    if (config.getoption("markexpr", "") or "").strip() != "fast":
-        return None
-    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return "pytest.mark.fast" not in collection_path.read_text() or None
+    """``pytest -m fast`` (and run-tests.sh's ``-m "serial and not bench"``) does not import the test files
+    that hold no test so marked: importing them (torch, jax, ONNX Runtime, OpenVINO) would take longer
+    than the fast tier itself."""
+    marker = _ONE_MARKER.get((config.getoption("markexpr", "") or "").strip())
+    if marker and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return f"pytest.mark.{marker}" not in collection_path.read_text() or None
     return None

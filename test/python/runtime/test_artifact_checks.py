@@ -194,6 +194,7 @@ def test_no_engine_telemetry():
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.serial
 def test_ctrl_c_during_compile_exits_130_and_keeps_the_old_artifact(built, tmp_path):
     """SIGINT to the whole process group (what Ctrl-C does), mid-compile: one line, exit 130, the earlier
     artifact untouched and no half-built directory left."""

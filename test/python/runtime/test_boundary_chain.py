@@ -56,6 +56,7 @@ def test_region_with_two_results(backend, tmp_path):
             np.testing.assert_allclose(th, np.tanh(a @ b), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.serial
 def test_boundary_bench_per_region_small():
     pytest.importorskip("onnxruntime")
     row = boundary.measure("ort", 256, rounds=2)

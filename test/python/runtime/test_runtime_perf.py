@@ -42,6 +42,7 @@ def _cpu_per_call(fn, clock=time.process_time, calls: int = 5) -> float:
     return (clock() - t0) / calls
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("backend", ["ort", "openvino"])
 def test_many_regions_cost_the_sum_of_their_regions(backend, tmp_path):
     pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
@@ -126,6 +127,7 @@ def test_openvino_compiled_model_cache_is_opt_in(tmp_path, monkeypatch):
             np.testing.assert_array_equal(prog.invoke("mm", a, b)[0], want)
         assert any(cache.iterdir())
 
+@pytest.mark.serial
 @pytest.mark.parametrize("backend", ["ort", "openvino"])
 def test_boundary_bench_small(backend):
     pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
