@@ -113,20 +113,6 @@ def _pools():
     return f, [rng.standard_normal(s).astype(np.float32) for s in ((2, 9, 8, 5), (2, 11, 3), (3, 6, 6))]
 
 
-@pytest.mark.parametrize("backend", ["ort", "openvino"])
-def test_max_pools_of_any_layout_on_one_engine_match_jax(backend, tmp_path):
-    from collage_mlir.backends import get_backend
-
-    pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
-    f, args = _pools()
-    path, want = _jax_module(f, *args, folder=tmp_path)
-    got, manifest = _compile_and_run(path, f"whole:{backend}", args, tmp_path / "out")
-    assert [r.backend for r in manifest.regions] == [backend] * 4  # one region per pool: none is connected
-    tol = get_backend(backend).tolerance
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=tol.rtol, atol=tol.atol)
-
-
 def _chlo():
     """The CHLO ops JAX emits in models: ``chlo.square`` (``jnp.var``), ``chlo.erfc`` (exact GELU) and
     ``chlo.top_k`` (values and i32 indices), and the gather of ``take_along_axis`` on a batch of one (its
@@ -144,14 +130,18 @@ def _chlo():
 
 
 @pytest.mark.parametrize("backend", ["ort", "openvino"])
-def test_chlo_ops_on_one_engine_match_jax(backend, tmp_path):
+@pytest.mark.parametrize("case", ["pools", "chlo"])
+def test_jax_ops_on_one_engine_match_jax(case, backend, tmp_path):
+    """Every op of the case goes to the engine (the pools: one region each, none is connected), and its
+    results equal ``jax.jit``'s, dtypes included."""
     from collage_mlir.backends import get_backend
 
     pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[backend])
-    f, args = _chlo()
+    f, args = {"pools": _pools, "chlo": _chlo}[case]()
     path, want = _jax_module(f, *args, folder=tmp_path)
     got, manifest = _compile_and_run(path, f"whole:{backend}", args, tmp_path / "out")
     assert {r.backend for r in manifest.regions} == {backend} and not _unplaced(path, f"whole:{backend}")
+    assert case != "pools" or len(manifest.regions) == 4
     tol = get_backend(backend).tolerance
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
