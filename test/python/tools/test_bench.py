@@ -92,7 +92,7 @@ def test_bench_end_to_end_two_peers(torch, tmp_path, capsys):
     assert model["ratio_to_best_peer"] == pytest.approx(by_name[best]["median_ms"] / by_name["collage"]["median_ms"])
     table = (tmp_path / "ci.md").read_text()
     assert "| dcgan |" in table and "Geomean" in table
-    assert "## Where collage's time goes" in table and "| whole | xla-cpu |" in table
+    assert "## Where collage's time goes" in table and "| region_0 | xla-cpu |" in table
     assert (tmp_path / "ci.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Results of separate runs merge into one report (here the same run twice: two rows, same ratio).
     assert main(["bench", "--merge", str(tmp_path / "ci.json"), str(tmp_path / "ci.json"), "-o", str(tmp_path),

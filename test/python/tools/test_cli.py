@@ -117,6 +117,11 @@ import os, signal, sys
 import pytest
 from collage_mlir.tools import run_tool
 
+# A child may inherit SIGINT ignored or blocked from the test process (under pytest-xdist, depending on
+# the tests that ran there before); Python then installs no handler and the signal never arrives.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
 def interrupted_in_a_callback():
     try:
         signal.raise_signal(signal.SIGINT)
