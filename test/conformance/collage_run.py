@@ -76,7 +76,7 @@ def run(path: str | Path, plans: tuple[str, ...] = DEFAULT_PLANS) -> dict:
     res = {"file": _rel(path), "kind": kind, "baseline": base, "plans": {}, "mismatches": []}
     if not base["compiled"]:
         return res
-    seen: dict[str, dict] = {}  # plan JSON -> record: random plans of tiny functions often coincide
+    seen: dict = {}  # Plan.key -> record: random plans of tiny functions often coincide
     for plan in plans:
         key = _plan_key(path, plan)
         rec = seen[key] if key in seen else run_with_plan(path, plan, kind)
