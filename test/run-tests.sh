@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole default suite: lit (IR a pass produces, error lines), pytest (numerics, CLI) two files at a
 # time (a file's module fixtures stay in one process; each process has its own import cache) but for the
-# tests marked serial (they compare times or wait a fixed time: run alone, after), then the IREE
+# tests marked serial (they compare times, or Ctrl-C a child mid-run: run alone, after), then the IREE
 # conformance files, two at a time: each runs in its own process (nothing shared). test/python's
 # folders mirror the package's stages (frontends/, graph/, backends/, measure/, search/, passes/, runtime/,
 # tools/, ...; conformance/ is the corpora).
