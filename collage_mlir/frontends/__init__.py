@@ -25,3 +25,11 @@ def cache_dir() -> Path:
         return Path(os.environ["COLLAGE_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "collage-mlir"
+
+
+def write_cache(path: Path, data: bytes) -> None:
+    """Writes an import cache file atomically: a concurrent reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)

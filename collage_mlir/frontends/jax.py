@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 from ..errors import CollageError
 from ..ir import ir, parse_module
-from . import cache_dir, stablehlo
+from . import cache_dir, stablehlo, write_cache
 
 
 def lower_text(fn: Callable, args: Sequence) -> str:
@@ -47,8 +47,5 @@ def import_jax(fn: Callable, args: Sequence, context: ir.Context, *, cache: Path
     if path is not None:
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(buf.getvalue())
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        write_cache(path, buf.getvalue())
     return module

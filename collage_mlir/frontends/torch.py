@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 
 from ..errors import CollageError
 from ..ir import ir, parse_module
-from . import cache_dir
+from . import cache_dir, write_cache
 
 
 def model_key(model, example_inputs: Sequence) -> str:
@@ -74,8 +74,5 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
     imported.operation.write_bytecode(buf)
     data = buf.getvalue()
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        write_cache(path, data)
     return parse_module(data, context, where=f"torch:{type(model).__name__}")
