@@ -10,7 +10,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .types import TensorSpec, Tolerance
+from .types import Platform, TensorSpec, Tolerance
 
 MANIFEST = "manifest.json"
 FORMAT = "collage-artifact"
@@ -147,7 +147,8 @@ class DeviceEntry:
 class Manifest:
     """``manifest.json``: the IREE module and its SHA-256, the library regions and logical devices, the plan
     (as ``collage_mlir.plan.Plan`` writes it), the versions that built it and, when known, where the plan
-    came from (``provenance``, for ``collage report``)."""
+    came from (``provenance``, for ``collage report``). ``platform``: where the module runs (its IREE
+    driver); absent in the JSON means the CPU, as every manifest before GPU programs."""
 
     source: str
     source_sha256: str
@@ -159,6 +160,7 @@ class Manifest:
     devices: tuple[DeviceEntry, ...]
     regions: tuple[RegionEntry, ...]
     provenance: Mapping[str, Any] | None = None
+    platform: Platform = Platform.CPU
 
     def region(self, name: str) -> RegionEntry | None:
         return next((r for r in self.regions if r.name == name), None)
@@ -170,6 +172,8 @@ class Manifest:
                "devices": [d.to_json() for d in self.devices], "regions": [r.to_json() for r in self.regions]}
         if self.provenance:
             out["provenance"] = dict(self.provenance)
+        if self.platform is not Platform.CPU:
+            out["platform"] = self.platform.value
         return out
 
     @classmethod
@@ -195,9 +199,14 @@ class Manifest:
         iree_args = data.get("iree_args", [])
         if not isinstance(iree_args, list) or not all(isinstance(a, str) for a in iree_args):
             raise ArtifactError(f"{where}: iree_args: expected a list of strings")
+        try:
+            platform = Platform(data.get("platform", Platform.CPU.value))
+        except ValueError:
+            raise ArtifactError(f"{where}: platform: expected one of {', '.join(p.value for p in Platform)}, "
+                                f"got {data.get('platform')!r}"[:300]) from None
         return cls(str(data.get("source", "")), str(data.get("source_sha256", "")), data.get("module"),
                    data.get("module_sha256"), versions, tuple(iree_args), plan,
-                   tuple(DeviceEntry.from_json(d, where) for d in devices), entries, provenance)
+                   tuple(DeviceEntry.from_json(d, where) for d in devices), entries, provenance, platform)
 
 
 def load_manifest(root: Path) -> Manifest:

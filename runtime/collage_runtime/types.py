@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
@@ -35,6 +36,32 @@ def byte_dtype(element: str) -> np.dtype | None:
     """The numpy dtype whose bytes are exactly ``element``'s in memory (None for sub-byte and unknown types,
     whose memory is packed differently): for reading raw buffers and blobs."""
     return None if element in SUB_BYTE_BITS else NUMPY_DTYPES.get(element)
+
+
+class Platform(str, Enum):
+    """Where a program's IREE module runs: the HAL driver that loads it and the kind of memory its buffers
+    live in. A program runs on one platform (IREE cannot mix discrete-memory devices with the CPU in one
+    program today); regions of engines that live elsewhere are served through ``collage_rt`` with copies."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    VULKAN = "vulkan"
+
+    @property
+    def driver(self) -> str:
+        """The IREE HAL driver that runs the platform's modules."""
+        return "local-task" if self is Platform.CPU else self.value
+
+    @property
+    def host_memory(self) -> bool:
+        """Whether the platform's buffers are host memory (mapped in place); else device-only memory that
+        the host reads and writes through staging copies, or that device engines take through DLPack."""
+        return self is Platform.CPU
+
+    @property
+    def dlpack_device(self) -> int:
+        """DLPack's device type of the platform's buffers (kDLCPU 1, kDLCUDA 2, kDLVulkan 7)."""
+        return {Platform.CPU: 1, Platform.CUDA: 2, Platform.VULKAN: 7}[self]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,20 @@ under the entry-point group ``collage_runtime.executors``; a manifest names it b
 into the matching pre-allocated output array. A loader that sets ``concurrent_load = True`` may load
 several regions at once on other threads. Only registered executors serve regions: a manifest is data
 and never chooses which Python code is imported.
+
+Two kinds of ``Run``, by where the engine computes:
+
+- **host** (the default): ``run(inputs, outputs)`` on numpy arrays in host memory. On a CPU program they are
+  the IREE buffers themselves (mapped); on a device program (CUDA, Vulkan: device-only memory) the runtime
+  copies inputs to host arrays and the outputs back to device buffers around the call.
+- **device** (``run.takes_dlpack = True``): ``run(inputs) -> results``, where ``inputs`` are DLPack producers
+  (``__dlpack__``/``__dlpack_device__``) over the program's own buffers, on the program's device, and
+  ``results`` one DLPack producer per output (a torch tensor), which the runtime imports as the region's
+  result without a copy. The engine computes on the device where the buffers live (cuDNN and cuBLAS through
+  torch on CUDA; on a CPU program the same code runs on CPU tensors). Before the call IREE's work on the
+  inputs is complete (the program waits on the host before each ``collage_rt`` call); the executor must
+  finish its own work before returning (``torch.cuda.synchronize``-equivalent: IREE's streams do not order
+  against torch's).
 """
 
 from __future__ import annotations
@@ -23,6 +37,8 @@ if TYPE_CHECKING:
 
 GROUP = "collage_runtime.executors"
 
+#: A host executor's call (a device executor's is ``Callable[[Sequence[DLPack producer]], Sequence[...]]``,
+#: marked ``takes_dlpack = True``).
 Run = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
 Loader = Callable[[Path, "Engines"], Run]
 
