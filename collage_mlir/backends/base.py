@@ -10,7 +10,7 @@ from functools import cached_property, total_ordering
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
-from collage_runtime.types import Tolerance  # noqa: F401  (re-exported: backends state theirs)
+from collage_runtime.types import Platform, Tolerance  # noqa: F401  (re-exported: backends state theirs)
 
 from ..dialects.stablehlo import const_expr_ops
 from ..graph import Graph, external_operands, nested_ops
@@ -71,7 +71,10 @@ class Backend:
     """
 
     name: ClassVar[str]
-    device: ClassVar[str] = "cpu"
+    #: Platforms of the programs this backend may run regions in. A host engine serves regions in any
+    #: program (in a device program through copies to and from host memory); a codegen backend or a device
+    #: library (cuBLAS, cuDNN) runs only where its code or memory lives.
+    platforms: ClassVar[frozenset[Platform]] = frozenset(Platform)
     #: Python modules the backend needs; ``available`` reports the first one missing.
     requires: ClassVar[tuple[str, ...]] = ()
     kind: ClassVar[BackendKind]

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from ..errors import CollageError
 from ..ir import ir
-from .base import BackendKind, OpSetBackend
+from .base import BackendKind, OpSetBackend, Platform
 from .patterns import OpPattern
 
 # Ops of these dialects compute on tensors and can be outlined into a region function. Others
@@ -29,6 +29,7 @@ def is_compute_op(op: ir.Operation) -> str | None:
 class IreeCpuBackend(OpSetBackend):
     name = "iree-cpu"
     kind = BackendKind.CODEGEN
+    platforms = frozenset({Platform.CPU})
     patterns = (OpPattern("any-compute-op", None, (is_compute_op,)),)
     # The default backend: regions of it are what is left, so it proposes single ops only.
     max_region_ops = 1

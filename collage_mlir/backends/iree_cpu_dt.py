@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..dialects import stablehlo as sh
 from ..ir import ir
-from .base import BackendKind, Backend, Tolerance
+from .base import BackendKind, Backend, Platform, Tolerance
 from .iree_device import IreeDevice
 from .patterns import ActivationFollower, Follower, OpPattern, static_f32
 
@@ -47,6 +47,7 @@ EPILOGUE = (
 class IreeCpuDataTilingBackend(Backend):
     name = "iree-cpu-dt"
     kind = BackendKind.CODEGEN
+    platforms = frozenset({Platform.CPU})
     # Packed layouts and ukernels change the reduction order (measured max relative error ~1e-6).
     tolerance = Tolerance(rtol=1e-4, atol=1e-5)
     patterns = (
