@@ -1,12 +1,18 @@
 """Runs a step program (``collage_runtime.steps.StepProgram``, which the compiler's
 ``collage_mlir.backends.steps`` writes) with torch: oneDNN convolutions with fused post-ops, MKL matmuls.
 Inputs are zero-copy torch views of mapped IREE buffers; results are written into the mapped output
-buffers (the last step of a result writes there directly where it can)."""
+buffers (the last step of a result writes there directly where it can).
+
+The step semantics every torch executor shares live here too: ``run_step`` runs any step, given the
+``Kernels`` that run the two fused ones (conv2d and matmul with their epilogue), and ``split_constants``
+materialises a program's constants once. ``executors.torch_device`` runs the same programs on the
+device its inputs live on (cuDNN and cuBLAS on CUDA) with its own kernels."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -24,12 +30,13 @@ from ..steps import (Broadcast, Const, Conv2d, Convert, Matmul, PostOps, Reshape
                      StepProgram, Transpose)
 from . import Run  # noqa: E402
 
-_DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "i32": torch.int32,
-           "i64": torch.int64, "i1": torch.bool}
-_NCHW = "bf01"
-_OIHW = "oi01"
+DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "i32": torch.int32,
+          "i64": torch.int64, "i1": torch.bool}
+NCHW = "bf01"
+OIHW = "oi01"
 
-_INPLACE_ACT: dict[str, Callable] = {
+#: Each activation of ``steps.ACTIVATIONS``, applied in place: ``(tensor, scalars, algorithm)``.
+INPLACE_ACT: dict[str, Callable] = {
     "relu": lambda t, s, a: t.relu_(),
     "sigmoid": lambda t, s, a: t.sigmoid_(),
     "tanh": lambda t, s, a: t.tanh_(),
@@ -49,28 +56,51 @@ def _broadcast(x: torch.Tensor, dims: tuple[int, ...], shape: tuple[int, ...]) -
     return x.reshape(view).expand(shape)
 
 
-def _to(layout: str, canonical: str) -> list[int]:
+def permutation(layout: str, canonical: str) -> list[int]:
     """The permutation that views a tensor in ``layout`` as ``canonical`` (e.g. b01f -> bf01)."""
     return [layout.index(c) for c in canonical]
 
 
+def as_layout(x: torch.Tensor, layout: str, canonical: str) -> torch.Tensor:
+    """``x``, laid out as ``layout``, viewed as ``canonical`` (no copy: a permuted view)."""
+    return x.permute(permutation(layout, canonical)) if layout != canonical else x
+
+
+def finish_epilogue(out: torch.Tensor, post: PostOps, residual: torch.Tensor | None) -> torch.Tensor:
+    """The rest of ``post`` after its bias, in place on ``out``: the residual add, then the activation."""
+    if post.binary:
+        out.add_(residual)
+    if post.act != "none":
+        INPLACE_ACT[post.act](out, list(post.scalars), post.algorithm)
+    return out
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """How an executor runs the two fused steps, each ``(attrs, post, args) -> result``: the anchor's two
+    inputs come first in ``args``, then the bias (where ``post.bias``) and the residual (where
+    ``post.binary``). Every other step runs the same in every torch executor (``run_step``)."""
+
+    conv2d: Callable[[Conv2d, PostOps, list[torch.Tensor]], torch.Tensor]
+    matmul: Callable[[Matmul, PostOps, list[torch.Tensor]], torch.Tensor]
+
+
 def _conv2d(conv: Conv2d, post: PostOps, args: list[torch.Tensor]) -> torch.Tensor:
     lhs, rhs, out = conv.layouts
-    x = args[0].permute(_to(lhs, _NCHW)) if lhs != _NCHW else args[0]
-    w = args[1].permute(_to(rhs, _OIHW)).contiguous() if rhs != _OIHW else args[1]
+    x = as_layout(args[0], lhs, NCHW)
+    w = args[1].permute(permutation(rhs, OIHW)).contiguous() if rhs != OIHW else args[1]
     rest = args[2:]
     bias = rest.pop(0).reshape(post.bias_size) if post.bias else None
     attr, scalars, algorithm = post.act, list(post.scalars), post.algorithm
     geometry = (list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups)
     if post.binary:
-        other = rest.pop(0)
-        other = other.permute(_to(out, _NCHW)) if out != _NCHW else other
+        other = as_layout(rest.pop(0), out, NCHW)
         y = torch.ops.mkldnn._convolution_pointwise.binary(
             x, other, w, bias, *geometry, post.binary, 1.0, None if attr == "none" else attr, scalars,
             algorithm or None)
     else:
         y = torch.ops.mkldnn._convolution_pointwise(x, w, bias, *geometry, attr, scalars, algorithm)
-    return y.permute(_to(_NCHW, out)) if out != _NCHW else y
+    return as_layout(y, NCHW, out)
 
 
 def _matmul(mm: Matmul, post: PostOps, args: list[torch.Tensor], out: torch.Tensor | None) -> torch.Tensor:
@@ -86,24 +116,25 @@ def _matmul(mm: Matmul, post: PostOps, args: list[torch.Tensor], out: torch.Tens
         torch.matmul(a, b, out=out)
         if bias is not None:
             out.add_(bias)
-    if post.binary:
-        out.add_(rest.pop(0))
-    if post.act != "none":
-        _INPLACE_ACT[post.act](out, list(post.scalars), post.algorithm)
-    return out
+    return finish_epilogue(out, post, rest.pop(0) if post.binary else None)
 
+
+#: oneDNN convolutions (post-ops fused) and MKL GEMM into a fresh tensor.
+ONEDNN = Kernels(_conv2d, lambda mm, post, args: _matmul(mm, post, args, None))
 
 _ELEMENTWISE: dict[StepOp, Callable] = {StepOp.ADD: torch.add, StepOp.SUB: torch.sub, StepOp.MUL: torch.mul,
                                         StepOp.DIV: torch.div, StepOp.MAX: torch.maximum,
                                         StepOp.MIN: torch.minimum}
 
 
-def _step(step: Step, args: list[torch.Tensor]) -> torch.Tensor:
+def run_step(step: Step, args: list[torch.Tensor], kernels: Kernels,
+             device: torch.device | None = None) -> torch.Tensor:
+    """The value ``step`` defines from its ``args``; a constant is made on ``device`` (default: the CPU)."""
     a = step.attrs
     if isinstance(a, Conv2d):
-        return _conv2d(a, step.post, args)  # type: ignore[arg-type]
+        return kernels.conv2d(a, step.post, args)  # type: ignore[arg-type]
     if isinstance(a, Matmul):
-        return _matmul(a, step.post, args, None)  # type: ignore[arg-type]
+        return kernels.matmul(a, step.post, args)  # type: ignore[arg-type]
     if a is None:
         return _ELEMENTWISE[step.op](*args)
     if isinstance(a, Broadcast):
@@ -113,10 +144,32 @@ def _step(step: Step, args: list[torch.Tensor]) -> torch.Tensor:
     if isinstance(a, Transpose):
         return args[0].permute(a.perm)
     if isinstance(a, Convert):
-        return args[0].to(_DTYPES[a.dtype])
+        return args[0].to(DTYPES[a.dtype])
     if isinstance(a, Const):
-        return torch.tensor(a.value, dtype=_DTYPES[a.dtype]).reshape(a.shape)
+        return torch.tensor(a.value, dtype=DTYPES[a.dtype], device=device).reshape(a.shape)
     raise ValueError(f"unknown step op {step.op!r}")
+
+
+def split_constants(program: StepProgram, kernels: Kernels,
+                    device: torch.device | None = None) -> tuple[dict[int, torch.Tensor], list[Step]]:
+    """The program's constants and what is computed from them alone, materialised on ``device`` (once: a
+    run reads them every call), and the steps left to run per call."""
+    consts: dict[int, torch.Tensor] = {}
+    compute: list[Step] = []
+    for s in program.steps:
+        if all(i in consts for i in s.ins) and (s.op is StepOp.CONST or s.ins):
+            consts[s.out] = run_step(s, [consts[i] for i in s.ins], kernels, device)
+        else:
+            compute.append(s)
+    return consts, compute
+
+
+def read_program(path: Path) -> StepProgram:
+    """The step program stored at ``path``; ArtifactError where it is not one this runtime reads."""
+    try:
+        return StepProgram.from_json(json.loads(Path(path).read_text()))
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise ArtifactError(f"{path}: {str(exc).splitlines()[0]}; recompile the artifact") from None
 
 
 def _work(step: Step, args: list[torch.Tensor], y: torch.Tensor) -> int:
@@ -135,19 +188,10 @@ def load(path: Path, engines: Engines) -> Run:
     with one thread where its work is small (``engines.SMALL_REGION_MACS``: counted on the first call).
     ArtifactError where the file is not a step program this runtime reads."""
     engines.torch()
-    try:
-        program = StepProgram.from_json(json.loads(Path(path).read_text()))
-    except ValueError as exc:  # json.JSONDecodeError is one
-        raise ArtifactError(f"{path}: {str(exc).splitlines()[0]}; recompile the artifact") from None
+    program = read_program(path)
     results = list(program.results)
     # Constants (and what is computed from them alone) are materialised once, not per call.
-    consts: dict[int, torch.Tensor] = {}
-    compute: list[Step] = []
-    for s in program.steps:
-        if all(i in consts for i in s.ins) and (s.op is StepOp.CONST or s.ins):
-            consts[s.out] = _step(s, [consts[i] for i in s.ins])
-        else:
-            compute.append(s)
+    consts, compute = split_constants(program, ONEDNN)
     # A matmul whose value is exactly one result (used by nothing else) writes into that buffer.
     uses: dict[int, int] = {}
     for s in compute:
@@ -168,7 +212,7 @@ def load(path: Path, engines: Engines) -> Run:
                 values[s.out] = _matmul(s.attrs, s.post, args, torch.from_numpy(outputs[k]))  # type: ignore[arg-type]
                 written.add(k)
             else:
-                values[s.out] = _step(s, args)
+                values[s.out] = run_step(s, args, ONEDNN)
             if work is not None:
                 work.append(_work(s, args, values[s.out]))
         for k, (out, vid) in enumerate(zip(outputs, results)):
