@@ -19,7 +19,7 @@ import numpy as np
 from ..dialects import stablehlo as sh
 from ..ir import ir
 from .base import Backend, RegionArtifact
-from .patterns import Constraint, Follower
+from .patterns import ActivationFollower, Constraint, Follower
 from .steps import translate_region
 
 
@@ -105,6 +105,24 @@ RESIDUAL = Follower("residual", "stablehlo.add", _residual_add)
 #: names them; ``executors.torch_steps`` runs each in place).
 TORCH_ACTIVATIONS = ("relu", "gelu", "sigmoid", "swish", "tanh", "hardtanh", "hardswish", "hardsigmoid",
                      "leaky_relu")
+
+# The CUDA libraries (cublas, cudnn): f32 and f16 (bf16 has no host dtype a step program can carry, see
+# ``collage_runtime.types``), any activation the torch executor applies.
+STATIC_F32_F16 = static_of("f32", "f16")
+TORCH_ACTIVATION = ActivationFollower("activation", allowed=TORCH_ACTIVATIONS)
+
+
+def torch_cuda_version() -> str:
+    """``torch-<version>`` and the CUDA (cuBLAS) and cuDNN versions of that torch build where it has them."""
+    import torch
+
+    parts = [f"torch-{torch.__version__}"]
+    if torch.version.cuda:
+        parts.append(f"cuda-{torch.version.cuda}")
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if cudnn:
+        parts.append(f"cudnn-{cudnn}")
+    return " ".join(parts)
 
 
 class StepProgramBackend(Backend):
