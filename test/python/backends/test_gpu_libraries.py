@@ -16,6 +16,7 @@ import pytest
 
 from collage_mlir.backends import get_backend
 from collage_mlir.graph import Graph
+from collage_mlir.iree import compile_module
 from collage_mlir.ir import ir, new_context, parse_module
 from collage_mlir.passes.assign import AssignPass
 from collage_mlir.passes.number_ops import NumberOpsPass
@@ -369,3 +370,19 @@ def test_region_runs_on_cuda_tensors(name, element, tmp_path, monkeypatch):
     assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
     expect = FUSED_CALL["cuda"].get(name)
     assert calls == ([expect] * 2 if expect else [])
+
+
+def test_cuda_program_compiles_with_both_backends(tmp_path):
+    """``prefer:cudnn,cublas`` on a CUDA program (compiled here, no GPU needed): each anchor and its epilogue
+    is one region served by ``torch_device``, recorded with its backend's tolerance."""
+    text = CONV_NHWC_BIAS_RESIDUAL_RELU + MATMUL_BIAS_RELU.replace("@main", "@mm")
+    module = parse_module(text.replace("{t}", "f32"), new_context())
+    art = compile_module(module, "prefer:cudnn,cublas", tmp_path, platform=Platform.CUDA)
+    regions = {r.backend: r for r in art.manifest.regions}
+    assert sorted(regions) == ["cublas", "cudnn"]
+    for name, case in (("cudnn", "conv-nhwc-bias-residual-relu"), ("cublas", "matmul-bias-relu")):
+        region = regions[name]
+        assert region.executor == "collage_runtime.executors.torch_device"
+        assert region.tolerance == get_backend(name).tolerance
+        program = StepProgram.from_json(json.loads((art.out_dir / region.artifact).read_text()))
+        assert _fused(program) == [CASES[case].fused]
