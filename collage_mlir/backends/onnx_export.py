@@ -21,6 +21,7 @@ import numpy as np
 
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
+from ..graph import nested_ops
 from ..ir import ir
 from .base import BackendKind, OpSetBackend, RegionArtifact
 from .patterns import Constraint, OpPattern
@@ -257,7 +258,7 @@ def max_pool_window(op: ir.Operation) -> str | None:
 
 
 class _Builder:
-    def __init__(self):
+    def __init__(self, ties_by_index: bool = True):
         from onnx import helper
 
         self.helper = helper
@@ -265,6 +266,11 @@ class _Builder:
         self.initializers: list = []
         self.count = 0
         self.constants: dict = {}
+        #: The ONNX name of each StableHLO value translated so far (in scope: a loop body sees its graph's).
+        self.names: dict[ir.Value, str] = {}
+        #: Whether the engine's ``TopK`` keeps the lower index first among equal values, as ONNX specifies
+        #: (ONNX Runtime does; OpenVINO does not, and gets a second, tie-breaking ``TopK``: ``_ordered_top_k``).
+        self.ties_by_index = ties_by_index
 
     def fresh(self, hint: str = "t") -> str:
         self.count += 1
@@ -298,6 +304,25 @@ class _Builder:
         if current is not None and tuple(current) == tuple(shape):
             return x
         return self.node("Reshape", [x, self.ints(shape)])
+
+    def graph(self, name: str, inputs: list[tuple[str, str, list[int]]],
+              build: Callable[[], list[tuple[str, str, list[int]]]]):
+        """An ONNX subgraph (a ``Loop`` body) that ``build`` fills in a scope of its own: its nodes and
+        constants are its own, it reads this graph's values by name (outer-scope references), and the
+        names it gives StableHLO values are forgotten after it. ``inputs`` and what ``build`` returns are
+        (name, element type, shape) of its inputs and outputs (each output written by an ``Identity``)."""
+        helper = self.helper
+        saved = self.nodes, self.initializers, dict(self.names)
+        self.nodes, self.initializers = [], []
+        try:
+            outputs = []
+            for value, dtype, shape in build():
+                out = self.node("Identity", [value])
+                outputs.append(helper.make_tensor_value_info(out, DTYPES[dtype][1], shape))
+            return helper.make_graph(self.nodes, name, [helper.make_tensor_value_info(n, DTYPES[d][1], s)
+                                                        for n, d, s in inputs], outputs, initializer=self.initializers)
+        finally:
+            self.nodes, self.initializers, self.names = saved
 
 
 # --------------------------------------------------------------------------------------------------
@@ -353,8 +378,7 @@ def _window_padding(op: ir.Operation, rank: int) -> list[tuple[int, int]]:
 
 
 def _direction(op: ir.Operation) -> str:
-    m = re.search(r"comparison_direction\s+(\w+)", str(op.attributes["comparison_direction"]))
-    return m.group(1) if m else ""
+    return sh.comparison(op)[0]
 
 
 BINARY = {"stablehlo.add": "Add", "stablehlo.subtract": "Sub", "stablehlo.multiply": "Mul",
@@ -405,10 +429,36 @@ def _erfc(b: _Builder, op, ins):
 
 def _top_k(b: _Builder, op, ins):
     """ONNX ``TopK`` on the last axis, largest first; ties keep the lower index first, as
-    ``chlo.top_k`` (the ONNX spec's tie rule)."""
-    values, indices = b.multi_node("TopK", [ins[0], b.ints([_int_attr(op, "k")], "k")], 2, axis=-1, largest=1,
-                                   sorted=1)
+    ``chlo.top_k`` (``_ordered_top_k``)."""
+    shape = _shape(op.operands[0])
+    values, indices = _ordered_top_k(b, ins[0], shape, len(shape) - 1, _int_attr(op, "k"), largest=True)
     return [values, b.node("Cast", [indices], to=DTYPES[_dtype(op.results[1])][1])]
+
+
+#: The longest dim ``_ordered_top_k`` breaks ties along on an engine whose TopK does not: its second key
+#: (run * n + index < n * (n + 1)) must fit the 32 bits OpenVINO computes i64 in.
+TIE_BREAK_MAX = 46340
+
+
+def _ordered_top_k(b: _Builder, x: str, shape: list[int], axis: int, k: int, largest: bool) -> tuple[str, str]:
+    """The ``k`` largest (or smallest) values of ``x`` along ``axis`` in order and their i64 indices, equal
+    values in index order (StableHLO's stable sort, ``chlo.top_k``'s tie rule). ONNX specifies this of
+    ``TopK``; where the engine does not keep it (``_Builder.ties_by_index``), the whole dim is sorted, then
+    sorted again by (run of equal values, index), a key without ties, and the first ``k`` taken."""
+    n = shape[axis]
+    if b.ties_by_index or n == 1:
+        v, i = b.multi_node("TopK", [x, b.ints([k], "k")], 2, axis=axis, largest=int(largest), sorted=1)
+        return v, i
+    v, i = b.multi_node("TopK", [x, b.ints([n], "k")], 2, axis=axis, largest=int(largest), sorted=1)
+    later, earlier = ([b.node("Slice", [v, b.ints([lo]), b.ints([hi]), b.ints([axis])])
+                       for lo, hi in ((1, n), (0, n - 1))])
+    starts = b.node("Cast", [b.node("Not", [b.node("Equal", [later, earlier])])], to=DTYPES["i64"][1])
+    first = [1 if d == axis else s for d, s in enumerate(shape)]
+    run = b.node("CumSum", [b.node("Concat", [b.const(np.zeros(first, np.int64), "run0"), starts], axis=axis),
+                            b.const(np.int64(axis), "axis")])
+    key = b.node("Add", [b.node("Mul", [run, b.const(np.int64(n), "n")]), i])
+    _, j = b.multi_node("TopK", [key, b.ints([k], "k")], 2, axis=axis, largest=0, sorted=1)
+    return b.node("GatherElements", [v, j], axis=axis), b.node("GatherElements", [i, j], axis=axis)
 
 
 def _rsqrt(b: _Builder, op, ins):
@@ -525,6 +575,35 @@ def _slice(b: _Builder, op, ins):
     ends = sh._array_attr(op, "limit_indices", [])
     steps = sh._array_attr(op, "strides", [1] * len(starts))
     return [b.node("Slice", [ins[0], b.ints(starts), b.ints(ends), b.ints(range(len(starts))), b.ints(steps)])]
+
+
+def _clamped_starts(b: _Builder, starts: list[str], dtype: str, hi: list[int]) -> str:
+    """The rank-0 start indices ``starts`` as one i64 vector, each clamped into ``[0, hi]`` as StableHLO
+    clamps dynamic slice starts."""
+    parts = [b.reshape(s if dtype == "i64" else b.node("Cast", [s], to=DTYPES["i64"][1]), [1]) for s in starts]
+    v = b.node("Concat", parts, axis=0) if len(parts) > 1 else parts[0]
+    return b.node("Min", [b.node("Max", [v, b.ints([0] * len(hi), "lo")]), b.ints(hi, "hi")])
+
+
+def _dynamic_slice(b: _Builder, op, ins):
+    """``Slice`` from the clamped run-time starts (JAX's ``lax.scan`` reads step ``i`` of its inputs so)."""
+    shape, sizes = _shape(op.operands[0]), sh._array_attr(op, "slice_sizes", [])
+    start = _clamped_starts(b, ins[1:], _dtype(op.operands[1]), [d - z for d, z in zip(shape, sizes)])
+    end = b.node("Add", [start, b.ints(sizes, "sizes")])
+    return [b.node("Slice", [ins[0], start, end, b.ints(range(len(shape)), "axes")])]
+
+
+def _dynamic_update_slice(b: _Builder, op, ins):
+    """``ScatterND`` of the update at the clamped run-time starts (``lax.scan`` writes step ``i`` of its
+    outputs so). Dims from the last one the update does not cover whole onward are written as slices, so
+    the index grid only spans the leading dims (one index for a scan's step)."""
+    shape, update = _shape(op.operands[0]), _shape(op.operands[1])
+    p = max((d + 1 for d in range(len(shape)) if update[d] != shape[d]), default=0)
+    if p == 0:  # the update is the whole operand
+        return [b.node("Identity", [ins[1]])]
+    start = _clamped_starts(b, ins[2:2 + p], _dtype(op.operands[2]), [d - u for d, u in zip(shape[:p], update[:p])])
+    grid = np.moveaxis(np.indices(update[:p], dtype=np.int64), 0, -1)
+    return [b.node("ScatterND", [ins[0], b.node("Add", [b.const(grid, "grid"), start]), ins[1]])]
 
 
 def _pad(b: _Builder, op, ins):
@@ -647,12 +726,295 @@ def _dot_general(b: _Builder, op, ins):
     return [b.reshape(y, _shape(op.results[0]), batch + [m, n])]
 
 
+# --------------------------------------------------------------------------------------------------
+# Ops with regions: ``stablehlo.while`` → ``Loop`` (its body a subgraph), ``stablehlo.sort`` → ``TopK``.
+
+
+def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
+    """Translates ``ops`` in order into ``b``, naming their results in ``b.names``; an op without a
+    translation, or failing its constraints, is one CollageError naming it."""
+    for op in ops:
+        spec = OPS.get(op.name)
+        why = f"{op.name} has no ONNX translation" if spec is None else \
+            next((r for r in (c(op) for c in spec.when) if r), None)
+        if why:
+            raise CollageError(f"{op.location}: cannot export to ONNX: {why}")
+        for r, name in zip(op.results, spec.translate(b, op, [b.names[v] for v in op.operands])):
+            b.names[r] = name
+
+
+def _block_results(b: _Builder, block: ir.Block, args: list[str]) -> list[str]:
+    """The names of what ``block`` returns, its arguments named ``args``, its ops translated into ``b``."""
+    for arg, name in zip(block.arguments, args):
+        b.names[arg] = name
+    _translate_ops(b, sh.block_ops(block))
+    return [b.names[v] for v in sh.returned(block)]
+
+
+@dataclass(frozen=True)
+class LoopForm:
+    """A ``stablehlo.while`` as an ONNX ``Loop``: which carried values the body changes (ONNX loop-carried
+    values; the others, JAX's weights, are read from outside the body) and, when the loop counts, its
+    counter: a carried integer the body adds 1 to while ``cond`` is ``counter < limit`` (JAX's ``scan`` and
+    ``fori_loop``), which gives the trip count. Without one, the cond region is translated as the
+    ``Loop``'s condition (once before the loop, once at the end of the body)."""
+
+    changed: tuple[int, ...]
+    counter: int | None
+    limit: ir.Value | None
+
+
+def loop_form(op: ir.Operation) -> LoopForm:
+    cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+    back = sh.returned(body)
+    changed = tuple(k for k, v in enumerate(back) if sh.block_argument(v, body) != k)
+    test = sh.returned(cond)[0].owner
+    if isinstance(test, ir.Block) or test.operation.name != "stablehlo.compare":
+        return LoopForm(changed, None, None)
+    test = test.operation
+    direction, kind = sh.comparison(test)
+    lhs, rhs = test.operands
+    if direction == "GT":
+        lhs, rhs = rhs, lhs
+    counter, bound = sh.block_argument(lhs, cond), sh.block_argument(rhs, cond)
+    if direction not in ("LT", "GT") or kind not in ("SIGNED", "") or counter is None or \
+            _dtype(lhs) not in ("i32", "i64") or not _adds_one(back[counter], body.arguments[counter]):
+        return LoopForm(changed, None, None)
+    if bound is not None:  # a carried value the body does not change (a fori_loop's bound from outside)
+        return LoopForm(changed, counter, op.operands[bound]) if bound not in changed else LoopForm(changed, None, None)
+    maker = rhs.owner
+    if _constant_of(rhs) is None and not isinstance(maker, ir.Block) and \
+            any(maker.operation == o for o in nested_ops(op)):
+        return LoopForm(changed, None, None)  # computed in cond
+    return LoopForm(changed, counter, rhs)
+
+
+def _adds_one(value: ir.Value, arg: ir.Value) -> bool:
+    """Whether ``value`` is ``arg + 1``."""
+    add = value.owner
+    if isinstance(add, ir.Block) or add.operation.name != "stablehlo.add":
+        return False
+    x, y = add.operation.operands
+    other = y if x == arg else x if y == arg else None
+    one = None if other is None else _constant_of(other)
+    return one is not None and one.size == 1 and int(one.reshape(-1)[0]) == 1
+
+
+def _while(b: _Builder, op, ins):
+    """An ONNX ``Loop`` whose body is the translated do-region: its loop-carried values are those the body
+    changes, the others are read from outside by name (no copy a step), as values the body captures are.
+    The trip count ``M`` comes from a counter (``loop_form``); else ``cond`` is the condition."""
+    form = loop_form(op)
+    cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+    if not form.changed:  # nothing changes: the loop computes its inputs (or never ends)
+        return list(ins)
+    types = [(_dtype(v), _shape(v)) for v in op.operands]
+    if form.counter is not None:
+        trips, keep_going = _trip_count(b, op, form, ins), ""
+    else:
+        trips, keep_going = "", _block_results(b, cond, ins)[0]
+    it, go = b.fresh("iteration"), b.fresh("cond")
+    carried = {k: b.fresh("carried") for k in form.changed}
+
+    def build():
+        after = _block_results(b, body, [carried.get(k, x) for k, x in enumerate(ins)])
+        after = [after[k] if k in carried else x for k, x in enumerate(ins)]
+        again = go if form.counter is not None else _block_results(b, cond, after)[0]
+        return [(again, "i1", [])] + [(after[k], *types[k]) for k in form.changed]
+
+    graph = b.graph(b.fresh("loop_body"), [(it, "i64", []), (go, "i1", [])] +
+                    [(carried[k], *types[k]) for k in form.changed], build)
+    outs = b.multi_node("Loop", [trips, keep_going] + [ins[k] for k in form.changed], len(form.changed), body=graph)
+    return [outs[form.changed.index(k)] if k in carried else x for k, x in enumerate(ins)]
+
+
+def _trip_count(b: _Builder, op, form: LoopForm, ins: list[str]) -> str:
+    """``max(limit - start, 0)`` as the rank-0 i64 ``M`` of the ``Loop`` (a constant when both are)."""
+    start, limit = _constant_of(op.operands[form.counter]), _constant_of(form.limit)
+    if start is not None and limit is not None:
+        return b.const(np.int64(max(int(limit.reshape(-1)[0]) - int(start.reshape(-1)[0]), 0)), "trips")
+    i64 = DTYPES["i64"][1]
+    hi = b.const(limit.reshape(()).astype(np.int64), "limit") if limit is not None else \
+        b.node("Cast", [b.names[form.limit]], to=i64)
+    lo = b.node("Cast", [ins[form.counter]], to=i64)
+    return b.node("Max", [b.node("Sub", [hi, lo]), b.const(np.int64(0), "zero")])
+
+
+@dataclass(frozen=True)
+class NestedOps:
+    """every op of the loop's cond and body translatable, meeting the engine's constraints"""
+
+    engine: tuple = ()
+
+    def __call__(self, op: ir.Operation) -> str | None:
+        for region in op.regions:
+            for inner in sh.block_ops(region.blocks[0]):
+                spec = OPS.get(inner.name)
+                if spec is None:
+                    return f"the loop holds {inner.name}, which has no ONNX translation"
+                checks = spec.when + self.engine + ((self,) if spec.nested else ())
+                why = next((r for r in (c(inner) for c in checks) if r), None)
+                if why:
+                    return f"the loop's {inner.name}: {why}"
+        return None
+
+
+@dataclass(frozen=True)
+class SortOrder:
+    """A ``stablehlo.sort`` as ``TopK``: the operand whose values order it (the others are payload) and
+    the direction its comparator orders them in."""
+
+    key: int
+    descending: bool
+
+
+#: Comparator probes: a key's values, signed zeros and infinities among them (NaN too, whose order the
+#: check leaves free: TopK's is the engine's).
+_PROBE_FLOATS = [-np.inf, -3.5, -1.0, -1e-30, -0.0, 0.0, 1e-30, 1.0, 2.5, np.inf, np.nan]
+_PROBE_INTS = [-(2**31), -7, -1, 0, 1, 3, 2**31 - 1]
+
+
+def sort_order(op: ir.Operation) -> SortOrder | str:
+    """The ``SortOrder`` of a sort whose comparator orders one operand's values ascending or descending,
+    else why not. The comparator is evaluated (``_comparator``) on every pair of probe values, so JAX's
+    total-order comparator (-0.0 made 0.0, NaNs made one NaN, then ``LT`` TOTALORDER) and a plain ``LT``
+    or ``GT`` are recognised alike; it must equal ``<`` (or ``>``) on every pair of non-NaN probes."""
+    block = op.regions[0].blocks[0]
+    reads = _reads_arguments(block)
+    keys = sorted({k // 2 for k in reads})
+    if len(keys) != 1 or reads != {2 * keys[0], 2 * keys[0] + 1}:
+        return "the comparator must compare one operand's two values (a single-key sort)"
+    key = keys[0]
+    dtype = _dtype(op.operands[key])
+    if dtype not in ("f32", "f64", "i32", "i64"):
+        return f"the sort key must be f32, f64, i32 or i64, not {dtype}"
+    probes = np.asarray(_PROBE_FLOATS if dtype in FLOATS else _PROBE_INTS, DTYPES[dtype][0])
+    a, c = (x.reshape(-1) for x in np.meshgrid(probes, probes, indexing="ij"))
+    args = [np.zeros(a.shape, DTYPES[_dtype(v)][0]) for v in op.operands for _ in (0, 1)]
+    args[2 * key], args[2 * key + 1] = a, c
+    try:
+        less = _comparator(block, args)
+    except LookupError as e:
+        return f"unrecognised comparator: {e.args[0]}"
+    real = ~(np.isnan(a) | np.isnan(c)) if dtype in FLOATS else np.ones(a.shape, bool)
+    for descending, want in ((False, a < c), (True, a > c)):
+        if np.array_equal(less[real], want[real]):
+            return SortOrder(key, descending)
+    return "the comparator orders neither ascending nor descending"
+
+
+def _reads_arguments(block: ir.Block) -> set[int]:
+    """The positions of ``block``'s arguments its returned value is computed from."""
+    found, stack, seen = set(), list(sh.returned(block)), []
+    while stack:
+        v = stack.pop()
+        if (k := sh.block_argument(v, block)) is not None:
+            found.add(k)
+            continue
+        owner = v.owner
+        if isinstance(owner, ir.Block) or any(owner.operation == s for s in seen):
+            continue
+        seen.append(owner.operation)
+        stack.extend(owner.operation.operands)
+    return found
+
+
+_TOTAL_ORDER_INT = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+_COMPARATOR_OPS = {"stablehlo.and": np.bitwise_and, "stablehlo.or": np.bitwise_or, "stablehlo.xor": np.bitwise_xor,
+                   "stablehlo.not": np.invert, "stablehlo.negate": np.negative, "stablehlo.subtract": np.subtract,
+                   "stablehlo.add": np.add}
+_DIRECTIONS = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
+               "GE": np.greater_equal}
+
+
+def _comparator(block: ir.Block, args: list[np.ndarray]) -> np.ndarray:
+    """The comparator ``block`` evaluated elementwise on ``args`` (one array per argument, all one shape);
+    values from outside it must be constant expressions. LookupError names what it cannot evaluate."""
+    env: list[tuple[ir.Value, np.ndarray]] = list(zip(block.arguments, args))
+
+    def get(v: ir.Value) -> np.ndarray:
+        for known, x in env:
+            if known == v:
+                return x
+        c = sh.const_expr_value(v)
+        if c is None or c.size != 1:
+            raise LookupError("it reads a value that is not a scalar constant")
+        return c.reshape(())
+
+    with np.errstate(all="ignore"):
+        for op in sh.block_ops(block):
+            if op.name in ("stablehlo.constant", "arith.constant"):
+                continue  # read by ``get``
+            xs = [get(v) for v in op.operands]
+            tt = sh.tensor_type(op.results[0])
+            if tt is None or tt[0]:
+                raise LookupError(f"{op.name} is not on scalars")
+            if op.name == "stablehlo.compare":
+                direction, kind = sh.comparison(op)
+                if kind == "TOTALORDER" and xs[0].dtype in _TOTAL_ORDER_INT:
+                    xs = [_total_order(x) for x in xs]
+                elif kind == "UNSIGNED":
+                    xs = [x.view(x.dtype.str.replace("i", "u")) for x in xs]
+                out = _DIRECTIONS[direction](*xs)
+            elif op.name == "stablehlo.select":
+                out = np.where(*xs)
+            elif op.name == "stablehlo.convert":
+                out = xs[0].astype(DTYPES[tt[1]][0]) if tt[1] in DTYPES else None
+            elif op.name == "stablehlo.bitcast_convert":
+                out = xs[0].view(DTYPES[tt[1]][0]) if tt[1] in DTYPES else None
+            elif op.name in _COMPARATOR_OPS:
+                out = _COMPARATOR_OPS[op.name](*xs)
+            else:
+                raise LookupError(f"{op.name} is not a comparator op this recognises")
+            if out is None:
+                raise LookupError(f"{op.name} to {tt[1]}")
+            env.append((op.results[0], np.asarray(out)))
+    return np.broadcast_to(get(sh.returned(block)[0]), args[0].shape)
+
+
+def _total_order(x: np.ndarray) -> np.ndarray:
+    """Integers ordered as the floats ``x`` in IEEE total order (-NaN < -inf < ... < -0 < 0 < ... < NaN)."""
+    bits = x.view(_TOTAL_ORDER_INT[x.dtype])
+    return bits ^ ((bits >> (8 * bits.dtype.itemsize - 1)) & np.iinfo(bits.dtype).max)
+
+
+def recognised_sort(op: ir.Operation) -> str | None:
+    """one f32/f64/i32/i64 key, ascending or descending by a recognised comparator, others carried along"""
+    # Equal keys keep their input order (TopK's lower-index rule, ``_ordered_top_k``), as JAX's stable sort
+    # asks: exact, no tolerance needed for ties. NaN keys come in the engine's order, not JAX's (last).
+    order = sort_order(op)
+    return order if isinstance(order, str) else None
+
+
+def _sort(b: _Builder, op, ins):
+    """``TopK`` of the key over its whole dim (``_ordered_top_k``: ties in index order, as the stable sort
+    JAX asks for), the other operands gathered by its indices; an operand that is an iota along the dim
+    (``argsort``'s) is the indices themselves."""
+    order = sort_order(op)
+    shape = _shape(op.operands[order.key])
+    axis = _int_attr(op, "dimension") % len(shape)
+    values, indices = _ordered_top_k(b, ins[order.key], shape, axis, shape[axis], order.descending)
+    outs = []
+    for k, (v, x) in enumerate(zip(op.operands, ins)):
+        maker = v.owner
+        if k == order.key:
+            outs.append(values)
+        elif not isinstance(maker, ir.Block) and maker.operation.name == "stablehlo.iota" and \
+                _int_attr(maker.operation, "iota_dimension") == axis:
+            outs.append(b.node("Cast", [indices], to=DTYPES[_dtype(v)][1]))
+        else:
+            outs.append(b.node("GatherElements", [x, indices], axis=axis))
+    return outs
+
+
 @dataclass(frozen=True)
 class OnnxOp:
-    """One row of the table: how to translate an op and what it must satisfy."""
+    """One row of the table: how to translate an op and what it must satisfy. ``nested``: the op's
+    regions are translated as graphs (a loop body), so their ops must meet the engine's constraints too."""
 
     translate: Callable
     when: tuple = ()
+    nested: bool = False
 
 
 _NUM = (static_known_types, numeric_operands)
@@ -684,6 +1046,10 @@ OPS: dict[str, OnnxOp] = {
     "stablehlo.broadcast_in_dim": OnnxOp(_broadcast, (static_known_types,)),
     "stablehlo.concatenate": OnnxOp(_concatenate, (static_known_types,)),
     "stablehlo.slice": OnnxOp(_slice, (static_known_types,)),
+    "stablehlo.dynamic_slice": OnnxOp(_dynamic_slice, (static_known_types,)),
+    "stablehlo.dynamic_update_slice": OnnxOp(_dynamic_update_slice, (static_known_types,)),
+    "stablehlo.while": OnnxOp(_while, (static_known_types,), nested=True),
+    "stablehlo.sort": OnnxOp(_sort, (static_known_types, recognised_sort)),
     "stablehlo.pad": OnnxOp(_pad, (static_known_types, plain_pad)),
     "stablehlo.reduce": OnnxOp(_reduce, (static_known_types, reduce_body)),
     "stablehlo.reduce_window": OnnxOp(_reduce_window, (static_known_types, supported_window)),
@@ -695,9 +1061,11 @@ OPS: dict[str, OnnxOp] = {
 
 def engine_patterns(*engine: Constraint) -> tuple[OpPattern, ...]:
     """Single-op patterns for OpSetBackend, one per translatable op (named by the op), each also
-    meeting the ``engine`` constraints: what the engine running the ONNX model really implements."""
+    meeting the ``engine`` constraints: what the engine running the ONNX model really implements (a
+    loop's ops too, ``NestedOps``)."""
     return tuple(OpPattern(name.split(".", 1)[1] if name.startswith("stablehlo.") else name, name,
-                           spec.when + engine) for name, spec in OPS.items())
+                           spec.when + engine + ((NestedOps(engine),) if spec.nested else ()))
+                 for name, spec in OPS.items())
 
 CONSTANT_OPS = ("stablehlo.constant", "arith.constant")
 
@@ -706,6 +1074,7 @@ CONSTANT_OPS = ("stablehlo.constant", "arith.constant")
 # Constants: dense attributes directly; dense_resource blobs through a scratch module's printout.
 
 def _read_constants(ops: list[ir.Operation]) -> dict[ir.Value, np.ndarray]:
+    """The values of the constants ``ops`` (keyed by result; unreadable ones left out)."""
     values: dict[ir.Value, np.ndarray] = {}
     ops = [op for op in ops if (tt := sh.tensor_type(op.results[0])) is not None and tt[1] in DTYPES]
     for op, blob in zip(ops, sh.resource_arrays(ops)):
@@ -737,9 +1106,10 @@ def _dense(attr: ir.DenseElementsAttr, tt) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------------------
 
 
-def translate(func: ir.Operation, *, simplify: bool = True):
+def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool = True):
     """The ``onnx.ModelProto`` equal to the region function ``func`` (a ``func.func`` with a body),
-    simplified by ``onnx_optimize`` unless ``simplify`` is False (the op-by-op translation)."""
+    simplified by ``onnx_optimize`` unless ``simplify`` is False (the op-by-op translation).
+    ``ties_by_index``: whether the engine's ``TopK`` orders equal values by index (``_Builder``)."""
     import onnx
     from onnx import helper
 
@@ -747,30 +1117,17 @@ def translate(func: ir.Operation, *, simplify: bool = True):
 
     func = func.operation
     block = func.regions[0].blocks[0]
-    b = _Builder()
-    names: dict[ir.Value, str] = {}
+    b = _Builder(ties_by_index)
     graph_inputs, graph_outputs = [], []
     for i, arg in enumerate(block.arguments):
         shape, dtype = _spec(arg, func)
-        names[arg] = f"in{i}"
         graph_inputs.append(helper.make_tensor_value_info(f"in{i}", DTYPES[dtype][1], shape))
-    ops = [o.operation for o in block.operations]
-    b.constants = _read_constants([o for o in ops if o.name in CONSTANT_OPS])
-    for op in ops:
-        if op.name == "func.return":
-            for k, v in enumerate(op.operands):
-                shape, dtype = _spec(v, func)
-                b.nodes.append(helper.make_node("Identity", [names[v]], [f"out{k}"], name=f"out{k}"))
-                graph_outputs.append(helper.make_tensor_value_info(f"out{k}", DTYPES[dtype][1], shape))
-            break
-        spec = OPS.get(op.name)
-        why = f"{op.name} has no ONNX translation" if spec is None else \
-            next((r for r in (c(op) for c in spec.when) if r), None)
-        if why:
-            raise CollageError(f"{op.location}: cannot export to ONNX: {why}")
-        outs = spec.translate(b, op, [names[v] for v in op.operands])
-        for r, name in zip(op.results, outs):
-            names[r] = name
+    b.constants = _read_constants([o for o in nested_ops(func) if o.name in CONSTANT_OPS])
+    results = _block_results(b, block, [f"in{i}" for i in range(len(block.arguments))])
+    for k, (v, name) in enumerate(zip(sh.returned(block), results)):
+        shape, dtype = _spec(v, func)
+        b.nodes.append(helper.make_node("Identity", [name], [f"out{k}"], name=f"out{k}"))
+        graph_outputs.append(helper.make_tensor_value_info(f"out{k}", DTYPES[dtype][1], shape))
     graph = helper.make_graph(b.nodes, str(func.attributes["sym_name"]).strip('"'), graph_inputs, graph_outputs,
                               initializer=b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="collage-mlir")
@@ -803,10 +1160,13 @@ class OnnxGraphBackend(OpSetBackend):
     embeds_constants = True
     suffix: ClassVar[str] = ".onnx"
     executor: ClassVar[str]
+    #: Whether the engine's ``TopK`` keeps equal values in index order, as ONNX specifies (probed:
+    #: test_onnx_control.py); where not, the export breaks ties itself (``_ordered_top_k``).
+    topk_ties_by_index: ClassVar[bool] = True
 
     def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
         path = Path(out_dir) / "regions" / f"{region}{self.suffix}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(translate(func).SerializeToString())
+        path.write_bytes(translate(func, ties_by_index=self.topk_ties_by_index).SerializeToString())
         return RegionArtifact(str(path.relative_to(out_dir)), self.executor)
 

@@ -28,6 +28,10 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
   → ``LayerNormalization``.
 
 Every rewrite keeps each surviving value's name and shape, so the graph's outputs never change.
+
+A ``Loop``'s body is simplified the same way, as a graph of its own; the values it reads from the
+enclosing graph by name count as reads of its ``Loop`` node there (``_reads``), so nothing it needs is
+pruned, renamed away or fused into something else.
 """
 
 from __future__ import annotations
@@ -52,56 +56,97 @@ class _Graph:
     #: ONNX element type (TensorProto number) of each value shape inference typed.
     types: dict[str, int] = field(default_factory=dict)
     count: int = field(default=0)
+    #: Set in a loop body: its new constants' names must differ from the enclosing graph's.
+    scope: str = ""
 
     def users(self, name: str) -> list:
-        return [n for n in self.nodes if name in n.input]
+        return [n for n in self.nodes if name in _reads(n)]
 
     def producer(self, name: str):
         return next((n for n in self.nodes if name in n.output), None)
 
     def fresh_const(self, value: np.ndarray, hint: str) -> str:
         self.count += 1
-        name = f"{hint}_opt{self.count}"
+        name = f"{hint}_opt{self.scope}{self.count}"
         self.consts[name] = value
         self.shapes[name] = tuple(value.shape)
         return name
 
     def rename_uses(self, old: str, new: str) -> None:
-        for n in self.nodes:
-            for k, x in enumerate(n.input):
-                if x == old:
-                    n.input[k] = new
+        _rename(self.nodes, old, new)
+
+
+def _graph_attributes(node) -> list:
+    """The graphs held by ``node``'s attributes (a ``Loop``'s body)."""
+    return [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+
+
+def _reads(node) -> list[str]:
+    """The values ``node`` reads: its inputs, and the enclosing graph's values its subgraphs read by name."""
+    inputs = [x for x in node.input if x]
+    for graph in _graph_attributes(node):
+        defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | \
+            {o for n in graph.node for o in n.output}
+        inputs += [x for n in graph.node for x in _reads(n) if x not in defined]
+    return inputs
+
+
+def _rename(nodes, old: str, new: str) -> None:
+    """Every read of ``old`` by ``nodes`` (and the subgraphs in them) becomes a read of ``new``."""
+    for n in nodes:
+        for k, x in enumerate(n.input):
+            if x == old:
+                n.input[k] = new
+        for graph in _graph_attributes(n):
+            _rename(graph.node, old, new)
 
 
 def optimize(model):
     """A simplified copy of the ``onnx.ModelProto`` ``model``, computing the same outputs."""
     import onnx
-    from onnx import numpy_helper
 
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes, types = {}, {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+    for vi in _value_infos(inferred.graph):
         types[vi.name] = vi.type.tensor_type.elem_type
         dims = vi.type.tensor_type.shape.dim
         if all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(d.dim_value for d in dims)
-    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    shapes.update({k: tuple(v.shape) for k, v in consts.items()})
-    g = _Graph([_copy(n) for n in model.graph.node], consts, shapes, {o.name for o in model.graph.output}, types)
-    # Pruning first: dead readers would break the single-user checks of the fusions.
-    rules = (_prune, _fold_constants, _drop_broadcasts, _hoist_casts, _sink_transposes, _drop_identities,
-             _fold_into_conv, _activations,
-             _batched_matmul, _gemm, _mean,
-             _softmax, _gelu, _layer_norm)
-    while any([rule(g) for rule in rules]):
-        pass
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(g.nodes)
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(numpy_helper.from_array(np.require(v, requirements="C"), k) for k, v in g.consts.items())
+    _simplify(out.graph, shapes, types, {})
     return out
+
+
+def _value_infos(graph) -> list:
+    """The typed values of ``graph`` and of the subgraphs in it (names are unique across them)."""
+    found = list(graph.value_info) + list(graph.input) + list(graph.output)
+    for n in graph.node:
+        for sub in _graph_attributes(n):
+            found += _value_infos(sub)
+    return found
+
+
+def _simplify(graph, shapes: dict, types: dict, outer: dict[str, np.ndarray]) -> None:
+    """Rewrites the ``onnx.GraphProto`` ``graph`` in place to the fixed point of ``RULES``, then its loop
+    bodies, which fold the enclosing graphs' constants ``outer`` they read into constants of their own."""
+    from onnx import numpy_helper
+
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    g = _Graph([_copy(n) for n in graph.node], {**outer, **consts},
+               {**shapes, **{k: tuple(v.shape) for k, v in consts.items()}}, {o.name for o in graph.output},
+               dict(types), scope=f"_{graph.name}_" if outer else "")
+    while any([rule(g) for rule in RULES]):
+        pass
+    for n in g.nodes:
+        for sub in _graph_attributes(n):
+            _simplify(sub, shapes, types, {**outer, **{k: v for k, v in g.consts.items() if k not in outer}})
+    _prune(g)  # the constants only a body read before folding them into its own
+    own = {k: v for k, v in g.consts.items() if k not in outer}
+    del graph.node[:]
+    graph.node.extend(g.nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(numpy_helper.from_array(np.require(v, requirements="C"), k) for k, v in own.items())
 
 
 def _copy(node):
@@ -123,7 +168,7 @@ def _fold_constants(g: _Graph) -> bool:
 
     changed = False
     for n in list(g.nodes):
-        if n.op_type in NO_FOLD or not all(x in g.consts for x in n.input if x):
+        if n.op_type in NO_FOLD or not all(x in g.consts for x in _reads(n)) or _graph_attributes(n):
             continue
         if any(o in g.outputs for o in n.output):
             continue
@@ -484,7 +529,7 @@ def _mean(g: _Graph) -> bool:
 def _users_index(g: _Graph) -> dict[str, list]:
     users: dict[str, list] = {}
     for n in g.nodes:
-        for x in set(n.input):
+        for x in set(_reads(n)):
             users.setdefault(x, []).append(n)
     return users
 
@@ -696,9 +741,15 @@ def _prune(g: _Graph) -> bool:
     for n in reversed(g.nodes):
         if any(o in live for o in n.output):
             keep.append(n)
-            live.update(x for x in n.input if x)
+            live.update(_reads(n))
     changed = len(keep) != len(g.nodes)
     g.nodes[:] = reversed(keep)
     for name in [k for k in g.consts if k not in live]:
         del g.consts[name]
     return changed
+
+
+#: The rewrites, in the order they are tried. Pruning first: dead readers would break the single-user
+#: checks of the fusions.
+RULES = (_prune, _fold_constants, _drop_broadcasts, _hoist_casts, _sink_transposes, _drop_identities,
+         _fold_into_conv, _activations, _batched_matmul, _gemm, _mean, _softmax, _gelu, _layer_norm)

@@ -17,7 +17,7 @@ from ..errors import CollageError
 from ..graph import Graph, body_ops, external_operands, nested_ops, producer
 from ..ir import ir
 from .base import Candidate, RegionArtifact, Tolerance
-from .onnx_export import DTYPES, F32_EXACT, FLOATS, OnnxGraphBackend, engine_patterns, gather_info
+from .onnx_export import DTYPES, F32_EXACT, FLOATS, TIE_BREAK_MAX, OnnxGraphBackend, engine_patterns, gather_info
 
 #: How far back ``_static`` looks for a value's inputs.
 _MAX_ANCESTORS = 64
@@ -103,6 +103,20 @@ def no_scalar_dot(op: ir.Operation) -> str | None:
     return None
 
 
+def short_tie_breaks(op: ir.Operation) -> str | None:
+    """top_k and sort along at most 46340 elements (the tie-breaking key must fit OpenVINO's 32-bit i64)"""
+    # Probed (test_onnx_control.py::test_topk_tie_order_per_engine): OpenVINO 2026.4's TopK puts equal values
+    # in no fixed order, ONNX Runtime's in index order as ONNX specifies; the export sorts OpenVINO's again.
+    if op.name == "chlo.top_k":
+        n = tensor_type(op.operands[0])[0][-1]
+    elif op.name == "stablehlo.sort":
+        shape = tensor_type(op.operands[0])[0]
+        n = shape[ir.IntegerAttr(op.attributes["dimension"]).value % len(shape)]
+    else:
+        return None
+    return None if n <= TIE_BREAK_MAX else f"sorting {n} > {TIE_BREAK_MAX} elements: the tie order's key would overflow"
+
+
 def i64_problem(ops: list[ir.Operation], inside: set[ir.Operation], passed: frozenset,
                 outputs: list[ir.Value]) -> str | None:
     """Why OpenVINO would compute an i64 value of the region ``ops`` in 32 bits, else None. ``passed``: the
@@ -133,8 +147,9 @@ class OpenVinoBackend(OnnxGraphBackend):
     requires = ("onnx", "openvino")
     suffix = ".openvino.onnx"
     executor = "collage_runtime.executors.openvino_model"
-    patterns = engine_patterns(exact_types, no_scalar_dot)
+    patterns = engine_patterns(exact_types, no_scalar_dot, short_tie_breaks)
     install_hint = "pip install 'collage-mlir[openvino]'"
+    topk_ties_by_index = False
     # Measured vs IREE llvm-cpu on test/python/backends/test_onnx_backends.py's unit-normal inputs: max abs error
     # 1.3e-4 (ResNet-50 3x3 conv 1x64x56x56, outputs up to 123), 2.3e-5 (sum over 16k elements),
     # 4e-6 (layer norm), 0 for the BERT 128x768x768 matmul, strided 1x1, depthwise and NHWC convs

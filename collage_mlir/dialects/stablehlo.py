@@ -174,6 +174,30 @@ def dot_info(op: ir.Operation) -> DotInfo:
     )
 
 
+def block_ops(block: ir.Block) -> list[ir.Operation]:
+    """The ops of a region's block (a ``while``'s cond or body, a ``sort``'s comparator), terminator aside."""
+    return [o.operation for o in block.operations][:-1]
+
+
+def returned(block: ir.Block) -> list[ir.Value]:
+    """The values a region's block returns (its terminator's operands)."""
+    return list(list(block.operations)[-1].operands)
+
+
+def block_argument(value: ir.Value, block: ir.Block) -> int | None:
+    """The position of ``value`` among ``block``'s arguments, else None."""
+    return next((k for k, a in enumerate(block.arguments) if a == value), None)
+
+
+def comparison(op: ir.Operation) -> tuple[str, str]:
+    """A ``stablehlo.compare``'s direction and comparison type (``LT``, ``FLOAT``...; the type "" when unstated)."""
+    op = op.operation
+    direction = re.search(r"comparison_direction\s+(\w+)", str(op.attributes["comparison_direction"]))
+    kind = re.search(r"comparison_type\s+(\w+)", str(op.attributes["compare_type"])) \
+        if "compare_type" in op.attributes else None
+    return (direction.group(1) if direction else ""), (kind.group(1) if kind else "")
+
+
 def broadcast_dims(op: ir.Operation) -> list[int]:
     return _array_attr(op.operation, "broadcast_dimensions", [])
 
