@@ -177,6 +177,47 @@ def test_loops_match_jax(case, engine):
         _assert_matches(engine, got, want)
 
 
+CAPTURING = """
+func.func @main(%x: tensor<3xf32>, %w: tensor<3xf32>, %n: tensor<i32>) -> (tensor<3xf32>, tensor<i32>) {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %one = stablehlo.constant dense<1> : tensor<i32>
+  %0:2 = stablehlo.while(%i = %c0, %v = %x) : tensor<i32>, tensor<3xf32>
+  cond {
+    %p = stablehlo.compare LT, %i, %n, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %p : tensor<i1>
+  } do {
+    %j = stablehlo.add %one, %i : tensor<i32>
+    %m = stablehlo.multiply %v, %w : tensor<3xf32>
+    %a = stablehlo.add %m, %x : tensor<3xf32>
+    stablehlo.return %j, %a : tensor<i32>, tensor<3xf32>
+  }
+  return %0#1, %0#0 : tensor<3xf32>, tensor<i32>
+}
+"""
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_a_loop_reading_run_time_values_from_outside(engine):
+    """A loop whose body reads function arguments directly (not carried: JAX carries them, hand-written
+    StableHLO need not) and whose bound is an argument the cond reads: ``v = v * w + x`` ``n`` times (none for
+    ``n <= 0``), the trip count computed at run time."""
+    pytest.importorskip(ENGINES[engine])
+    module = parse_module(CAPTURING, new_context())
+    backend = get_backend(engine)
+    assert all(backend.supports(o.operation) is None for o in list(_main(module).regions[0].blocks[0].operations)[:-1])
+    model = translate(_main(module), ties_by_index=backend.topk_ties_by_index)
+    (loop,) = _loops(model.graph.node)
+    assert loop.input[0] and loop.input[1] == ""
+    x, w = np.array([1.0, -2.0, 0.5], np.float32), np.array([0.5, 1.5, -1.0], np.float32)
+    for n in (-1, 0, 4):
+        want = x.copy()
+        for _ in range(n):
+            want = want * w + x
+        got = _run(engine, model, {"in0": x, "in1": w, "in2": np.asarray(n, np.int32)})
+        np.testing.assert_allclose(got[0], want, rtol=1e-6)
+        assert int(got[1]) == max(n, 0)
+
+
 DYNAMIC = """
 func.func @main(%x: tensor<5x3xf32>, %u: tensor<2x3xf32>, %i: tensor<i32>) -> (tensor<2x2xf32>, tensor<5x3xf32>) {
   %c1 = stablehlo.constant dense<1> : tensor<i32>
