@@ -6,7 +6,8 @@ while another engine runs. ``Engines`` gives each engine that budget and shares 
 
 - IREE (local-task): ``--task_topology_group_count=N`` workers, set before the process's first device
   (the driver creates its executor once); workers never spin (``--task_worker_spin_us`` defaults to 0),
-  they block on the task queue. The device uses IREE's caching allocator (see ``iree_device``).
+  they block on the task queue. The device uses IREE's caching allocator (see ``iree_device``; not on
+  Vulkan, where it fails).
 - ONNX Runtime: each session gets ``intra_op_num_threads=N`` with ``session.intra_op.allow_spinning=0``
   (workers block when idle; ORT's default spins them after every op, which with hundreds of sessions
   starved every other engine), ``inter_op_num_threads=1`` (sequential execution). A program whose only
@@ -55,18 +56,28 @@ SMALL_REGION_MACS = 4_000_000
 IREE_POOLS: dict[str, int] = {}
 _DEVICES: dict[str, rt.HalDevice] = {}
 
+#: Drivers whose devices get IREE's caching allocator. Not vulkan: with it every program fails in its first
+#: ``hal.device.queue.alloca`` ("allocator cannot allocate a Vulkan buffer with the given parameters;
+#: memory_type=DEVICE_LOCAL", IREE 3.13 on Mesa's llvmpipe). cuda, from IREE's sources (not run here): the
+#: caching allocator pools only synchronous allocations (the runtime's result and staging buffers, each a
+#: cuMemAlloc or cuMemHostAlloc otherwise), hands import and export (DLPack) to the CUDA allocator, and
+#: the program's own queue allocations go to CUDA's stream-ordered pools without it.
+CACHING_DRIVERS = frozenset({"local-task", "local-sync", "cuda"})
+
 
 def iree_device(driver: str, threads: int) -> rt.HalDevice:
-    """The process's IREE device of ``driver``, with IREE's caching allocator: a region's result buffers
-    are allocated on every call, and a freed buffer is reused instead of mapping fresh pages (a 16 MB
-    result: 480 µs of page faults per call without it, 36 µs with it). local-task creates its task
-    executor with the driver, once per process, from ``--task_topology_group_count``: the first program
-    loaded in a process sizes IREE's pool to its budget and later ones share that pool."""
+    """The process's IREE device of ``driver``, with IREE's caching allocator where it works
+    (``CACHING_DRIVERS``): a region's result buffers are allocated on every call, and a freed buffer is
+    reused instead of mapping fresh pages (a 16 MB result: 480 µs of page faults per call without it,
+    36 µs with it). local-task creates its task executor with the driver, once per process, from
+    ``--task_topology_group_count``: the first program loaded in a process sizes IREE's pool to its
+    budget and later ones share that pool."""
     if driver not in _DEVICES:
         if driver == "local-task":
             rt.flags.parse_flags(f"--task_topology_group_count={threads}")
             IREE_POOLS[driver] = threads
-        _DEVICES[driver] = rt.get_driver(driver).create_default_device(allocators=["caching"])
+        allocators = ["caching"] if driver in CACHING_DRIVERS else None
+        _DEVICES[driver] = rt.get_driver(driver).create_default_device(allocators=allocators)
     return _DEVICES[driver]
 
 

@@ -16,8 +16,9 @@ from iree.runtime.dtypes import map_dtype_to_hal_element_type
 from .manifest import MANIFEST, ArtifactError, load_manifest
 from .package import is_package, unpack
 from .engines import Engines, iree_device, usable_cores
-from .rt_module import RegionFailure, RegionTimer, create_rt_module  # noqa: F401  (RegionFailure: raised by invoke)
-from .types import SUB_BYTE_BITS, Signature, TensorSpec, parse_declaration
+from .rt_module import (DLPACK_PLATFORMS, DLPackView, RegionFailure, RegionTimer,  # noqa: F401  (RegionFailure: raised by invoke)
+                        Transfers, create_rt_module, host_array)
+from .types import SUB_BYTE_BITS, Platform, Signature, TensorSpec, parse_declaration
 
 #: Builds an extra VM module (e.g. IREE's `check` module for conformance tests) on the program's device.
 ModuleFactory = Callable[[rt.HalDevice], rt.VmModule]
@@ -40,13 +41,18 @@ class Program:
     """A loaded artifact (a directory, or one packed ``.collage`` file). ``invoke(name, *arrays)`` runs a
     public function and returns numpy arrays.
 
+    The module runs on the manifest's platform (``Manifest.platform``: the CPU, CUDA or Vulkan) with that
+    platform's IREE driver unless ``driver`` names another (``local-sync`` for a CPU program, say). On a
+    device platform the program's buffers are device-only: host arrays go in and come out through copies
+    (``invoke``, ``to_device``, ``to_host``), and ``invoke_dlpack`` takes and gives device tensors.
+
     A program may be called from several threads: its calls run one at a time (a lock per program),
     since its regions' engines keep per-region state between calls (ORT's I/O binding, OpenVINO's infer
     request, the tensors bound to them) and share one thread budget. Unserialized, 4 threads calling one
     program returned results off by up to 2.8 (docs/reliability.md). Separate programs run concurrently.
     """
 
-    def __init__(self, root: str | Path, *, driver: str = "local-task", extra_modules: Sequence[ModuleFactory] = (),
+    def __init__(self, root: str | Path, *, driver: str | None = None, extra_modules: Sequence[ModuleFactory] = (),
                  threads: int | None = None, region_timer: RegionTimer | None = None):
         # region_timer(region, call seconds, executor seconds) is told every library region call.
         self.root = Path(root)
@@ -59,10 +65,13 @@ class Program:
         regions = self.manifest.regions
         self.engines = Engines(usable_cores() if threads is None else threads,
                                sole=regions[0].backend if len(regions) == 1 else None)
-        self.config = rt.Config(device=iree_device(driver, self.engines.threads))
-        # The CPU drivers' buffers are host memory: DLPack tensors are imported and exported in place.
-        self._host_memory = driver in ("local-task", "local-sync")
+        self.platform: Platform = self.manifest.platform
+        self.config = rt.Config(device=iree_device(driver or self.platform.driver, self.engines.threads))
+        # The CPU drivers' buffers are host memory: mapped in place, DLPack tensors imported and exported
+        # in place. A device platform's are device-only: the host reads and writes them through copies.
+        self._host_memory = self.platform.host_memory
         device = self.config.device
+        self._transfers = None if self._host_memory else Transfers(device)
         devices = len(self.manifest.devices) or 1
         if devices > 1:
             # The program's logical devices (codegen configurations, see the manifest's "devices") differ
@@ -80,7 +89,7 @@ class Program:
         self._failures: list[Exception] = []
         self._lock = threading.Lock()  # one call at a time (see the class docstring)
         self._modules = [create_rt_module(device, self.root, self.manifest.regions, self.engines, self._failures,
-                                          region_timer)]
+                                          region_timer, platform=self.platform, transfers=self._transfers)]
         self._modules += [factory(device) for factory in extra_modules]
         try:
             self._context = rt.SystemContext(
@@ -107,44 +116,73 @@ class Program:
 
     def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """Runs function ``name`` on host arrays; returns its results as host arrays. IREE copies each
-        input into a buffer of its own; a result is a view of the result's buffer where IREE can map it."""
+        input into a buffer of its own; a result is a view of the result's buffer where IREE can map it
+        (the CPU), else a view of one host staging buffer the results are copied into."""
         # Only arrays are made contiguous here: anything else is for check_inputs to refuse.
         contiguous = [np.require(a, requirements="C") if isinstance(a, (np.ndarray, np.generic)) else a
                       for a in arrays]  # keeps rank 0
         result, specs = self._call(name, contiguous)
-        return tuple(_to_host(r, specs[k] if k < len(specs) else None) for k, r in enumerate(result))
+        return self.to_host(*result, specs=specs)
+
+    def to_host(self, *values, specs: Sequence[TensorSpec | None] = ()) -> tuple[np.ndarray, ...]:
+        """Results of the program (``DeviceArray``s, as ``device_function`` returns them) as host arrays;
+        ``specs``, where known, their declared types (sub-byte integers come unpacked one per byte). On a
+        device platform every result is copied into one staging buffer (one command buffer)."""
+        spec = [specs[k] if k < len(specs) else None for k in range(len(values))]
+        if self._host_memory:
+            return tuple(_to_host(v, s) for v, s in zip(values, spec))
+        staged = [k for k, v in enumerate(values) if isinstance(v, rt.DeviceArray) and v._buffer_view.byte_length]
+        raw = dict(zip(staged, self._transfers.to_host([values[k]._buffer_view for k in staged])))
+        return tuple(_to_host(v, s, raw.get(k)) for k, (v, s) in enumerate(zip(values, spec)))
 
     def invoke_dlpack(self, name: str, *tensors) -> tuple:
-        """Runs function ``name`` on host tensors given through DLPack (``__dlpack__``: torch CPU tensors,
-        numpy arrays). On the CPU drivers a dense input whose data is 64-byte aligned is read in place
-        (IREE refuses to import unaligned memory: such an input, a strided one, or a value without
-        ``__dlpack__`` is copied in as by ``invoke``), and a result comes back as a ``DLPackResult`` over
-        the result's own buffer (``torch.from_dlpack(r)``: no copy; the tensor keeps the buffer alive).
-        Results IREE cannot export (sub-byte or empty tensors, non-tensors) are host arrays as ``invoke``
-        returns them. A result may share memory with an input (the function returns that input)."""
+        """Runs function ``name`` on tensors given through DLPack (``__dlpack__``: torch tensors, numpy
+        arrays). A dense input on the program's device (host memory for a CPU program; a CUDA tensor for
+        a CUDA program) is read in place where IREE can import it (on the CPU: 64-byte aligned data); any
+        other input (unaligned, strided, on another device, or a value without ``__dlpack__``) is copied
+        in as by ``invoke``. A result comes back as a ``DLPackView`` over the result's own buffer
+        (``torch.from_dlpack(r)``: no copy; the tensor keeps the buffer alive), on the program's device.
+        Results IREE cannot export (sub-byte or empty tensors, non-tensors; every result of a Vulkan
+        program) are host arrays as ``invoke`` returns them. A result may share memory with an input (the
+        function returns that input). On CUDA (untested: no GPU where this was written) the caller's
+        tensors must be ready (their stream synchronised): IREE's stream does not wait for torch's."""
         signature = self._signatures.get(name)
         specs = signature.inputs if signature is not None else ()
         values = [self._import(t, specs[k] if k < len(specs) else None) for k, t in enumerate(tensors)]
         result, specs = self._call(name, values)
-        return tuple(self._export(r, specs[k] if k < len(specs) else None) for k, r in enumerate(result))
+        spec = [specs[k] if k < len(specs) else None for k in range(len(result))]
+        out = [self._export(r, s) for r, s in zip(result, spec)]
+        rest = [k for k, e in enumerate(out) if e is None]  # as invoke returns them, in one staging copy
+        for k, host in zip(rest, self.to_host(*(result[k] for k in rest), specs=[spec[k] for k in rest])):
+            out[k] = host
+        return tuple(out)
+
+    def _dlpack_device(self) -> int | None:
+        """DLPack's device type of the program's buffers, if IREE imports and exports them through DLPack."""
+        return self.platform.dlpack_device if self.platform in DLPACK_PLATFORMS else None
 
     def _import(self, tensor, spec: TensorSpec | None):
         """``tensor`` as a buffer view over its own memory, or else as a host array (which IREE copies)."""
-        if (self._host_memory and hasattr(tensor, "__dlpack__") and spec is not None and spec.dtype is not None
-                and spec.element not in SUB_BYTE_BITS and tensor.__dlpack_device__()[0] == _DL_CPU):
+        if (hasattr(tensor, "__dlpack__") and spec is not None and spec.dtype is not None
+                and spec.element not in SUB_BYTE_BITS and tensor.__dlpack_device__()[0] == self._dlpack_device()):
             try:
                 return self.config.device.from_dlpack_capsule(tensor.__dlpack__())
             except (IndexError, ValueError, RuntimeError, BufferError):  # unaligned, strided, read-only
                 pass
         if isinstance(tensor, np.ndarray) or not hasattr(tensor, "__dlpack__"):
             return np.require(tensor, requirements="C") if isinstance(tensor, np.ndarray) else tensor
-        return np.require(np.from_dlpack(tensor), requirements="C")  # IREE copies it
+        return np.require(host_array(tensor), requirements="C")  # IREE copies it
 
-    def _export(self, value, spec: TensorSpec | None):
-        if (self._host_memory and isinstance(value, rt.DeviceArray) and spec is not None and spec.dtype is not None
-                and spec.element not in SUB_BYTE_BITS and 0 not in value.shape):
-            return DLPackResult(self.config.device, value._buffer_view)
-        return _to_host(value, spec)
+    def _export(self, value, spec: TensorSpec | None) -> DLPackView | None:
+        """``value`` as a DLPack producer on the program's device, or None where IREE cannot export it."""
+        dl_type = self._dlpack_device()
+        if (dl_type is None or not isinstance(value, rt.DeviceArray) or spec is None or spec.dtype is None
+                or spec.element in SUB_BYTE_BITS or 0 in value.shape):
+            return None
+        view, dl_device = value._buffer_view, (dl_type, 0)  # IREE's default device: the platform's device 0
+        if self._transfers is not None:  # device memory: a copy where IREE cannot export the program's buffer
+            view = self._transfers.exportable(view, dl_device)
+        return DLPackView(self.config.device, view, dl_device)
 
     def _call(self, name: str, values: Sequence) -> tuple[Sequence, tuple[TensorSpec | None, ...]]:
         """Runs ``name`` on checked inputs (host arrays or buffer views); its raw results and their specs."""
@@ -158,9 +196,15 @@ class Program:
             try:
                 result = self._live()[name](*values)
             except RuntimeError:
-                if self._failures:  # a region's engine raised: say which, in one line
-                    raise self._failures[-1] from None
-                raise
+                if not self._failures:
+                    raise
+                result = None
+            failure = self._failures[-1] if self._failures else None
+            self._failures.clear()
+        if failure is not None:  # a region's engine raised: say which, in one line
+            # raised here, outside the except clause: no context holding IREE's error, its frames and the
+            # VM's argument lists (a cycle through this program that outlived the call)
+            raise failure
         if result is None:
             result = ()
         elif not isinstance(result, (tuple, list)):
@@ -232,38 +276,20 @@ def check_inputs(function: str, signature: Signature, arrays: Sequence) -> None:
             raise InputError(f"{function}: input {k}: expected {spec}, got {array.dtype}{list(array.shape)}", k)
 
 
-#: DLPack's device type of host memory (kDLCPU).
-_DL_CPU = 1
-
-
-class DLPackResult:
-    """A function's result as a DLPack producer over its own buffer (``torch.from_dlpack``,
-    ``np.from_dlpack``): the consumer's tensor shares the memory and keeps the buffer alive."""
-
-    def __init__(self, device: rt.HalDevice, view: rt.HalBufferView):
-        self._device, self._view = device, view
-        self.shape = tuple(view.shape)
-
-    def __dlpack__(self, **protocol):  # stream, max_version, dl_device, copy: host memory, nothing to do
-        # IREE makes DLPack 0.x capsules, which every consumer of the 1.x protocol still takes.
-        return self._device.create_dlpack_capsule(self._view, _DL_CPU, 0)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (_DL_CPU, 0)
-
-
-def _to_host(value, spec: TensorSpec | None) -> np.ndarray:
+def _to_host(value, spec: TensorSpec | None, raw: np.ndarray | None = None) -> np.ndarray:
     """A result as a host array; sub-byte integers unpacked one per byte, empty tensors as empty arrays
-    (IREE's own conversion refuses both)."""
+    (IREE's own conversion refuses both). ``raw``: the result's bytes already copied to the host (a
+    device-only buffer, see ``Program.to_host``); else the result is mapped (host memory)."""
     if not hasattr(value, "to_host"):
         return np.asarray(value)
-    if spec is None or spec.dtype is None or (spec.element not in SUB_BYTE_BITS and 0 not in value.shape):
-        return value.to_host()
     shape = tuple(value.shape)
+    dtype = spec.dtype if spec is not None and spec.dtype is not None else value.dtype
     if 0 in shape:
-        return np.empty(shape, spec.dtype)
+        return np.empty(shape, dtype)
+    if spec is None or spec.element not in SUB_BYTE_BITS:
+        return value.to_host() if raw is None else raw.view(dtype).reshape(shape)
     bits = SUB_BYTE_BITS[spec.element]
-    packed = np.frombuffer(bytes(value._buffer_view.map()), np.uint8)
+    packed = np.frombuffer(bytes(value._buffer_view.map()), np.uint8) if raw is None else raw
     count = int(np.prod(shape))
     index = np.arange(count) * bits
     raw = (packed[index // 8] >> (index % 8).astype(np.uint8)) & np.uint8((1 << bits) - 1)
