@@ -19,8 +19,8 @@ from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
 from collage_runtime.package import pack
 
 from . import __version__
-from .backends import registry
-from .backends.iree_cpu import DEFAULT_IREE_ARGS, iree_compile
+from .backends import program_default, registry
+from .backends.iree_codegen import ProgramTarget, iree_compile
 from .errors import CollageError
 from .ir import ir
 from .dialects import collage
@@ -41,12 +41,14 @@ class CompileResult:
 @dataclass(frozen=True)
 class Partitioned:
     """What the collage passes did to a module: the plan used, the library regions built (manifest
-    entries), the program's devices and the IREE flags a second device needs."""
+    entries), the program's devices, the IREE flags a second device needs and the program's target (its
+    default backend's: platform and iree-compile flags)."""
 
     plan: Plan
     regions: tuple[RegionEntry, ...]
     devices: tuple[DeviceEntry, ...]
     iree_flags: tuple[str, ...]
+    target: ProgramTarget
 
 
 def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
@@ -55,8 +57,9 @@ def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
     ``random:7`` are the entry points' business: ``collage_mlir.search.resolve_plan``)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"partition takes a Plan, got {type(plan).__name__}; resolve plan strings first")
+    target = program_default(plan.default_backend, where=plan.source).program_target(iree_args)
     # The default device's executable target follows the program's llvm-cpu flags.
-    cpu_flags = [a for a in (*DEFAULT_IREE_ARGS, *iree_args) if a.startswith("--iree-llvmcpu-")]
+    cpu_flags = [a for a in (*target.flags, *iree_args) if a.startswith("--iree-llvmcpu-")]
     # The same PassManager pipeline as `collage-opt --collage-partition`, so IR printing and timing
     # behave alike; the passes' results are read back from the IR.
     pipeline = PassPipeline(module.operation.context)
@@ -66,7 +69,7 @@ def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
     mod_op = module.operation
     devices = tuple(DeviceEntry.from_json(d, "collage.devices") for d in collage.json_attr(mod_op, collage.DEVICES, []))
     return Partitioned(plan, tuple(library_regions(module)), devices,
-                       tuple(collage.json_attr(mod_op, collage.IREE_FLAGS, [])))
+                       tuple(collage.json_attr(mod_op, collage.IREE_FLAGS, [])), target)
 
 
 def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str = "<module>",
@@ -89,15 +92,15 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
         parts = partition(module, plan, stage, iree_args)
         # A second logical device (a codegen backend with its own configuration) needs program-wide flags.
         iree_args = [*parts.iree_flags, *iree_args]
-        vmfb = iree_compile(module, iree_args, **iree_kwargs)
+        vmfb = iree_compile(module, iree_args, parts.target, **iree_kwargs)
         (stage / MODULE_FILE).write_bytes(vmfb)
         versions = {"collage-mlir": __version__, "python": sys.version.split()[0],
                     **{name: info.backend.version() for name, info in registry().items()
                        if info.backend and not info.problem}}
         manifest = Manifest(source, source_hash, MODULE_FILE, hashlib.sha256(vmfb).hexdigest(), versions,
-                            (*DEFAULT_IREE_ARGS, *iree_args), parts.plan.to_json(), parts.devices,
+                            (*parts.target.flags, *iree_args), parts.plan.to_json(), parts.devices,
                             tuple(replace(r, sha256=sha256_file(stage / r.artifact)) for r in parts.regions),
-                            provenance or None)
+                            provenance or None, parts.target.platform)
         write_manifest(stage, manifest)
         if out.suffix == PACKAGE_SUFFIX:  # one deployable file
             pack(stage, out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from collage_runtime.manifest import Manifest
+from collage_runtime.types import Platform
 
 from . import artifact
 from .graph import Graph, number_ops
@@ -22,11 +23,13 @@ from .plan import Plan
 from .search import resolve_plan
 
 
-def compile_module(module: ir.Module, plan: "str | Plan", output_dir: str | Path, **kwargs) -> artifact.CompileResult:
+def compile_module(module: ir.Module, plan: "str | Plan", output_dir: str | Path, *,
+                   platform: Platform | None = None, **kwargs) -> artifact.CompileResult:
     """``artifact.compile_module`` with the plan given as ``default``, ``random:SEED``, ``prefer:B1,B2``, a
-    plan file or a ``Plan``: the one place a plan string is resolved before the compile driver."""
+    plan file or a ``Plan``: the one place a plan string is resolved before the compile driver. ``platform``:
+    the program's (CPU, CUDA, Vulkan); None takes a given plan's own, a plan string's CPU."""
     number_ops(module)
-    return artifact.compile_module(module, resolve_plan(plan, Graph(module)), output_dir, **kwargs)
+    return artifact.compile_module(module, resolve_plan(plan, Graph(module), platform), output_dir, **kwargs)
 
 
 def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str | Plan" = "default",

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends import DEFAULT_BACKEND, RegionKey, get_backend
+from .backends import DEFAULT_BACKEND, RegionKey, get_backend, program_default
 from .backends.base import crossing_type_problem
 from .errors import CollageError
 from .graph import Graph
@@ -106,14 +106,10 @@ class Plan:
         return cls.from_json(data, str(path))
 
     def validate(self, graph: Graph) -> None:
-        """Raises CollageError for an unknown op id or backend, an op the backend cannot take, a
-        non-convex region, overlapping or duplicate regions."""
-        get_backend(self.default_backend, where=self.source)
-        if self.default_backend != DEFAULT_BACKEND:
-            raise CollageError(f"default_backend '{self.default_backend}' is not supported: ops outside regions run "
-                               f"on {DEFAULT_BACKEND}, the program's default device; give ops to "
-                               f"'{self.default_backend}' with regions (e.g. --plan prefer:{self.default_backend})",
-                               where=self.source)
+        """Raises CollageError for an unknown op id or backend, a default backend that cannot be one, a
+        backend that cannot run on the program's platform, an op the backend cannot take, a non-convex
+        region, overlapping or duplicate regions."""
+        platform = program_default(self.default_backend, where=self.source).platform
         owner: dict[int, str] = {}
         names: set[str] = set()
         for r in self.regions:
@@ -129,6 +125,10 @@ class Plan:
             except CollageError as exc:
                 exc.location = loc
                 raise
+            if platform not in backend.platforms:
+                raise CollageError(f"backend '{r.backend}' cannot run regions in a {platform.value} program (default "
+                                   f"backend {self.default_backend}); it runs on "
+                                   f"{', '.join(sorted(p.value for p in backend.platforms))}", where=where, location=loc)
             for i in sorted(r.ops):
                 if i not in graph.nodes:
                     raise CollageError(f"unknown op id {i} (the module has ids {_id_range(graph)}); "

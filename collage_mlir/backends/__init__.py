@@ -10,13 +10,16 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 
 from ..errors import CollageError
-from .base import Backend, BackendInfo, BackendKind, Candidate, RegionArtifact, RegionKey, Tolerance
+from .base import Backend, BackendInfo, BackendKind, Candidate, Platform, RegionArtifact, RegionKey, Tolerance
+from .iree_codegen import IreeCodegenBackend
 
 __all__ = ["Backend", "BackendInfo", "BackendKind", "Candidate", "RegionArtifact", "RegionKey", "Tolerance", "registry",
-           "get_backend", "DEFAULT_BACKEND"]
+           "get_backend", "DEFAULT_BACKEND", "PLATFORM_DEFAULTS", "program_default", "Platform"]
 
 GROUP = "collage_mlir.backends"
 DEFAULT_BACKEND = "iree-cpu"
+#: The default backend of a program on each platform (ops outside every region run on it).
+PLATFORM_DEFAULTS = {Platform.CPU: "iree-cpu", Platform.CUDA: "iree-cuda", Platform.VULKAN: "iree-vulkan"}
 
 
 @lru_cache(maxsize=1)
@@ -43,3 +46,14 @@ def get_backend(name: str, *, where: str | None = None) -> Backend:
         hint = f" ({info.backend.install_hint})" if info.backend and info.backend.install_hint else ""
         raise CollageError(f"backend '{name}' is unavailable: {info.problem}{hint}", where=where)
     return info.backend
+
+
+def program_default(name: str, *, where: str | None = None) -> IreeCodegenBackend:
+    """The usable codegen backend ``name`` as a program's default backend (``Plan.default_backend``), or a
+    CollageError saying which backends can be one."""
+    backend = get_backend(name, where=where)
+    if not isinstance(backend, IreeCodegenBackend):
+        raise CollageError(f"backend '{name}' cannot be a program's default backend (ops outside regions run on "
+                           f"it): use one of {', '.join(PLATFORM_DEFAULTS.values())}, and give ops to '{name}' "
+                           f"with regions (e.g. --plan prefer:{name})", where=where)
+    return backend

@@ -15,7 +15,7 @@ import numpy as np
 
 from collage_runtime.types import byte_dtype
 
-from ..backends.iree_cpu import iree_compile
+from ..backends.iree_codegen import iree_compile
 from ..dialects import collage
 from ..errors import CollageError
 from ..graph import public_funcs

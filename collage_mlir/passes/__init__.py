@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from ..backends import DEFAULT_BACKEND
 from ..plan import Plan
 from .assign import AssignPass
 from .base import ModulePass, PassPipeline, parse_options
@@ -44,8 +45,9 @@ class PartitionPipeline:
         return parse_options(cls, text, name=cls.name, where=where)
 
     def passes(self) -> list[ModulePass]:
+        default = self.plan.default_backend if isinstance(self.plan, Plan) else DEFAULT_BACKEND
         return [NumberOpsPass(), AssignPass(self.plan), OutlinePass(), LowerPass(self.artifact_dir),
-                PlaceDevicesPass(self.default_flags)]
+                PlaceDevicesPass(self.default_flags, default)]
 
 
 #: The partition pipeline's name.

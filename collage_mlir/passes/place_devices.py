@@ -107,13 +107,15 @@ class PlaceDevicesPass(ModulePass):
     summary = "Run regions of codegen backends with their own IREE device there (flow.tensor.transfer at boundaries)"
     #: llvm-cpu flags of the default device's executable target (option: comma-separated).
     default_flags: tuple[str, ...] = DEFAULT_FLAGS
+    #: The program's default backend (the plan's): what runs on the default device.
+    default_backend: str = DEFAULT_BACKEND
 
     def run(self, module: ir.Module | ir.Operation) -> None:
         block = module_block(module)
         mod_op = module.operation
         with mod_op.context:
             placed = self._region_devices(block)
-            codegen_backends = {DEFAULT_BACKEND} | {b for _, b in placed.values()}
+            codegen_backends = {self.default_backend} | {b for _, b in placed.values()}
             extra: dict[str, IreeDevice] = {d.name: d for d, _ in placed.values() if d is not None}
             default = DeviceEntry(DEFAULT_DEVICE_NAME, 0, tuple(sorted(b for b in codegen_backends
                                                                         if get_backend(b).iree_device is None)))

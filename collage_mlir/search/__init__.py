@@ -3,34 +3,47 @@ graph-level evolutionary search, `tune`, and the plans that need no measurement 
 
 from __future__ import annotations
 
-from ..backends import get_backend, registry
+from ..backends import PLATFORM_DEFAULTS, Platform, get_backend, registry
 from ..errors import CollageError
 from ..graph import Graph
 from ..plan import Plan
 from .simple_plans import preferred_plan, random_plan, whole_plan
 
 
-def available_backends() -> list:
-    """Every registered backend that is usable here, in name order."""
-    return [i.backend for i in registry().values() if i.backend is not None and not i.problem]
+def available_backends(platform: Platform = Platform.CPU) -> list:
+    """Every registered backend that is usable here and can run regions in a ``platform`` program, in name
+    order."""
+    return [i.backend for i in registry().values()
+            if i.backend is not None and not i.problem and platform in i.backend.platforms]
 
 
-def resolve_plan(spec: "str | Plan", graph: Graph) -> Plan:
+def resolve_plan(spec: "str | Plan", graph: Graph, platform: Platform | None = None) -> Plan:
     """A plan from ``default``, ``random:SEED``, ``prefer:B1,B2``, ``whole:B`` (B alone, taking all it
-    can: a tune's seed plan) or a plan JSON file path."""
+    can: a tune's seed plan) or a plan JSON file path, for a program on ``platform`` (None: a plan given as
+    a value or file keeps its own, a plan string is for the CPU)."""
     if isinstance(spec, Plan):
-        return spec
+        return _on(spec, platform)
+    target = platform or Platform.CPU
     if spec == "default":
-        return Plan(source="default")
+        return Plan([], PLATFORM_DEFAULTS[target], "default")
     kind, _, arg = spec.partition(":")
     if kind == "random" and arg:
         try:
             seed = int(arg)
         except ValueError:
             raise CollageError(f"random plan seed must be an integer, got '{arg}'", where="--plan") from None
-        return random_plan(graph, available_backends(), seed)
+        return random_plan(graph, available_backends(), seed, target)
     if kind == "prefer" and arg:
-        return preferred_plan(graph, [get_backend(n.strip(), where="--plan") for n in arg.split(",")])
+        return preferred_plan(graph, [get_backend(n.strip(), where="--plan") for n in arg.split(",")],
+                              platform=target)
     if kind == "whole" and arg:
-        return whole_plan(graph, get_backend(arg.strip(), where="--plan"))
-    return Plan.load(spec)
+        return whole_plan(graph, get_backend(arg.strip(), where="--plan"), platform=target)
+    return _on(Plan.load(spec), platform)
+
+
+def _on(plan: Plan, platform: Platform | None) -> Plan:
+    """``plan`` when it is for ``platform`` (or no platform is asked for), else a CollageError."""
+    if platform is None or plan.default_backend == PLATFORM_DEFAULTS[platform]:
+        return plan
+    raise CollageError(f"the plan's default backend is {plan.default_backend}, not {PLATFORM_DEFAULTS[platform]}: "
+                       f"it is not a plan for a {platform.value} program", where=plan.source)

@@ -1,6 +1,6 @@
 """The `collage` CLI: compile, run, demo, backends.
 
-    collage compile model.mlir --plan default|random:SEED|prefer:B1,B2|PLAN.json -o out/ [--iree-...]
+    collage compile model.mlir --plan default|random:SEED|prefer:B1,B2|PLAN.json -o out/ [--device cuda] [--iree-...]
     collage run out/ [--function main] --input x.npy ... [--output-dir DIR]
     collage demo
     collage backends
@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from collage_runtime.types import Platform
 
 from ..errors import CollageError
 from ..measure.worker import python_command
@@ -39,6 +41,9 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         check_model_file(module, args.model, load_input_arrays(args.input))
     plan = args.plan
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
+    if (args.tune or plan == "tune") and args.device != Platform.CPU.value:
+        raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
+                           "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
     if args.tune or plan == "tune":  # every available backend, the default budget and DB
         tuned = tune_cmd.tune_model(module, {}, tune_cmd.parse_backends(None),
                                     tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET), 0, None)
@@ -47,9 +52,11 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         provenance = plan_provenance("tune", tuned.tuned.record, default_db_path())
     from rich.console import Console
 
+    if args.cuda_target:
+        passthrough = [*passthrough, f"--iree-cuda-target={args.cuda_target}"]
     with Console(stderr=True).status(f"compiling {args.model}"):  # a spinner while IREE and the engines build
-        result = compile_module(module, plan, args.output, source=str(args.model), iree_args=passthrough,
-                                provenance=provenance)
+        result = compile_module(module, plan, args.output, platform=Platform(args.device), source=str(args.model),
+                                iree_args=passthrough, provenance=provenance)
     regions = result.manifest.regions
     _print_placement(result.plan)
     print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")
@@ -172,7 +179,7 @@ def _cmd_backends(args: argparse.Namespace, _: list[str]) -> int:
     from ..backends import registry
 
     table = Table(title="collage backends", show_lines=True)
-    for col in ("backend", "device", "kind", "version", "patterns and constraints", "status"):
+    for col in ("backend", "platforms", "kind", "version", "patterns and constraints", "status"):
         table.add_column(col, overflow="fold")
     for name, info in registry().items():
         b = info.backend
@@ -182,7 +189,7 @@ def _cmd_backends(args: argparse.Namespace, _: list[str]) -> int:
         patterns = "\n".join(escape(line) for line in _pattern_lines(b.patterns))
         status = (f"[red]unavailable: {escape(str(info.problem))} ({escape(b.install_hint)})" if info.problem
                   else "[green]ok")
-        table.add_row(name, b.device, b.kind.value, "" if info.problem else escape(b.version()), patterns, status)
+        table.add_row(name, ", ".join(sorted(p.value for p in b.platforms)), b.kind.value, "" if info.problem else escape(b.version()), patterns, status)
     Console(width=max(Console().width, 140)).print(table)
     return 0
 
@@ -203,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default | random:SEED | prefer:BACKEND[,BACKEND] | tune | PLAN.json (default: default)")
     c.add_argument("--tune", action="store_true", help="same as --plan tune: `collage tune` first, then compile")
     c.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    c.add_argument("--device", choices=[p.value for p in Platform], default=Platform.CPU.value,
+                   help="where the program runs: its IREE codegen (iree-cpu, iree-cuda, iree-vulkan) and the "
+                        "backends that may take regions there (default: cpu). A GPU program compiles without a GPU")
+    c.add_argument("--cuda-target", metavar="SM", help="CUDA architecture of a --device cuda program, e.g. sm_90 "
+                                                        "(default: the GPU here, else sm_80)")
     c.add_argument("--input", action="append", default=[],
                    help="example input .npy for @main, once per argument, for the import check (default: generated)")
     c.add_argument("--no-import-check", action="store_true",

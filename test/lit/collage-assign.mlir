@@ -19,7 +19,7 @@
 
 // Each bad plan fails with one line naming the plan, the region and what to do.
 // UNKNOWN-OP: collage-opt: error: {{.*}}unknown-op.json: region 'r': unknown op id 42 (the module has ids 0..6)
-// UNKNOWN-BACKEND: collage-opt: error: {{.*}}unknown-backend.json: region 'r': unknown backend 'tpu-magic'; known backends: iree-cpu, {{.*}}onednn
+// UNKNOWN-BACKEND: collage-opt: error: {{.*}}unknown-backend.json: region 'r': unknown backend 'tpu-magic'; known backends: {{.*}}iree-cpu, {{.*}}onednn
 // NOT-CONVEX: collage-opt: error: {{.*}}not-convex.json: region 'r': ops are not a convex set
 // OVERLAP: collage-opt: error: {{.*}}overlap.json: region 'b': op 2 is also in region 'a'
 // CANNOT-TAKE: collage-opt: error: {{.*}}cannot-take.json: region 'r': backend 'onednn' cannot take it at {{.*}}mlp.mlir:9:8: no onednn pattern covers exactly these ops (stablehlo.tanh)

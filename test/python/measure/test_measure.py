@@ -132,8 +132,8 @@ def extraction_mismatches(path: str) -> list[str]:
 
     import iree.runtime as rt
 
-    from collage_mlir.backends.iree_cpu import iree_compile
-    from collage_mlir.backends.iree_cpu import is_compute_op
+    from collage_mlir.backends.iree_codegen import iree_compile
+    from collage_mlir.backends.iree_codegen import is_compute_op
     from collage_mlir.backends.patterns import grow_regions
     from collage_mlir.errors import CollageError
     from collage_mlir.ir import ir

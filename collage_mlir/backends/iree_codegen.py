@@ -1,0 +1,99 @@
+"""IREE codegen backends and program targets: how iree-compile builds a program for a platform.
+
+A program has one default backend, an IREE codegen backend (``iree-cpu``, ``iree-cuda``, ``iree-vulkan``):
+ops outside every region run on it, and it decides the program's platform (``collage_runtime.types.Platform``)
+and the flags iree-compile builds the module with (its ``ProgramTarget``). A program runs on one platform:
+IREE cannot mix a discrete-memory device with the CPU in one program today (IREE issue 19483), so host
+engines' regions in a GPU program are served through ``collage_rt`` with copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+from collage_runtime.types import Platform
+
+from ..errors import CollageError
+from ..ir import ir
+from .base import BackendKind, OpSetBackend
+from .patterns import OpPattern
+
+# Ops of these dialects compute on tensors and can be outlined into a region function. Others
+# (check.*, util.* globals, hal.*) keep their place in the program and stay on the default backend.
+COMPUTE_DIALECTS = ("stablehlo", "chlo", "arith", "math", "tensor", "linalg", "tosa")
+
+
+def is_compute_op(op: ir.Operation) -> str | None:
+    """a tensor compute op (stablehlo, chlo, arith, math, tensor, linalg, tosa) with results"""
+    if op.name.split(".", 1)[0] not in COMPUTE_DIALECTS:
+        return f"{op.name} is not a tensor compute op"
+    if not op.results:
+        return f"{op.name} has no results"
+    return None
+
+
+@dataclass(frozen=True)
+class ProgramTarget:
+    """How iree-compile builds a program for one platform: the flags, and where IREE's own target options
+    cannot say it (a CUDA architecture IREE does not list), the module's ``hal.device.targets`` value."""
+
+    platform: Platform
+    flags: tuple[str, ...]
+    #: ``hal.device.targets`` to declare on the module before compiling (None: the flags choose the device).
+    device_targets: str | None = None
+
+
+#: The host CPU: every CPU program and every region compiled alone for it (``iree-cpu``'s target).
+CPU_TARGET = ProgramTarget(Platform.CPU, ("--iree-llvmcpu-target-cpu=host",))
+
+
+class IreeCodegenBackend(OpSetBackend):
+    """An IREE codegen backend that can be a program's default: takes every tensor compute op; regions of
+    it are what is left, so it proposes single ops only."""
+
+    kind = BackendKind.CODEGEN
+    patterns = (OpPattern("any-compute-op", None, (is_compute_op,)),)
+    max_region_ops = 1
+    #: The one platform its code runs on.
+    platform: ClassVar[Platform]
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "platform" in cls.__dict__:
+            cls.platforms = frozenset({cls.platform})
+
+    def program_target(self, iree_args: Sequence[str] = ()) -> ProgramTarget:
+        """The target a program with this default backend compiles for, given the user's IREE flags."""
+        raise NotImplementedError
+
+    def version(self) -> str:
+        from iree.compiler import version
+
+        return version.VERSION
+
+
+def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: ProgramTarget | None = None,
+                 **iree_kwargs) -> bytes:
+    """Compiles a module (a partitioned program, a region alone, or a model for IREE alone) for ``target``
+    (default: the host CPU); errors become one CollageError."""
+    from iree.compiler import tools
+
+    target = target or CPU_TARGET
+    attrs = module.operation.attributes
+    if target.device_targets is not None and "hal.device.targets" not in attrs:
+        with module.context:
+            attrs["hal.device.targets"] = ir.Attribute.parse(target.device_targets)
+    kwargs = {"target_backends": ["llvm-cpu"] if target.platform is Platform.CPU else [], "input_type": "auto"}
+    kwargs |= iree_kwargs
+    if "hal.device.targets" in attrs:
+        # The module declares its devices (collage-place-devices, or the target above); a target-backends
+        # flag besides makes IREE 3.13 crash.
+        kwargs["target_backends"] = []
+    data = module.operation.get_asm(binary=True)
+    extra = [*target.flags, *kwargs.pop("extra_args", []), *iree_args]
+    try:
+        return tools.compile_str(data, extra_args=extra, **kwargs)
+    except tools.CompilerToolError as exc:
+        lines = [ln for ln in str(exc).splitlines() if "error:" in ln]
+        raise CollageError("IREE compilation failed: " + (lines[0].strip() if lines else " ".join(str(exc).split())[:400]))
