@@ -1,0 +1,111 @@
+"""GPU programs without a GPU: a CUDA program compiles here (PTX for the architecture asked for, Hopper
+through the declared target), the host waits for IREE's work before every served call, and plans are
+checked against the program's platform. Running them is the GPU machine's job (studies/gpu)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from collage_mlir import artifact
+from collage_mlir.backends.iree_codegen import iree_compile
+from collage_mlir.errors import CollageError
+from collage_mlir.frontends import stablehlo
+from collage_mlir.graph import Graph, number_ops
+from collage_mlir.ir import new_context
+from collage_mlir.iree import compile_module
+from collage_mlir.plan import Plan, Region
+from collage_mlir.search import resolve_plan
+from collage_runtime.types import Platform
+
+# negate (0) -> matmul (1) -> tanh (2) -> add (3): IREE computes before and after the middle two.
+MODEL = """
+func.func @main(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %n = stablehlo.negate %a : tensor<64x64xf32>
+  %0 = stablehlo.dot_general %n, %b, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  %1 = stablehlo.tanh %0 : tensor<64x64xf32>
+  %2 = stablehlo.add %1, %a : tensor<64x64xf32>
+  return %2 : tensor<64x64xf32>
+}
+"""
+
+
+def _module():
+    module = stablehlo.parse(MODEL, new_context())
+    number_ops(module)
+    return module
+
+
+@pytest.mark.parametrize("arch, ptx", [("sm_80", None), ("sm_90", "8.0")])
+def test_cuda_program_holds_ptx_for_the_architecture(tmp_path, arch, ptx):
+    """IREE lists sm_80 itself; sm_90 goes through the declared target (IREE 3.13 refuses the flag)."""
+    plan = Plan([Region("r", "ort", frozenset({1, 2}))], "iree-cuda")
+    result = compile_module(_module(), plan, tmp_path / "out", platform=Platform.CUDA,
+                            iree_args=[f"--iree-cuda-target={arch}"])
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["platform"] == "cuda" and result.plan.default_backend == "iree-cuda"
+    assert [r["backend"] for r in manifest["regions"]] == ["ort"]
+    vmfb = (tmp_path / "out" / "main.vmfb").read_bytes()
+    assert set(re.findall(rb"\.target\s+(sm_\d+)", vmfb)) == {arch.encode()}
+    if ptx:
+        assert set(re.findall(rb"\.version (\d+\.\d+)", vmfb)) == {ptx.encode()}
+
+
+def test_host_waits_for_iree_before_each_served_call():
+    """A served region reads buffers IREE wrote on its own stream: the compiled program awaits the fence of
+    the work before every collage_rt call (no event is shared with torch's stream)."""
+    module = _module()
+    plan = Plan([Region("r", "ort", frozenset({1, 2}))], "iree-cuda")
+    parts = artifact.partition(module, plan, None)
+    vm = iree_compile(module, ["--compile-to=vm"], parts.target).decode().splitlines()
+    calls = [k for k, line in enumerate(vm) if "vm.call @collage_rt.r(" in line]
+    assert calls
+    for k in calls:
+        before = vm[:k]
+        submitted = max(j for j, line in enumerate(before) if "queue.execute" in line)
+        assert any("@hal.fence.await" in line for line in before[submitted:]), "no host wait before the call"
+
+
+@pytest.mark.fast
+def test_plans_are_checked_against_the_program_platform():
+    module = _module()
+    graph = Graph(module)
+    assert resolve_plan("default", graph, Platform.CUDA).default_backend == "iree-cuda"
+    assert resolve_plan("default", graph).default_backend == "iree-cpu"
+    cases = [
+        (Plan([Region("r", "cublas", frozenset({1}))]), "backend 'cublas' cannot run regions in a cpu program"),
+        (Plan([Region("r", "iree-cpu-dt", frozenset({1}))], "iree-cuda"),
+         "backend 'iree-cpu-dt' cannot run regions in a cuda program"),
+        (Plan([], "onednn"), "backend 'onednn' cannot be a program's default backend"),
+    ]
+    for plan, message in cases:
+        with pytest.raises(CollageError, match=re.escape(message)):
+            plan.validate(graph)
+    # A host engine serves regions in a CUDA program (through copies); cuBLAS does too.
+    Plan([Region("a", "ort", frozenset({2})), Region("b", "cublas", frozenset({1}))], "iree-cuda").validate(graph)
+    with pytest.raises(CollageError, match="not a plan for a cuda program"):
+        resolve_plan(Plan([]), graph, Platform.CUDA)
+
+
+def _collage(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_compiles_for_a_gpu_and_refuses_bad_targets(tmp_path):
+    (tmp_path / "m.mlir").write_text(MODEL)
+    ok = _collage("compile", "m.mlir", "--device", "cuda", "--cuda-target", "sm_90", "--plan", "prefer:cublas",
+                  "-o", "out", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["platform"] == "cuda" and [r["backend"] for r in manifest["regions"]] == ["cublas"]
+    for args, message in [(("--cuda-target", "hopper"), "expected an SM architecture such as sm_80"),
+                          (("--cuda-target", "sm_95"), "CUDA architecture sm_95 is not supported"),
+                          (("--tune",), "tune a cuda program on the machine that has the device")]:
+        bad = _collage("compile", "m.mlir", "--device", "cuda", *args, "-o", "bad", cwd=tmp_path)
+        assert bad.returncode != 0 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
