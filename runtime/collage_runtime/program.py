@@ -132,7 +132,7 @@ class Program:
         if self._host_memory:
             return tuple(_to_host(v, s) for v, s in zip(values, spec))
         staged = [k for k, v in enumerate(values) if isinstance(v, rt.DeviceArray) and v._buffer_view.byte_length]
-        raw = dict(zip(staged, self._transfers.to_host([values[k]._buffer_view for k in staged])))
+        raw = dict(zip(staged, self._transfers.to_host([values[k]._buffer_view for k in staged]))) if staged else {}
         return tuple(_to_host(v, s, raw.get(k)) for k, (v, s) in enumerate(zip(values, spec)))
 
     def invoke_dlpack(self, name: str, *tensors) -> tuple:

@@ -129,11 +129,11 @@ class Transfers:
             if length:
                 commands.copy(source, target, source_at, target_at, length)
         commands.end()
-        wait = rt.HalFence.create_at(self._semaphore, self._value)
-        self._value += 1
-        done = rt.HalFence.create_at(self._semaphore, self._value)
-        self.device.queue_execute(commands, wait, done)
+        reached, next_value = self._value, self._value + 1
+        done = rt.HalFence.create_at(self._semaphore, next_value)
+        self.device.queue_execute(commands, rt.HalFence.create_at(self._semaphore, reached), done)
         done.wait()
+        self._value = next_value  # only once signalled: a failed submission leaves the next one waiting on none
 
     def to_host(self, views: Sequence[rt.HalBufferView]) -> list[np.ndarray]:
         """The bytes of each buffer view as a host array (uint8), all in one staging buffer (no copy
