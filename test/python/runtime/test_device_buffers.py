@@ -198,6 +198,22 @@ def test_device_executor_on_a_cpu_program(kind, tmp_path, monkeypatch):
             assert taken_over == (kind == "as_is"), kind
 
 
+def test_torch_device_executor_serves_a_real_region_on_a_cpu_program(tmp_path, monkeypatch):
+    """The cublas/cudnn backends' device executor (``torch_device``, CUDA programs only at compile time)
+    runs the step program of a oneDNN region of a CPU program on the CPU tensors it is handed: the
+    region reads an IREE dispatch's results and its result feeds IREE's next ops, call after call."""
+    pytest.importorskip("torch")
+    from collage_runtime.executors import torch_device
+
+    cpu = _compile(CHAIN, [Region("r", "onednn", frozenset({2}))], tmp_path / "cpu")
+    _serve_with(monkeypatch, torch_device.load)
+    rng = np.random.default_rng(7)
+    with collage_runtime.load(cpu) as prog:
+        for _ in range(3):
+            x = _chain_inputs(rng)
+            np.testing.assert_allclose(prog.invoke("f", *x)[0], _chain_reference(*x), rtol=1e-4, atol=1e-4)
+
+
 def test_staging_layout_aligns_every_tensor():
     offsets, total = rt_module.staging_layout([4, 0, 100, 64])
     assert offsets == (0, 64, 64, 192) and total == 256
