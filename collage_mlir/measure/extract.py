@@ -66,10 +66,11 @@ class ExtractedRegion:
     #: ``@main``'s first ``const_ops`` ops are the cloned constant expressions; the region's ops follow.
     const_ops: int
 
-    def plan(self, backend: str) -> Plan:
-        """The plan that runs this module's region (all but the cloned constants) on ``backend``."""
+    def plan(self, backend: str, default_backend: str) -> Plan:
+        """The plan that runs this module's region (all but the cloned constants) on ``backend``, in a program
+        whose default backend is ``default_backend``."""
         ids = frozenset(range(self.const_ops, self.const_ops + len(self.ops)))
-        return Plan([Region("region", backend, ids)], source=f"region {self.hash[:12]} on {backend}")
+        return Plan([Region("region", backend, ids)], default_backend, f"region {self.hash[:12]} on {backend}")
 
 
 def value_ref(graph: Graph, value: ir.Value) -> ValueRef:

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import HARNESS_VERSION
-from ..backends import Backend, RegionKey, get_backend
+from ..backends import PLATFORM_DEFAULTS, Backend, Platform, RegionKey, get_backend
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
@@ -62,6 +62,13 @@ class MeasureOptions:
     #: Expected seconds of the reference capture (one whole-model IREE compile): with a deadline, a
     #: capture starts only if it would end before it (on a large model it is the longest unit of work).
     capture_s: float = 0.0
+    #: The platform of the programs measured (their default backend, the device their rows are keyed by).
+    platform: Platform = Platform.CPU
+
+    @property
+    def default_backend(self) -> str:
+        """The default backend of the programs measured (the platform's IREE codegen)."""
+        return PLATFORM_DEFAULTS[self.platform]
 
     def spent(self, ahead: float = 0.0) -> bool:
         """Whether the deadline is past (or would be, ``ahead`` seconds from now)."""
@@ -158,7 +165,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
     itself on the first regions and a warm rerun extracts nothing. Past the deadline a region whose hash
     is not cached is not extracted (no row: a later run asks again)."""
     options = options or MeasureOptions()
-    device, description = device_fingerprint()
+    device, description = device_fingerprint(options.platform)
     db.record_device(device, description)
     graph = Graph(module)
     digest = digest or module_digest(module)
@@ -406,7 +413,7 @@ class _Session:
         try:
             return worker.call(f"{TASKS}:build_plan", self.options.build_timeout_s,
                                module_file=str(self.work / "regions" / f"{job.region.hash}.mlirbc"),
-                               plan=job.region.plan(job.backend.name).to_json(), out_dir=str(job.out_dir))
+                               plan=job.region.plan(job.backend.name, self.options.default_backend).to_json(), out_dir=str(job.out_dir))
         finally:
             self.builders.put(worker)
 

@@ -46,7 +46,7 @@ def measure_transitions(backends: Sequence[Backend], db: CostDB, options: Measur
     the DB where it holds them (they are facts of the machine, not of a model: any tune reuses them).
     Past ``options.deadline`` no new probe starts; the pairs not probed are left out of the answer."""
     options = options or MeasureOptions()
-    device, _ = device_fingerprint()
+    device, _ = device_fingerprint(options.platform)
     pairs = list(pairs) if pairs is not None else list(itertools.product(backends, repeat=2))
     keys = [(a.name, b.name, a.version(), b.version(), device, HARNESS_VERSION, n * n * 4) for a, b in pairs]
     stored = [None if options.remeasure else db.get_transition(*key) for key in keys]
@@ -69,7 +69,7 @@ def measure_transitions(backends: Sequence[Backend], db: CostDB, options: Measur
                 break
             if RegionKey(a.name, frozenset({0})) not in alone or RegionKey(b.name, frozenset({0})) not in alone:
                 continue  # a side not measured within the budget: nothing to store, ask again next time
-            t = _measure_pair(module, a, b, keys[k], alone, timer, [x, w], expected)
+            t = _measure_pair(module, a, b, keys[k], alone, timer, [x, w], expected, options.default_backend)
             db.put_transition(t)
             found.append(t)
             if on_progress:
@@ -77,15 +77,15 @@ def measure_transitions(backends: Sequence[Backend], db: CostDB, options: Measur
     return found
 
 
-def _measure_pair(module, a: Backend, b: Backend, key: tuple, alone: dict, timer: PlanTimer, inputs, expected
-                  ) -> Transition:
+def _measure_pair(module, a: Backend, b: Backend, key: tuple, alone: dict, timer: PlanTimer, inputs, expected,
+                  default_backend: str) -> Transition:
     cost_a, cost_b = alone.get(RegionKey(a.name, frozenset({0}))), alone.get(RegionKey(b.name, frozenset({0})))
     for backend, m in ((a, cost_a), (b, cost_b)):
         if m is None or not m.usable:
             why = m.message if m is not None else "not measured"
             return Transition(*key, status=Status.ERROR, message=f"{backend.name} cannot run the probe alone: {why}")
     plan = Plan([Region("first", a.name, frozenset({0})), Region("second", b.name, frozenset({1}))],
-                source=f"transition {a.name} -> {b.name}")
+                default_backend, f"transition {a.name} -> {b.name}")
     # Two chained matmuls on two backends: allow ten times the looser tolerance of the two.
     rtol = 10 * max(a.tolerance.rtol, b.tolerance.rtol)
     atol = 10 * max(a.tolerance.atol, b.tolerance.atol)

@@ -58,7 +58,9 @@ class MeasuredEstimator(CostEstimator):
         self.options = options or MeasureOptions()
         self.deadline = deadline
         self.on_progress = on_progress
-        self.device, _ = device_fingerprint()
+        #: The default backend of the programs measured: the platform's IREE codegen.
+        self.default_backend = self.options.default_backend
+        self.device, _ = device_fingerprint(self.options.platform)
         self._regions: dict[RegionKey, Cost] = {}
         self._fits: dict[tuple[str, str], TransitionFit | str] = {}
         buf = io.BytesIO()
@@ -203,7 +205,7 @@ class MeasuredEstimator(CostEstimator):
         """Builds and times the default backend's plan (IREE alone), keeping its results as the reference:
         one whole-model build serves as both the reference and the default seed's timing."""
         out = self.work / "plans" / "reference.npz"
-        outcome = self._plan_timer().time(self._bytecode, Plan(source="reference"), self.inputs, outputs_to=out)
+        outcome = self._plan_timer().time(self._bytecode, Plan([], self.default_backend, "reference"), self.inputs, outputs_to=out)
         if not outcome.ok or outcome.value.status != Status.OK:
             why = outcome.message if not outcome.ok else outcome.value.message
             raise CollageError(f"the reference run (IREE alone) failed: {why}"[:500])

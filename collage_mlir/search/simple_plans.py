@@ -102,7 +102,9 @@ def whole_plan(graph: Graph, backend: Backend, maximal: Sequence[frozenset[int]]
         return Plan([Region(f"region_{k}", backend.name, r) for k, r in enumerate(regions)], default, backend.name)
     return preferred_plan(graph, [backend], source=backend.name, maximal={backend.name: regions}, platform=platform)
 def single_backend_plans(graph: Graph, backends: Sequence[Backend],
-                         maximal: Mapping[str, Sequence[frozenset[int]]] | None = None) -> dict[str, Plan]:
-    """``whole_plan`` of each backend, for those that place anything (the default backend always)."""
-    plans = {b.name: whole_plan(graph, b, None if maximal is None else maximal[b.name]) for b in backends}
-    return {name: p for name, p in plans.items() if p.regions or name == DEFAULT_BACKEND}
+                         maximal: Mapping[str, Sequence[frozenset[int]]] | None = None,
+                         platform: Platform = Platform.CPU) -> dict[str, Plan]:
+    """``whole_plan`` of each backend in a ``platform`` program, for those that place anything (the
+    platform's default backend always)."""
+    plans = {b.name: whole_plan(graph, b, None if maximal is None else maximal[b.name], platform) for b in backends}
+    return {name: p for name, p in plans.items() if p.regions or name == PLATFORM_DEFAULTS[platform]}

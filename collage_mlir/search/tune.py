@@ -16,13 +16,13 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..backends import DEFAULT_BACKEND, Backend, BackendKind, RegionKey, get_backend
+from ..backends import Backend, BackendKind, RegionKey, get_backend
 from ..errors import CollageError
 from ..graph import Graph, number_ops
 from ..ir import ir
 from ..measure import HARNESS_VERSION
 from ..measure.db import CostDB
-from ..measure.device import device_fingerprint
+from ..measure.device import device_fingerprint, platform_problem
 from ..measure.harness import MeasureOptions, module_digest
 from ..plan import Plan, PlanKey
 from .cost import Cost
@@ -67,13 +67,13 @@ class TuneResult:
 TUNE_RESULT = "tune-result"
 
 
-def accepts_fn(graph: Graph) -> Callable[[str, frozenset[int]], bool]:
+def accepts_fn(graph: Graph, default_backend: str) -> Callable[[str, frozenset[int]], bool]:
     cache: dict[RegionKey, bool] = {}
 
     def accepts(backend: str, ops: frozenset[int]) -> bool:
         key = RegionKey(backend, ops)
         if key not in cache:
-            cache[key] = backend == DEFAULT_BACKEND or get_backend(backend).accepts(graph, ops) is None
+            cache[key] = backend == default_backend or get_backend(backend).accepts(graph, ops) is None
         return cache[key]
 
     return accepts
@@ -122,18 +122,24 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     # Every stage but the finalists' rounds (timing only, on kept builds) keeps to this deadline.
     started = time.monotonic()
     deadline = started + budget_s * (1.0 - FINALISTS_SHARE)
-    if DEFAULT_BACKEND not in {b.name for b in backends}:
-        backends = [get_backend(DEFAULT_BACKEND), *backends]
+    measure = measure or MeasureOptions()
+    measure.seed = seed
+    platform, default = measure.platform, measure.default_backend
+    if (why := platform_problem(platform)) is not None:
+        raise CollageError(why)
+    elsewhere = [b.name for b in backends if platform not in b.platforms]
+    if elsewhere:
+        raise CollageError(f"backends {', '.join(elsewhere)} cannot run regions in a {platform.value} program")
+    if default not in {b.name for b in backends}:
+        backends = [get_backend(default), *backends]
     names = [b.name for b in backends]
     number_ops(module)
     graph = Graph(module)
     if "main" not in {n.func for n in graph.nodes.values()}:
         raise CollageError("the model has no public @main function to time")
-    measure = measure or MeasureOptions()
-    measure.seed = seed
     opts = evolve_options or EvolveOptions()
     digest = module_digest(module)
-    result_key = _result_key(digest, backends, examples, seed, budget_s, opts)
+    result_key = _result_key(digest, backends, examples, seed, budget_s, opts, measure)
     if reuse and (stored := db.get_cached(TUNE_RESULT, result_key)) is not None:
         record = json.loads(stored)
         report("reused", 1, 1, "a finished tune with these settings is in the DB")
@@ -152,7 +158,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                             on_progress=lambda stage, p: report(stage, p.done, p.total,
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
     try:
-        single = single_backend_plans(graph, backends, maximal)
+        single = single_backend_plans(graph, backends, maximal, platform)
         walls, seed_costs = _time_seeds(single, backends, est, deadline, report)
         timed, build_s = set(walls), max(walls.values(), default=0.0)
         # A seed that is one region over every op but constants timed that region whole: the DP prices
@@ -163,7 +169,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
             regions = single[name].regions
             if len(regions) == 1 and ops <= regions[0].ops and c.usable:
                 est.timed_whole(regions[0].key, c)
-        default_s = walls.get(DEFAULT_BACKEND, 0.0)
+        default_s = walls.get(default, 0.0)
         # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
         # that built them left it in the DB (else a warm rerun would start the capture, a whole-model
         # compile of minutes, whatever its budget).
@@ -210,7 +216,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                 seen.add(plan.key)
                 seeds.append((name, plan))
         opts.seed, opts.deadline = seed, deadline
-        accepts = accepts_fn(graph)
+        accepts = accepts_fn(graph, default)
         evolved = evolve(sg, seeds, names, accepts, est, opts,
                          on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
                                                                    else opts.rounds, f"best {best * 1e3:.3f} ms"))
@@ -226,7 +232,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
 
 
 def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed: int, budget_s: float,
-                opts: EvolveOptions) -> str:
+                opts: EvolveOptions, measure: MeasureOptions) -> str:
     """What a finished tune's result is kept under: the numbered module's digest, the example inputs, the
     backends with their versions, this device, the harness version, the seed, the budget and the search
     options (a deadline is not an option: it comes from the budget)."""
@@ -236,7 +242,7 @@ def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed:
             digest.update(name.encode() + np.ascontiguousarray(a).tobytes())
     search = {k: v for k, v in asdict(replace(opts, deadline=None)).items()}
     text = json.dumps({"model": digest.hexdigest(), "backends": sorted(f"{b.name}={b.version()}" for b in backends),
-                       "device": device_fingerprint()[0], "harness": HARNESS_VERSION, "seed": seed,
+                       "device": device_fingerprint(measure.platform)[0], "harness": HARNESS_VERSION, "seed": seed,
                        "budget_s": budget_s, "search": search}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -253,12 +259,12 @@ def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: Measu
     ``_SEED_ORDER`` until the deadline; returns the wall time each one timed took (a DB hit: ~0) and
     its cost."""
     kind = {b.name: b.kind for b in backends}
-    order = sorted(single, key=lambda n: (n != DEFAULT_BACKEND, _SEED_ORDER.index(kind[n]), n))
+    order = sorted(single, key=lambda n: (n != est.default_backend, _SEED_ORDER.index(kind[n]), n))
     walls: dict[str, float] = {}
     costs: dict[str, Cost] = {}
     report("seeds", 0, len(order), "")
     for k, name in enumerate(order):
-        if name != DEFAULT_BACKEND and time.monotonic() > deadline:
+        if name != est.default_backend and time.monotonic() > deadline:
             break
         t0 = time.monotonic()
         c = est.plan_time(single[name], tag="seed")
@@ -289,13 +295,13 @@ def _tuned_plan(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: di
 
     choices = []
     for region in plan.regions:
-        others = [b for b in names if b not in (region.backend, DEFAULT_BACKEND) and accepts(b, region.ops)]
+        others = [b for b in names if b not in (region.backend, est.default_backend) and accepts(b, region.ops)]
         costs = est.region_costs([region.key] + [RegionKey(b, region.ops) for b in others])
         mine, rest = costs[0], list(zip(others, costs[1:]))
         # The default backend runs a region's ops one by one, as the DP prices them.
-        alone = est.region_costs([RegionKey(DEFAULT_BACKEND, frozenset({i})) for i in sorted(region.ops)])
+        alone = est.region_costs([RegionKey(est.default_backend, frozenset({i})) for i in sorted(region.ops)])
         if all(c.usable for c in alone):
-            rest.append((DEFAULT_BACKEND, Cost.known(sum(c.seconds for c in alone))))
+            rest.append((est.default_backend, Cost.known(sum(c.seconds for c in alone))))
         rest.sort(key=lambda bc: (bc[1].seconds, bc[0]))
         cost_s = mine.seconds if mine.usable else None
         runner = next(((b, c) for b, c in rest if c.usable), None)

@@ -41,7 +41,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         check_model_file(module, args.model, load_input_arrays(args.input))
     plan = args.plan
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
-    if (args.tune or plan == "tune") and args.device != Platform.CPU.value:
+    if (args.tune or plan == "tune") and args.device not in (None, Platform.CPU.value):
         raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
                            "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
     if args.tune or plan == "tune":  # every available backend, the default budget and DB
@@ -55,7 +55,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     if args.cuda_target:
         passthrough = [*passthrough, f"--iree-cuda-target={args.cuda_target}"]
     with Console(stderr=True).status(f"compiling {args.model}"):  # a spinner while IREE and the engines build
-        result = compile_module(module, plan, args.output, platform=Platform(args.device), source=str(args.model),
+        result = compile_module(module, plan, args.output, platform=args.device and Platform(args.device), source=str(args.model),
                                 iree_args=passthrough, provenance=provenance)
     regions = result.manifest.regions
     _print_placement(result.plan)
@@ -210,9 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default | random:SEED | prefer:BACKEND[,BACKEND] | tune | PLAN.json (default: default)")
     c.add_argument("--tune", action="store_true", help="same as --plan tune: `collage tune` first, then compile")
     c.add_argument("-o", "--output", required=True, help="artifact directory to write")
-    c.add_argument("--device", choices=[p.value for p in Platform], default=Platform.CPU.value,
+    c.add_argument("--device", choices=[p.value for p in Platform], default=None,
                    help="where the program runs: its IREE codegen (iree-cpu, iree-cuda, iree-vulkan) and the "
-                        "backends that may take regions there (default: cpu). A GPU program compiles without a GPU")
+                        "backends that may take regions there (default: a plan file's own, else cpu). A GPU "
+                        "program compiles without a GPU")
     c.add_argument("--cuda-target", metavar="SM", help="CUDA architecture of a --device cuda program, e.g. sm_90 "
                                                         "(default: the GPU here, else sm_80)")
     c.add_argument("--input", action="append", default=[],

@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+from collage_runtime.types import Platform
+
 from ..errors import CollageError
 from . import backend_names, load_input_arrays, positive_int
 
@@ -27,13 +29,14 @@ def parse_budget(text: str) -> float:
     return seconds
 
 
-def parse_backends(text: str | None) -> list:
-    """The named backends (usable here), or every available one when ``text`` is None."""
+def parse_backends(text: str | None, platform: Platform = Platform.CPU) -> list:
+    """The named backends (usable here), or every available one for a ``platform`` program when ``text`` is
+    None."""
     from ..backends import registry
     from ..search import available_backends
 
     if text is None:
-        return available_backends()
+        return available_backends(platform)
     found = []
     for name in backend_names(text):
         info = registry().get(name)
@@ -87,6 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--budget", default=DEFAULT_BUDGET,
                    help=f"search time: seconds or a duration such as 90s, 10m (default {DEFAULT_BUDGET}); the "
                         "finalists' re-measurement runs after it")
+    t.add_argument("--device", choices=[p.value for p in Platform], default=Platform.CPU.value,
+                   help="the platform of the program tuned (default: cpu); cuda/vulkan measure on this machine's GPU")
     t.add_argument("--seed", type=int, default=0, help="search seed (same DB + same seed → same plan)")
     t.add_argument("--db", default=None, help=f"cost database (default: $COLLAGE_DB or {default_db_path()})")
     t.add_argument("--input", action="append", default=[], help="example input .npy for @main, once per argument")
@@ -100,7 +105,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def tune_model(module, examples: dict, backends: list, budget_s: float, seed: int, db_path: str | None,
-               jobs: int | None = None, reuse: bool = True):
+               jobs: int | None = None, reuse: bool = True, platform: Platform = Platform.CPU):
     """Tunes ``module`` with a rich progress display; returns the TuneResult."""
     import tempfile
 
@@ -111,7 +116,7 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
     from ..measure.harness import MeasureOptions
     from ..search.tune import tune
 
-    options = MeasureOptions()
+    options = MeasureOptions(platform=platform)
     if jobs:
         options.jobs = jobs
     console = Console(stderr=True)
@@ -132,12 +137,13 @@ def run(args: argparse.Namespace) -> int:
     from ..ir import new_context
 
     budget = parse_budget(args.budget)
-    backends = parse_backends(args.backends)
+    platform = Platform(args.device)
+    backends = parse_backends(args.backends, platform)
     module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),
                                 check_import=not args.no_import_check)
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
-                        reuse=not args.search_again)
+                        reuse=not args.search_again, platform=platform)
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")

@@ -156,11 +156,11 @@ def test_compile_refuses_a_directory_that_is_not_an_artifact(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_default_backend_other_than_iree_cpu_is_refused(tmp_path):
+def test_default_backend_that_is_no_iree_codegen_is_refused(tmp_path):
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps({"format": "collage-plan", "version": 1, "default_backend": "ort", "regions": []}))
     r = collage("compile", str(LIT_INPUTS / "mlp.mlir"), "--plan", str(plan), "-o", str(tmp_path / "o"))
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "default_backend 'ort' is not supported" in r.stderr
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "backend 'ort' cannot be a program's default backend" in r.stderr
 
 
 SUB_BYTE = """

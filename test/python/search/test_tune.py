@@ -187,7 +187,7 @@ def test_tuned_cnn_plan_compiles_and_matches_iree_alone(tmp_path):
     est = MockEstimator(3, sg.order, sg.out_bytes, producers=sg.producers, invalid_rate=0.0, nonadditive=0.3)
     dp = optimize(index, est)
     seeds = [*single_backend_plans(graph, backends).items(), ("dp", dp.plan)]
-    result = evolve(sg, seeds, ["iree-cpu", "onednn"], accepts_fn(graph), est, EvolveOptions(seed=1, population=12,
+    result = evolve(sg, seeds, ["iree-cpu", "onednn"], accepts_fn(graph, "iree-cpu"), est, EvolveOptions(seed=1, population=12,
                                                                                              max_generations=4))
     result.plan.validate(graph)
     assert any(r.backend == "onednn" for r in result.plan.regions), "mock costs favour onednn convs"

@@ -1,0 +1,67 @@
+"""`collage tune` for a GPU program, with IREE Vulkan over Mesa's software driver standing in for the GPU
+(CI has none): seeds, regions and plans are built as Vulkan programs and timed there, the cost rows are
+keyed by the Vulkan device's fingerprint, and the tuned plan compiles and matches the CPU program."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from collage_mlir.measure.device import device_fingerprint, platform_problem
+from collage_runtime.types import Platform
+
+MODEL = """
+func.func @main(%a: tensor<32x32xf32>, %b: tensor<32x32xf32>) -> tensor<32x32xf32> {
+  %n = stablehlo.negate %a : tensor<32x32xf32>
+  %0 = stablehlo.dot_general %n, %b, contracting_dims = [1] x [0] : (tensor<32x32xf32>, tensor<32x32xf32>) -> tensor<32x32xf32>
+  %1 = stablehlo.tanh %0 : tensor<32x32xf32>
+  %2 = stablehlo.add %1, %a : tensor<32x32xf32>
+  return %2 : tensor<32x32xf32>
+}
+"""
+
+
+def _collage(*args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+@pytest.mark.skipif(platform_problem(Platform.VULKAN) is not None,
+                    reason="no Vulkan device: apt-get install mesa-vulkan-drivers libvulkan1")
+def test_tune_a_vulkan_program_and_run_its_plan(tmp_path):
+    import collage_runtime
+
+    (tmp_path / "m.mlir").write_text(MODEL)
+    db = tmp_path / "costs.sqlite"
+    tuned = _collage("tune", "m.mlir", "--device", "vulkan", "--backends", "ort", "--budget", "15", "--db", str(db),
+                     "-o", "plan.json", cwd=tmp_path)
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["default_backend"] == "iree-vulkan"
+    assert set(plan["tuning"]["backends"]) == {"iree-vulkan", "ort"}
+    vulkan, _ = device_fingerprint(Platform.VULKAN)
+    with sqlite3.connect(db) as c:
+        devices = {d for (d,) in c.execute("SELECT DISTINCT device FROM measurements")}
+    assert devices == {vulkan}, "rows of a Vulkan tune are keyed by the Vulkan device"
+    built = _collage("compile", "m.mlir", "--plan", "plan.json", "-o", "out", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((32, 32)).astype(np.float32) for _ in range(2))
+    with collage_runtime.load(tmp_path / "out") as program:
+        assert program.manifest.platform is Platform.VULKAN
+        (got,) = program.invoke("main", a, b)
+    np.testing.assert_allclose(got, np.tanh(-a @ b) + a, rtol=1e-4, atol=1e-5)
+
+
+def test_a_gpu_tune_without_the_device_is_one_line(tmp_path):
+    if platform_problem(Platform.CUDA) is None:
+        pytest.skip("this machine has a CUDA device")
+    (tmp_path / "m.mlir").write_text(MODEL)
+    r = _collage("tune", "m.mlir", "--device", "cuda", "--budget", "5", "-o", "plan.json", cwd=tmp_path)
+    assert r.returncode == 1 and "no cuda device here" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "plan.json").exists()
