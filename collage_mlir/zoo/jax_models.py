@@ -196,7 +196,7 @@ def bert_encoder(seq: int = 128, d: int = 768, layers: int = 12, heads: int = 12
 def lstm(steps: int = 64, features: int = 128, hidden: int = 256, layers: int = 2, classes: int = 10,
          batch: int = 1, seed: int = 0):
     """A stacked LSTM over ``lax.scan`` (a ``stablehlo.while`` per layer), then a classifier on the last
-    state: a loop no ONNX engine receives from collage, so it is placed as a whole."""
+    state. Each loop is one region candidate as a whole (XLA; ORT and OpenVINO as an ONNX ``Loop``)."""
     import jax
     import jax.numpy as jnp
 
@@ -230,7 +230,8 @@ def detector(image: int = 224, base: int = 32, anchors: int = 9, top: int = 100,
     """A single-shot detector: a ResNet-style NHWC backbone (three stages), a per-location score and box
     head for ``anchors`` anchors, then the post-processing JAX users write: the ``top`` highest scores by
     ``lax.top_k``, their boxes gathered and decoded, and sorted by the kept boxes' area. The backbone
-    suits a graph engine; the top-k, gathers and sort only XLA and IREE run."""
+    suits a graph engine; the top-k, gathers and sort run on XLA, IREE and (as ``TopK``/``GatherElements``)
+    the ONNX engines."""
     import jax
     import jax.numpy as jnp
 
