@@ -10,21 +10,14 @@ same region. Building needs no GPU (programs for a GPU are compiled on CPU machi
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from .base import BackendKind, Platform, Tolerance
-from .library_patterns import (BIAS, RESIDUAL, SCALE, STATIC_F32_F16, TORCH_ACTIVATION, StepProgramBackend,
-                               plain_matmul, torch_cuda_version)
+from .base import Tolerance
+from .library_patterns import (BIAS, RESIDUAL, SCALE, STATIC_F32_F16, TORCH_ACTIVATION, CudaLibraryBackend,
+                               plain_matmul)
 from .patterns import OpPattern
 
 
-class CublasBackend(StepProgramBackend):
+class CublasBackend(CudaLibraryBackend):
     name = "cublas"
-    kind = BackendKind.LIBRARY
-    platforms: ClassVar[frozenset[Platform]] = frozenset({Platform.CUDA})
-    requires = ("torch",)
-    install_hint = "pip install torch==2.13.0 (a CUDA build to run; any build compiles)"
-    executor = "collage_runtime.executors.torch_device"
     # f16 sets the bound: cuBLAS reduces f16 in f32 (the executor turns off reduced-precision reductions) and
     # rounds once to f16 (2^-11 relative), plus the bias add and activation in f16. f32 runs in full f32
     # (TF32 off, ``torch_device.exact_float``): on CPU torch ~1e-6 relative. Not yet measured on a GPU
@@ -34,6 +27,3 @@ class CublasBackend(StepProgramBackend):
         OpPattern("matmul", "stablehlo.dot_general", (STATIC_F32_F16, plain_matmul),
                   (SCALE, BIAS, RESIDUAL, TORCH_ACTIVATION)),
     )
-
-    def version(self) -> str:
-        return torch_cuda_version()

@@ -10,21 +10,13 @@ needs no GPU.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from .base import BackendKind, Platform, Tolerance
-from .library_patterns import (BIAS, RESIDUAL, STATIC_F32_F16, TORCH_ACTIVATION, StepProgramBackend, conv2d,
-                               torch_cuda_version)
+from .base import Tolerance
+from .library_patterns import (BIAS, RESIDUAL, STATIC_F32_F16, TORCH_ACTIVATION, CudaLibraryBackend, conv2d)
 from .patterns import OpPattern
 
 
-class CudnnBackend(StepProgramBackend):
+class CudnnBackend(CudaLibraryBackend):
     name = "cudnn"
-    kind = BackendKind.LIBRARY
-    platforms: ClassVar[frozenset[Platform]] = frozenset({Platform.CUDA})
-    requires = ("torch",)
-    install_hint = "pip install torch==2.13.0 (a CUDA build to run; any build compiles)"
-    executor = "collage_runtime.executors.torch_device"
     # As cublas: f16 sets the bound (one rounding of an f32-accumulated result, then the epilogue in f16);
     # f32 without TF32 (``torch_device.exact_float``), whichever algorithm cuDNN's heuristics pick (Winograd
     # and FFT ones reorder more than a GEMM). Not yet measured on a GPU.
@@ -32,6 +24,3 @@ class CudnnBackend(StepProgramBackend):
     patterns = (
         OpPattern("conv2d", "stablehlo.convolution", (STATIC_F32_F16, conv2d), (BIAS, RESIDUAL, TORCH_ACTIVATION)),
     )
-
-    def version(self) -> str:
-        return torch_cuda_version()

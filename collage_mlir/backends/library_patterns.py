@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dialects import stablehlo as sh
 from ..ir import ir
-from .base import Backend, RegionArtifact
+from .base import Backend, BackendKind, Platform, RegionArtifact
 from .patterns import ActivationFollower, Constraint, Follower
 from .steps import translate_region
 
@@ -112,7 +112,7 @@ STATIC_F32_F16 = static_of("f32", "f16")
 TORCH_ACTIVATION = ActivationFollower("activation", allowed=TORCH_ACTIVATIONS)
 
 
-def torch_cuda_version() -> str:
+def _torch_cuda_version() -> str:
     """``torch-<version>`` and the CUDA (cuBLAS) and cuDNN versions of that torch build where it has them."""
     import torch
 
@@ -138,3 +138,18 @@ class StepProgramBackend(Backend):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(program.to_json(), indent=1))
         return RegionArtifact(str(path.relative_to(out_dir)), self.executor)
+
+
+class CudaLibraryBackend(StepProgramBackend):
+    """A CUDA library (cuBLAS, cuDNN) reached through torch: regions only in CUDA programs, run by the device
+    executor ``torch_device`` on the program's buffers. Building needs torch only (any build: GPU programs
+    are compiled on CPU machines); running needs a CUDA build."""
+
+    kind = BackendKind.LIBRARY
+    platforms: ClassVar[frozenset[Platform]] = frozenset({Platform.CUDA})
+    requires = ("torch",)
+    install_hint = "pip install torch==2.13.0 (a CUDA build to run; any build compiles)"
+    executor = "collage_runtime.executors.torch_device"
+
+    def version(self) -> str:
+        return _torch_cuda_version()

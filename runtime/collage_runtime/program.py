@@ -100,19 +100,21 @@ class Program:
             raise ArtifactError(f"{self.root / MANIFEST}: the module does not link with the manifest's regions "
                                 f"({why[:240]}); recompile the artifact") from None
         self._functions = getattr(self._context.modules, self._main.name)
+        #: Public functions (not ``__init``-like ones) and their declared signatures; kept after ``close``.
         self._signatures: dict[str, Signature | None] = {
             f: parse_declaration(self._main.lookup_function(f).reflection.get("iree.abi.declaration", ""))
-            for f in self.functions}
+            for f in self._main.function_names if not f.startswith("__")}
 
     @property
     def vm_module(self) -> rt.VmModule:
-        """The compiled IREE module (for its function signatures)."""
+        """The compiled IREE module (for its function signatures); ProgramClosed after ``close``."""
+        self._live()
         return self._main
 
     @property
     def functions(self) -> list[str]:
-        """Public functions of the compiled module."""
-        return [f for f in self._main.function_names if not f.startswith("__")]
+        """Public functions of the compiled module (also after ``close``)."""
+        return list(self._signatures)
 
     def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """Runs function ``name`` on host arrays; returns its results as host arrays. IREE copies each

@@ -65,6 +65,16 @@ class RegionFailure(Exception):
         super().__init__(f"region '{region}' ({backend}) failed: {type(cause).__name__}: {why}")
 
 
+def _taken_over(device: rt.HalDevice, given, shape: tuple[int, ...], hal: int):
+    """A reference to ``given`` (a DLPack producer) imported as a buffer view of ``shape`` and HAL element
+    type ``hal`` without a copy, or None where IREE cannot import it or it is not that tensor."""
+    try:
+        view = device.from_dlpack_capsule(given.__dlpack__())
+    except (IndexError, ValueError, RuntimeError, BufferError, TypeError):
+        return None
+    return view.ref if tuple(view.shape) == shape and int(view.element_type) == hal else None
+
+
 def _check_views(region: str, refs, in_specs, view_type) -> None:
     """Raises unless the program hands the region buffers of the element types and shapes its manifest
     entry states: the executor reads them with those dtypes, so a mismatch (an edited manifest) would be
@@ -260,12 +270,9 @@ def _mapped_call(device: rt.HalDevice, run: Run, flag: tuple, region: str, input
         """The result ``k`` that ``given`` holds, or ``buf`` (into which it is copied where IREE cannot
         import it: unaligned, another element type or shape)."""
         _, shape, _, hal = out_specs[k]
-        try:
-            view = device.from_dlpack_capsule(given.__dlpack__())
-            if tuple(view.shape) == shape and int(view.element_type) == hal:
-                return view.ref
-        except (IndexError, ValueError, RuntimeError, BufferError, TypeError):
-            pass
+        taken = _taken_over(device, given, shape, hal)
+        if taken is not None:
+            return taken
         np.copyto(out, np.asarray(given).reshape(out.shape), casting="unsafe")
         return view_type(buf, shape, hal).ref
 
@@ -365,12 +372,9 @@ def _dlpack_call(device: rt.HalDevice, platform: Platform, transfers: Transfers 
 
     def imported(given, k: int):
         shape, dtype, hal = out_specs[k]
-        try:
-            view = device.from_dlpack_capsule(given.__dlpack__())
-            if tuple(view.shape) == shape and int(view.element_type) == hal:
-                return view.ref
-        except (IndexError, ValueError, RuntimeError, BufferError, TypeError):
-            pass
+        taken = _taken_over(device, given, shape, hal)
+        if taken is not None:
+            return taken
         array = np.ascontiguousarray(host_array(given).reshape(shape), dtype)
         memory = int(rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE) if platform.host_memory else _DEVICE_ONLY
         return device.allocator.allocate_buffer_copy(memory, _DEVICE_USAGE, device, array, hal).ref

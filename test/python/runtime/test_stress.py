@@ -88,6 +88,9 @@ def test_close_while_other_threads_call_waits_for_their_call(mixed):
     assert outcomes == ["closed", "closed"] and check.problems == []
     with pytest.raises(ProgramClosed, match="the program is closed"):
         fn(*(prog.to_device(a) for a in mixed.inputs[0]))
+    assert mixed.function in prog.functions  # what it had, still listed
+    with pytest.raises(ProgramClosed):
+        prog.vm_module
 
 
 def test_repeated_calls_stay_bit_identical(mixed):
