@@ -74,6 +74,9 @@ class MeasuredEstimator(CostEstimator):
         self._model_digest = digest.hexdigest()
         self._reference: list[np.ndarray] | None = None
         self._timer: PlanTimer | None = None
+        #: The fastest plan whose whole-plan time is known (measured now or read from the DB), its cost and
+        #: tag: what an interrupted tune returns.
+        self.fastest: tuple[Plan, Cost, str] | None = None
         #: Estimated timings (load, validate, sample) of the whole plans measured now: what a finalist's
         #: re-timing takes (their builds are kept).
         self.timings_s: list[float] = []
@@ -242,6 +245,8 @@ class MeasuredEstimator(CostEstimator):
             self.measured += 1
         if not row.usable:
             return Cost.invalid(f"{row.status}: {row.message}"[:200])
+        if self.fastest is None or row.median_s < self.fastest[1].seconds:
+            self.fastest = (plan, Cost.known(row.median_s, spread=row.spread or 0.0), tag)
         return Cost.known(row.median_s, spread=row.spread or 0.0)
 
     def close(self) -> None:

@@ -52,6 +52,9 @@ class TuneResult:
     #: The search did not run: a finished tune with the same model, inputs, backends (and versions),
     #: seed and budget on this device left this result in the DB.
     reused: bool = False
+    #: Ctrl-C stopped the search: ``plan`` is the fastest plan timed by then (nothing kept as a finished
+    #: tune; a rerun resumes from the rows measured).
+    interrupted: bool = False
 
     @property
     def measured(self) -> int:
@@ -81,6 +84,8 @@ def accepts_fn(graph: Graph, default_backend: str) -> Callable[[str, frozenset[i
 
 #: Of the budget, what is kept for the finalists' interleaved rounds (15 s of 600 on ResNet-50).
 FINALISTS_SHARE = 0.03
+#: Share of the budget kept past the finalists' last round, for the tuning record (DB reads) and writing.
+RECORD_SHARE = 0.01
 #: What the DP and its plan's build and timing are given after the regions, in slowest-seed builds.
 DP_BUILDS = 2.0
 
@@ -158,77 +163,109 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                             on_progress=lambda stage, p: report(stage, p.done, p.total,
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
     try:
-        single = single_backend_plans(graph, backends, maximal, platform)
-        walls, seed_costs = _time_seeds(single, backends, est, deadline, report)
-        timed, build_s = set(walls), max(walls.values(), default=0.0)
-        # A seed that is one region over every op but constants timed that region whole: the DP prices
-        # the region by it (else the region, a whole-model build, comes last in the regions stage and
-        # the budget rarely reaches it, so the DP could not take the best engine's whole-model plan).
-        ops = frozenset(index.graph.order) - index.graph.constant
-        for name, c in sorted(seed_costs.items()):
-            regions = single[name].regions
-            if len(regions) == 1 and ops <= regions[0].ops and c.usable:
-                est.timed_whole(regions[0].key, c)
-        default_s = walls.get(default, 0.0)
-        # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
-        # that built them left it in the DB (else a warm rerun would start the capture, a whole-model
-        # compile of minutes, whatever its budget).
-        if default_s > 1.0:
-            db.put_cached(SEED_BUILDS, digest, json.dumps({"default": default_s, "slowest": build_s}))
-        elif (stored := db.get_cached(SEED_BUILDS, digest)) is not None:
-            known = json.loads(stored)
-            default_s, build_s = max(default_s, known["default"]), max(build_s, known["slowest"])
-        # The finalists' rounds re-time up to 5 plans 3 times, each about as long as the median seed's
-        # timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
-        # IREE alone, would keep 2 minutes of ResNet-50's budget).
-        finals_s = opts.rounds * (opts.finalists + 1 + opts.close_singles) * (statistics.median(est.timings_s) if est.timings_s else 0.0)
-        deadline = min(deadline, started + budget_s - finals_s)
-        left = max(0.0, deadline - time.monotonic())
-        est.fit_transitions(deadline=time.monotonic() + TRANSITION_SHARE * left,
-                            on_progress=lambda k, n: report("transitions", k, n, ""))
-        exact = len(index.graph.order) <= EXACT_MAX_OPS
-        # The DP's beam degrades to Collage's DP one slowest-seed build before the deadline, so its
-        # plan can still be built and timed (BERT-base: the beam alone ran 2-3 minutes under load).
-        dp_deadline = deadline - build_s
-        limits = replace(EXACT if exact else DpLimits(), deadline=dp_deadline)
-        # Regions stop early enough to run the DP and build and time its plan within the budget: a
-        # whole-plan build takes about as long as the slowest seed's did; on ResNet-50 the DP and its
-        # plan (19 regions) took 2x that.
-        est.deadline = deadline - DP_BUILDS * build_s
-        # The regions' reference capture is one whole-model IREE compile returning every intermediate
-        # value: unfused, it took ~3x the default seed's build on ResNet-50 (56 s against 17 s).
-        est.options.capture_s = CAPTURE_FACTOR * default_s
-        reachable = reachable_candidates(index, exact, limits)
-        report("regions", 0, len(reachable), "")
-        measure_by_priority(index, est, reachable)
-        est.deadline = deadline
-        report("dp", 0, None, "")
-        dp = optimize(index, est, exact=exact, limits=limits, deadline=dp_deadline)
-        sg = index.graph
-        # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
-        # incumbent the search must beat is always measured as such). Plans the budget left untimed are
-        # not seeds (a seed is timed whatever the deadline).
-        seeds: list[tuple[str, Plan]] = []
-        seen: set[PlanKey] = set()
-        dp_timed = time.monotonic() <= deadline or dp.plan.key in {single[n].key for n in timed}
-        for name, plan in [*((n, single[n]) for n in single if n in timed), *((("dp", dp.plan),) if dp_timed else ())]:
-            if plan.key not in seen:
-                seen.add(plan.key)
-                seeds.append((name, plan))
-        opts.seed, opts.deadline = seed, deadline
-        accepts = accepts_fn(graph, default)
-        evolved = evolve(sg, seeds, names, accepts, est, opts,
-                         on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
-                                                                   else opts.rounds, f"best {best * 1e3:.3f} ms"))
-        est.deadline = min(deadline, time.monotonic())  # the record measures nothing new: DB and memory only
-        tuned = _tuned_plan(evolved, dp.plan, dp_timed, {n: p for n, p in single.items() if n in timed},
-                             sg, est, accepts, names, seed, budget_s, len(index))
+        return _search(graph, backends, names, index, maximal, db, digest, result_key, est, opts, measure,
+                       started, deadline, budget_s, seed, report)
+    except KeyboardInterrupt:
+        if est.fastest is None:
+            raise  # nothing timed yet: nothing to return
+        return _interrupted(est, names, seed, budget_s, len(index), time.monotonic() - started)
     finally:
         est.close()
+
+
+def _search(graph: Graph, backends, names, index, maximal, db: CostDB, digest: str, result_key: str,
+            est: MeasuredEstimator, opts: EvolveOptions, measure: MeasureOptions, started: float, deadline: float,
+            budget_s: float, seed: int, report: OnProgress) -> TuneResult:
+    """The stages of ``tune`` after the candidate index: seeds, transitions, regions, DP, evolution,
+    finalists; stores the finished result in the DB."""
+    platform, default = measure.platform, measure.default_backend
+    single = single_backend_plans(graph, backends, maximal, platform)
+    walls, seed_costs = _time_seeds(single, backends, est, deadline, report)
+    timed, build_s = set(walls), max(walls.values(), default=0.0)
+    # A seed that is one region over every op but constants timed that region whole: the DP prices
+    # the region by it (else the region, a whole-model build, comes last in the regions stage and
+    # the budget rarely reaches it, so the DP could not take the best engine's whole-model plan).
+    ops = frozenset(index.graph.order) - index.graph.constant
+    for name, c in sorted(seed_costs.items()):
+        regions = single[name].regions
+        if len(regions) == 1 and ops <= regions[0].ops and c.usable:
+            est.timed_whole(regions[0].key, c)
+    default_s = walls.get(default, 0.0)
+    # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
+    # that built them left it in the DB (else a warm rerun would start the capture, a whole-model
+    # compile of minutes, whatever its budget).
+    if default_s > 1.0:
+        db.put_cached(SEED_BUILDS, digest, json.dumps({"default": default_s, "slowest": build_s}))
+    elif (stored := db.get_cached(SEED_BUILDS, digest)) is not None:
+        known = json.loads(stored)
+        default_s, build_s = max(default_s, known["default"]), max(build_s, known["slowest"])
+    # The finalists' rounds re-time up to 5 plans 3 times, each about as long as the median seed's
+    # timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
+    # IREE alone, would keep 2 minutes of ResNet-50's budget).
+    finals_s = opts.rounds * (opts.finalists + 1 + opts.close_singles) * (statistics.median(est.timings_s) if est.timings_s else 0.0)
+    deadline = min(deadline, started + budget_s - finals_s)
+    left = max(0.0, deadline - time.monotonic())
+    est.fit_transitions(deadline=time.monotonic() + TRANSITION_SHARE * left,
+                        on_progress=lambda k, n: report("transitions", k, n, ""))
+    exact = len(index.graph.order) <= EXACT_MAX_OPS
+    # The DP's beam degrades to Collage's DP one slowest-seed build before the deadline, so its
+    # plan can still be built and timed (BERT-base: the beam alone ran 2-3 minutes under load).
+    dp_deadline = deadline - build_s
+    limits = replace(EXACT if exact else DpLimits(), deadline=dp_deadline)
+    # Regions stop early enough to run the DP and build and time its plan within the budget: a
+    # whole-plan build takes about as long as the slowest seed's did; on ResNet-50 the DP and its
+    # plan (19 regions) took 2x that.
+    est.deadline = deadline - DP_BUILDS * build_s
+    # The regions' reference capture is one whole-model IREE compile returning every intermediate
+    # value: unfused, it took ~3x the default seed's build on ResNet-50 (56 s against 17 s).
+    est.options.capture_s = CAPTURE_FACTOR * default_s
+    reachable = reachable_candidates(index, exact, limits)
+    report("regions", 0, len(reachable), "")
+    measure_by_priority(index, est, reachable)
+    est.deadline = deadline
+    report("dp", 0, None, "")
+    dp = optimize(index, est, exact=exact, limits=limits, deadline=dp_deadline)
+    sg = index.graph
+    # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
+    # incumbent the search must beat is always measured as such). Plans the budget left untimed are
+    # not seeds (a seed is timed whatever the deadline).
+    seeds: list[tuple[str, Plan]] = []
+    seen: set[PlanKey] = set()
+    dp_timed = time.monotonic() <= deadline or dp.plan.key in {single[n].key for n in timed}
+    for name, plan in [*((n, single[n]) for n in single if n in timed), *((("dp", dp.plan),) if dp_timed else ())]:
+        if plan.key not in seen:
+            seen.add(plan.key)
+            seeds.append((name, plan))
+    opts.seed, opts.deadline = seed, deadline
+    # The finalists' rounds past the first stop where the budget ends (what is left is for the record).
+    opts.final_deadline = started + budget_s * (1.0 - RECORD_SHARE)
+    accepts = accepts_fn(graph, default)
+    evolved = evolve(sg, seeds, names, accepts, est, opts,
+                     on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
+                                                               else opts.rounds, f"best {best * 1e3:.3f} ms"))
+    est.deadline = min(deadline, time.monotonic())  # the record measures nothing new: DB and memory only
+    tuned = _tuned_plan(evolved, dp.plan, dp_timed, {n: p for n, p in single.items() if n in timed},
+                         sg, est, accepts, names, seed, budget_s, len(index))
     db.put_cached(TUNE_RESULT, result_key, json.dumps({
         "document": tuned.to_json(), "dp_plan": dp.plan.to_json(), "candidates": len(index),
         "single": {n: p.to_json() for n, p in single.items()}}))
     return TuneResult(evolved.plan, tuned, evolved, dp.plan, single, len(index), est)
+
+
+def _interrupted(est: MeasuredEstimator, names: list[str], seed: int, budget_s: float, candidates: int,
+                 elapsed_s: float) -> TuneResult:
+    """What a tune stopped by Ctrl-C returns: the fastest plan timed by then (a seed, the DP plan or an
+    evolved one), with a record saying so; nothing is stored as a finished tune."""
+    plan, cost, tag = est.fastest
+    chosen = Plan(plan.regions, plan.default_backend, "tune")
+    name = plan.source if tag == "seed" else tag or "plan"
+    record = TuneRecord(seed=seed, budget_s=budget_s, backends=tuple(names), candidates=candidates,
+                        plans_timed=est.measured,
+                        why=f"interrupted after {elapsed_s:.0f} s: the fastest plan timed by then ({name})",
+                        plan=ChosenTimes(None, cost.seconds, cost.spread, name),
+                        dp=PlanTimes(None, None, 0), single_backend={})
+    return TuneResult(chosen, TunedPlan(chosen, (), record), None, Plan([], est.default_backend, "dp"), {},
+                      candidates, est, interrupted=True)
 
 
 def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed: int, budget_s: float,
@@ -240,7 +277,7 @@ def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed:
     for name in sorted(examples or {}):
         for a in examples[name]:
             digest.update(name.encode() + np.ascontiguousarray(a).tobytes())
-    search = {k: v for k, v in asdict(replace(opts, deadline=None)).items()}
+    search = {k: v for k, v in asdict(replace(opts, deadline=None, final_deadline=None)).items()}
     text = json.dumps({"model": digest.hexdigest(), "backends": sorted(f"{b.name}={b.version()}" for b in backends),
                        "device": device_fingerprint(measure.platform)[0], "harness": HARNESS_VERSION, "seed": seed,
                        "budget_s": budget_s, "search": search}, sort_keys=True)

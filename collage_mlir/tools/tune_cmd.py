@@ -102,11 +102,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("-o", "--output", required=True, help="plan JSON to write")
     t.add_argument("--no-import-check", action="store_true",
                    help="do not check an imported model (.onnx, torch factory) against its source")
+    t.add_argument("--cluster", metavar="ADDRESS", default=None,
+                   help="build and time on the Ray cluster at ADDRESS (host:port, ray://host:port, auto): its nodes "
+                        "of this machine's kind (see docs/measurement.md); the cost DB and the search stay here")
 
 
 def tune_model(module, examples: dict, backends: list, budget_s: float, seed: int, db_path: str | None,
-               jobs: int | None = None, reuse: bool = True, platform: Platform = Platform.CPU):
-    """Tunes ``module`` with a rich progress display; returns the TuneResult."""
+               jobs: int | None = None, reuse: bool = True, platform: Platform = Platform.CPU,
+               cluster: str | None = None):
+    """Tunes ``module`` with a rich progress display (building and timing on the Ray cluster at ``cluster``
+    when given); returns the TuneResult."""
     import tempfile
 
     from rich.console import Console
@@ -116,7 +121,7 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
     from ..measure.harness import MeasureOptions
     from ..search.tune import tune
 
-    options = MeasureOptions(platform=platform)
+    options = MeasureOptions(platform=platform, cluster=cluster)
     if jobs:
         options.jobs = jobs
     console = Console(stderr=True)
@@ -135,19 +140,26 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
 def run(args: argparse.Namespace) -> int:
     from ..entry import module_key, record_tuned_plan
     from ..ir import new_context
+    from ..measure.cluster import connect
 
     budget = parse_budget(args.budget)
     platform = Platform(args.device)
+    if args.cluster:  # before any work: a missing Ray or an unreachable cluster is one line at once
+        connect(args.cluster, platform)
     backends = parse_backends(args.backends, platform)
     module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),
                                 check_import=not args.no_import_check)
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
-                        reuse=not args.search_again, platform=platform)
+                        reuse=not args.search_again, platform=platform, cluster=args.cluster)
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")
     Path(args.output).write_text(json.dumps(result.tuned.to_json(), indent=1) + "\n")
+    if result.interrupted:  # not a finished tune: not the plan entry points take as tuned
+        print(f"interrupted: wrote {args.output}, {result.tuned.record.why}; run the same command again to go on "
+              "(every measurement so far is in the cost DB)")
+        return 130
     record_tuned_plan(args.db, key, result.tuned)
     print_summary(result, args.output)
     # The placement to look at, beside the plan (plan.json -> plan.html).

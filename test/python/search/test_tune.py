@@ -81,6 +81,36 @@ def test_killed_tune_resumes_and_warm_rerun_writes_the_same_plan(tmp_path):
     assert choose_plan(parse_module(TINY, new_context()), db=db).how == "tuned before"
 
 
+@pytest.mark.serial
+def test_ctrl_c_returns_the_fastest_plan_timed_so_far_and_a_rerun_goes_on(tmp_path):
+    """SIGINT to the tune's process group once its first plan is timed: exit 130, the plan file holds the
+    fastest plan timed by then (said in its record), nothing is kept as a finished tune, and the same command
+    again finishes the search from the rows measured."""
+    model, db = tmp_path / "tiny.mlir", tmp_path / "costs.sqlite"
+    model.write_text(TINY)
+    cmd = [*_tune_cmd(model, db, tmp_path / "a.json")[:-8], "--backends", "iree-cpu,ort", "--budget", "30",
+           "--db", str(db), "-o", str(tmp_path / "a.json")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not _rows(db) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, "the tune ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted: wrote" in out and "Traceback" not in err, (out, err)
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["default_backend"] == "iree-cpu" and doc["tuning"]["why"].startswith("interrupted after")
+    assert doc["tuning"]["plan"]["measured_s"] > 0
+    before = _rows(db)
+    done = subprocess.run(cmd[:-1] + [str(tmp_path / "b.json")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "a finished tune" not in done.stdout  # the interrupted run kept no result: this one searched
+    after = _rows(db)
+    assert {k: after[k] for k in before} == before  # nothing measured again
+    assert not json.loads((tmp_path / "b.json").read_text())["tuning"]["why"].startswith("interrupted")
+
+
 @pytest.mark.fast
 def test_a_tuned_plan_document_round_trips():
     """TunedPlan.from_json(doc).to_json() == doc, key order included, for a document as `collage tune`
