@@ -9,13 +9,14 @@ from ..ir import ir
 from . import stablehlo
 
 
-def load_model(path: str | Path, context: ir.Context) -> ir.Module:
-    """A model file as StableHLO: ``.onnx`` through the ONNX frontend, ``.mlir``/``.mlirbc`` with their
-    function calls inlined (``frontends.stablehlo``)."""
+def load_model(path: str | Path, context: ir.Context, *, isolated: bool = True) -> ir.Module:
+    """A model file as StableHLO: ``.onnx`` through the ONNX frontend (in a child process unless not
+    ``isolated``: see ``frontends.onnx``), ``.mlir``/``.mlirbc`` with their function calls inlined
+    (``frontends.stablehlo``)."""
     if Path(path).suffix == ".onnx":
         from .onnx import import_onnx
 
-        return stablehlo.normalize(import_onnx(path, context), where=str(path))
+        return stablehlo.normalize(import_onnx(path, context, isolated=isolated), where=str(path))
     return stablehlo.load(path, context)
 
 

@@ -7,22 +7,64 @@ The StableHLO is handed to IREE's context as bytecode (two MLIR builds, as for t
 model's graph becomes ``@main``. What it cannot import: ONNX ops torch-mlir has no conversion for, graphs
 whose shapes ONNX's shape inference cannot resolve statically, and external-data models whose data files
 are missing; each is one CollageError naming the cause.
+
+torch-mlir's importer and lowering crash the process on some models (a segfault on six of ONNX's node
+tests, aborts on unsigned types): by default the import runs in a child process (``python -m
+collage_mlir.frontends.onnx``), so a crash is one CollageError too, not the end of ``collage`` without a
+word. A caller that is itself a disposable child (the conformance runner) imports in place.
 """
 
 from __future__ import annotations
 
 import io
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import CollageError
 from ..ir import ir, parse_module
+from ..processes import python_command
 
 PIPELINE = ("builtin.module(func.func(convert-torch-onnx-to-torch),torch-lower-to-backend-contract,"
             "torch-backend-to-stablehlo-backend-pipeline)")
 
 
-def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main") -> ir.Module:
-    """Imports the ONNX model at ``path`` as StableHLO into ``context`` (its graph as ``@func_name``)."""
+#: Exit status of the import child for a CollageError (its one line on stderr).
+_REFUSED = 3
+
+
+def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main", isolated: bool = True) -> ir.Module:
+    """Imports the ONNX model at ``path`` as StableHLO into ``context`` (its graph as ``@func_name``);
+    ``isolated``: in a child process, so that a crash of torch-mlir's importer is a CollageError."""
+    if not isolated:
+        imported = parse_module(_stablehlo_bytecode(path, func_name), context, where=str(path))
+        unsigned_compares(imported)
+        return imported
+    with tempfile.TemporaryDirectory(prefix="collage-onnx-") as tmp:
+        out = Path(tmp) / "model.mlirbc"
+        proc = subprocess.run(python_command(__name__, str(path), str(out), func_name), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True)
+        if proc.returncode == 0:
+            imported = parse_module(out.read_bytes(), context, where=str(path))
+            unsigned_compares(imported)
+            return imported
+    if proc.returncode == -signal.SIGINT:
+        raise KeyboardInterrupt
+    if proc.returncode == _REFUSED:
+        # The child's line names the model already (its CollageError's ``where``).
+        raise CollageError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"{path}: cannot import")
+    code = proc.returncode
+    how = f"died of {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ \
+        else f"exited with status {code}"
+    tail = " ".join(proc.stderr.split())[-200:]
+    raise CollageError(f"cannot import the ONNX model: torch-mlir's importer {how}" + (f" ({tail})" if tail else ""),
+                       where=str(path))
+
+
+def _stablehlo_bytecode(path: str | Path, func_name: str) -> bytes:
+    """The ONNX model at ``path`` as StableHLO bytecode of torch-mlir's build, its graph ``@func_name``."""
     try:
         import onnx
         from torch_mlir import ir as tm_ir
@@ -67,9 +109,7 @@ def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main
             break
     buf = io.BytesIO()
     module.write_bytecode(buf)
-    imported = parse_module(buf.getvalue(), context, where=where)
-    unsigned_compares(imported)
-    return imported
+    return buf.getvalue()
 
 
 def unsigned_compares(module: ir.Module) -> int:
@@ -104,3 +144,19 @@ def _aborting_types(model) -> list[str]:
     types = {v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
     types |= {t.data_type for t in graph.initializer}
     return [TensorProto.DataType.Name(t).lower() for t in (TensorProto.UINT16, TensorProto.UINT64) if t in types]
+
+
+def _child(argv: list[str]) -> int:
+    """``python -m collage_mlir.frontends.onnx MODEL OUT FUNC``: writes the StableHLO bytecode to OUT, or
+    prints the CollageError's line and exits ``_REFUSED``."""
+    path, out, func_name = argv
+    try:
+        Path(out).write_bytes(_stablehlo_bytecode(path, func_name))
+    except CollageError as exc:
+        print(" ".join(str(exc).split()), file=sys.stderr)
+        return _REFUSED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1:]))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CollageError
+from ..processes import python_command
 from .status import Status
 
 #: How much of a dead worker's stderr a crash message quotes.
@@ -38,16 +39,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status == Status.OK
-
-
-def python_command(module: str, *args: str) -> list[str]:
-    """The command line that runs ``python -m module args...`` in a child that imports only installed code.
-
-    ``-P`` keeps the current directory off ``sys.path``: without it a user's ``timeit.py`` (or any file
-    sharing a module's name) in the folder ``collage`` runs from is imported, and run, by the child.
-    ``PYTHONPATH`` still counts (the user set it on purpose). Every Python child the project starts is
-    built here (``test_subprocesses.py`` holds it)."""
-    return [sys.executable, "-P", "-m", module, *args]
 
 
 def _short(text: str, limit: int = 800) -> str:

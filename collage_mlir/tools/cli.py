@@ -21,7 +21,7 @@ import numpy as np
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
-from ..measure.worker import python_command
+from ..processes import python_command
 from . import (OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, positive_int,
                report_cmd, run_tool, tune_cmd)
 

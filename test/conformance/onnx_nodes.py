@@ -157,7 +157,7 @@ def run_case(d: Path, plans: Sequence[str], emit) -> None:
     tol = json.loads((d / "tolerance.json").read_text())
     model = d / "model.onnx"
     try:
-        module = load_model(model, new_context())
+        module = load_model(model, new_context(), isolated=False)  # this child is the isolation
     except CollageError as exc:
         for plan in plans:
             emit(Row(name, plan, "refused", f"import: {_line(str(exc).removeprefix(f'{model}: '))}"))

@@ -195,7 +195,7 @@ def test_collage_tune_on_a_jax_module_compiles_and_matches_jax(tmp_path):
     import sqlite3
 
     from collage_mlir.backends import get_backend
-    from collage_mlir.measure.worker import python_command
+    from collage_mlir.processes import python_command
 
     f, args = _cnn()
     path, want = _jax_module(f, *args, folder=tmp_path)

@@ -46,3 +46,20 @@ def test_bad_onnx_is_one_line(tmp_path):
     for name, message in [("junk", "cannot read the ONNX model"), ("custom", "cannot import the ONNX model")]:
         r = collage("compile", str(tmp_path / f"{name}.onnx"), "-o", str(tmp_path / name))
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def test_a_model_that_crashes_the_importer_is_one_line(tmp_path):
+    """torch-mlir's ONNX import dies of SIGSEGV on a dilated 3-D average pool (ONNX's node test
+    test_averagepool_3d_dilations_small): the import runs in a child, so `collage compile` says so in one
+    line instead of dying without a word."""
+    pool = helper.make_node("AveragePool", ["x"], ["y"], ceil_mode=1, dilations=[2, 2, 2], kernel_shape=[2, 2, 2],
+                            strides=[1, 1, 1])
+    graph = helper.make_graph([pool], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "pool.onnx"))
+    r = collage("compile", str(tmp_path / "pool.onnx"), "--no-import-check", "-o", str(tmp_path / "out"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot import the ONNX model: torch-mlir's importer died of SIGSEGV" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

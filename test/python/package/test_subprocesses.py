@@ -53,7 +53,7 @@ def test_workers_and_run_children_ignore_the_users_folder(tmp_path):
 
 @pytest.mark.fast
 def test_every_python_child_is_started_through_python_command():
-    """``sys.executable`` appears in the package only inside ``measure.worker.python_command``."""
+    """``sys.executable`` appears in the package only inside ``processes.python_command``."""
     found = []
     for top in (ROOT / "collage_mlir", ROOT / "runtime" / "collage_runtime"):
         for path in sorted(top.rglob("*.py")):
@@ -64,4 +64,4 @@ def test_every_python_child_is_started_through_python_command():
                         isinstance(node.value, ast.Name) and node.value.id == "sys":
                     owner = [f.name for f in funcs if f.lineno <= node.lineno <= f.end_lineno]
                     found.append((path.relative_to(ROOT).as_posix(), owner[-1] if owner else None))
-    assert found == [("collage_mlir/measure/worker.py", "python_command")]
+    assert found == [("collage_mlir/processes.py", "python_command")]
