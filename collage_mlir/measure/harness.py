@@ -14,11 +14,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import queue
-import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +31,15 @@ from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..graph import Graph, public_funcs
 from ..ir import ir
+from .cluster import RayPool
 from .db import CostDB, Measurement
 from .device import device_fingerprint
 from .extract import HASH_VERSION, ExtractedRegion, ValueRef, extract_region
+from .pool import Artifact, LocalPool, TaskPool
 from .reference import capture, model_inputs
-from .tasks import INPUT, REFERENCE, TASKS
+from .tasks import INPUT, REFERENCE
 from .timing import TimingOptions
-from .worker import Outcome, Worker
+from .worker import Outcome
 
 
 @dataclass
@@ -64,6 +64,8 @@ class MeasureOptions:
     capture_s: float = 0.0
     #: The platform of the programs measured (their default backend, the device their rows are keyed by).
     platform: Platform = Platform.CPU
+    #: The Ray cluster (``ray.init`` address) that builds and times, or None: worker processes here.
+    cluster: str | None = None
 
     @property
     def default_backend(self) -> str:
@@ -129,7 +131,6 @@ class _Job:
     key: tuple
     #: The regions (one backend, one structural hash) this job's row answers.
     regions: list[RegionKey]
-    out_dir: Path | None = None
     #: The DB held its row when first asked (``region`` is None then: never extracted).
     hit: bool = False
 
@@ -139,6 +140,14 @@ def module_digest(module: ir.Module) -> str:
     buf = io.BytesIO()
     module.operation.write_bytecode(buf)
     return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def open_pool(options: MeasureOptions, work: Path, prefix: str = "", builders: int | None = None) -> TaskPool:
+    """Where builds and timings run: ``builders`` (default ``options.jobs``) build workers and a timing
+    worker here, or the nodes of ``options.cluster``."""
+    if options.cluster is not None:
+        return RayPool(options.cluster, options.platform)
+    return LocalPool(work, builders or options.jobs, prefix)
 
 
 def _ops_key(ops: frozenset[int]) -> str:
@@ -270,7 +279,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
                 continue
             jobs[key] = job = _Job(region, backend, key, [asked])
             pending.append(job)
-            if len(pending) >= options.batch:
+            if len(pending) >= max(options.batch, session[0].pool.build_slots if session else 0):
                 progress.cache_hits = stats["hits"]
                 run_pending()
         run_pending()
@@ -384,41 +393,42 @@ def _row(job: _Job, outcome: Outcome, phase: str) -> Measurement:
 
 
 class _Session:
-    """The build workers, the timing worker and the reference values of one ``measure_regions`` call,
-    started when its first build is due (a call the DB answers starts nothing)."""
+    """The task pool (build workers and the timing worker, or a cluster) and the reference values of one
+    ``measure_regions`` call, started when its first build is due (a call the DB answers starts nothing)."""
 
     def __init__(self, module, graph: Graph, work: Path, examples, options: MeasureOptions):
         self.module, self.graph, self.work, self.examples, self.options = module, graph, work, examples, options
         self.data: _Inputs | None = None
-        self.count = 0
 
     def __enter__(self) -> "_Session":
-        self.builders: queue.Queue[Worker] = queue.Queue()
-        self.workers = [Worker(f"build{k}", self.work) for k in range(max(1, self.options.jobs))]
-        for w in self.workers:
-            self.builders.put(w)
-        self.timer = Worker("time", self.work)
-        self.pool = ThreadPoolExecutor(max_workers=len(self.workers))
+        self.pool = open_pool(self.options, self.work)
+        self.builds = ThreadPoolExecutor(max_workers=self.pool.build_slots)
+        self.timings = ThreadPoolExecutor(max_workers=self.pool.time_slots)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.pool.shutdown()
-        for w in (*self.workers, self.timer):
-            w.stop()
+        self.builds.shutdown()
+        self.timings.shutdown()
+        self.pool.close()
 
     def _build(self, job: _Job) -> Outcome | None:
         if self.options.spent():
             return None  # budget spent: not built, no row
-        worker = self.builders.get()
+        return self.pool.build(self.work / "regions" / f"{job.region.hash}.mlirbc",
+                               job.region.plan(job.backend.name, self.options.default_backend).to_json(),
+                               self.options.build_timeout_s)
+
+    def _time(self, job: _Job, artifact: Artifact) -> Outcome:
         try:
-            return worker.call(f"{TASKS}:build_plan", self.options.build_timeout_s,
-                               module_file=str(self.work / "regions" / f"{job.region.hash}.mlirbc"),
-                               plan=job.region.plan(job.backend.name, self.options.default_backend).to_json(), out_dir=str(job.out_dir))
+            tol = job.backend.tolerance
+            return self.pool.time(artifact, self.data.write(job.region), self.options.run_timeout_s,
+                                  timing=self.options.timing, rtol=tol.rtol, atol=tol.atol)
         finally:
-            self.builders.put(worker)
+            self.pool.discard(artifact)
 
     def measure(self, batch: list[_Job], db: CostDB, rows: dict, progress: Progress, on_progress) -> int:
-        """Builds ``batch`` in parallel, then times each built job; returns how many regions got a row."""
+        """Builds ``batch`` in parallel, then times each built job (as many at once as the pool has timing
+        machines: one here); returns how many regions got a row."""
         if self.data is None:  # the first region written captures every value at once (one whole-model compile)
             self.data = _Inputs(self.module, self.work, self.examples, self.options.seed, self.graph)
         recorded = 0
@@ -435,28 +445,31 @@ class _Session:
                 on_progress(progress)
 
         for job in batch:
-            job.out_dir = self.work / "artifacts" / f"{self.count}"
-            self.count += 1
             self.data.write(job.region)
         progress.current = f"building {len(batch)}"
         if on_progress:
             on_progress(progress)
         if self.options.spent():
             return 0
-        for job, outcome in zip(batch, list(self.pool.map(self._build, batch))):
+        timed = {}
+        for job, outcome in zip(batch, list(self.builds.map(self._build, batch))):
             if outcome is None:
                 continue
             if not outcome.ok:
                 record(job, _row(job, outcome, "build"))
-                shutil.rmtree(job.out_dir, ignore_errors=True)
                 continue
+            timed[self.timings.submit(self._time, job, outcome.value)] = job
+        # Rows in the order they finish; shown: the oldest timing not finished (here: the one running).
+        self._show(timed, progress, on_progress)
+        for future in as_completed(timed):
+            record(timed[future], _row(timed[future], future.result(), "run"))
+            self._show(timed, progress, on_progress)
+        return recorded
+
+    @staticmethod
+    def _show(timed: dict, progress: Progress, on_progress) -> None:
+        job = next((job for f, job in timed.items() if not f.done()), None)
+        if job is not None:
             progress.current = f"{job.backend.name}: {job.region.summary[:40]}"
             if on_progress:
                 on_progress(progress)
-            tol = job.backend.tolerance
-            outcome = self.timer.call(f"{TASKS}:time_artifact", self.options.run_timeout_s,
-                                      artifact_dir=str(job.out_dir), data_file=str(self.data.write(job.region)),
-                                      timing=self.options.timing.to_json(), rtol=tol.rtol, atol=tol.atol)
-            record(job, _row(job, outcome, "run"))
-            shutil.rmtree(job.out_dir, ignore_errors=True)
-        return recorded

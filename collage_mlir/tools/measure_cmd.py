@@ -30,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--work-dir", help="keep region files, data and artifacts here (default: a temporary dir)")
     m.add_argument("--no-import-check", action="store_true",
                    help="do not check an imported model (.onnx) against its source on the inputs")
+    m.add_argument("--cluster", metavar="ADDRESS", default=None,
+                   help="build and time on the Ray cluster at ADDRESS (host:port, ray://host:port, auto): its nodes "
+                        "of this machine's kind (see docs/measurement.md); the cost DB stays here")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,12 +44,15 @@ def run(args: argparse.Namespace) -> int:
     from ..graph import Graph, number_ops
     from ..frontends import load_model
     from ..ir import new_context
+    from ..measure.cluster import connect
     from ..measure.db import CostDB, default_db_path
     from ..measure.harness import MeasureOptions, measure_regions
     from ..measure.import_check import check_model_file
     from ..measure.timing import TimingOptions
     from ..search.candidates import enumerate_candidates
 
+    if args.cluster:  # before any work: a missing Ray or an unreachable cluster is one line at once
+        connect(args.cluster)
     names = backend_names(args.backends)
     backends = [get_backend(n, where="--backends") for n in names]
     arrays = load_input_arrays(args.input)
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     candidates = enumerate_candidates(Graph(module), backends)
     options = MeasureOptions(timing=TimingOptions(budget_s=args.budget, rel_spread=args.spread),
                              build_timeout_s=args.timeout, run_timeout_s=args.timeout, remeasure=args.remeasure,
-                             work_dir=Path(args.work_dir) if args.work_dir else None)
+                             work_dir=Path(args.work_dir) if args.work_dir else None, cluster=args.cluster)
     if args.jobs:
         options.jobs = args.jobs
     console = Console(stderr=True)
