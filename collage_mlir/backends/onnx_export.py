@@ -7,7 +7,10 @@ are read back by printing a scratch module holding just the constants, whose res
 the blobs as hex. ``OPS`` is the data table of supported ops and their constraints; the backends use
 it as their single-op patterns, so an op that cannot be translated is simply not proposed.
 
-Graph inputs are named ``in0..``, outputs ``out0..`` (in function argument / result order).
+Graph inputs are named ``in0..``, outputs ``out0..`` (in function argument / result order). Each node's
+``doc_string`` names the StableHLO ops it computes (``collage.id 14 17``: their ``collage.id``, after the
+simplification too, ``op_ids``), so an engine's per-node profile can be charged to the model's ops
+(``collage_mlir.measure.profile``); engines ignore it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
+from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..graph import nested_ops
@@ -271,6 +275,8 @@ class _Builder:
         #: Whether the engine's ``TopK`` keeps the lower index first among equal values, as ONNX specifies
         #: (ONNX Runtime does; OpenVINO does not, and gets a second, tie-breaking ``TopK``: ``_ordered_top_k``).
         self.ties_by_index = ties_by_index
+        #: The ``collage.id`` of the op being translated (a nested op's: its numbered ancestor's).
+        self.op_id: int | None = None
 
     def fresh(self, hint: str = "t") -> str:
         self.count += 1
@@ -284,7 +290,8 @@ class _Builder:
     def multi_node(self, op_type: str, inputs: list[str], n_out: int, **attrs) -> list[str]:
         """Adds a node with ``n_out`` outputs; their names."""
         outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(self.helper.make_node(op_type, inputs, outs, name=outs[0], **attrs))
+        self.nodes.append(self.helper.make_node(op_type, inputs, outs, name=outs[0], doc_string=_ids_doc(
+            () if self.op_id is None else (self.op_id,)), **attrs))
         return outs
 
     def const(self, value: np.ndarray, hint: str = "c") -> str:
@@ -739,8 +746,13 @@ def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
             next((r for r in (c(op) for c in spec.when) if r), None)
         if why:
             raise CollageError(f"{op.location}: cannot export to ONNX: {why}")
-        for r, name in zip(op.results, spec.translate(b, op, [b.names[v] for v in op.operands])):
-            b.names[r] = name
+        outer, oid = b.op_id, collage.op_id(op)
+        b.op_id = outer if oid is None else oid
+        try:
+            for r, name in zip(op.results, spec.translate(b, op, [b.names[v] for v in op.operands])):
+                b.names[r] = name
+        finally:
+            b.op_id = outer
 
 
 def _block_results(b: _Builder, block: ir.Block, args: list[str]) -> list[str]:
@@ -1133,9 +1145,50 @@ def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="collage-mlir")
     model.ir_version = IR_VERSION
     if simplify:
+        original = list(model.graph.node)
         model = optimize(model)
+        _carry_op_ids(original, model.graph)
     onnx.checker.check_model(model)
     return model
+
+
+#: How a node's ``doc_string`` names the StableHLO ops it computes: ``collage.id 14 17``.
+OP_IDS_DOC = "collage.id"
+
+
+def _ids_doc(ids) -> str:
+    return " ".join([OP_IDS_DOC, *(str(i) for i in sorted(set(ids)))]) if ids else ""
+
+
+def op_ids(node) -> tuple[int, ...]:
+    """The ``collage.id`` of the StableHLO ops an exported ONNX node computes (none for glue the export
+    added: the results' ``Identity``)."""
+    words = node.doc_string.split()
+    return tuple(int(w) for w in words[1:]) if words[:1] == [OP_IDS_DOC] else ()
+
+
+def _carry_op_ids(original: list, graph) -> None:
+    """Names in each simplified node's ``doc_string`` the ops of the translation it replaces: walking back
+    from its outputs through the op-by-op graph's producers until a value the simplified graph still has
+    (another node's output, a graph input, an initializer). So a ``Gemm`` that took a matmul, a scale and
+    a bias add names all three, and a convolution its folded bias add; a constant folded away is charged
+    to no node."""
+    producer = {o: n for n in original for o in n.output}
+    kept = {o for n in graph.node for o in n.output} | {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for node in graph.node:
+        ids: set[int] = set(op_ids(node))
+        seen: set[str] = set()
+        todo = [o for o in node.output if o]
+        first = set(todo)
+        while todo:
+            name = todo.pop()
+            if name in seen or (name in kept and name not in first) or name not in producer:
+                continue
+            seen.add(name)
+            p = producer[name]
+            ids.update(op_ids(p))
+            todo.extend(i for i in p.input if i)
+        node.doc_string = _ids_doc(ids)
 
 
 def _is_f64(v: ir.Value) -> bool:

@@ -28,10 +28,18 @@ class Cost:
     seconds: float = math.inf
     reason: str = ""
     spread: float = 0.0  # relative inter-quartile spread of the samples behind ``seconds``
+    #: Known, but not measured alone: read off an engine's per-node profile of a larger region that holds
+    #: it (``measure.profile``: "in context"); ``reason`` says whose.
+    estimated: bool = False
 
     @classmethod
     def known(cls, seconds: float, reason: str = "", spread: float = 0.0) -> "Cost":
         return cls(CostKind.KNOWN, seconds, reason, spread)
+
+    @classmethod
+    def in_context(cls, seconds: float, reason: str) -> "Cost":
+        """A known cost from an engine's profile of a larger region (``estimated``)."""
+        return cls(CostKind.KNOWN, seconds, reason, 0.0, True)
 
     @classmethod
     def unknown(cls, reason: str) -> "Cost":

@@ -9,7 +9,7 @@ import hashlib
 import io
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -23,10 +23,12 @@ from ..measure.db import KEY_FIELDS, CostDB, Measurement
 from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, Progress, measure_regions
 from ..measure.plan_timing import PlanTimer
+from ..measure.profile import IN_CONTEXT, PROFILE, PROFILED_BACKENDS, InContextCosts, profile_key
 from ..measure.worker import Outcome
 from ..measure.reference import model_inputs
 from ..measure.status import Status
-from ..measure.tasks import REFERENCE
+from ..measure.tasks import INPUT, REFERENCE, TASKS
+from ..measure.worker import Worker
 from ..measure.transitions import measure_transitions
 from ..plan import Plan
 from .cost import Cost, CostEstimator, TransitionFit
@@ -35,6 +37,26 @@ from .cost import Cost, CostEstimator, TransitionFit
 PROBE_SIZES = (64, 128, 256)
 #: What the whole-plan rows are filed under in the cost DB.
 PLAN_ROW = "collage-plan"
+
+#: A region on another backend is measured only where its ops cost more than this inside the fastest
+#: seed engine's graph (its per-node profile): the larger of ``MIN_GAIN_S`` and ``MIN_GAIN_SHARE`` of that
+#: engine's whole-model time. Moving ops that cost less cannot pay for the boundaries a move adds (the
+#: transition probes fit 20 µs and more per boundary here), so measuring them buys nothing.
+MIN_GAIN_S = 10e-6
+MIN_GAIN_SHARE = 0.02
+#: Profiled calls of an engine's whole-model plan (after 3 warm-up calls).
+PROFILE_ROUNDS = 20
+
+
+@dataclass(frozen=True)
+class _Context:
+    """An engine's in-context profile as the estimator uses it: its maximal regions (constants left out)
+    and the op groups it fused (constants left out)."""
+
+    costs: InContextCosts
+    regions: tuple[frozenset[int], ...]
+    fused: tuple[frozenset[int], ...]
+    seconds: dict[int, float]
 
 
 def _earliest(*deadlines: float | None) -> float | None:
@@ -82,6 +104,16 @@ class MeasuredEstimator(CostEstimator):
         self.timings_s: list[float] = []
         self.measured = 0  # rows measured now (not DB hits): regions and plans
         self.cache_hits = 0
+        #: Per profiled engine, its in-context profile (``price_in_context``).
+        self._context: dict[str, _Context] = {}
+        #: The engine whose in-context times bound what other backends' regions could save, and that bound.
+        self._bound: tuple[str, float] | None = None
+        self._constant: frozenset[int] = frozenset()
+        self.in_context = 0  # regions priced in context
+        self.not_worth = 0  # regions left unmeasured: too cheap in context to win
+        self._profiler: Worker | None = None
+        #: Whether ``price_in_context`` profiles at all (``tune(in_context=False)``: every region measured).
+        self.use_in_context = True
 
     def _spent(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -99,6 +131,7 @@ class MeasuredEstimator(CostEstimator):
             for r in todo:
                 self._regions[r] = Cost.unknown("tuning budget spent before it was measured")
             todo = []
+        todo = self._from_context(todo)
         # One call: the harness looks up and builds the regions lazily in the order given (hashes from the
         # DB's cache where a run saw the region before) and starts no build past the deadline (the regions
         # it did not reach stay unknown).
@@ -118,6 +151,122 @@ class MeasuredEstimator(CostEstimator):
             for r in todo:
                 self._regions.setdefault(r, Cost.unknown("tuning budget spent before it was measured"))
         return [self._regions.get(r, Cost.unknown("not measured")) for r in regions]
+
+    # -- costs in context ---------------------------------------------------------------------------
+    def price_in_context(self, single: Mapping[str, Plan], maximal: Mapping[str, Sequence[frozenset[int]]],
+                         seeds: Mapping[str, Cost], heavy: frozenset[int], constant: frozenset[int]) -> None:
+        """For each engine with a per-node profiler (``measure.profile``) whose single-backend plan
+        ``single[name]`` was timed (``seeds``), reads (or measures: one build and one profiled run) its
+        in-context profile; from then on a region on that engine inside one of its ``maximal`` regions that
+        splits none of its fused nodes costs the sum of its ops' in-context times (``Cost.in_context``)
+        unless the DB holds a measured row for it. If the fastest seed is such an engine, a region on any
+        other backend whose ops cost at most ``max(MIN_GAIN_S, MIN_GAIN_SHARE * seed)`` in its graph is
+        left unmeasured (unknown). ``heavy``: the convolutions and matmuls (a fused node's anchor);
+        ``constant``: the constant expressions (in no engine node of their own)."""
+        if not self.use_in_context:
+            return
+        self._constant = frozenset(constant)
+        for name in sorted(single):
+            cost = seeds.get(name)
+            if name not in PROFILED_BACKENDS or cost is None or not cost.usable or name not in maximal:
+                continue
+            costs = self._profile(name, single[name], heavy)
+            if costs is None:
+                continue
+            regions = tuple(frozenset(r) - self._constant for r in maximal[name])
+            fused = tuple(g - self._constant for g in costs.fused())
+            self._context[name] = _Context(costs, regions, tuple(g for g in fused if len(g) > 1), costs.op_seconds())
+        usable = {n: c.seconds for n, c in seeds.items() if c.usable}
+        if usable:
+            best = min(usable, key=lambda n: (usable[n], n))
+            if best in self._context:
+                self._bound = (best, max(MIN_GAIN_S, MIN_GAIN_SHARE * usable[best]))
+
+    def in_context_costs(self, backend: str) -> InContextCosts | None:
+        """The in-context profile ``price_in_context`` found for ``backend``."""
+        ctx = self._context.get(backend)
+        return ctx.costs if ctx else None
+
+    def _profile(self, backend: str, plan: Plan, heavy: frozenset[int]) -> InContextCosts | None:
+        """The engine's profile of ``plan`` from the DB, or built and profiled now (None past the deadline
+        or where that fails)."""
+        version = get_backend(backend).version()
+        key = profile_key(self._model_digest, backend, version, self.device, HARNESS_VERSION, plan.to_json())
+        if (stored := self.db.get_cached(IN_CONTEXT, key)) is not None:
+            self.cache_hits += 1
+            return InContextCosts.from_json(json.loads(stored))
+        if self._spent():
+            return None
+        work = self.work / "profile"
+        work.mkdir(parents=True, exist_ok=True)
+        module_file, data_file, out = work / "model.mlirbc", work / "inputs.npz", work / f"artifact-{backend}"
+        module_file.write_bytes(self._bytecode)
+        np.savez(data_file, **{f"{INPUT}{i}": a for i, a in enumerate(self.inputs)})
+        if self._profiler is None:
+            self._profiler = Worker("profile", work)
+        built = self._profiler.call(f"{TASKS}:build_plan", self.options.build_timeout_s, module_file=str(module_file),
+                                    plan=plan.to_json(), out_dir=str(out))
+        if not built.ok:
+            return None
+        done = self._profiler.call(f"{PROFILE}:profile_artifact", self.options.run_timeout_s, artifact_dir=str(out),
+                                   data_file=str(data_file), backend=backend, version=version, heavy=sorted(heavy),
+                                   rounds=PROFILE_ROUNDS)
+        if not done.ok:
+            return None
+        self.db.put_cached(IN_CONTEXT, key, json.dumps(done.value.to_json(), sort_keys=True))
+        return done.value
+
+    def _in_context_cost(self, region: RegionKey) -> Cost | None:
+        ctx = self._context.get(region.backend)
+        if ctx is None:
+            return None
+        ops = region.ops - self._constant
+        if not ops or not any(ops <= r for r in ctx.regions):
+            return None
+        if any(g & ops and not g <= ops for g in ctx.fused):
+            return None  # it splits a node the engine fused: its ops' share of that node is not known
+        return Cost.in_context(sum(ctx.seconds.get(i, 0.0) for i in ops),
+                               f"in context: {region.backend}'s profile of its whole-model plan")
+
+    def _not_worth(self, region: RegionKey) -> Cost | None:
+        if self._bound is None or region.backend == self._bound[0]:
+            return None
+        if region.backend == self.default_backend and len(region.ops) == 1:
+            return None  # the DP's fallback for every op: always measured
+        engine, bound = self._bound
+        ctx = self._context[engine]
+        ops = region.ops - self._constant
+        if not ops or not any(ops <= r for r in ctx.regions):
+            return None  # no evidence: some op is outside the engine's regions
+        t = sum(ctx.seconds.get(i, 0.0) for i in ops)
+        if t > bound:
+            return None
+        return Cost.unknown(f"not measured: its ops cost {t * 1e6:.1f} µs inside {engine}'s graph, "
+                            f"at most {bound * 1e6:.1f} µs could be saved")
+
+    def _from_context(self, todo: list[RegionKey]) -> list[RegionKey]:
+        """Prices what the in-context profiles answer (a measured row the DB holds wins; it is looked up
+        without extracting or building anything) and marks regions not worth measuring; returns the rest."""
+        if not self._context:
+            return todo
+        answered = {r: c for r in todo if (c := self._in_context_cost(r) or self._not_worth(r)) is not None}
+        if not answered:
+            return todo
+        past = replace(self.options, deadline=time.monotonic() - 1.0)  # DB answers only: nothing extracted or built
+        summary = measure_regions(self.module, list(answered), self.db, examples=self.examples, options=past,
+                                  digest=self._module_hash)
+        self.cache_hits += summary.cache_hits
+        for key, m in summary.rows.items():
+            self._regions[key] = (Cost.known(m.median_s, spread=m.spread or 0.0) if m.usable
+                                  else Cost.invalid(f"{m.status}: {m.message}"[:200]))
+        for r, c in answered.items():
+            if r not in self._regions:
+                self._regions[r] = c
+                if c.usable:
+                    self.in_context += 1
+                else:
+                    self.not_worth += 1
+        return [r for r in todo if r not in self._regions]
 
     def _region_progress(self, offset: int, total: int):
         if self.on_progress is None:
@@ -250,6 +399,9 @@ class MeasuredEstimator(CostEstimator):
         return Cost.known(row.median_s, spread=row.spread or 0.0)
 
     def close(self) -> None:
+        if self._profiler is not None:
+            self._profiler.stop()
+            self._profiler = None
         if self._timer is not None:
             self._timer.close()
             self._timer = None

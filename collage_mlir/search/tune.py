@@ -103,7 +103,7 @@ TRANSITION_SHARE = 0.15
 def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: str | Path, *, budget_s: float,
          seed: int = 0, examples: Mapping[str, Sequence[np.ndarray]] | None = None,
          measure: MeasureOptions | None = None, evolve_options: EvolveOptions | None = None,
-         on_progress: OnProgress | None = None, reuse: bool = True) -> TuneResult:
+         on_progress: OnProgress | None = None, reuse: bool = True, in_context: bool = True) -> TuneResult:
     """Finds the plan of ``module`` with the lowest measured end-to-end time on ``backends`` (the default
     backend is always added) within ``budget_s`` seconds.
 
@@ -122,7 +122,10 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     versions, the device, the seed, the budget and the search options; with ``reuse`` the same call
     returns it without searching (same bytes, in about the time it takes to read the DB). A tune that
     was interrupted left no result, so its rerun searches, reusing every row it measured; a rerun with
-    another budget (or ``reuse=False``) searches again on the DB's rows, measuring what they lack."""
+    another budget (or ``reuse=False``) searches again on the DB's rows, measuring what they lack.
+
+    ``in_context``: price the regions inside a graph engine's maximal regions from its per-node profile of
+    its seed, and leave unmeasured what that profile says cannot win (``MeasuredEstimator.price_in_context``)."""
     report = on_progress or (lambda *a: None)
     # Every stage but the finalists' rounds (timing only, on kept builds) keeps to this deadline.
     started = time.monotonic()
@@ -162,6 +165,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     est = MeasuredEstimator(module, backends, db, work_dir, examples=examples, options=measure, deadline=deadline,
                             on_progress=lambda stage, p: report(stage, p.done, p.total,
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
+    est.use_in_context = in_context
     try:
         return _search(graph, backends, names, index, maximal, db, digest, result_key, est, opts, measure,
                        started, deadline, budget_s, seed, report)
@@ -190,6 +194,8 @@ def _search(graph: Graph, backends, names, index, maximal, db: CostDB, digest: s
         regions = single[name].regions
         if len(regions) == 1 and ops <= regions[0].ops and c.usable:
             est.timed_whole(regions[0].key, c)
+    est.price_in_context(single, maximal, seed_costs, frozenset(i for i, n in graph.nodes.items() if n.op.name in (
+        "stablehlo.convolution", "stablehlo.dot_general")), index.graph.constant)
     default_s = walls.get(default, 0.0)
     # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
     # that built them left it in the DB (else a warm rerun would start the capture, a whole-model

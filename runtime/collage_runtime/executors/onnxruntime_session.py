@@ -16,6 +16,9 @@ the slot's last two (a chain's intermediate results alternate between two blocks
 reading the address ~0.4. The OrtValues made by the pybind layer alias the memory without holding the
 array (or the IREE buffer under it), so the allocator can reuse the block; they are only used while the
 call's own array holds it. Shapes and dtypes are fixed per region, so an address names the same tensor.
+
+``PROFILED``: None, except while ``collage_mlir.measure.profile`` loads a program to read ONNX Runtime's
+profiler; then each session profiles (its trace under ``PROFILE_DIR``) and (path, session) is appended to it.
 """
 
 from __future__ import annotations
@@ -29,11 +32,21 @@ from onnxruntime.capi import _pybind_state as C
 from ..engines import Engines
 from . import Run, TensorSlots
 
+#: A list while a profiler loads programs (see the module's docstring); None otherwise.
+PROFILED: list | None = None
+#: Where profiled sessions write their traces.
+PROFILE_DIR: str = "."
+
 
 def load(path: Path, engines: Engines) -> Run:
     """The callable that runs the ONNX model stored at ``path``."""
-    session = ort.InferenceSession(str(path), sess_options=engines.ort_session_options(),
-                                   providers=["CPUExecutionProvider"])
+    options = engines.ort_session_options()
+    if PROFILED is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(PROFILE_DIR) / f"{path.stem}-{len(PROFILED)}")
+    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    if PROFILED is not None:
+        PROFILED.append((path, session))
     binding = session.io_binding()._iobinding
     cpu = ort.OrtDevice.make("cpu", 0)._get_c_device()
     wrap = C.OrtValue.ortvalue_from_numpy  # zero-copy on the CPU device

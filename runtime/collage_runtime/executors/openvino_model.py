@@ -16,6 +16,10 @@ IREE buffer, so the allocator can reuse the block; they are only used while the 
 
 A region's thread count follows its work (``work``, ``Engines.region_threads``): a small region runs on one
 thread, so no TBB worker is left spinning after it (see ``collage_runtime.engines``).
+
+``PROFILED``: None, except while ``collage_mlir.measure.profile`` loads a program to read OpenVINO's per-node
+performance counters; then each model is compiled with profiling on and (path, compiled model, infer
+request) appended to it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from openvino import _pyopenvino
 
 from ..engines import Engines
 from . import Run, TensorSlots
+
+#: A list while a profiler loads programs (see the module's docstring); None otherwise.
+PROFILED: list | None = None
 
 
 def _alias(arr: np.ndarray, shape: tuple) -> np.ndarray:
@@ -84,8 +91,15 @@ def load(path: Path, engines: Engines) -> Run:
     """The callable that runs the ONNX model stored at ``path``."""
     core = engines.openvino_core()
     model = core.read_model(str(path))
-    compiled = core.compile_model(model, "CPU", engines.openvino_config(work(model)))
+    config = engines.openvino_config(work(model))
+    if PROFILED is not None:
+        import openvino.properties as props
+
+        config = config | {props.enable_profiling: True}
+    compiled = core.compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
+    if PROFILED is not None:
+        PROFILED.append((path, compiled, request))
     in_shapes = [tuple(i.get_shape()) for i in compiled.inputs]
     out_specs = [(tuple(o.get_shape()), o.get_element_type()) for o in compiled.outputs]
     set_input, set_output, tensor = request.set_input_tensor, request.set_output_tensor, ov.Tensor
