@@ -3,7 +3,10 @@ itself where the plan is decided: first every op alone on the default backend (t
 and what the DP falls back on), then the candidates holding the ops that are most expensive there
 (convolutions and large matmuls before glue), smaller regions before larger ones at the same op. The
 graph engines' maximal regions come last: the single-backend seed plans, timed whole before any region,
-already measured them (a whole-model region costs a whole-model build)."""
+already measured them (a whole-model region costs a whole-model build). Where a graph engine's seed was
+profiled per node, the estimator answers its sub-regions in context and leaves unmeasured the other
+backends' regions whose ops are too cheap in its graph to win (``MeasuredEstimator.price_in_context``), so
+the order here only decides among what is still measured."""
 
 from __future__ import annotations
 
