@@ -61,7 +61,7 @@ def row(name: str, regions: str, index: CandidateIndex, index_s: float, time_lim
         options: MilpOptions) -> dict:
     g = index.graph
     est = MockEstimator(seed, g.order, g.out_bytes, producers=g.producers)
-    price = lambda plan: plan_cost(plan, g.order, g.producers, g.out_bytes, est, g.constant)  # noqa: E731
+    price = lambda plan: plan_cost(plan, g.order, g.producers, g.out_bytes, est, g.constant)
     t0 = time.monotonic()
     dp = optimize(index, est)
     dp_s = time.monotonic() - t0
@@ -102,18 +102,18 @@ def main() -> None:
 
 
 def markdown(result: dict) -> str:
-    us = lambda s: f"{s * 1e6:,.1f}" if s is not None and math.isfinite(s) else "—"  # noqa: E731
+    us = lambda s: f"{s * 1e6:,.1f}" if s is not None and math.isfinite(s) else "—"
     lines = [f"# MILP vs DP, predicted cost (mock estimator, seed {result['seed']})", "",
-             f"`{result['command']}` on {result['device']}, load {result['load_before']:.1f} → "
-             f"{result['load_after']:.1f}; time limit {result['time_limit_s']:g} s, window {result['window']}, "
-             f"overlap {result['overlap']}.", "",
-             "| model | maximal regions | ops | candidates (DP costed) | DP µs (s) | MILP, DP's costs µs (s) | "
-             "MILP, all µs (s) | best MILP / DP | windows | solves / cuts | proved (DP's costs / all) |",
+             (f"`{result['command']}` on {result['device']}, load {result['load_before']:.1f} → "
+              f"{result['load_after']:.1f}; time limit {result['time_limit_s']:g} s, window {result['window']}, "
+              f"overlap {result['overlap']}."), "",
+             ("| model | maximal regions | ops | candidates (DP costed) | DP µs (s) | MILP, DP's costs µs (s) | "
+              "MILP, all µs (s) | best MILP / DP | windows | solves / cuts | proved (DP's costs / all) |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         d, m, a = r["dp"], r["milp_dp_costs"], r["milp_all"]
         best = min(m["cost_s"], a["cost_s"])
-        yes = lambda x: "yes" if x["proved"] else "no"  # noqa: E731
+        yes = lambda x: "yes" if x["proved"] else "no"
         lines.append(f"| {r['model']} | {'yes' if r['regions'] == 'maximal' else 'no'} | {r['ops']} | "
                      f"{r['candidates']} ({d['costed']}) | {us(d['cost_s'])} ({d['seconds']:.1f}) | "
                      f"{us(m['cost_s'])} ({m['seconds']:.1f}) | {us(a['cost_s'])} ({a['seconds']:.1f}) | "
