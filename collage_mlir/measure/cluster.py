@@ -28,6 +28,7 @@ import argparse
 import io
 import json
 import logging
+import os
 import re
 import shlex
 import socket
@@ -55,6 +56,10 @@ TIMER = "collage_timer"
 BUILD_SHARE = 0.001
 #: How often Ray runs a task again whose worker or node was lost.
 RETRIES = 3
+#: The environment of every task: Ray sets ``OMP_NUM_THREADS`` (to the task's CPUs) where the node does not,
+#: and hides the GPUs from a task that asks for none; a timing must see the node as a local worker sees its
+#: machine. ``${VAR}`` is the node's own value (empty where unset: ``node_env`` drops it).
+TASK_ENV = {"env_vars": {"OMP_NUM_THREADS": "${OMP_NUM_THREADS}", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}}
 #: Seconds to wait for a task before checking the cluster can still run it.
 _POLL_S = 10.0
 #: Seconds to wait for the head's port before giving up on an address.
@@ -139,9 +144,14 @@ def _device_nodes(ray, resource: str) -> list[dict]:
 _WORKERS: dict[str, Worker] = {}
 
 
+def node_env() -> dict[str, str]:
+    """The environment of a task worker on a node: the node's (``TASK_ENV``'s empty values dropped)."""
+    return {k: v for k, v in os.environ.items() if not (k in TASK_ENV["env_vars"] and v == "")}
+
+
 def _node_worker(role: str) -> Worker:
     if role not in _WORKERS:
-        _WORKERS[role] = Worker(f"cluster-{role}")
+        _WORKERS[role] = Worker(f"cluster-{role}", env=node_env())
     return _WORKERS[role]
 
 
@@ -206,9 +216,9 @@ class RayPool:
         self._time_needs = {TIMER: 1.0, device: 1.0}
         remote = self._ray.remote
         self._build = remote(build_on_node).options(num_cpus=1, resources={device: BUILD_SHARE}, num_returns=2,
-                                                    max_retries=RETRIES)
+                                                    max_retries=RETRIES, runtime_env=TASK_ENV)
         self._time = remote(time_on_node).options(num_cpus=0, resources={TIMER: 1, device: 1}, num_returns=2,
-                                                  max_retries=RETRIES)
+                                                  max_retries=RETRIES, runtime_env=TASK_ENV)
 
     @property
     def build_slots(self) -> int:

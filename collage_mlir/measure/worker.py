@@ -17,7 +17,7 @@ import tempfile
 from multiprocessing.connection import Connection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import CollageError
 from ..processes import python_command
@@ -67,10 +67,12 @@ def _serve(conn) -> None:
 class Worker:
     """One child interpreter (``python -P -m collage_mlir.measure.worker``: nothing inherited, the caller's
     main module is never re-imported, and the current directory is not on its path) serving tasks one at a time; restarted after a crash
-    or timeout. Its stdout and stderr go to a log file, quoted when it dies."""
+    or timeout. Its stdout and stderr go to a log file, quoted when it dies. Its environment is this
+    process's, or ``env``."""
 
-    def __init__(self, name: str = "worker", log_dir: str | Path | None = None):
+    def __init__(self, name: str = "worker", log_dir: str | Path | None = None, env: Mapping[str, str] | None = None):
         self.name = name
+        self._env = dict(env) if env is not None else None
         self._log_dir = Path(log_dir or tempfile.gettempdir())
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
@@ -81,7 +83,7 @@ class Worker:
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(python_command(__name__, str(theirs.fileno())),
                                           pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT)
+                                          stderr=subprocess.STDOUT, env=self._env)
         theirs.close()
         self._conn = Connection(ours.detach())
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,12 +23,13 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from collage_mlir.backends import RegionKey, registry  # noqa: E402
+from collage_mlir.backends import RegionKey, get_backend, registry  # noqa: E402
 from collage_mlir.errors import CollageError  # noqa: E402
 from collage_mlir.graph import Graph  # noqa: E402
 from collage_mlir.ir import new_context, parse_module  # noqa: E402
 from collage_mlir.measure.cluster import (INSTALL_HINT, TIMER, RayPool, connect, device_resource,  # noqa: E402
                                          node_resources)
+from collage_mlir.measure import cluster as cluster_mod  # noqa: E402
 from collage_mlir.measure.db import CostDB  # noqa: E402
 from collage_mlir.measure.device import device_fingerprint  # noqa: E402
 from collage_mlir.measure.extract import extract_region  # noqa: E402
@@ -37,6 +39,7 @@ from collage_mlir.measure.pool import LocalPool  # noqa: E402
 from collage_mlir.measure.timing import TimingOptions  # noqa: E402
 from collage_mlir.passes.number_ops import NumberOpsPass  # noqa: E402
 from collage_mlir.plan import Plan, Region  # noqa: E402
+from collage_mlir.search.tune import tune  # noqa: E402
 from collage_runtime.types import Platform  # noqa: E402
 
 from helpers import FAULTY  # noqa: E402
@@ -188,6 +191,26 @@ def test_plan_timed_on_the_cluster_brings_its_results_back(cluster, tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+# The probe below runs on the cluster: shipped by value (importlib mode gives this module no importable name).
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _task_worker_env(names: list[str]) -> dict[str, str | None]:
+    """What a node's task worker (a child of a Ray worker running a task as RayPool runs them) sees of ``names``."""
+    worker = cluster_mod._node_worker("env-probe")
+    return {n: worker.call("os:getenv", 60, key=n).value for n in names}
+
+
+def test_node_task_workers_see_the_node_not_rays_task_settings(cluster):
+    """Ray sets OMP_NUM_THREADS=1 and hides the GPUs in a task's process; the worker that times there sees
+    the node's environment, as a local timing worker sees this machine's."""
+    names = ["OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"]
+    probe = ray.remote(_task_worker_env).options(num_cpus=0, runtime_env=cluster_mod.TASK_ENV)
+    assert ray.get(probe.remote(names)) == {n: os.environ.get(n) for n in names}
+    bare = ray.get(ray.remote(_task_worker_env).options(num_cpus=0).remote(names))
+    assert bare["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")  # what TASK_ENV undoes
+
+
 def test_cluster_without_a_node_of_this_device_is_one_error(cluster):
     """Timings go only to nodes of this machine's fingerprint: a cluster with none refuses at once."""
     assert device_resource(device_fingerprint(Platform.CPU)[0]) in ray.cluster_resources()
@@ -236,6 +259,24 @@ def test_local_pool_keeps_artifacts_where_they_are_built(tmp_path):
         pool.close()
 
 
+@contextmanager
+def _own_cluster(nodes: int):
+    """A local Ray cluster of its own (for the bench tests): a head with no CPU and ``nodes`` worker nodes of
+    1 CPU each, each with this machine's timer and CPU device resources; this process connected to it."""
+    if ray.is_initialized():
+        pytest.skip("this process is connected to another Ray cluster")
+    head = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    try:
+        for _ in range(nodes):
+            head.add_node(num_cpus=1, resources=node_resources([Platform.CPU]))
+        head.wait_for_nodes()
+        ray.init(address=head.address, log_to_driver=False)
+        yield head
+    finally:
+        ray.shutdown()
+        head.shutdown()
+
+
 def _builds_per_minute(pool, module_file: Path, plan: dict, count: int) -> float:
     """Builds of ``module_file`` per minute, ``count`` at once as the pool allows, after one warm-up
     round (worker processes started, imports done)."""
@@ -256,8 +297,6 @@ def test_builds_per_minute_local_and_on_clusters_of_1_2_4_nodes(tmp_path):
     """`python3 -m pytest -m bench -s test/python/measure/test_cluster.py -k builds_per_minute`: one region
     (a matmul+tanh block on iree-cpu) built 12 times by worker processes here (--jobs = CPU count), and
     by local Ray clusters of 1, 2 and 4 worker nodes of 1 CPU each (processes on this machine, loopback)."""
-    if ray.is_initialized():
-        pytest.skip("this process is connected to another Ray cluster")
     module, graph, blocks = two_blocks()
     region = extract_region(graph, blocks[0])
     module_file = tmp_path / "region.mlirbc"
@@ -272,18 +311,57 @@ def test_builds_per_minute_local_and_on_clusters_of_1_2_4_nodes(tmp_path):
     finally:
         local.close()
     for nodes in (1, 2, 4):
-        head = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-        try:
-            for _ in range(nodes):
-                head.add_node(num_cpus=1, resources=node_resources([Platform.CPU]))
-            head.wait_for_nodes()
-            ray.init(address=head.address, log_to_driver=False)
+        with _own_cluster(nodes) as head:
             pool = RayPool(head.address)
             assert pool.build_slots == nodes
             rates[f"Ray cluster, {nodes} worker node(s) of 1 CPU"] = _builds_per_minute(pool, module_file, plan, count)
-        finally:
-            ray.shutdown()
-            head.shutdown()
     print(f"\n{count} builds each, {os.cpu_count()} CPUs")
     for name, rate in rates.items():
         print(f"  {name}: {rate:.1f} builds/min")
+
+
+@pytest.mark.bench
+def test_node_lost_mid_build_costs_no_row(tmp_path):
+    """A cluster of two worker nodes loses one (killed, not drained) while builds run on both: its tasks
+    run again on the other node and every region gets its row."""
+    module, graph, blocks = two_blocks()
+    regions = [RegionKey(b, blocks[0]) for b in ("iree-cpu", "iree-cpu-dt", "ort")]
+    lost = []
+    stop = threading.Event()
+    with _own_cluster(2) as head:
+        victim = next(iter(head.worker_nodes))
+
+        def lose_one() -> None:
+            while not stop.is_set() and not lost:
+                if len(_ray_workers_building()) >= 2:  # a build on each node
+                    head.remove_node(victim, allow_graceful=False)
+                    lost.append(victim)
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=lose_one)
+        killer.start()
+        try:
+            summary = measure_regions(module, regions, CostDB(tmp_path / "costs.sqlite"),
+                                      options=MeasureOptions(timing=QUICK, cluster=head.address))
+        finally:
+            stop.set()
+            killer.join()
+    assert lost, "the builds never ran on both nodes at once"
+    assert len(summary.rows) == len(regions) and "crash" not in {str(m.status) for m in summary.rows.values()}
+
+
+@pytest.mark.bench
+def test_tune_on_a_cluster_and_here_on_its_db_choose_one_plan(tmp_path):
+    """A tune on the cluster fills the DB; searching again here on that DB (reuse off) chooses the same plan."""
+    module, graph, blocks = two_blocks()
+    backends = [get_backend("iree-cpu"), get_backend("iree-cpu-dt")]
+    db = CostDB(tmp_path / "costs.sqlite")
+    with _own_cluster(2) as head:
+        remote = tune(module, backends, db, tmp_path / "cluster", budget_s=30,
+                      measure=MeasureOptions(timing=QUICK, cluster=head.address))
+    rows = {(m.region_hash, m.backend): m.status for m in db.measurements()}
+    assert rows and "crash" not in rows.values()
+    module, graph, blocks = two_blocks()
+    here = tune(module, backends, db, tmp_path / "here", budget_s=30, measure=MeasureOptions(timing=QUICK),
+                reuse=False)
+    assert here.plan.key == remote.plan.key
