@@ -43,6 +43,7 @@ from pathlib import Path
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
+from ..processes import python_command
 from .device import device_fingerprint, platform_problem
 from .pool import Artifact
 from .status import Status
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print", action="store_true", help="print the ray start command, do not run it")
     args, rest = parser.parse_known_args(argv)
     resources = node_resources([Platform(p) for p in args.platform] if args.platform else None)
-    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--resources", json.dumps(resources), *rest]
+    command = python_command("ray.scripts.scripts", "start", "--resources", json.dumps(resources), *rest)
     if args.print:
         print(shlex.join(command))
         return 0
