@@ -31,6 +31,7 @@ from .evolve import EvolveOptions, EvolveResult, evolve
 from .index import CandidateIndex, SearchGraph, plan_cost
 from .index_cache import candidate_regions
 from .measured import MeasuredEstimator
+from .milp import exact_plan
 from .priority import measure_by_priority
 from .record import ChosenTimes, Finalist, PlanTimes, RegionChoice, TunedPlan, TuneRecord
 from .simple_plans import single_backend_plans
@@ -84,6 +85,8 @@ def accepts_fn(graph: Graph, default_backend: str) -> Callable[[str, frozenset[i
 
 #: Of the budget, what is kept for the finalists' interleaved rounds (15 s of 600 on ResNet-50).
 FINALISTS_SHARE = 0.03
+#: At most this share of the budget goes to the integer program beside the DP (it stops at the DP's deadline).
+MILP_SHARE = 0.05
 #: Share of the budget kept past the finalists' last round, for the tuning record (DB reads) and writing.
 RECORD_SHARE = 0.01
 #: What the DP and its plan's build and timing are given after the regions, in slowest-seed builds.
@@ -231,14 +234,22 @@ def _search(graph: Graph, backends, names, index, maximal, db: CostDB, digest: s
     est.deadline = deadline
     report("dp", 0, None, "")
     dp = optimize(index, est, exact=exact, limits=limits, deadline=dp_deadline)
+    # The integer program beside the DP, on the DP's region costs (it measures nothing): the plan it
+    # predicts cheaper goes on as the DP's (on the zoo it proved the DP's plan optimal: studies/milp).
+    dp_plan = dp.plan
+    milp_s = min(MILP_SHARE * budget_s, dp_deadline - time.monotonic())
+    if milp_s > 0:
+        best = exact_plan(index, est, milp_s, dp=dp, costs=dp.costs)
+        dp_plan = Plan(best.plan.regions, best.plan.default_backend, "dp") if best.source == "milp" else dp.plan
+        report("dp", 1, 1, f"{best.source}: {best.cost_s * 1e3:.3f} ms predicted" + (" (proved)" if best.proved else ""))
     sg = index.graph
     # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
     # incumbent the search must beat is always measured as such). Plans the budget left untimed are
     # not seeds (a seed is timed whatever the deadline).
     seeds: list[tuple[str, Plan]] = []
     seen: set[PlanKey] = set()
-    dp_timed = time.monotonic() <= deadline or dp.plan.key in {single[n].key for n in timed}
-    for name, plan in [*((n, single[n]) for n in single if n in timed), *((("dp", dp.plan),) if dp_timed else ())]:
+    dp_timed = time.monotonic() <= deadline or dp_plan.key in {single[n].key for n in timed}
+    for name, plan in [*((n, single[n]) for n in single if n in timed), *((("dp", dp_plan),) if dp_timed else ())]:
         if plan.key not in seen:
             seen.add(plan.key)
             seeds.append((name, plan))
@@ -250,12 +261,12 @@ def _search(graph: Graph, backends, names, index, maximal, db: CostDB, digest: s
                      on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
                                                                else opts.rounds, f"best {best * 1e3:.3f} ms"))
     est.deadline = min(deadline, time.monotonic())  # the record measures nothing new: DB and memory only
-    tuned = _tuned_plan(evolved, dp.plan, dp_timed, {n: p for n, p in single.items() if n in timed},
+    tuned = _tuned_plan(evolved, dp_plan, dp_timed, {n: p for n, p in single.items() if n in timed},
                          sg, est, accepts, names, seed, budget_s, len(index))
     db.put_cached(TUNE_RESULT, result_key, json.dumps({
-        "document": tuned.to_json(), "dp_plan": dp.plan.to_json(), "candidates": len(index),
+        "document": tuned.to_json(), "dp_plan": dp_plan.to_json(), "candidates": len(index),
         "single": {n: p.to_json() for n, p in single.items()}}))
-    return TuneResult(evolved.plan, tuned, evolved, dp.plan, single, len(index), est)
+    return TuneResult(evolved.plan, tuned, evolved, dp_plan, single, len(index), est)
 
 
 def _interrupted(est: MeasuredEstimator, names: list[str], seed: int, budget_s: float, candidates: int,
