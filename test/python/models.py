@@ -97,3 +97,88 @@ def onnx_cnn(path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10
     onnx.save(model, str(path))
+
+
+def random_search_case(seed: int, n: int, backends: tuple[str, ...], *, first_id: int = 100, density: float = 0.3,
+                       candidates_per_op: int = 3, max_grow: int = 4, disconnected: float = 0.0,
+                       default_backend: str | None = None):
+    """A random placement problem for the search without compilers: a DAG of ``n`` ops (ids from
+    ``first_id``, shuffled against topological order; some sources constants, each op reading an earlier
+    one with probability ``density``) and ``candidates_per_op * n`` tries at convex candidates grown up to
+    ``max_grow`` steps on ``backends``; with ``disconnected``, that share of them adds one op anywhere (two
+    convex pieces whose union is convex: what makes cycles possible); with ``default_backend``, candidates of
+    several ops may be on it too. Returns (SearchGraph, CandidateIndex)."""
+    import random
+
+    from collage_mlir.backends import Candidate
+    from collage_mlir.search.index import CandidateIndex, SearchGraph
+
+    rng = random.Random(seed)
+    ids = list(range(first_id, first_id + n))
+    rng.shuffle(ids)
+    producers = {ids[j]: tuple(sorted({ids[i] for i in range(j) if rng.random() < density})) for j in range(n)}
+    constant = frozenset(i for i in ids if not producers[i] and rng.random() < 0.4)
+    graph = SearchGraph(ids, producers, {i: rng.choice((64, 4096, 1 << 20)) for i in ids}, constant)
+    regions = []
+    for _ in range(candidates_per_op * n):
+        grown = {rng.choice(ids)}
+        for _ in range(rng.randrange(max_grow)):
+            near = sorted({u for i in grown for u in (*graph.users[i], *graph.producers[i])} - grown)
+            if not near:
+                break
+            grown.add(rng.choice(near))
+        if disconnected and rng.random() < disconnected:
+            grown.add(rng.choice(ids))
+        if graph.is_convex(frozenset(grown)):
+            options = (*backends, default_backend) if default_backend and len(grown) > 1 else backends
+            regions.append(Candidate(rng.choice(options), "test", frozenset(grown)))
+    return graph, CandidateIndex(graph, regions)
+
+
+def brute_force_cost(index, estimator) -> float:
+    """The lowest ``plan_cost`` over every exact cover of the index's ops by candidates whose regions do not
+    feed each other in a cycle (small graphs only)."""
+    import math
+
+    from collage_mlir.plan import Plan, Region
+    from collage_mlir.search.index import plan_cost
+
+    g = index.graph
+    best = math.inf
+
+    def visit(covered: frozenset[int], chosen: list) -> None:
+        nonlocal best
+        rest = [op for op in g.order if op not in covered]
+        if not rest:
+            if g.acyclic(c.ops for c in chosen):
+                plan = Plan([Region(f"r{k}", c.backend, c.ops) for k, c in enumerate(chosen)
+                             if c.backend != index.default_backend])
+                best = min(best, plan_cost(plan, g.order, g.producers, g.out_bytes, estimator, g.constant))
+            return
+        for c in index.candidates_at(rest[0]):
+            if not c.ops & covered:
+                visit(covered | c.ops, chosen + [c])
+
+    visit(frozenset(), [])
+    return best
+
+
+#: Three elementwise ops over two f32[64] inputs: the harness tests' smallest model of several regions.
+ELEMENTWISE = """
+func.func @main(%x: tensor<64xf32>, %y: tensor<64xf32>) -> tensor<64xf32> {
+  %0 = stablehlo.add %x, %y : tensor<64xf32>
+  %1 = stablehlo.multiply %0, %0 : tensor<64xf32>
+  %2 = stablehlo.add %1, %x : tensor<64xf32>
+  return %2 : tensor<64xf32>
+}
+"""
+
+
+def numbered(text: str):
+    """``text`` parsed into a new context, its ops numbered (``collage-number-ops``)."""
+    from collage_mlir.ir import new_context, parse_module
+    from collage_mlir.passes.number_ops import NumberOpsPass
+
+    module = parse_module(text, new_context())
+    NumberOpsPass().run(module)
+    return module

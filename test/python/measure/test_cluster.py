@@ -26,7 +26,6 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from collage_mlir.backends import RegionKey, get_backend, registry  # noqa: E402
 from collage_mlir.errors import CollageError  # noqa: E402
 from collage_mlir.graph import Graph  # noqa: E402
-from collage_mlir.ir import new_context, parse_module  # noqa: E402
 from collage_mlir.measure.cluster import (INSTALL_HINT, TIMER, RayPool, connect, device_resource,  # noqa: E402
                                          node_resources)
 from collage_mlir.measure import cluster as cluster_mod  # noqa: E402
@@ -37,31 +36,14 @@ from collage_mlir.measure.harness import MeasureOptions, measure_regions  # noqa
 from collage_mlir.measure.plan_timing import PlanTimer  # noqa: E402
 from collage_mlir.measure.pool import LocalPool  # noqa: E402
 from collage_mlir.measure.timing import TimingOptions  # noqa: E402
-from collage_mlir.passes.number_ops import NumberOpsPass  # noqa: E402
 from collage_mlir.plan import Plan, Region  # noqa: E402
 from collage_mlir.search.tune import tune  # noqa: E402
 from collage_runtime.types import Platform  # noqa: E402
 
 from helpers import FAULTY  # noqa: E402
-from models import two_blocks  # noqa: E402
+from models import ELEMENTWISE, numbered, two_blocks  # noqa: E402
 
 QUICK = TimingOptions(budget_s=0.05, min_repeats=3, max_repeats=20)
-
-ELEMENTWISE = """
-func.func @main(%x: tensor<64xf32>, %y: tensor<64xf32>) -> tensor<64xf32> {
-  %0 = stablehlo.add %x, %y : tensor<64xf32>
-  %1 = stablehlo.multiply %0, %0 : tensor<64xf32>
-  %2 = stablehlo.add %1, %x : tensor<64xf32>
-  return %2 : tensor<64xf32>
-}
-"""
-
-
-def _numbered(text: str):
-    module = parse_module(text, new_context())
-    NumberOpsPass().run(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -94,7 +76,7 @@ def _statuses(summary) -> dict[tuple[str, frozenset[int]], str]:
 def test_cluster_gives_the_rows_worker_processes_give(cluster, tmp_path):
     """Every pair gets a row on the cluster, with the status it gets here; a backend that aborts the process
     on a node is a crash row with the signal, as in a local worker."""
-    module = _numbered(ELEMENTWISE)
+    module = numbered(ELEMENTWISE)
     graph = Graph(module)
     multiply = next(i for i, n in graph.nodes.items() if n.name == "stablehlo.multiply")
     regions = [RegionKey(b, frozenset({multiply})) for b in ("iree-cpu", "faulty-crash", "faulty-wrong", "faulty-build")]

@@ -22,23 +22,9 @@ from collage_mlir.measure.validate import compare
 from collage_mlir.passes.number_ops import NumberOpsPass
 
 from helpers import FAULTY, HERE, IREE_E2E
+from models import ELEMENTWISE, numbered
 
 QUICK = TimingOptions(budget_s=0.05, min_repeats=3, max_repeats=20)
-
-ELEMENTWISE = """
-func.func @main(%x: tensor<64xf32>, %y: tensor<64xf32>) -> tensor<64xf32> {
-  %0 = stablehlo.add %x, %y : tensor<64xf32>
-  %1 = stablehlo.multiply %0, %0 : tensor<64xf32>
-  %2 = stablehlo.add %1, %x : tensor<64xf32>
-  return %2 : tensor<64xf32>
-}
-"""
-
-
-def numbered(text: str):
-    module = parse_module(text, new_context())
-    NumberOpsPass().run(module)
-    return module
 
 
 def by_name(graph: Graph, name: str) -> list[int]:

@@ -13,11 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collage_mlir.backends import Candidate
-from collage_mlir.plan import Plan, Region
+from collage_mlir.plan import Plan
 from collage_mlir.search.cost import Cost, MockEstimator, _unit
 from collage_mlir.search.dp import optimize
 from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
 from collage_mlir.search.milp import MilpOptions, exact_plan, solve
+
+from models import brute_force_cost, random_search_case
 
 pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest -m fast`
 
@@ -26,30 +28,11 @@ FAR = 1e9  # a deadline that is never reached
 
 
 def random_case(seed: int, n: int, backends: tuple[str, ...] = BACKENDS, default_regions: bool = True):
-    """A random DAG of ``n`` ops (ids shuffled against topological order; some sources constants) and
-    random convex candidates of up to 5 ops on ``backends``, a few on the default backend where
-    ``default_regions`` (a plan cannot hold those as regions: its ops run alone there)."""
-    rng = random.Random(seed)
-    ids = list(range(200, 200 + n))
-    rng.shuffle(ids)
-    producers = {ids[j]: tuple(sorted({ids[i] for i in range(j) if rng.random() < 0.35})) for j in range(n)}
-    constant = frozenset(i for i in ids if not producers[i] and rng.random() < 0.4)
-    graph = SearchGraph(ids, producers, {i: rng.choice((64, 4096, 1 << 20)) for i in ids}, constant)
-    regions = []
-    for _ in range(4 * n):
-        grown = {rng.choice(ids)}
-        for _ in range(rng.randrange(5)):
-            near = sorted({u for i in grown for u in (*graph.users[i], *graph.producers[i])} - grown)
-            if not near:
-                break
-            grown.add(rng.choice(near))
-        # Some not connected: two convex pieces whose union is convex (what makes cycles possible).
-        if rng.random() < 0.2:
-            grown.add(rng.choice(ids))
-        if graph.is_convex(frozenset(grown)):
-            backend = rng.choice((*backends, "iree-cpu") if len(grown) > 1 and default_regions else backends)
-            regions.append(Candidate(backend, "test", frozenset(grown)))
-    return graph, CandidateIndex(graph, regions)
+    """A random DAG of ``n`` ops and random convex candidates of up to 5 ops on ``backends``, some of two
+    disconnected pieces (what makes cycles possible), a few on the default backend where ``default_regions``
+    (a plan cannot hold those as regions: its ops run alone there)."""
+    return random_search_case(seed, n, backends, first_id=200, density=0.35, candidates_per_op=4, max_grow=5,
+                              disconnected=0.2, default_backend="iree-cpu" if default_regions else None)
 
 
 def estimator(graph: SearchGraph, seed: int, **kw) -> MockEstimator:
@@ -58,29 +41,6 @@ def estimator(graph: SearchGraph, seed: int, **kw) -> MockEstimator:
 
 def cost_of(plan: Plan, graph: SearchGraph, est) -> float:
     return plan_cost(plan, graph.order, graph.producers, graph.out_bytes, est, graph.constant)
-
-
-def brute_force(index: CandidateIndex, est) -> float:
-    """The lowest ``plan_cost`` over every exact cover of the ops by candidates whose regions do not feed
-    each other in a cycle."""
-    g = index.graph
-    best = math.inf
-
-    def visit(covered: frozenset[int], chosen: list) -> None:
-        nonlocal best
-        rest = [op for op in g.order if op not in covered]
-        if not rest:
-            if g.acyclic(c.ops for c in chosen):
-                plan = Plan([Region(f"r{k}", c.backend, c.ops) for k, c in enumerate(chosen)
-                             if c.backend != index.default_backend])
-                best = min(best, cost_of(plan, g, est))
-            return
-        for c in index.candidates_at(rest[0]):
-            if not c.ops & covered:
-                visit(covered | c.ops, chosen + [c])
-
-    visit(frozenset(), [])
-    return best
 
 
 def assert_valid(result, graph: SearchGraph) -> None:
@@ -93,11 +53,11 @@ def assert_valid(result, graph: SearchGraph) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), n=st.integers(6, 10), backends=st.integers(2, 3))
-def test_milp_equals_brute_force(seed, n, backends):
+def test_milp_equals_brute_force_cost(seed, n, backends):
     graph, index = random_case(seed, n, BACKENDS[:backends])
     est = estimator(graph, seed)
     result = solve(index, est, FAR)
-    expected = brute_force(index, est)
+    expected = brute_force_cost(index, est)
     assert result.proved and result.windows == 1
     assert math.isclose(result.cost_s, expected, rel_tol=1e-9), (result.cost_s, expected)
     assert math.isclose(cost_of(result.plan, graph, est), expected, rel_tol=1e-9)
@@ -143,7 +103,7 @@ def test_a_cheaper_cyclic_pair_is_cut():
     assert not graph.acyclic([r1, r2])
     result = solve(index, est, FAR)
     assert result.cuts == 1 and result.solves == 2 and result.proved
-    assert math.isclose(result.cost_s, 2.1) and math.isclose(result.cost_s, brute_force(index, est))
+    assert math.isclose(result.cost_s, 2.1) and math.isclose(result.cost_s, brute_force_cost(index, est))
     assert_valid(result, graph)
 
 

@@ -4,17 +4,18 @@ random graphs (mock costs), evolutionary search determinism and its never-worse 
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collage_mlir.backends import Candidate, RegionKey
+from collage_mlir.backends import RegionKey
 from collage_mlir.plan import Plan, Region
 from collage_mlir.search.cost import Cost, CostKind, MockEstimator, TransitionFit
 from collage_mlir.search.dp import optimize
 from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
+
+from models import brute_force_cost, random_search_case
 
 pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest -m fast`
 
@@ -22,57 +23,17 @@ BACKENDS = ("lib", "engine")
 
 
 def random_case(seed: int, n: int):
-    """A random DAG of ``n`` ops (ids shuffled against topological order; some sources are constants)
-    and random convex connected candidates of up to 4 ops on two backends."""
-    rng = random.Random(seed)
-    ids = list(range(100, 100 + n))
-    rng.shuffle(ids)
-    producers = {ids[j]: tuple(sorted({ids[i] for i in range(j) if rng.random() < 0.3})) for j in range(n)}
-    constant = frozenset(i for i in ids if not producers[i] and rng.random() < 0.4)
-    graph = SearchGraph(ids, producers, {i: rng.choice((64, 4096, 1 << 20)) for i in ids}, constant)
-    regions = []
-    for _ in range(3 * n):
-        grown = {rng.choice(ids)}
-        for _ in range(rng.randrange(4)):
-            near = sorted({u for i in grown for u in (*graph.users[i], *graph.producers[i])} - grown)
-            if not near:
-                break
-            grown.add(rng.choice(near))
-        if graph.is_convex(frozenset(grown)):
-            regions.append(Candidate(rng.choice(BACKENDS), "test", frozenset(grown)))
-    return graph, CandidateIndex(graph, regions)
-
-
-def brute_force(index: CandidateIndex, estimator: MockEstimator) -> float:
-    """The lowest additive cost over every exact cover of the ops by candidates whose regions do not
-    feed each other in a cycle."""
-    g = index.graph
-    best = math.inf
-
-    def visit(covered: frozenset[int], chosen: list) -> None:
-        nonlocal best
-        rest = [op for op in g.order if op not in covered]
-        if not rest:
-            if g.acyclic(c.ops for c in chosen):
-                plan = Plan([Region(f"r{k}", c.backend, c.ops) for k, c in enumerate(chosen)
-                             if c.backend != index.default_backend])
-                best = min(best, plan_cost(plan, g.order, g.producers, g.out_bytes, estimator, g.constant))
-            return
-        for c in index.candidates_at(rest[0]):
-            if not c.ops & covered:
-                visit(covered | c.ops, chosen + [c])
-
-    visit(frozenset(), [])
-    return best
+    """A random DAG of ``n`` ops and random convex connected candidates of up to 4 ops on two backends."""
+    return random_search_case(seed, n, BACKENDS)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), n=st.integers(1, 12))
-def test_dp_equals_brute_force(seed, n):
+def test_dp_equals_brute_force_cost(seed, n):
     graph, index = random_case(seed, n)
     est = MockEstimator(seed, graph.order, graph.out_bytes, producers=graph.producers)
     result = optimize(index, est)
-    expected = brute_force(index, est)
+    expected = brute_force_cost(index, est)
     assert math.isclose(result.cost_s, expected, rel_tol=1e-9), (result.cost_s, expected)
     # The plan it returns costs what it says, and is a valid plan (acyclic, each region a candidate).
     assert math.isclose(plan_cost(result.plan, graph.order, graph.producers, graph.out_bytes, est, graph.constant), expected,
