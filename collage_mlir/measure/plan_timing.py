@@ -8,7 +8,9 @@ import hashlib
 import io
 import itertools
 import json
+import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -32,9 +34,55 @@ class PlanTimer:
         self.work.mkdir(parents=True, exist_ok=True)
         self.options = options or MeasureOptions()
         self.keep = keep
-        self._pool = open_pool(self.options, self.work, "plan-", builders=1)
+        self._pool = open_pool(self.options, self.work, "plan-", builders=max(1, self.options.jobs))
         self._count = itertools.count()
         self._built: OrderedDict[str, Artifact] = OrderedDict()  # (module, plan) digest -> artifact
+        self._failed: dict[str, Outcome] = {}  # (module, plan) digest -> a prebuild that failed
+
+    @staticmethod
+    def _key(module: ir.Module | bytes, plan: Plan) -> tuple[bytes, str]:
+        """The module as bytecode and the digest of (module, placement): the plan's source (a name)
+        changes nothing built."""
+        if isinstance(module, ir.Module):
+            buf = io.BytesIO()
+            module.operation.write_bytecode(buf)
+            module = buf.getvalue()
+        placement = {k: v for k, v in plan.to_json().items() if k != "source"}
+        return module, hashlib.sha256(module + json.dumps(placement, sort_keys=True).encode()).hexdigest()
+
+    def prebuild(self, module: ir.Module | bytes, plans: Sequence[Plan], deadline: float | None = None
+                 ) -> list[float | None]:
+        """Builds ``plans`` of ``module`` side by side, as many at once as the pool has build slots, and
+        keeps them for ``time`` (a tune's seeds: an engine's compile beside IREE's whole-model one). No
+        build starts past ``deadline`` (``time.monotonic()``); a failed build is what ``time`` answers for
+        its plan. Returns each plan's build seconds (None: not built now). Nothing is timed meanwhile: builds
+        never overlap timings."""
+        module, _ = self._key(module, Plan([]))
+        todo = {}
+        for plan in plans:
+            digest = self._key(module, plan)[1]
+            if digest not in self._built and digest not in self._failed:
+                todo.setdefault(digest, plan)
+
+        def build(digest: str, plan: Plan) -> tuple[str, Outcome | None]:
+            if deadline is not None and time.monotonic() > deadline:
+                return digest, None  # not built: ``time`` builds it if it is ever timed
+            module_file = self.work / f"plan{next(self._count)}.mlirbc"
+            module_file.write_bytes(module)
+            try:
+                return digest, self._pool.build(module_file, plan.to_json(), self.options.build_timeout_s)
+            finally:
+                module_file.unlink(missing_ok=True)
+
+        seconds: dict[str, float] = {}
+        with ThreadPoolExecutor(max(1, self._pool.build_slots), thread_name_prefix="collage-prebuild") as ex:
+            for digest, outcome in ex.map(lambda item: build(*item), todo.items()):
+                if outcome is not None and outcome.ok:
+                    self._built[digest] = outcome.value
+                    seconds[digest] = outcome.value.build_s
+                elif outcome is not None:
+                    self._failed[digest] = outcome
+        return [seconds.get(self._key(module, plan)[1]) for plan in plans]
 
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
@@ -44,13 +92,10 @@ class PlanTimer:
         there (``ref<k>`` arrays). The outcome's value is the timing task's result (``status``,
         ``median_s``, ...); a failed build or run is its status."""
         k = next(self._count)
-        if isinstance(module, ir.Module):
-            buf = io.BytesIO()
-            module.operation.write_bytecode(buf)
-            module = buf.getvalue()
-        # The plan's source (a name) changes nothing built.
-        placement = {k: v for k, v in plan.to_json().items() if k != "source"}
-        digest = hashlib.sha256(module + json.dumps(placement, sort_keys=True).encode()).hexdigest()
+        module, digest = self._key(module, plan)
+        if digest in self._failed:
+            failed = self._failed.pop(digest)
+            return Outcome(failed.status, message=f"build: {failed.message}")
         module_file, data_file = self.work / f"plan{k}.mlirbc", self.work / f"plan{k}.npz"
         artifact = self._built.pop(digest, None)
         arrays = {f"{INPUT}{i}": a for i, a in enumerate(inputs)}

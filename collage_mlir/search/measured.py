@@ -30,7 +30,7 @@ from ..measure.status import Status
 from ..measure.tasks import INPUT, REFERENCE, TASKS
 from ..measure.worker import Worker
 from ..measure.transitions import measure_transitions
-from ..plan import Plan
+from ..plan import Plan, PlanKey
 from .cost import Cost, CostEstimator, TransitionFit
 
 #: Probe sides for the transition fit: 16 KiB, 64 KiB and 256 KiB of f32 cross each boundary.
@@ -364,6 +364,14 @@ class MeasuredEstimator(CostEstimator):
         with np.load(out) as data:
             self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
         return outcome
+
+    def prebuild(self, plans: Sequence[Plan], tag: str, deadline: float | None = None) -> dict[PlanKey, float]:
+        """Builds the ``plans`` the DB cannot answer for ``tag`` side by side (``PlanTimer.prebuild``: as
+        many at once as ``options.jobs``), so their ``plan_time`` only times them; each built plan's build
+        seconds."""
+        todo = [p for p in plans if self.db.get(*self._plan_key(p, tag)) is None]
+        built = self._plan_timer().prebuild(self._bytecode, todo, deadline) if todo else []
+        return {p.key: s for p, s in zip(todo, built) if s is not None}
 
     def plan_time(self, plan, tag=""):
         key = self._plan_key(plan, tag)

@@ -330,3 +330,26 @@ def test_collage_measure_cli(tmp_path):
     assert all(t.usable for t in probes), [(t.src, t.dst, t.status, t.message) for t in probes]
     bad = subprocess.run(cmd[:5] + ["--backends", "nosuch", "--db", str(db)], capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown backend 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_plans_prebuilt_side_by_side_are_timed_without_building_again(tmp_path, monkeypatch):
+    """``PlanTimer.prebuild`` (a tune's seeds): the plans build at once in the pool's build workers, each
+    reports its build seconds, and timing one afterwards builds nothing."""
+    from collage_mlir.measure.plan_timing import PlanTimer
+    from collage_mlir.measure.pool import LocalPool
+    from collage_mlir.plan import Plan, Region
+
+    module = numbered(ELEMENTWISE)
+    plans = [Plan([], "iree-cpu", "iree-cpu"), Plan([Region("r", "ort", frozenset({0, 1, 2}))], "iree-cpu", "ort")]
+    builds = []
+    real = LocalPool.build
+    monkeypatch.setattr(LocalPool, "build", lambda self, *a, **k: builds.append(1) or real(self, *a, **k))
+    x = np.ones(64, np.float32)
+    with PlanTimer(tmp_path, MeasureOptions(timing=QUICK, jobs=2), keep=4) as timer:
+        seconds = timer.prebuild(module, plans)
+        assert len(builds) == 2 and all(s is not None and s > 0 for s in seconds)
+        for plan in plans:
+            outcome = timer.time(module, plan, [x, x], [np.square(x + x) + x], rtol=1e-5, atol=1e-6)
+            assert outcome.ok and outcome.value.status == "ok", outcome.message
+        assert len(builds) == 2, "a prebuilt plan was built again"
+        assert timer.prebuild(module, plans) == [None, None]  # kept: nothing to build
