@@ -73,6 +73,7 @@ def _statuses(summary) -> dict[tuple[str, frozenset[int]], str]:
     return {(r.backend, r.ops): str(m.status) for r, m in summary.rows.items()}
 
 
+@pytest.mark.bench  # minutes on 2 shared cores: the default suite keeps the killed-worker test
 def test_cluster_gives_the_rows_worker_processes_give(cluster, tmp_path):
     """Every pair gets a row on the cluster, with the status it gets here; a backend that aborts the process
     on a node is a crash row with the signal, as in a local worker."""
@@ -153,6 +154,7 @@ def test_ray_worker_killed_mid_build_costs_no_row(cluster, tmp_path):
     assert len(CostDB(tmp_path / "costs.sqlite").measurements()) == 2
 
 
+@pytest.mark.bench  # minutes on 2 shared cores: the default suite keeps the killed-worker test
 def test_plan_timed_on_the_cluster_brings_its_results_back(cluster, tmp_path):
     """``PlanTimer`` on the cluster: the plan is built and timed on a node; its results come back to
     ``outputs_to`` equal to a local run's; a kept build is timed again without building."""

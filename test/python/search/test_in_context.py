@@ -60,7 +60,9 @@ def test_in_context_times_cover_the_region_and_sum_near_the_whole(cnn, backend):
     costs = cnn["est"].in_context_costs(backend)
     assert costs is not None, f"{backend} was not profiled"
     seed = cnn["seeds"][backend].seconds
-    share = sum(costs.op_seconds().values()) / seed
+    # Against the profiled calls' own median: the seed was timed at another moment (on a loaded machine the
+    # two differed by half).
+    share = sum(costs.op_seconds().values()) / costs.whole_s
     print(f"{backend}: seed {seed * 1e6:.1f} µs, in context {share:.0%} of it, unattributed "
           f"{costs.unattributed_s * 1e6:.1f} µs, profiled call {costs.whole_s * 1e6:.1f} µs")
     assert 0.15 <= share <= 1.3
