@@ -57,6 +57,8 @@ class IreeCodegenBackend(OpSetBackend):
     max_region_ops = 1
     #: The one platform its code runs on.
     platform: ClassVar[Platform]
+    #: iree-compile flags that target it (``program_target`` may add to them from the user's flags).
+    target_flags: ClassVar[tuple[str, ...]]
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -65,7 +67,7 @@ class IreeCodegenBackend(OpSetBackend):
 
     def program_target(self, iree_args: Sequence[str] = ()) -> ProgramTarget:
         """The target a program with this default backend compiles for, given the user's IREE flags."""
-        raise NotImplementedError
+        return ProgramTarget(self.platform, self.target_flags)
 
     def version(self) -> str:
         from iree.compiler import version

@@ -3,15 +3,11 @@ program."""
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from .iree_codegen import CPU_TARGET, IreeCodegenBackend, Platform, ProgramTarget
+from .iree_codegen import CPU_TARGET, IreeCodegenBackend, Platform
 
 
 
 class IreeCpuBackend(IreeCodegenBackend):
     name = "iree-cpu"
     platform = Platform.CPU
-
-    def program_target(self, iree_args: Sequence[str] = ()) -> ProgramTarget:
-        return CPU_TARGET
+    target_flags = CPU_TARGET.flags

@@ -85,10 +85,11 @@ class IreeCudaBackend(IreeCodegenBackend):
     name = "iree-cuda"
     platform = Platform.CUDA
     install_hint = "pip install iree-base-compiler (compiles here) and iree-base-runtime (runs on the GPU)"
+    target_flags = ("--iree-hal-target-device=cuda",)
 
     def program_target(self, iree_args: Sequence[str] = ()) -> ProgramTarget:
         arch = requested_arch(iree_args)
         if arch in IREE_ARCHS:
-            return ProgramTarget(Platform.CUDA, ("--iree-hal-target-device=cuda", f"{_FLAG}{arch}"))
+            return ProgramTarget(Platform.CUDA, (*self.target_flags, f"{_FLAG}{arch}"))
         # IREE would refuse the flag: the module declares the device instead.
         return ProgramTarget(Platform.CUDA, (), device_targets(arch))

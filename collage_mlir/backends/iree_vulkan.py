@@ -7,15 +7,11 @@ which CI tests device-only buffers. ``--iree-vulkan-target=...`` among the IREE 
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from .iree_codegen import IreeCodegenBackend, Platform, ProgramTarget
+from .iree_codegen import IreeCodegenBackend, Platform
 
 
 class IreeVulkanBackend(IreeCodegenBackend):
     name = "iree-vulkan"
     platform = Platform.VULKAN
     install_hint = "apt-get install mesa-vulkan-drivers libvulkan1 (or a GPU's Vulkan driver)"
-
-    def program_target(self, iree_args: Sequence[str] = ()) -> ProgramTarget:
-        return ProgramTarget(Platform.VULKAN, ("--iree-hal-target-device=vulkan",))
+    target_flags = ("--iree-hal-target-device=vulkan",)

@@ -182,3 +182,15 @@ def numbered(text: str):
     module = parse_module(text, new_context())
     NumberOpsPass().run(module)
     return module
+
+
+def negate_matmul_tanh_add(n: int) -> str:
+    """``@main(a, b) = tanh(-a @ b) + a`` on f32[n, n]: ops 0 (negate) and 3 (add) around a matmul (1) and
+    tanh (2), so a region on ops 1-2 has IREE work on both sides (the GPU program tests' model)."""
+    t = f"tensor<{n}x{n}xf32>"
+    return (f"func.func @main(%a: {t}, %b: {t}) -> {t} {{\n"
+            f"  %n = stablehlo.negate %a : {t}\n"
+            f"  %0 = stablehlo.dot_general %n, %b, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}\n"
+            f"  %1 = stablehlo.tanh %0 : {t}\n"
+            f"  %2 = stablehlo.add %1, %a : {t}\n"
+            f"  return %2 : {t}\n}}\n")

@@ -22,16 +22,10 @@ from collage_mlir.plan import Plan, Region
 from collage_mlir.search import resolve_plan
 from collage_runtime.types import Platform
 
+from models import negate_matmul_tanh_add
+
 # negate (0) -> matmul (1) -> tanh (2) -> add (3): IREE computes before and after the middle two.
-MODEL = """
-func.func @main(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> {
-  %n = stablehlo.negate %a : tensor<64x64xf32>
-  %0 = stablehlo.dot_general %n, %b, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
-  %1 = stablehlo.tanh %0 : tensor<64x64xf32>
-  %2 = stablehlo.add %1, %a : tensor<64x64xf32>
-  return %2 : tensor<64x64xf32>
-}
-"""
+MODEL = negate_matmul_tanh_add(64)
 
 
 def _module():

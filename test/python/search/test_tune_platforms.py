@@ -15,15 +15,9 @@ import pytest
 from collage_mlir.measure.device import device_fingerprint, platform_problem
 from collage_runtime.types import Platform
 
-MODEL = """
-func.func @main(%a: tensor<32x32xf32>, %b: tensor<32x32xf32>) -> tensor<32x32xf32> {
-  %n = stablehlo.negate %a : tensor<32x32xf32>
-  %0 = stablehlo.dot_general %n, %b, contracting_dims = [1] x [0] : (tensor<32x32xf32>, tensor<32x32xf32>) -> tensor<32x32xf32>
-  %1 = stablehlo.tanh %0 : tensor<32x32xf32>
-  %2 = stablehlo.add %1, %a : tensor<32x32xf32>
-  return %2 : tensor<32x32xf32>
-}
-"""
+from models import negate_matmul_tanh_add
+
+MODEL = negate_matmul_tanh_add(32)
 
 
 def _collage(*args, cwd, env=None):
