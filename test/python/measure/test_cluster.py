@@ -123,6 +123,7 @@ def _descends(pid: int) -> bool:
     return False
 
 
+@pytest.mark.bench  # ~5 minutes on 2 cores (a Ray cluster and 4 region builds on it)
 def test_ray_worker_killed_mid_build_costs_no_row(cluster, tmp_path):
     """The first Ray worker seen running a build is killed (with its worker child): Ray runs the build
     again, and every region still gets its row."""
