@@ -186,6 +186,7 @@ def _task_worker_env(names: list[str]) -> dict[str, str | None]:
     return {n: worker.call("os:getenv", 60, key=n).value for n in names}
 
 
+@pytest.mark.bench  # starts a local Ray cluster (~1 min on 2 cores)
 def test_node_task_workers_see_the_node_not_rays_task_settings(cluster):
     """Ray sets OMP_NUM_THREADS=1 and hides the GPUs in a task's process; the worker that times there sees
     the node's environment, as a local timing worker sees this machine's."""
@@ -196,6 +197,7 @@ def test_node_task_workers_see_the_node_not_rays_task_settings(cluster):
     assert bare["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")  # what TASK_ENV undoes
 
 
+@pytest.mark.bench  # starts a local Ray cluster (~1 min on 2 cores)
 def test_cluster_without_a_node_of_this_device_is_one_error(cluster):
     """Timings go only to nodes of this machine's fingerprint: a cluster with none refuses at once."""
     assert device_resource(device_fingerprint(Platform.CPU)[0]) in ray.cluster_resources()
