@@ -40,15 +40,18 @@ class PlanTimer:
         self._failed: dict[str, Outcome] = {}  # (module, plan) digest -> a prebuild that failed
 
     @staticmethod
-    def _key(module: ir.Module | bytes, plan: Plan) -> tuple[bytes, str]:
-        """The module as bytecode and the digest of (module, placement): the plan's source (a name)
-        changes nothing built."""
+    def _bytecode(module: ir.Module | bytes) -> bytes:
         if isinstance(module, ir.Module):
             buf = io.BytesIO()
             module.operation.write_bytecode(buf)
-            module = buf.getvalue()
+            return buf.getvalue()
+        return module
+
+    @staticmethod
+    def _digest(module: bytes, plan: Plan) -> str:
+        """The digest of (module, placement): the plan's source (a name) changes nothing built."""
         placement = {k: v for k, v in plan.to_json().items() if k != "source"}
-        return module, hashlib.sha256(module + json.dumps(placement, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(module + json.dumps(placement, sort_keys=True).encode()).hexdigest()
 
     def prebuild(self, module: ir.Module | bytes, plans: Sequence[Plan], deadline: float | None = None
                  ) -> list[float | None]:
@@ -57,12 +60,9 @@ class PlanTimer:
         build starts past ``deadline`` (``time.monotonic()``); a failed build is what ``time`` answers for
         its plan. Returns each plan's build seconds (None: not built now). Nothing is timed meanwhile: builds
         never overlap timings."""
-        module, _ = self._key(module, Plan([]))
-        todo = {}
-        for plan in plans:
-            digest = self._key(module, plan)[1]
-            if digest not in self._built and digest not in self._failed:
-                todo.setdefault(digest, plan)
+        module = self._bytecode(module)
+        digests = [self._digest(module, plan) for plan in plans]
+        todo = {d: p for d, p in zip(digests, plans) if d not in self._built and d not in self._failed}
 
         def build(digest: str, plan: Plan) -> tuple[str, Outcome | None]:
             if deadline is not None and time.monotonic() > deadline:
@@ -82,7 +82,7 @@ class PlanTimer:
                     seconds[digest] = outcome.value.build_s
                 elif outcome is not None:
                     self._failed[digest] = outcome
-        return [seconds.get(self._key(module, plan)[1]) for plan in plans]
+        return [seconds.get(d) for d in digests]
 
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
@@ -92,7 +92,8 @@ class PlanTimer:
         there (``ref<k>`` arrays). The outcome's value is the timing task's result (``status``,
         ``median_s``, ...); a failed build or run is its status."""
         k = next(self._count)
-        module, digest = self._key(module, plan)
+        module = self._bytecode(module)
+        digest = self._digest(module, plan)
         if digest in self._failed:
             failed = self._failed.pop(digest)
             return Outcome(failed.status, message=f"build: {failed.message}")

@@ -34,6 +34,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+from .tasks import INPUT, load_arrays
+
 #: How workers name this module's task: ``f"{PROFILE}:profile_artifact"``.
 PROFILE = __name__
 
@@ -218,8 +220,6 @@ def profile_artifact(artifact_dir: str, data_file: str, backend: str, version: s
     import importlib
 
     import collage_runtime
-
-    from .tasks import INPUT, load_arrays
 
     if backend not in _HOOKS:
         raise ValueError(f"no per-node profile for backend {backend}")
