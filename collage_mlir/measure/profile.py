@@ -322,13 +322,5 @@ def profile_key(model_digest: str, backend: str, version: str, device: str, harn
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def dumps(costs: InContextCosts) -> str:
-    return json.dumps(costs.to_json(), sort_keys=True)
-
-
-def loads(text: str) -> InContextCosts:
-    return InContextCosts.from_json(json.loads(text))
-
-
 __all__ = ["IN_CONTEXT", "PROFILE", "PROFILED_BACKENDS", "InContextCosts", "NodeTime", "profile_artifact",
-           "profile_key", "dumps", "loads"]
+           "profile_key"]
