@@ -26,6 +26,11 @@ IREE_ARCHS = ("sm_60", "sm_61", "sm_70", "sm_75", "sm_80", "sm_86", "sm_87", "sm
 #: PTX ISA version for an architecture IREE does not list (PTX 8.0 is the first with sm_90/sm_90a).
 PTX_FOR = {"sm_90": "+ptx80", "sm_90a": "+ptx80", "sm_100": "+ptx86", "sm_120": "+ptx87"}
 _FLAG = "--iree-cuda-target="
+#: IREE 3.13's reduction vector-distribution pipeline races on CUDA: ResNet-50's global average pool + linear
+#: head gave different, wrong results on each call (max error 1.1-1.26 of the output's scale, sm_80 and sm_90
+#: alike, any runtime scheduling flag) on an H200, and every op up to the last convolution was right; with the
+#: pipeline off the results are right and repeatable (2.7e-6). Found by ``python -m studies.gpu.diagnose``.
+CODEGEN_FLAGS = ("--iree-codegen-llvmgpu-use-reduction-vector-distribution=false",)
 _ARCH = re.compile(r"sm_\d+a?")
 
 
@@ -85,11 +90,11 @@ class IreeCudaBackend(IreeCodegenBackend):
     name = "iree-cuda"
     platform = Platform.CUDA
     install_hint = "pip install iree-base-compiler (compiles here) and iree-base-runtime (runs on the GPU)"
-    target_flags = ("--iree-hal-target-device=cuda",)
+    target_flags = ("--iree-hal-target-device=cuda", *CODEGEN_FLAGS)
 
     def program_target(self, iree_args: Sequence[str] = ()) -> ProgramTarget:
         arch = requested_arch(iree_args)
         if arch in IREE_ARCHS:
             return ProgramTarget(Platform.CUDA, (*self.target_flags, f"{_FLAG}{arch}"))
         # IREE would refuse the flag: the module declares the device instead.
-        return ProgramTarget(Platform.CUDA, (), device_targets(arch))
+        return ProgramTarget(Platform.CUDA, CODEGEN_FLAGS, device_targets(arch))

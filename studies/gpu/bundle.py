@@ -38,31 +38,37 @@ class PlanArtifact:
 @dataclass(frozen=True)
 class ModelSpec:
     """How both sides build the same torch model (seeded, eval mode): ``source`` ``zoo`` calls
-    ``collage_mlir.zoo.build(name, small)``, ``tiny`` calls ``collage_mlir.zoo.tiny.<function>()``."""
+    ``collage_mlir.zoo.build(name, small)``, ``tiny`` calls ``collage_mlir.zoo.tiny.<function>()``; with
+    ``batch`` > 1 the example inputs are replaced by seeded random ones of that batch size."""
 
     source: str            # "zoo" or "tiny"
     name: str              # the zoo name, or the tiny builder's function name
     small: bool = True     # zoo only: the small (CI) variant
+    batch: int = 1
 
     @property
     def label(self) -> str:
-        if self.source == "tiny":
-            return f"tiny.{self.name}"
-        return self.name if self.small else f"{self.name}:full"
+        base = f"tiny.{self.name}" if self.source == "tiny" else self.name if self.small else f"{self.name}:full"
+        return base if self.batch == 1 else f"{base}@{self.batch}"
 
     @staticmethod
     def parse(text: str) -> "ModelSpec":
-        """``mobilenet_v2`` (the zoo's small variant), ``mobilenet_v2:full``, ``tiny.mlp``."""
+        """``mobilenet_v2`` (the zoo's small variant), ``mobilenet_v2:full``, ``tiny.mlp``; ``@N`` after any
+        of them: batch N (``resnet50@32``)."""
+        text, _, batch = text.partition("@")
+        if batch and not (batch.isdigit() and int(batch) >= 1):
+            raise ValueError(f"model '{text}@{batch}': the batch is a positive integer")
+        n = int(batch or 1)
         if text.startswith("tiny."):
-            return ModelSpec("tiny", text[len("tiny."):])
+            return ModelSpec("tiny", text[len("tiny."):], batch=n)
         name, _, variant = text.partition(":")
         if variant not in ("", "small", "full"):
             raise ValueError(f"model '{text}': the variant is small or full")
-        return ModelSpec("zoo", name, variant != "full")
+        return ModelSpec("zoo", name, variant != "full", n)
 
     @staticmethod
     def from_json(d: dict) -> "ModelSpec":
-        return ModelSpec(d["source"], d["name"], bool(d["small"]))
+        return ModelSpec(d["source"], d["name"], bool(d["small"]), int(d.get("batch", 1)))
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,7 @@ def build_model(spec: ModelSpec):
         if zoo.get(spec.name).framework is not zoo.Framework.TORCH:
             raise ValueError(f"{spec.name}: a JAX model; this study compares against torch")
         model, inputs = zoo.build(spec.name, spec.small)
-        return model, tuple(inputs)
+        return model, batched(tuple(inputs), spec.batch)
     if spec.source == "tiny":
         from collage_mlir.zoo import tiny
 
@@ -137,8 +143,24 @@ def build_model(spec: ModelSpec):
         else:
             model = built
             inputs = (torch.randn(*TINY_INPUTS[spec.name], generator=torch.Generator().manual_seed(1)),)
-        return model.eval(), inputs
+        return model.eval(), batched(inputs, spec.batch)
     raise ValueError(f"unknown model source '{spec.source}' (zoo or tiny)")
+
+
+def batched(inputs: tuple, batch: int) -> tuple:
+    """``inputs`` with batch ``batch`` (dimension 0): seeded standard-normal floats; the examples themselves
+    for batch 1."""
+    import torch
+
+    if batch == 1:
+        return inputs
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for x in inputs:
+        if not x.is_floating_point():
+            raise ValueError(f"batch {batch}: only float inputs are drawn, this model takes {x.dtype}")
+        out.append(torch.randn((batch, *x.shape[1:]), generator=g, dtype=x.dtype))
+    return tuple(out)
 
 
 #: Input shapes of the tiny builders that return a module alone.

@@ -103,3 +103,26 @@ def test_cli_compiles_for_a_gpu_and_refuses_bad_targets(tmp_path):
         bad = _collage("compile", "m.mlir", "--device", "cuda", *args, "-o", "bad", cwd=tmp_path)
         assert bad.returncode != 0 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+# A row sum long enough for IREE's reduction vector-distribution pipeline, which races on CUDA (iree_cuda.py).
+ROW_SUM = """
+func.func @main(%x: tensor<4x4096xf32>) -> tensor<4xf32> {
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %r = stablehlo.reduce(%x init: %z) applies stablehlo.add across dimensions = [1] : (tensor<4x4096xf32>, tensor<f32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_reductions_avoid_the_racing_pipeline(arch):
+    """Measured on an H200: ResNet-50's head gave wrong results that changed from call to call under IREE's
+    reduction vector distribution; iree-cuda compiles reductions with another pipeline, for every arch."""
+    from collage_mlir.backends.iree_cuda import IreeCudaBackend
+
+    target = IreeCudaBackend().program_target([f"--iree-cuda-target={arch}"])
+    module = stablehlo.parse(ROW_SUM, new_context())
+    configured = iree_compile(module, ["--compile-to=executable-configurations"], target).decode()
+    pipelines = set(re.findall(r"pipeline = #iree_gpu\.pipeline<(\w+)>", configured))
+    assert pipelines and "VectorDistribute" not in pipelines, pipelines

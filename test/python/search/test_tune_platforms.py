@@ -52,6 +52,42 @@ def test_tune_a_vulkan_program_and_run_its_plan(tmp_path):
     np.testing.assert_allclose(got, np.tanh(-a @ b) + a, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(platform_problem(Platform.VULKAN) is not None,
+                    reason="no Vulkan device: apt-get install mesa-vulkan-drivers libvulkan1")
+def test_a_device_programs_numbers_are_checked_against_iree_cpu(tmp_path):
+    """On a device platform the reference is IREE CPU's, not the platform's own program: a device program
+    that computes wrong numbers (IREE CUDA raced on ResNet-50's head on an H200) is an invalid plan, not
+    the yardstick every correct plan is failed against."""
+    from collage_mlir.backends import get_backend
+    from collage_mlir.frontends import stablehlo
+    from collage_mlir.graph import number_ops
+    from collage_mlir.ir import new_context
+    from collage_mlir.measure.db import CostDB
+    from collage_mlir.measure.harness import MeasureOptions
+    from collage_mlir.plan import Plan
+    from collage_mlir.search.measured import MeasuredEstimator
+
+    module = stablehlo.parse(MODEL, new_context())
+    number_ops(module)
+    a, b = (np.random.default_rng(k).standard_normal((32, 32)).astype(np.float32) for k in (1, 2))
+    est = MeasuredEstimator(module, [get_backend("iree-vulkan")], CostDB(tmp_path / "costs.sqlite"), tmp_path,
+                            examples={"main": [a, b]}, options=MeasureOptions(platform=Platform.VULKAN))
+    timed = []
+    timer = est._plan_timer()
+    time_plan = timer.time
+    timer.time = lambda module, plan, inputs, references=None, *rest, **kw: (
+        timed.append((plan.default_backend, references is not None)) or time_plan(module, plan, inputs, references,
+                                                                                   *rest, **kw))
+    assert est.plan_time(Plan([], "iree-vulkan", "default"), "seed").usable
+    assert timed == [("iree-cpu", False), ("iree-vulkan", True)], "the Vulkan program is checked against IREE CPU"
+    (ref,) = est.reference()
+    np.testing.assert_allclose(ref, np.tanh(-a @ b) + a, rtol=1e-4, atol=1e-5)
+    est._reference = [ref + 0.5]  # what a wrong device program looks like from the reference's side
+    wrong = est.plan_time(Plan([], "iree-vulkan", "default"), "again")
+    assert not wrong.usable and "wrong" in wrong.reason, wrong
+    est.close()
+
+
 def test_a_gpu_tune_without_the_device_is_one_line(tmp_path):
     if platform_problem(Platform.CUDA) is None:
         pytest.skip("this machine has a CUDA device")
