@@ -408,6 +408,12 @@ def _binary(b: _Builder, op, ins):
     return [b.node(BINARY[op.name], ins)]
 
 
+def _remainder(b: _Builder, op, ins):
+    """``stablehlo.remainder`` truncates (the result takes the dividend's sign, C's fmod): ONNX ``Mod`` with
+    ``fmod=1``, for integers and floats alike."""
+    return [b.node("Mod", ins, fmod=1)]
+
+
 def _logical(b: _Builder, op, ins):
     return [b.node(LOGICAL[op.name], ins)]
 
@@ -1033,6 +1039,7 @@ _NUM = (static_known_types, numeric_operands)
 OPS: dict[str, OnnxOp] = {
     **{name: OnnxOp(_binary, _NUM) for name in BINARY if name != "stablehlo.power"},
     "stablehlo.power": OnnxOp(_binary, (static_known_types, float_operands)),
+    "stablehlo.remainder": OnnxOp(_remainder, _NUM),
     **{name: OnnxOp(_logical, (static_known_types, bool_operands)) for name in LOGICAL},
     "stablehlo.not": OnnxOp(_not, (static_known_types, bool_operands)),
     **{name: OnnxOp(_unary, (static_known_types, float_operands)) for name in UNARY

@@ -365,3 +365,28 @@ func.func @main(%a: tensor<3xf32>, %m: tensor<2x3xf32>) -> (tensor<f32>, tensor<
     ov = get_backend("openvino")
     assert "rank-0" in ov.supports(graph.nodes[scalar].op)
     assert ov.supports(graph.nodes[vector].op) is None
+
+
+REMAINDER = """
+func.func @main(%a: tensor<2x6x{t}>, %b: tensor<2x6x{t}>) -> tensor<2x6x{t}> {{
+  %r = stablehlo.remainder %a, %b : tensor<2x6x{t}>
+  return %r : tensor<2x6x{t}>
+}}
+"""
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("t", ["f32", "i32"])
+def test_remainder_keeps_the_dividends_sign(engine, t):
+    """``stablehlo.remainder`` (``jnp.fmod``, ``lax.rem``) is ONNX ``Mod`` with ``fmod=1``: the result takes
+    the dividend's sign (numpy's fmod), not the divisor's (``%``), on both engines, for floats and ints."""
+    from collage_mlir.frontends import stablehlo
+
+    module = stablehlo.parse(REMAINDER.format(t=t), new_context())
+    rng = np.random.default_rng(0)
+    dtype = np.float32 if t == "f32" else np.int32
+    a = (rng.standard_normal((2, 6)) * 10).astype(dtype)
+    b = np.where(rng.random((2, 6)) < 0.5, -3, 4).astype(dtype) + (rng.random((2, 6)).astype(dtype) if t == "f32" else 0)
+    (got,) = _run(engine, translate(_main(module)), {"in0": a, "in1": b})
+    np.testing.assert_allclose(got, np.fmod(a, b), rtol=1e-6, atol=1e-6)
+    assert (np.sign(got) * np.sign(a) >= 0).all() and (np.fmod(a, b) != np.mod(a, b)).any()
