@@ -86,9 +86,11 @@ def test_sunk_constants_on_the_data_tiling_device(tmp_path):
         np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.bench
 def test_the_lstm_plan_that_computed_wrong_numbers(torch, tmp_path):
     """The reported case: LSTM(16, 32) over 10 steps with a linear head, batch 3, under ``random:12`` (every
-    backend): 7.9e-3 off on the first call, 0.8 under local-sync, before the fix."""
+    backend): 7.9e-3 off on the first call, 0.8 under local-sync, before the fix. ~85 s in the suite: bench;
+    the default suite mixes devices and libraries on an LSTM in test_random_plans_mixing_devices_and_libraries."""
     build = lambda: lstm(16, 32)  # noqa: E731
     x = torch.randn(10, 3, 16, generator=torch.Generator().manual_seed(1))
     compile_module(import_torch(build(), [x], new_context()), "default", tmp_path / "ref")
