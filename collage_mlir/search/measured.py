@@ -380,6 +380,10 @@ class MeasuredEstimator(CostEstimator):
         built = self._plan_timer().prebuild(self._bytecode, todo, deadline) if todo else []
         return {p.key: s for p, s in zip(todo, built) if s is not None}
 
+    def plan_known(self, plan: Plan, tag: str = "") -> bool:
+        """Whether the DB holds ``plan``'s whole-plan timing under ``tag`` (``plan_time`` answers at once)."""
+        return self.db.get(*self._plan_key(plan, tag)) is not None
+
     def plan_time(self, plan, tag=""):
         key = self._plan_key(plan, tag)
         row = self.db.get(*key)
