@@ -313,8 +313,8 @@ SEED_TIMING_S = 3.0
 def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
                 report: OnProgress) -> tuple[dict[str, float], dict[str, Cost]]:
     """Times the single-backend plans whole (tag ``seed``), the default backend's always, the others in
-    ``_SEED_ORDER`` where built by the deadline (or in the DB); returns the wall time each one timed took (a DB hit: ~0) and
-    its cost."""
+    ``_SEED_ORDER`` where built by the deadline (or in the DB); returns the wall time each one timed took
+    (a DB hit: ~0) and its cost."""
     kind = {b.name: b.kind for b in backends}
     order = sorted(single, key=lambda n: (n != est.default_backend, _SEED_ORDER.index(kind[n]), n))
     walls: dict[str, float] = {}
