@@ -71,16 +71,25 @@ def return_also(func: ir.Operation, values: Sequence[ir.Value]) -> None:
     """Makes ``func`` also return ``values`` (after its own results), each with no result attributes
     (the function's own keep theirs: JAX's ``jax.result_info``); call inside the module's context."""
     block = func.regions[0].blocks[0]
+    own = list(block.operations[len(block.operations) - 1].operands)
+    attrs = list(ir.ArrayAttr(func.attributes["res_attrs"])) if "res_attrs" in func.attributes else None
+    set_returns(func, own + list(values), None if attrs is None else attrs + [ir.DictAttr.get({})] * len(values))
+
+
+def set_returns(func: ir.Operation, values: Sequence[ir.Value], res_attrs: list | None = None) -> None:
+    """Makes ``func`` return exactly ``values`` (its type follows; result attributes ``res_attrs``, else
+    none); call inside the module's context. What no longer feeds a result is IREE's to drop."""
+    block = func.regions[0].blocks[0]
     ret = block.operations[len(block.operations) - 1]
-    operands = list(ret.operands) + list(values)
     with ir.InsertionPoint(ret):
-        ir.Operation.create("func.return", operands=operands)
+        ir.Operation.create("func.return", operands=list(values))
     ret.erase()
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-    func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [v.type for v in operands]))
-    if "res_attrs" in func.attributes:
-        own = list(ir.ArrayAttr(func.attributes["res_attrs"]))
-        func.attributes["res_attrs"] = ir.ArrayAttr.get(own + [ir.DictAttr.get({})] * len(values))
+    func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [v.type for v in values]))
+    if res_attrs is not None:
+        func.attributes["res_attrs"] = ir.ArrayAttr.get(res_attrs)
+    elif "res_attrs" in func.attributes:
+        del func.attributes["res_attrs"]
 
 
 def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[str, list[np.ndarray]]

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Bundle, ModelSpec, build_model
+from .bundle import Bundle, ModelEntry, ModelSpec, build_model
+from .run import as_list, load_arrays, max_error, use_bundle_paths
 
 TAPS = "taps.npz"
 
@@ -50,21 +51,6 @@ RUNTIME_VARIANTS = {
 PREFIXES = 10
 
 
-def return_only(func, values) -> None:
-    """Makes ``func`` return ``values`` alone (IREE drops what no longer feeds them)."""
-    block = func.regions[0].blocks[0]
-    ret = block.operations[len(block.operations) - 1]
-    from collage_mlir.ir import ir
-
-    with ir.InsertionPoint(ret):
-        ir.Operation.create("func.return", operands=list(values))
-    ret.erase()
-    ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-    func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [v.type for v in values]))
-    if "res_attrs" in func.attributes:
-        del func.attributes["res_attrs"]
-
-
 def prepare(out: Path, model_name: str, arch: str) -> None:
     """The whole model plain (for ``arch`` and sm_80, and with each of FLAG_VARIANTS), the model cut after
     PREFIXES convolutions spread over it, and the tapped model; IREE CPU's values as references."""
@@ -75,7 +61,7 @@ def prepare(out: Path, model_name: str, arch: str) -> None:
     from collage_mlir.dialects import collage
     from collage_mlir.graph import Graph, number_ops, public_funcs
     from collage_mlir.measure.extract import ValueRef
-    from collage_mlir.measure.reference import capture, return_also
+    from collage_mlir.measure.reference import capture, return_also, set_returns
     from collage_mlir.ir import ir, parse_module, new_context
 
     from .prepare import import_module
@@ -134,7 +120,7 @@ def prepare(out: Path, model_name: str, arch: str) -> None:
         with cut.context, ir.Location.unknown():
             func = next(iter(public_funcs(cut)))
             by_id = {collage.op_id(op.operation): op.operation for op in func.regions[0].blocks[0].operations}
-            return_only(func, [by_id[convs[k].op].results[convs[k].index]])
+            set_returns(func, [by_id[convs[k].op].results[convs[k].index]])
         build(f"prefix_{k:03d}", cut, names[convs[k]])
     tapped = parse_module(bytecode, new_context())
     with tapped.context, ir.Location.unknown():
@@ -147,10 +133,8 @@ def prepare(out: Path, model_name: str, arch: str) -> None:
 
 
 def rel_error(got: np.ndarray, want: np.ndarray) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if got.shape != want.shape or not np.isfinite(got).all():
-        return float("inf")
-    return float(np.abs(got - want).max(initial=0.0) / max(np.abs(want).max(initial=0.0), 1e-30))
+    """``run.max_error`` of one array: max |got - want| / max |want| (inf where shapes or finiteness differ)."""
+    return max_error([got], [want])
 
 
 def call_entry(root: Path, entry: dict, calls: int = 3) -> dict:
@@ -185,56 +169,51 @@ def check_plain(root: Path, report: dict) -> None:
     """Every module of the diagnosis bundle, each in a child process (runtime flags are per process)."""
     for entry in json.loads((root / "diag.json").read_text())["entries"]:
         key = entry["file"].removesuffix(".vmfb") + (f" runtime {entry['variant']}" if entry.get("variant") else "")
-        proc = subprocess.run([sys.executable, "-m", "studies.gpu.diagnose", "call", str(root), json.dumps(entry)],
-                              capture_output=True, text=True, timeout=120)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        report[key] = json.loads(line[7:]) if line else f"failed: {' '.join(proc.stderr.split())[-400:]}"
+        report[key] = child("call", str(root), json.dumps(entry), timeout=120)
         shown = report[key]
         if isinstance(shown, dict):
             shown = {k: (['%.3g' % e for e in v] if k == "errors" else v) for k, v in shown.items()}
         print(f"{key} (ref {entry['ref'][:40]}): {shown}", flush=True)
 
 
-CHILD = r"""
-import sys, json, time, numpy as np
-sys.path[:0] = {paths!r}
-import collage_runtime.engines as engines
-if not {caching!r}:
-    engines.CACHING_DRIVERS = frozenset()
-from collage_runtime import Program
-from studies.gpu.diagnose import rel_error
-args = [np.load(f) for f in {inputs!r}]
-want = [np.load(f) for f in {expected!r}]
-found = {{}}
-for plan, art in {artifacts!r}:
-    try:
-        p = Program(art)
-        errs = []
-        for _ in range(3):
-            got = p.invoke("main", *args)
-            errs.append(max(rel_error(g, w) for g, w in zip(got, want)))
-        found[plan] = errs
-        p.close()
-    except Exception as exc:
-        found[plan] = "failed: " + " ".join(str(exc).split())[:300]
-print("RESULT " + json.dumps(found))
-"""
+def program_errors(bundle_dir: Path, label: str, caching: bool) -> dict:
+    """Each plan of ``label`` in the study bundle through collage_runtime (caching allocator on or off),
+    called three times: each call's ``max_error`` against the bundle's CPU reference, or why it failed.
+    Once per process: the device and its allocator are made once per process."""
+    from collage_runtime import Program, engines
+
+    if not caching:
+        engines.CACHING_DRIVERS = frozenset()
+    entry = model_entry(bundle_dir, label)
+    args, want = load_arrays(bundle_dir, entry.inputs), load_arrays(bundle_dir, entry.expected)
+    found = {}
+    for plan in entry.plans:
+        try:
+            with Program(bundle_dir / plan.artifact) as p:
+                found[plan.plan] = [max_error(as_list(p.invoke(entry.function, *args)), want) for _ in range(3)]
+        except Exception as exc:  # noqa: BLE001  (a failing program is a finding)
+            found[plan.plan] = "failed: " + " ".join(str(exc).split())[:300]
+    return found
 
 
-def check_programs(bundle_dir: Path, label: str, report: dict, paths: list[str]) -> None:
-    """The study bundle's artifacts of ``label`` through collage_runtime, caching allocator on and off, each in
-    a child process (the device and its allocator are made once per process)."""
-    bundle = Bundle.load(bundle_dir)
-    entry = next(e for e in bundle.models if e.spec.label == label)
-    arts = [(p.plan, str(bundle_dir / p.artifact)) for p in entry.plans]
+def child(*args: str, timeout: float) -> dict | str:
+    """``python -m studies.gpu.diagnose ARGS`` in a child process: its RESULT line, or why there is none."""
+    proc = subprocess.run([sys.executable, "-m", "studies.gpu.diagnose", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    return json.loads(line[7:]) if line else f"failed: {' '.join(proc.stderr.split())[-400:]}"
+
+
+def check_programs(bundle_dir: Path, label: str, report: dict) -> None:
+    """The study bundle's artifacts of ``label`` through collage_runtime, caching allocator on and off."""
     for caching in (True, False):
-        code = CHILD.format(paths=paths, caching=caching, inputs=[str(bundle_dir / f) for f in entry.inputs],
-                            expected=[str(bundle_dir / f) for f in entry.expected], artifacts=arts)
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         key = f"program caching={'on' if caching else 'off'}"
-        report[key] = json.loads(line[7:]) if line else f"failed: {proc.stderr[-600:]}"
+        report[key] = child("programs", str(bundle_dir), label, *(() if caching else ("--no-caching",)), timeout=180)
         print(f"{key}: {report[key]}", flush=True)
+
+
+def model_entry(bundle_dir: Path, label: str) -> ModelEntry:
+    return next(e for e in Bundle.load(bundle_dir).models if e.spec.label == label)
 
 
 def profile_served(bundle_dir: Path, label: str, report: dict, out: Path) -> None:
@@ -242,15 +221,15 @@ def profile_served(bundle_dir: Path, label: str, report: dict, out: Path) -> Non
     call vs executor seconds."""
     from collage_runtime import Program
 
-    bundle = Bundle.load(bundle_dir)
-    entry = next(e for e in bundle.models if e.spec.label == label)
-    args = [np.load(bundle_dir / f) for f in entry.inputs]
+    entry = model_entry(bundle_dir, label)
+    args = load_arrays(bundle_dir, entry.inputs)
     for plan in entry.plans:
         if not plan.regions:
             continue
         times: dict[str, list[tuple[float, float]]] = {}
-        p = Program(bundle_dir / plan.artifact, region_timer=lambda r, c, e: times.setdefault(r, []).append((c, e)))
-        fn = p.device_function("main")
+        p = Program(bundle_dir / plan.artifact,
+                    region_timer=lambda r, c, e, times=times: times.setdefault(r, []).append((c, e)))
+        fn = p.device_function(entry.function)
         dev = [p.to_device(a) for a in args]
         for _ in range(5):
             fn(*dev)
@@ -289,22 +268,28 @@ def main(argv=None) -> int:
     c = sub.add_parser("call", help="one module of the diagnosis bundle (check_plain's child)")
     c.add_argument("diag", type=Path)
     c.add_argument("entry", type=json.loads)
+    d = sub.add_parser("programs", help="the bundle's programs of one model (check_programs's child)")
+    d.add_argument("bundle", type=Path)
+    d.add_argument("label")
+    d.add_argument("--no-caching", action="store_true")
     args = p.parse_args(argv)
     if args.cmd == "call":
         print("RESULT " + json.dumps(call_entry(args.diag, args.entry)))
         return 0
+    if args.cmd == "programs":
+        use_bundle_paths(args.bundle)
+        print("RESULT " + json.dumps(program_errors(args.bundle, args.label, not args.no_caching)))
+        return 0
     if args.cmd == "prepare":
         prepare(args.out, args.model, args.arch)
         return 0
-    from .run import use_bundle_paths
-
-    paths = use_bundle_paths(args.bundle)
+    use_bundle_paths(args.bundle)
     args.out.mkdir(parents=True, exist_ok=True)
     label = json.loads((args.diag / "diag.json").read_text())["model"]
     report: dict = {}
     steps = [lambda: check_plain(args.diag, report)]
     if not args.plain_only:
-        steps += [lambda: check_programs(args.bundle, label, report, paths),
+        steps += [lambda: check_programs(args.bundle, label, report),
                   lambda: profile_served(args.bundle, label, report, args.out)]
     for step in steps:
         try:
