@@ -29,23 +29,22 @@ from . import (OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays
 def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     from ..artifact import check_artifact_dir
     from ..entry import plan_provenance
-    from ..frontends import load_model
     from ..ir import new_context
     from ..iree import compile_module
     from ..measure.db import default_db_path
-    from ..measure.import_check import check_model_file
 
     check_artifact_dir(args.output)
-    module = load_model(args.model, new_context())
-    if not args.no_import_check:  # an ONNX model computes what ONNX Runtime computes, before anything is built
-        check_model_file(module, args.model, load_input_arrays(args.input))
+    # As `collage tune` reads it (a file, or a torch factory): an imported model computes what its source
+    # computes, checked before anything is built.
+    module, inputs = tune_cmd.load_model(args.model, new_context(), load_input_arrays(args.input),
+                                         check_import=not args.no_import_check)
     plan = args.plan
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
     if (args.tune or plan == "tune") and args.device not in (None, Platform.CPU.value):
         raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
                            "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
     if args.tune or plan == "tune":  # every available backend, the default budget and DB
-        tuned = tune_cmd.tune_model(module, {}, tune_cmd.parse_backends(None),
+        tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.parse_backends(None),
                                     tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET), 0, None)
         tune_cmd.print_summary(tuned, "(tuned)")
         plan = tuned.plan
@@ -205,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="partition a model by a plan and build an artifact directory",
                        epilog="Unknown --iree-* flags are passed through to iree-compile.")
-    c.add_argument("model", help="StableHLO module (.mlir text or .mlirbc bytecode) or ONNX model (.onnx)")
+    c.add_argument("model", help="StableHLO module (.mlir text or .mlirbc bytecode), ONNX model (.onnx) or a "
+                   "PyTorch factory package.module:function returning (model, example inputs), as `collage tune` takes")
     c.add_argument("--plan", default="default",
                    help="default | random:SEED | prefer:BACKEND[,BACKEND] | tune | PLAN.json (default: default)")
     c.add_argument("--tune", action="store_true", help="same as --plan tune: `collage tune` first, then compile")

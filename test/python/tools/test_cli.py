@@ -163,3 +163,33 @@ def test_a_model_without_ops_compiles_and_runs(plan, tmp_path):
     x = np.arange(3, dtype=np.float32)
     with collage_runtime.load(tmp_path) as prog:
         np.testing.assert_array_equal(prog.invoke("main", x)[0], x)
+
+
+FACTORY = """
+import torch
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    return model, (torch.randn(2, 8),)
+"""
+
+
+def test_compile_takes_the_torch_factory_tune_takes(tmp_path, torch, monkeypatch):
+    """`collage compile pkg.module:function` as `collage tune` takes it (a tuned plan compiles from the same
+    spec): the factory's model imported, checked against eager, placed by the plan; a bad one is one line."""
+    (tmp_path / "factory_model.py").write_text(FACTORY)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    r = collage("compile", "factory_model:build", "--plan", "prefer:ort", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import factory_model
+
+    model, (x,) = factory_model.build()
+    with collage_runtime.load(tmp_path / "out") as program:
+        assert {r.backend for r in program.manifest.regions} == {"ort"}
+        (got,) = program.invoke("main", x.numpy())
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
+    bad = collage("compile", "factory_model:nope", "-o", str(tmp_path / "out2"))
+    assert bad.returncode == 2 and "cannot load the model factory" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
