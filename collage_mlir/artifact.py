@@ -19,7 +19,7 @@ from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
 from collage_runtime.package import pack
 
 from . import __version__
-from .backends import program_default, registry
+from .backends import get_backend, program_default
 from .backends.iree_codegen import ProgramTarget, iree_compile
 from .errors import CollageError
 from .ir import ir
@@ -94,9 +94,10 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
         iree_args = [*parts.iree_flags, *iree_args]
         vmfb = iree_compile(module, iree_args, parts.target, **iree_kwargs)
         (stage / MODULE_FILE).write_bytes(vmfb)
+        # The backends this artifact uses (asking every registered one imported torch in each compile).
+        used = sorted({parts.plan.default_backend, *(r.backend for r in parts.plan.regions)})
         versions = {"collage-mlir": __version__, "python": sys.version.split()[0],
-                    **{name: info.backend.version() for name, info in registry().items()
-                       if info.backend and not info.problem}}
+                    **{name: get_backend(name).version() for name in used}}
         manifest = Manifest(source, source_hash, MODULE_FILE, hashlib.sha256(vmfb).hexdigest(), versions,
                             (*parts.target.flags, *iree_args), parts.plan.to_json(), parts.devices,
                             tuple(replace(r, sha256=sha256_file(stage / r.artifact)) for r in parts.regions),

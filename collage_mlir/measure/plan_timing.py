@@ -20,6 +20,7 @@ from ..ir import ir
 from ..plan import Plan
 from .harness import MeasureOptions, open_pool
 from .pool import Artifact
+from .status import Status
 from .tasks import INPUT, REFERENCE
 from .worker import Outcome
 
@@ -53,26 +54,35 @@ class PlanTimer:
         placement = {k: v for k, v in plan.to_json().items() if k != "source"}
         return hashlib.sha256(module + json.dumps(placement, sort_keys=True).encode()).hexdigest()
 
-    def prebuild(self, module: ir.Module | bytes, plans: Sequence[Plan], deadline: float | None = None
-                 ) -> list[float | None]:
+    def prebuild(self, module: ir.Module | bytes, plans: Sequence[Plan], deadline: float | None = None,
+                 required: Sequence[Plan] = ()) -> list[float | None]:
         """Builds ``plans`` of ``module`` side by side, as many at once as the pool has build slots, and
         keeps them for ``time`` (a tune's seeds: an engine's compile beside IREE's whole-model one). No
-        build starts past ``deadline`` (``time.monotonic()``); a failed build is what ``time`` answers for
-        its plan. Returns each plan's build seconds (None: not built now). Nothing is timed meanwhile: builds
-        never overlap timings."""
+        build starts past ``deadline`` (``time.monotonic()``), and one still running then is stopped (its
+        worker killed) and left unbuilt, not failed: a budget's end says nothing of the plan. The
+        ``required`` plans (a tune's reference) ignore the deadline. A failed build is what ``time``
+        answers for its plan. Returns each plan's build seconds (None: not built now). Nothing is timed
+        meanwhile: builds never overlap timings."""
         module = self._bytecode(module)
         digests = [self._digest(module, plan) for plan in plans]
         todo = {d: p for d, p in zip(digests, plans) if d not in self._built and d not in self._failed}
+        always = {self._digest(module, plan) for plan in required}
 
         def build(digest: str, plan: Plan) -> tuple[str, Outcome | None]:
-            if deadline is not None and time.monotonic() > deadline:
-                return digest, None  # not built: ``time`` builds it if it is ever timed
+            timeout = self.options.build_timeout_s
+            if deadline is not None and digest not in always:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return digest, None  # not built: ``time`` builds it if it is ever timed
+                timeout = min(timeout, left)
             module_file = self.work / f"plan{next(self._count)}.mlirbc"
             module_file.write_bytes(module)
             try:
-                return digest, self._pool.build(module_file, plan.to_json(), self.options.build_timeout_s)
+                outcome = self._pool.build(module_file, plan.to_json(), timeout)
             finally:
                 module_file.unlink(missing_ok=True)
+            cut = outcome.status == Status.TIMEOUT and timeout < self.options.build_timeout_s
+            return digest, None if cut else outcome
 
         seconds: dict[str, float] = {}
         with ThreadPoolExecutor(max(1, self._pool.build_slots), thread_name_prefix="collage-prebuild") as ex:

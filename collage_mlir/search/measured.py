@@ -190,9 +190,15 @@ class MeasuredEstimator(CostEstimator):
         ctx = self._context.get(backend)
         return ctx.costs if ctx else None
 
+    def _left(self, limit_s: float) -> float:
+        """Seconds a unit of work started now may take: ``limit_s``, or less where the deadline comes first
+        (a worker still busy then is killed: a warm DB's 10 s search again built and profiled an engine's
+        whole-model plan for 15 s)."""
+        return limit_s if self.deadline is None else max(0.0, min(limit_s, self.deadline - time.monotonic()))
+
     def _profile(self, backend: str, plan: Plan, heavy: frozenset[int]) -> InContextCosts | None:
-        """The engine's profile of ``plan`` from the DB, or built and profiled now (None past the deadline
-        or where that fails)."""
+        """The engine's profile of ``plan`` from the DB, or built and profiled now, both stopped at the
+        deadline (None past it or where that fails)."""
         version = get_backend(backend).version()
         key = profile_key(self._model_digest, backend, version, self.device, HARNESS_VERSION, plan.to_json())
         if (stored := self.db.get_cached(IN_CONTEXT, key)) is not None:
@@ -207,11 +213,11 @@ class MeasuredEstimator(CostEstimator):
         np.savez(data_file, **{f"{INPUT}{i}": a for i, a in enumerate(self.inputs)})
         if self._profiler is None:
             self._profiler = Worker("profile", work)
-        built = self._profiler.call(f"{TASKS}:build_plan", self.options.build_timeout_s, module_file=str(module_file),
-                                    plan=plan.to_json(), out_dir=str(out))
-        if not built.ok:
+        built = self._profiler.call(f"{TASKS}:build_plan", self._left(self.options.build_timeout_s),
+                                    module_file=str(module_file), plan=plan.to_json(), out_dir=str(out))
+        if not built.ok or self._spent():
             return None
-        done = self._profiler.call(f"{PROFILE}:profile_artifact", self.options.run_timeout_s, artifact_dir=str(out),
+        done = self._profiler.call(f"{PROFILE}:profile_artifact", self._left(self.options.run_timeout_s), artifact_dir=str(out),
                                    data_file=str(data_file), backend=backend, version=version, heavy=sorted(heavy),
                                    rounds=PROFILE_ROUNDS)
         if not done.ok:
@@ -372,12 +378,13 @@ class MeasuredEstimator(CostEstimator):
             self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
         return outcome
 
-    def prebuild(self, plans: Sequence[Plan], tag: str, deadline: float | None = None) -> dict[PlanKey, float]:
+    def prebuild(self, plans: Sequence[Plan], tag: str, deadline: float | None = None,
+                 required: Sequence[Plan] = ()) -> dict[PlanKey, float]:
         """Builds the ``plans`` the DB cannot answer for ``tag`` side by side (``PlanTimer.prebuild``: as
-        many at once as ``options.jobs``), so their ``plan_time`` only times them; each built plan's build
-        seconds."""
+        many at once as ``options.jobs``; a build but the ``required`` plans' stopped at ``deadline``), so
+        their ``plan_time`` only times them; each built plan's build seconds."""
         todo = [p for p in plans if self.db.get(*self._plan_key(p, tag)) is None]
-        built = self._plan_timer().prebuild(self._bytecode, todo, deadline) if todo else []
+        built = self._plan_timer().prebuild(self._bytecode, todo, deadline, required) if todo else []
         return {p.key: s for p, s in zip(todo, built) if s is not None}
 
     def plan_known(self, plan: Plan, tag: str = "") -> bool:

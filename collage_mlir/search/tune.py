@@ -106,7 +106,8 @@ TRANSITION_SHARE = 0.15
 def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: str | Path, *, budget_s: float,
          seed: int = 0, examples: Mapping[str, Sequence[np.ndarray]] | None = None,
          measure: MeasureOptions | None = None, evolve_options: EvolveOptions | None = None,
-         on_progress: OnProgress | None = None, reuse: bool = True, in_context: bool = True) -> TuneResult:
+         on_progress: OnProgress | None = None, reuse: bool = True, in_context: bool = True,
+         started: float | None = None) -> TuneResult:
     """Finds the plan of ``module`` with the lowest measured end-to-end time on ``backends`` (the default
     backend is always added) within ``budget_s`` seconds.
 
@@ -128,10 +129,12 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     another budget (or ``reuse=False``) searches again on the DB's rows, measuring what they lack.
 
     ``in_context``: price the regions inside a graph engine's maximal regions from its per-node profile of
-    its seed, and leave unmeasured what that profile says cannot win (``MeasuredEstimator.price_in_context``)."""
+    its seed, and leave unmeasured what that profile says cannot win (``MeasuredEstimator.price_in_context``).
+    ``started``: when the user's clock started (``time.monotonic()``; default now), so that what came before
+    the call (loading and importing the model) is spent from the budget too."""
     report = on_progress or (lambda *a: None)
     # Every stage but the finalists' rounds (timing only, on kept builds) keeps to this deadline.
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     deadline = started + budget_s * (1.0 - FINALISTS_SHARE)
     measure = measure or MeasureOptions()
     measure.seed = seed
@@ -322,7 +325,10 @@ def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: Measu
     report("seeds", 0, len(order), "building")
     # Built side by side first (an engine's compile beside IREE's whole-model one), then timed one by one;
     # a seed's wall time below is its timing plus its own build.
-    build_s = est.prebuild([single[n] for n in order], "seed", deadline - SEED_TIMING_S * len(order))
+    # A build still running when the builds' time is up is stopped (it would overrun the budget by a
+    # whole-model compile: ResNet-50's 120 s tune took 169 s); the default seed's never is.
+    build_s = est.prebuild([single[n] for n in order], "seed", deadline - SEED_TIMING_S * len(order),
+                           required=[single[est.default_backend]])
     report("seeds", 0, len(order), f"{len(build_s)} built")
     for k, name in enumerate(order):
         # Past the deadline a seed is still timed where it is built or in the DB: the fastest engine's

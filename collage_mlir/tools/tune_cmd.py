@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import time
 from pathlib import Path
 
 from collage_runtime.types import Platform
@@ -109,9 +110,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def tune_model(module, examples: dict, backends: list, budget_s: float, seed: int, db_path: str | None,
                jobs: int | None = None, reuse: bool = True, platform: Platform = Platform.CPU,
-               cluster: str | None = None):
+               cluster: str | None = None, started: float | None = None):
     """Tunes ``module`` with a rich progress display (building and timing on the Ray cluster at ``cluster``
-    when given); returns the TuneResult."""
+    when given), the budget counted from ``started`` (``time.monotonic()``; default now); returns the
+    TuneResult."""
     import tempfile
 
     from rich.console import Console
@@ -134,14 +136,16 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
             bar.update(task, stage=stage, completed=done, total=total, description=note)
 
         return tune(module, backends, db, work, budget_s=budget_s, seed=seed, examples=examples, measure=options,
-                    on_progress=show, reuse=reuse)
+                    on_progress=show, reuse=reuse, started=started)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..entry import module_key, record_tuned_plan
+    from ..graph import Graph
     from ..ir import new_context
     from ..measure.cluster import connect
 
+    started = time.monotonic()  # the budget is the command's: loading and checking the model count
     budget = parse_budget(args.budget)
     platform = Platform(args.device)
     if args.cluster:  # before any work: a missing Ray or an unreachable cluster is one line at once
@@ -151,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                                 check_import=not args.no_import_check)
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
-                        reuse=not args.search_again, platform=platform, cluster=args.cluster)
+                        reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started)
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")
@@ -162,14 +166,11 @@ def run(args: argparse.Namespace) -> int:
         return 130
     record_tuned_plan(args.db, key, result.tuned)
     print_summary(result, args.output)
-    # The placement to look at, beside the plan (plan.json -> plan.html).
-    from ..graph import Graph, number_ops
+    # The placement to look at, beside the plan (plan.json -> plan.html), on the module as tuned (numbered).
     from . import report_cmd
 
-    numbered, _ = load_model(args.model, new_context(), inputs)
-    number_ops(numbered)
     report = Path(args.output).with_suffix(".html")
-    report.write_text(report_cmd.render(result.tuned, None, Graph(numbered), args.db))
+    report.write_text(report_cmd.render(result.tuned, None, Graph(module), args.db))
     print(f"wrote {report}")
     return 0
 

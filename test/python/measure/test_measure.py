@@ -350,3 +350,24 @@ def test_plans_prebuilt_side_by_side_are_timed_without_building_again(tmp_path, 
             assert outcome.ok and outcome.value.status == "ok", outcome.message
         assert len(builds) == 2, "a prebuilt plan was built again"
         assert timer.prebuild(module, plans) == [None, None]  # kept: nothing to build
+
+
+def test_a_prebuild_running_at_its_deadline_is_stopped_and_left_unbuilt(tmp_path):
+    """A tune's seeds: a build still running at the deadline is stopped (its worker killed: no overrun by a
+    whole-model compile), not recorded as failed, and built when it is timed after all; a ``required`` plan
+    (the reference) builds whatever the deadline."""
+    import time
+
+    from collage_mlir.measure.plan_timing import PlanTimer
+    from collage_mlir.plan import Plan, Region
+
+    module = numbered(ELEMENTWISE)
+    reference = Plan([], "iree-cpu", "iree-cpu")
+    engine = Plan([Region("r", "ort", frozenset({0, 1, 2}))], "iree-cpu", "ort")
+    x = np.ones(64, np.float32)
+    with PlanTimer(tmp_path, MeasureOptions(timing=QUICK, jobs=2), keep=4) as timer:
+        t0 = time.monotonic()
+        seconds = timer.prebuild(module, [reference, engine], deadline=t0 + 0.2, required=[reference])
+        assert seconds[0] is not None and seconds[1] is None, seconds
+        outcome = timer.time(module, engine, [x, x], [np.square(x + x) + x], rtol=1e-5, atol=1e-6)
+        assert outcome.ok and outcome.value.status == "ok", outcome.message

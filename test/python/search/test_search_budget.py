@@ -173,7 +173,8 @@ class _SeedEstimator:
     def __init__(self, built: set[str], known: set[str]):
         self.built, self.known, self.timed = built, known, []
 
-    def prebuild(self, plans, tag, deadline):
+    def prebuild(self, plans, tag, deadline, required=()):
+        self.required = [p.default_backend for p in required if not p.regions]
         return {p.key: 1.0 for p in plans if (p.regions[0].backend if p.regions else p.default_backend) in self.built}
 
     def plan_known(self, plan, tag=""):
@@ -198,3 +199,4 @@ def test_seeds_built_or_known_are_timed_past_the_deadline():
     walls, costs = _time_seeds(single, [get_backend(n) for n in names], est, time.monotonic() - 1,
                                lambda *a: None)
     assert est.timed == ["iree-cpu", "openvino", "onednn"] and set(costs) == {"iree-cpu", "openvino", "onednn"}
+    assert est.required == ["iree-cpu"]  # the reference's build is never stopped by the deadline
