@@ -61,14 +61,14 @@ class PlanTimer:
         build starts past ``deadline`` (``time.monotonic()``), and one still running then is stopped (its
         worker killed) and left unbuilt, not failed: a budget's end says nothing of the plan. The
         ``required`` plans (a tune's reference) ignore the deadline. A failed build is what ``time``
-        answers for its plan. Returns each plan's build seconds (None: not built now). Nothing is timed
-        meanwhile: builds never overlap timings."""
+        answers for its plan. Returns each plan's build seconds, built or failed (None: not built now).
+        Nothing is timed meanwhile: builds never overlap timings."""
         module = self._bytecode(module)
         digests = [self._digest(module, plan) for plan in plans]
         todo = {d: p for d, p in zip(digests, plans) if d not in self._built and d not in self._failed}
         always = {self._digest(module, plan) for plan in required}
 
-        def build(digest: str, plan: Plan) -> tuple[str, Outcome | None]:
+        def build(digest: str, plan: Plan) -> tuple[str, tuple[Outcome, float] | None]:
             timeout = self.options.build_timeout_s
             if deadline is not None and digest not in always:
                 left = deadline - time.monotonic()
@@ -77,30 +77,35 @@ class PlanTimer:
                 timeout = min(timeout, left)
             module_file = self.work / f"plan{next(self._count)}.mlirbc"
             module_file.write_bytes(module)
+            t0 = time.monotonic()
             try:
                 outcome = self._pool.build(module_file, plan.to_json(), timeout)
             finally:
                 module_file.unlink(missing_ok=True)
             cut = outcome.status == Status.TIMEOUT and timeout < self.options.build_timeout_s
-            return digest, None if cut else outcome
+            return digest, None if cut else (outcome, time.monotonic() - t0)
 
         seconds: dict[str, float] = {}
         with ThreadPoolExecutor(max(1, self._pool.build_slots), thread_name_prefix="collage-prebuild") as ex:
-            for digest, outcome in ex.map(lambda item: build(*item), todo.items()):
-                if outcome is not None and outcome.ok:
+            for digest, done in ex.map(lambda item: build(*item), todo.items()):
+                if done is None:
+                    continue
+                outcome, seconds[digest] = done
+                if outcome.ok:
                     self._built[digest] = outcome.value
                     seconds[digest] = outcome.value.build_s
-                elif outcome is not None:
+                else:
                     self._failed[digest] = outcome
         return [seconds.get(d) for d in digests]
 
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
-             outputs_to: Path | None = None) -> Outcome:
+             outputs_to: Path | None = None, build_by: float | None = None) -> Outcome | None:
         """Builds ``module`` by ``plan`` and times ``@main`` on ``inputs``; with ``references`` the results
         are checked first (``wrong`` when beyond ``rtol``/``atol``); with ``outputs_to`` they are saved
         there (``ref<k>`` arrays). The outcome's value is the timing task's result (``status``,
-        ``median_s``, ...); a failed build or run is its status."""
+        ``median_s``, ...); a failed build or run is its status. A build not done by ``build_by``
+        (``time.monotonic()``) is stopped and None returned: not built, which says nothing of the plan."""
         k = next(self._count)
         module = self._bytecode(module)
         digest = self._digest(module, plan)
@@ -116,7 +121,14 @@ class PlanTimer:
         try:
             if artifact is None:
                 module_file.write_bytes(module)
-                built = self._pool.build(module_file, plan.to_json(), self.options.build_timeout_s)
+                timeout = self.options.build_timeout_s
+                if build_by is not None:
+                    timeout = min(timeout, build_by - time.monotonic())
+                    if timeout <= 0:
+                        return None
+                built = self._pool.build(module_file, plan.to_json(), timeout)
+                if built.status == Status.TIMEOUT and timeout < self.options.build_timeout_s:
+                    return None
                 if not built.ok:
                     return Outcome(built.status, message=f"build: {built.message}")
                 artifact = built.value

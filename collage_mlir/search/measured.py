@@ -407,7 +407,12 @@ class MeasuredEstimator(CostEstimator):
                 # A whole model through several backends: ten times the loosest tolerance, as the transition probe.
                 rtol = 10 * max(b.tolerance.rtol for b in used)
                 atol = 10 * max(b.tolerance.atol for b in used)
-                outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol)
+                # A search's plan (untagged) is not built past the deadline: a whole-model build started
+                # just before it was a warm 10 s search's minute (a tagged plan, a seed or a finalist, is).
+                outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol,
+                                                  build_by=None if tag else self.deadline)
+                if outcome is None:
+                    return Cost.unknown("tuning budget spent before it was built")
             summary = f"plan {tag} of {len(plan.regions)} regions"
             fields = dict(zip(KEY_FIELDS, key))
             if outcome.ok:

@@ -355,7 +355,7 @@ def test_plans_prebuilt_side_by_side_are_timed_without_building_again(tmp_path, 
 def test_a_prebuild_running_at_its_deadline_is_stopped_and_left_unbuilt(tmp_path):
     """A tune's seeds: a build still running at the deadline is stopped (its worker killed: no overrun by a
     whole-model compile), not recorded as failed, and built when it is timed after all; a ``required`` plan
-    (the reference) builds whatever the deadline."""
+    (the reference) builds whatever the deadline; a plan timing's build is stopped at its ``build_by``."""
     import time
 
     from collage_mlir.measure.plan_timing import PlanTimer
@@ -369,5 +369,8 @@ def test_a_prebuild_running_at_its_deadline_is_stopped_and_left_unbuilt(tmp_path
         t0 = time.monotonic()
         seconds = timer.prebuild(module, [reference, engine], deadline=t0 + 0.2, required=[reference])
         assert seconds[0] is not None and seconds[1] is None, seconds
-        outcome = timer.time(module, engine, [x, x], [np.square(x + x) + x], rtol=1e-5, atol=1e-6)
+        # A search's plan timing is not built past its deadline either: None, not a failure.
+        ref = [np.square(x + x) + x]
+        assert timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6, build_by=time.monotonic() + 0.2) is None
+        outcome = timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6)
         assert outcome.ok and outcome.value.status == "ok", outcome.message

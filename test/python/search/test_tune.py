@@ -140,25 +140,27 @@ def test_a_whole_model_seed_prices_its_region_for_the_dp(tmp_path):
     """ORT takes the tiny model whole: its seed, one region over every op, timed whole, is that region's
     cost. The regions stage does not build the region again alone, and the DP can take it, so its plan
     is priced no higher than that seed. The boundary probes are in the DB already, as a rerun on this
-    machine finds them (built, they were half this test's time; test_collage_measure_cli builds them)."""
+    machine finds them (built, they were half this test's time; test_collage_measure_cli builds them);
+    the evolution has the seeds alone to breed (its plans' builds were most of what was left)."""
     from collage_mlir.backends import get_backend
+    from collage_mlir.ir import new_context, parse_module
     from collage_mlir.measure import HARNESS_VERSION
     from collage_mlir.measure.db import CostDB, Transition
     from collage_mlir.measure.device import device_fingerprint
+    from collage_mlir.search.evolve import EvolveOptions
     from collage_mlir.search.measured import PROBE_SIZES
+    from collage_mlir.search.tune import tune
 
-    model, db, out = tmp_path / "tiny.mlir", tmp_path / "costs.sqlite", tmp_path / "plan.json"
-    model.write_text(TINY)
+    db = tmp_path / "costs.sqlite"
     device, _ = device_fingerprint()
     with CostDB(db) as d:
         for a, b in [("iree-cpu", "ort"), ("ort", "iree-cpu"), ("ort", "ort")]:
             for n in PROBE_SIZES:  # a plausible line: 20 µs + 0.1 ns per byte
                 d.put_transition(Transition(a, b, get_backend(a).version(), get_backend(b).version(), device,
                                             HARNESS_VERSION, n * n * 4, "ok", 20e-6 + 1e-10 * n * n * 4))
-    cmd = _tune_cmd(model, db, out)
-    cmd[cmd.index("iree-cpu")] = "iree-cpu,ort"
-    subprocess.run(cmd, check=True, capture_output=True)
-    tuning = json.loads(out.read_text())["tuning"]
+        result = tune(parse_module(TINY, new_context()), [get_backend("iree-cpu"), get_backend("ort")], d,
+                      tmp_path / "work", budget_s=600, evolve_options=EvolveOptions(population=1))
+    tuning = result.tuned.to_json()["tuning"]
     # Priced (by the seed's timing; the record's measured_s is the finalist rounds' median) and no
     # cheaper for the DP than its own optimum.
     whole = tuning["single_backend"]["ort"]
