@@ -186,7 +186,7 @@ def build_on_node(module: bytes, plan: dict, timeout_s: float, device: str, plat
         return outcome, _pack(work / "artifact") if outcome.ok else b""
 
 
-def time_on_node(artifact: bytes, data: bytes, timing: dict, rtol: float | None, atol: float | None,
+def time_on_node(artifact: bytes, data: bytes, timing: dict | None, rtol: float | None, atol: float | None,
                  outputs: bool, timeout_s: float, device: str, platform: str) -> tuple[Outcome, bytes | None]:
     """(outcome, the results' ``.npz`` when ``outputs``) of ``tasks.time_artifact`` here."""
     _check_device(device, platform)
@@ -238,9 +238,10 @@ class RayPool:
         built: Built = found.value
         return Outcome(Status.OK, Artifact(artifact, built.build_s))
 
-    def time(self, artifact: Artifact, data_file: Path, timeout_s: float, *, timing: TimingOptions,
+    def time(self, artifact: Artifact, data_file: Path, timeout_s: float, *, timing: TimingOptions | None,
              rtol: float | None = None, atol: float | None = None, outputs_file: Path | None = None) -> Outcome:
-        outcome, outputs = self._time.remote(artifact.handle, Path(data_file).read_bytes(), timing.to_json(), rtol,
+        outcome, outputs = self._time.remote(artifact.handle, Path(data_file).read_bytes(),
+                                             timing.to_json() if timing else None, rtol,
                                              atol, outputs_file is not None, timeout_s, self.info.device,
                                              self.platform.value)
         found = self._get(outcome, self._time_needs)

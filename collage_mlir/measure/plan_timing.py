@@ -100,12 +100,13 @@ class PlanTimer:
 
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
-             outputs_to: Path | None = None, build_by: float | None = None) -> Outcome | None:
+             outputs_to: Path | None = None, build_by: float | None = None, timed: bool = True) -> Outcome | None:
         """Builds ``module`` by ``plan`` and times ``@main`` on ``inputs``; with ``references`` the results
         are checked first (``wrong`` when beyond ``rtol``/``atol``); with ``outputs_to`` they are saved
         there (``ref<k>`` arrays). The outcome's value is the timing task's result (``status``,
         ``median_s``, ...); a failed build or run is its status. A build not done by ``build_by``
-        (``time.monotonic()``) is stopped and None returned: not built, which says nothing of the plan."""
+        (``time.monotonic()``) is stopped and None returned: not built, which says nothing of the plan.
+        Not ``timed``: one run, for its results (``outputs_to``) or its check."""
         k = next(self._count)
         module = self._bytecode(module)
         digest = self._digest(module, plan)
@@ -132,7 +133,8 @@ class PlanTimer:
                 if not built.ok:
                     return Outcome(built.status, message=f"build: {built.message}")
                 artifact = built.value
-            outcome = self._pool.time(artifact, data_file, self.options.run_timeout_s, timing=self.options.timing,
+            outcome = self._pool.time(artifact, data_file, self.options.run_timeout_s,
+                                      timing=self.options.timing if timed else None,
                                       rtol=rtol if references is not None else None, atol=atol, outputs_file=outputs_to)
             ok = outcome.ok
             return outcome if outcome.ok else Outcome(outcome.status, message=f"run: {outcome.message}")

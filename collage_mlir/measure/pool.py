@@ -48,10 +48,11 @@ class TaskPool(Protocol):
         compile`` would; an ``OK`` outcome's value is the ``Artifact``."""
         ...
 
-    def time(self, artifact: Artifact, data_file: Path, timeout_s: float, *, timing: TimingOptions,
+    def time(self, artifact: Artifact, data_file: Path, timeout_s: float, *, timing: TimingOptions | None,
              rtol: float | None = None, atol: float | None = None, outputs_file: Path | None = None) -> Outcome:
         """``tasks.time_artifact`` of ``artifact`` on the ``.npz`` ``data_file`` (checked against its
-        references when ``rtol`` is given; with ``outputs_file`` the results are saved there)."""
+        references when ``rtol`` is given; with ``outputs_file`` the results are saved there; no timing
+        with ``timing`` None)."""
         ...
 
     def discard(self, artifact: Artifact) -> None:
@@ -96,11 +97,11 @@ class LocalPool:
             return outcome
         return Outcome(Status.OK, Artifact(out, outcome.value.build_s))
 
-    def time(self, artifact: Artifact, data_file: Path, timeout_s: float, *, timing: TimingOptions,
+    def time(self, artifact: Artifact, data_file: Path, timeout_s: float, *, timing: TimingOptions | None,
              rtol: float | None = None, atol: float | None = None, outputs_file: Path | None = None) -> Outcome:
         with self._timing:
             return self._timer.call(f"{TASKS}:time_artifact", timeout_s, artifact_dir=str(artifact.handle),
-                                    data_file=str(data_file), timing=timing.to_json(), rtol=rtol, atol=atol,
+                                    data_file=str(data_file), timing=timing.to_json() if timing else None, rtol=rtol, atol=atol,
                                     outputs_file=str(outputs_file) if outputs_file is not None else None)
 
     def discard(self, artifact: Artifact) -> None:

@@ -101,12 +101,13 @@ def load_arrays(path: str, prefix: str) -> list[np.ndarray]:
         return [data[f"{prefix}{k}"] for k in range(count)]
 
 
-def time_artifact(artifact_dir: str, data_file: str, timing: dict, rtol: float | None = None,
+def time_artifact(artifact_dir: str, data_file: str, timing: dict | None, rtol: float | None = None,
                   atol: float | None = None, outputs_file: str | None = None) -> Timed:
     """Loads the artifact, runs ``main`` once on the data file's inputs and, when a tolerance is given,
-    checks the results against its references (``wrong`` and no timing when they differ); then times it.
-    With ``outputs_file`` the first run's results are saved there (``ref<k>``): a plan that is the
-    reference (IREE alone) needs no second build to provide it."""
+    checks the results against its references (``wrong`` and no timing when they differ); then times it
+    (not with ``timing`` None: a run for its results alone). With ``outputs_file`` the first run's results
+    are saved there (``ref<k>``): a plan that is the reference (IREE alone) needs no second build to provide
+    it."""
     import collage_runtime
 
     inputs = load_arrays(data_file, INPUT)
@@ -123,6 +124,8 @@ def time_artifact(artifact_dir: str, data_file: str, timing: dict, rtol: float |
             result = replace(result, max_abs_err=check.max_abs, max_rel_err=check.max_rel)
             if not check.ok:
                 return replace(result, status=Status.WRONG, message=check.message)
+        if timing is None:
+            return result
         fn = program.device_function("main")
         args = [program.to_device(a) for a in inputs]
         t = time_repeated(lambda: fn(*args), TimingOptions(**timing))

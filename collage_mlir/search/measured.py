@@ -24,7 +24,6 @@ from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, Progress, measure_regions
 from ..measure.plan_timing import PlanTimer
 from ..measure.profile import IN_CONTEXT, PROFILE, PROFILED_BACKENDS, InContextCosts, profile_key
-from ..measure.worker import Outcome
 from ..measure.reference import model_inputs
 from ..measure.status import Status
 from ..measure.tasks import INPUT, REFERENCE, TASKS
@@ -362,21 +361,21 @@ class MeasuredEstimator(CostEstimator):
         program is checked like any other plan (IREE's CUDA codegen once computed ResNet-50's head wrong, and
         differently on every call: studies/gpu)."""
         if self._reference is None:
-            self._time_reference()
+            self._run_reference()
         return self._reference
 
-    def _time_reference(self) -> Outcome:
-        """Builds and times IREE CPU alone, keeping its results as the reference (on the CPU one whole-model
-        build serves as both the reference and the default seed's timing)."""
+    def _run_reference(self) -> None:
+        """Builds IREE CPU alone and runs it once, keeping its results as the reference; not timed here (on
+        the CPU the build is kept, and the default seed's timing is that build's: the seeds can then be timed
+        graph engines first, the slow reference last)."""
         out = self.work / "plans" / "reference.npz"
         plan = Plan([], CPU_REFERENCE, "reference")
-        outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, outputs_to=out)
+        outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, outputs_to=out, timed=False)
         if not outcome.ok or outcome.value.status != Status.OK:
             why = outcome.message if not outcome.ok else outcome.value.message
             raise CollageError(f"the reference run ({plan.default_backend} alone) failed: {why}"[:500])
         with np.load(out) as data:
             self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
-        return outcome
 
     def prebuild(self, plans: Sequence[Plan], tag: str, deadline: float | None = None,
                  required: Sequence[Plan] = ()) -> dict[PlanKey, float]:
@@ -399,20 +398,16 @@ class MeasuredEstimator(CostEstimator):
         elif self._spent() and not tag:
             return Cost.unknown("tuning budget spent before it was measured")
         else:
-            if (not plan.regions and plan.default_backend == self.default_backend == CPU_REFERENCE
-                    and self._reference is None):
-                outcome = self._time_reference()  # this plan is the reference: nothing to check it against
-            else:
-                used = [get_backend(n) for n in {plan.default_backend, *(r.backend for r in plan.regions)}]
-                # A whole model through several backends: ten times the loosest tolerance, as the transition probe.
-                rtol = 10 * max(b.tolerance.rtol for b in used)
-                atol = 10 * max(b.tolerance.atol for b in used)
-                # A search's plan (untagged) is not built past the deadline: a whole-model build started
-                # just before it was a warm 10 s search's minute (a tagged plan, a seed or a finalist, is).
-                outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol,
-                                                  build_by=None if tag else self.deadline)
-                if outcome is None:
-                    return Cost.unknown("tuning budget spent before it was built")
+            used = [get_backend(n) for n in {plan.default_backend, *(r.backend for r in plan.regions)}]
+            # A whole model through several backends: ten times the loosest tolerance, as the transition probe.
+            rtol = 10 * max(b.tolerance.rtol for b in used)
+            atol = 10 * max(b.tolerance.atol for b in used)
+            # A search's plan (untagged) is not built past the deadline: a whole-model build started
+            # just before it was a warm 10 s search's minute (a tagged plan, a seed or a finalist, is).
+            outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol,
+                                              build_by=None if tag else self.deadline)
+            if outcome is None:
+                return Cost.unknown("tuning budget spent before it was built")
             summary = f"plan {tag} of {len(plan.regions)} regions"
             fields = dict(zip(KEY_FIELDS, key))
             if outcome.ok:

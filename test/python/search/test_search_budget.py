@@ -187,9 +187,10 @@ class _SeedEstimator:
 
 @pytest.mark.fast
 def test_seeds_built_or_known_are_timed_past_the_deadline():
-    """The seeds' builds ran past the deadline: the default seed (the reference) and every engine's seed that
-    was built or is in the DB are still timed (the anytime plan: a ResNet-50 tune of 120 s returned IREE
-    alone, 25x slower than OpenVINO alone, whose seed was built); a seed neither built nor known is not built."""
+    """The seeds' builds ran past the deadline: every engine's seed that was built or is in the DB is still
+    timed (the anytime plan: a ResNet-50 tune of 120 s returned IREE alone, 25x slower than OpenVINO alone,
+    whose seed was built); a seed neither built nor known is not built. The default seed is timed last, and
+    past the deadline only where no other seed was timed (IREE alone on ResNet-50: 13 s of timing)."""
     from collage_mlir.plan import Plan, Region
     from collage_mlir.search.tune import _time_seeds
 
@@ -198,10 +199,14 @@ def test_seeds_built_or_known_are_timed_past_the_deadline():
     est = _SeedEstimator(built={"iree-cpu", "openvino"}, known={"onednn"})
     walls, costs = _time_seeds(single, [get_backend(n) for n in names], est, time.monotonic() - 1,
                                lambda *a: None)
-    assert est.timed == ["iree-cpu", "openvino", "onednn"] and set(costs) == {"iree-cpu", "openvino", "onednn"}
+    # The default seed last: past the deadline it is left untimed where another seed was timed.
+    assert est.timed == ["openvino", "onednn"] and set(costs) == {"openvino", "onednn"}
     assert est.required == ["iree-cpu"]  # the reference's build is never stopped by the deadline
     # Before the deadline too, a seed the builds did not reach is not built now (one whole-model build
     # started then ran a 120 s tune of BERT-base to 172 s).
     est = _SeedEstimator(built={"iree-cpu"}, known=set())
     _time_seeds(single, [get_backend(n) for n in names], est, time.monotonic() + 600, lambda *a: None)
+    assert est.timed == ["iree-cpu"]
+    est = _SeedEstimator(built={"iree-cpu"}, known=set())  # past the deadline, nothing else: the default
+    _time_seeds(single, [get_backend(n) for n in names], est, time.monotonic() - 1, lambda *a: None)
     assert est.timed == ["iree-cpu"]
