@@ -64,6 +64,23 @@ def _serve(conn) -> None:
         conn.send(reply)
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (Linux's ``/proc/PID/task/TID/children``; none elsewhere)."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
 class Worker:
     """One child interpreter (``python -P -m collage_mlir.measure.worker``: nothing inherited, the caller's
     main module is never re-imported, and the current directory is not on its path) serving tasks one at a time; restarted after a crash
@@ -120,10 +137,15 @@ class Worker:
         return f"worker died ({why})" + (f": {tail}" if tail else "")
 
     def stop(self) -> None:
-        """Kills the worker (a later call starts a fresh one)."""
+        """Kills the worker and what it started (a later call starts a fresh one): a build stopped at a tune's
+        deadline left its ``iree-compile`` running on, and the seeds timed after it ran 2x slow."""
         if self._proc is not None:
             if self._proc.poll() is None:
-                self._proc.kill()
+                for pid in [*_descendants(self._proc.pid), self._proc.pid]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             self._proc.wait()
             self._proc = None
         if self._conn is not None:

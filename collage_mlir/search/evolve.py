@@ -43,7 +43,7 @@ class EvolveOptions:
     close_singles: int = 3
     seed: int = 0
     deadline: float | None = None  # time.monotonic() after which no generation starts
-    #: ``time.monotonic()`` after which no further finalists' round starts (the first always runs): the
+    #: ``time.monotonic()`` after which no finalists' round starts (none at all past it: the search's timings decide): the
     #: end of the whole budget.
     final_deadline: float | None = None
 
@@ -271,8 +271,8 @@ def _final(seeds, times: dict[PlanKey, Cost], plans: dict[PlanKey, Plan], estima
     finalists = [Finalist(plans[k], seed_names.get(k, "evolved"), [times[k].seconds], times[k].spread)
                  for k in dict.fromkeys(picks)]
     for r in range(opt.rounds):
-        if r and opt.final_deadline is not None and time.monotonic() > opt.final_deadline:
-            break  # the budget is spent: the rounds so far decide
+        if opt.final_deadline is not None and time.monotonic() > opt.final_deadline:
+            break  # the budget is spent: the rounds so far decide (none: the search's own timings)
         for f in finalists:  # interleaved: every finalist once per round
             c = estimator.plan_time(f.plan, tag=f"final{r}")
             if c.usable:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +21,35 @@ def test_a_slow_call_stops_at_a_few_samples_a_fast_one_takes_the_minimum():
     assert slow.repeats == 3 and 0.02 <= slow.median_s < 0.1
     fast = time_repeated(lambda: time.sleep(0.0005), options)
     assert fast.repeats >= 10 and fast.median_s < 0.02
+
+
+@pytest.mark.fast
+def test_a_worker_stopped_mid_task_takes_what_it_started_with_it(tmp_path):
+    """A task past its timeout kills the worker and the processes it started (a build stopped at a tune's
+    deadline left its ``iree-compile`` running, and the seeds timed after it ran 2x slow)."""
+    from collage_mlir.measure.status import Status
+    from collage_mlir.measure.worker import Worker
+
+    marker = f"sleep {37 + os.getpid() % 1000}.5"  # a command line no other process has
+    worker = Worker("stop", tmp_path)
+    try:
+        outcome = worker.call("subprocess:run", 1.0, args=marker.split())
+        assert outcome.status == Status.TIMEOUT
+        time.sleep(0.2)
+        assert _running(marker) == [], "the worker's child outlived it"
+    finally:
+        worker.stop()
+        for pid in _running(marker):
+            os.kill(pid, 9)
+
+
+def _running(command_line: str) -> list[int]:
+    """The processes whose command line is ``command_line`` (Linux's /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().replace(b"\0", b" ").strip() == command_line.encode():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
