@@ -45,21 +45,30 @@ def cache_key(module_digest: str, backends: Sequence[Backend]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def cached_regions(backends: Sequence[Backend], db: CostDB, module_digest: str
+                   ) -> tuple[list[Candidate], dict[str, list[frozenset[int]]]] | None:
+    """(candidates, maximal regions by backend) from the DB's cache where it holds this module's under the
+    same backends and code, else None."""
+    doc = db.get_cached(KIND, cache_key(module_digest, backends))
+    if doc is None:
+        return None
+    data = json.loads(doc)
+    candidates = [Candidate(b, pattern, frozenset(ops)) for b, pattern, ops in data["candidates"]]
+    return candidates, {b: [frozenset(r) for r in rs] for b, rs in data["maximal"].items()}
+
+
 def candidate_regions(graph: Graph, backends: Sequence[Backend], db: CostDB | None = None,
-                      module_digest: str | None = None) -> tuple[list[Candidate], dict[str, list[frozenset[int]]]]:
+                      module_digest: str | None = None, maximal: dict[str, list[frozenset[int]]] | None = None
+                      ) -> tuple[list[Candidate], dict[str, list[frozenset[int]]]]:
     """(every backend's candidates, each backend's maximal regions by name): from the DB's cache when it
-    holds this module's under the same backends and code, else enumerated (and cached)."""
-    key = cache_key(module_digest, backends) if db is not None and module_digest else None
-    doc = db.get_cached(KIND, key) if key else None
-    if doc is not None:
-        data = json.loads(doc)
-        candidates = [Candidate(b, pattern, frozenset(ops)) for b, pattern, ops in data["candidates"]]
-        maximal = {b: [frozenset(r) for r in rs] for b, rs in data["maximal"].items()}
-        return candidates, maximal
-    maximal = {b.name: maximal_regions(graph, b) for b in backends}
+    holds this module's under the same backends and code, else enumerated (and cached); ``maximal``: the
+    maximal regions, already found (a tune builds its seeds from them while the candidates are enumerated)."""
+    if db is not None and module_digest and (found := cached_regions(backends, db, module_digest)) is not None:
+        return found
+    maximal = maximal if maximal is not None else {b.name: maximal_regions(graph, b) for b in backends}
     candidates = enumerate_candidates(graph, list(backends))
-    if key:
-        db.put_cached(KIND, key, json.dumps({
+    if db is not None and module_digest:
+        db.put_cached(KIND, cache_key(module_digest, backends), json.dumps({
             "candidates": [(c.backend, c.pattern, sorted(c.ops)) for c in candidates],
             "maximal": {b: [sorted(r) for r in rs] for b, rs in maximal.items()}}))
     return candidates, maximal

@@ -10,6 +10,7 @@ import json
 import math
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -29,10 +30,11 @@ from .cost import Cost
 from .dp import EXACT, EXACT_MAX_OPS, DpLimits, optimize, reachable_candidates
 from .evolve import EvolveOptions, EvolveResult, evolve
 from .index import CandidateIndex, SearchGraph, plan_cost
-from .index_cache import candidate_regions
+from .index_cache import cached_regions, candidate_regions
 from .measured import MeasuredEstimator
 from .milp import exact_plan
 from .priority import measure_by_priority
+from .regions import maximal_regions
 from .record import ChosenTimes, Finalist, PlanTimes, RegionChoice, TunedPlan, TuneRecord
 from .simple_plans import single_backend_plans
 
@@ -163,34 +165,47 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
                           {n: Plan.from_json(p, source=n) for n, p in record["single"].items()},
                           record["candidates"], None, reused=True)
     report("candidates", 0, None, "")
-    # A rerun on this DB reads the candidates instead of enumerating them (the backends' checks, ~12 s on
-    # ResNet-50 idle).
-    candidates, maximal = candidate_regions(graph, backends, db, digest)
-    index = CandidateIndex(SearchGraph.from_graph(graph), candidates, maximal)
-    report("candidates", len(index), len(index), f"{len(index)} candidates")
     est = MeasuredEstimator(module, backends, db, work_dir, examples=examples, options=measure, deadline=deadline,
                             on_progress=lambda stage, p: report(stage, p.done, p.total,
                                                                 f"hits {p.cache_hits}  failures {p.failures}"))
     est.use_in_context = in_context
+    candidates = 0
     try:
-        return _search(graph, backends, names, index, maximal, db, digest, result_key, est, opts, measure,
-                       started, deadline, budget_s, seed, report)
+        # A rerun on this DB reads the candidates instead of enumerating them (the backends' checks, ~12 s on
+        # ResNet-50 idle, 38 s on BERT-base under load). The seeds need only the maximal regions: they build
+        # in the workers while this process enumerates (before, no seed build started in a 120 s tune of
+        # BERT-base until 39 s had gone, and OpenVINO's seed was not built in time).
+        cached = cached_regions(backends, db, digest)
+        maximal = cached[1] if cached else {b.name: maximal_regions(graph, b) for b in backends}
+        single = single_backend_plans(graph, backends, maximal, measure.platform)
+        building = ThreadPoolExecutor(1, thread_name_prefix="collage-seeds")
+        try:
+            seeds = building.submit(_build_seeds, single, backends, est, deadline, report)
+            found, _ = cached or candidate_regions(graph, backends, db, digest, maximal)
+            index = CandidateIndex(SearchGraph.from_graph(graph), found, maximal)
+            candidates = len(index)
+            report("candidates", candidates, candidates, f"{candidates} candidates")
+            build_s = seeds.result()
+        finally:
+            building.shutdown(wait=False)  # Ctrl-C: est.close() below stops the builds
+        return _search(graph, backends, names, index, maximal, single, build_s, db, digest, result_key, est, opts,
+                       measure, started, deadline, budget_s, seed, report)
     except KeyboardInterrupt:
         if est.fastest is None:
             raise  # nothing timed yet: nothing to return
-        return _interrupted(est, names, seed, budget_s, len(index), time.monotonic() - started)
+        return _interrupted(est, names, seed, budget_s, candidates, time.monotonic() - started)
     finally:
         est.close()
 
 
-def _search(graph: Graph, backends, names, index, maximal, db: CostDB, digest: str, result_key: str,
-            est: MeasuredEstimator, opts: EvolveOptions, measure: MeasureOptions, started: float, deadline: float,
-            budget_s: float, seed: int, report: OnProgress) -> TuneResult:
-    """The stages of ``tune`` after the candidate index: seeds, transitions, regions, DP, evolution,
-    finalists; stores the finished result in the DB."""
-    platform, default = measure.platform, measure.default_backend
-    single = single_backend_plans(graph, backends, maximal, platform)
-    walls, seed_costs = _time_seeds(single, backends, est, deadline, report)
+def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Plan], build_s: dict[PlanKey, float],
+            db: CostDB, digest: str, result_key: str, est: MeasuredEstimator, opts: EvolveOptions,
+            measure: MeasureOptions, started: float, deadline: float, budget_s: float, seed: int,
+            report: OnProgress) -> TuneResult:
+    """The stages of ``tune`` after the candidate index and the seeds' builds (``build_s``): the seeds'
+    timings, transitions, regions, DP, evolution, finalists; stores the finished result in the DB."""
+    default = measure.default_backend
+    walls, seed_costs = _time_seeds(single, backends, est, deadline, report, build_s)
     timed, build_s = set(walls), max(walls.values(), default=0.0)
     # A seed that is one region over every op but constants timed that region whole: the DP prices
     # the region by it (else the region, a whole-model build, comes last in the regions stage and
@@ -317,22 +332,32 @@ _SEED_ORDER = (BackendKind.GRAPH, BackendKind.LIBRARY, BackendKind.CODEGEN)
 SEED_TIMING_S = 5.0
 
 
-def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
-                report: OnProgress) -> tuple[dict[str, float], dict[str, Cost]]:
-    """Times the single-backend plans whole (tag ``seed``) in ``_SEED_ORDER`` where their builds ended by the
-    builds' deadline (or the DB has them), then the default backend's (its build is the reference, run once
-    before the first timing); returns the wall time each one timed took (a DB hit: ~0) and its cost."""
+def _seed_order(single: dict[str, Plan], backends: Sequence[Backend], default: str) -> list[str]:
     kind = {b.name: b.kind for b in backends}
-    order = sorted(single, key=lambda n: (n != est.default_backend, _SEED_ORDER.index(kind[n]), n))
+    return sorted(single, key=lambda n: (n != default, _SEED_ORDER.index(kind[n]), n))
+
+
+def _build_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
+                 report: OnProgress) -> dict[PlanKey, float]:
+    """Builds the single-backend plans the DB cannot answer side by side (an engine's compile beside IREE's
+    whole-model one), to be timed one by one; each build's seconds. A build still running when the builds'
+    time is up is stopped (it would overrun the budget by a whole-model compile: ResNet-50's 120 s tune took
+    169 s); the default seed's never is."""
+    order = _seed_order(single, backends, est.default_backend)
+    report("seeds", 0, len(order), "building")
+    return est.prebuild([single[n] for n in order], "seed", deadline - SEED_TIMING_S * len(order),
+                        required=[single[est.default_backend]])
+
+
+def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
+                report: OnProgress, build_s: dict[PlanKey, float]) -> tuple[dict[str, float], dict[str, Cost]]:
+    """Times the single-backend plans whole (tag ``seed``) in ``_SEED_ORDER`` where their builds ended
+    (``build_s``, ``_build_seeds``) or the DB has them, then the default backend's (its build is the
+    reference, run once before the first timing); returns the wall time each one took, its build
+    included (a DB hit: ~0), and its cost."""
+    order = _seed_order(single, backends, est.default_backend)
     walls: dict[str, float] = {}
     costs: dict[str, Cost] = {}
-    report("seeds", 0, len(order), "building")
-    # Built side by side first (an engine's compile beside IREE's whole-model one), then timed one by one;
-    # a seed's wall time below is its timing plus its own build.
-    # A build still running when the builds' time is up is stopped (it would overrun the budget by a
-    # whole-model compile: ResNet-50's 120 s tune took 169 s); the default seed's never is.
-    build_s = est.prebuild([single[n] for n in order], "seed", deadline - SEED_TIMING_S * len(order),
-                           required=[single[est.default_backend]])
     report("seeds", 0, len(order), f"{len(build_s)} builds done")
     # The default seed is timed last: graph engines first, as the likely answer, while the default (the
     # slowest to time on a large model: IREE alone on ResNet-50, 2 s a call) is timed past the deadline only

@@ -55,7 +55,9 @@ def load(name: str):
         return import_torch(small_cnn(), [x], new_context()), [x.numpy()]
     from collage_mlir import zoo
 
-    zoo_name, small = (name.removesuffix("_small"), True) if name.endswith("_small") else (name, False)
+    # A zoo name itself first (gpt2_small is the full GPT-2 small), else NAME_small for NAME's CI variant.
+    zoo_name, small = (name.removesuffix("_small"), True) if name.endswith("_small") and name not in zoo.MODELS \
+        else (name, False)
     zoo_name = {"bert": "bert_base"}.get(zoo_name, zoo_name)
     model, inputs = zoo.build(zoo_name, small)
     return import_torch(model, list(inputs), new_context()), [t.detach().numpy() for t in inputs]

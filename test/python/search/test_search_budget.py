@@ -192,21 +192,24 @@ def test_seeds_built_or_known_are_timed_past_the_deadline():
     whose seed was built); a seed neither built nor known is not built. The default seed is timed last, and
     past the deadline only where no other seed was timed (IREE alone on ResNet-50: 13 s of timing)."""
     from collage_mlir.plan import Plan, Region
-    from collage_mlir.search.tune import _time_seeds
+    from collage_mlir.search.tune import _build_seeds, _time_seeds
+
+    def _seeds(single, backends, est, deadline):
+        return _time_seeds(single, backends, est, deadline, lambda *a: None,
+                           _build_seeds(single, backends, est, deadline, lambda *a: None))
 
     names = ["iree-cpu", "openvino", "ort", "onednn"]
     single = {n: Plan([] if n == "iree-cpu" else [Region(n, n, frozenset({0}))], "iree-cpu") for n in names}
     est = _SeedEstimator(built={"iree-cpu", "openvino"}, known={"onednn"})
-    walls, costs = _time_seeds(single, [get_backend(n) for n in names], est, time.monotonic() - 1,
-                               lambda *a: None)
+    walls, costs = _seeds(single, [get_backend(n) for n in names], est, time.monotonic() - 1)
     # The default seed last: past the deadline it is left untimed where another seed was timed.
     assert est.timed == ["openvino", "onednn"] and set(costs) == {"openvino", "onednn"}
     assert est.required == ["iree-cpu"]  # the reference's build is never stopped by the deadline
     # Before the deadline too, a seed the builds did not reach is not built now (one whole-model build
     # started then ran a 120 s tune of BERT-base to 172 s).
     est = _SeedEstimator(built={"iree-cpu"}, known=set())
-    _time_seeds(single, [get_backend(n) for n in names], est, time.monotonic() + 600, lambda *a: None)
+    _seeds(single, [get_backend(n) for n in names], est, time.monotonic() + 600)
     assert est.timed == ["iree-cpu"]
     est = _SeedEstimator(built={"iree-cpu"}, known=set())  # past the deadline, nothing else: the default
-    _time_seeds(single, [get_backend(n) for n in names], est, time.monotonic() - 1, lambda *a: None)
+    _seeds(single, [get_backend(n) for n in names], est, time.monotonic() - 1)
     assert est.timed == ["iree-cpu"]
