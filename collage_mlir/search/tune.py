@@ -113,16 +113,16 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     """Finds the plan of ``module`` with the lowest measured end-to-end time on ``backends`` (the default
     backend is always added) within ``budget_s`` seconds.
 
-    Stages, each starting no new unit of work past the deadline: candidate index; the single-backend
-    seed plans timed whole (the default backend's always: it is the reference and the fallback; then
-    graph engines, libraries, codegen); transition probes (at most ``TRANSITION_SHARE`` of what is
+    Stages, each starting no new unit of work past the deadline: candidate index, while the single-backend
+    seed plans build; the seeds timed whole (graph engines, libraries, codegen, then the default backend's,
+    whose build is the reference and the fallback); transition probes (at most ``TRANSITION_SHARE`` of what is
     left); region costs in priority order (``priority.py``), stopping a seed build's time early so the
     DP plan can still be timed; the DP (a beam, Collage's own DP past the deadline); the DP plan's
-    timing (skipped past the deadline); the evolution (one plan timing at a time). Past the deadline
-    only the finalists' interleaved re-timing runs (their builds are kept: timing only). So a tune ends
-    at most one unit of work in flight (a whole-plan build and timing, or a batch of region builds) plus
-    the finalists' rounds past its budget; the default seed is the exception when the budget is shorter
-    than its build.
+    timing (skipped where its build would end past the deadline); the evolution (one plan timing at a
+    time). Builds still running at the deadline are stopped (the default seed's never); past it only the
+    finalists' interleaved re-timing rounds start (their builds are kept: timing only), until the budget's
+    end. So a tune ends at most a seed's timing, a batch of region timings or the DP past its budget; the
+    default seed is the exception when the budget is shorter than its build.
 
     A finished tune is kept in the DB under the model (and its example inputs), the backends with their
     versions, the device, the seed, the budget and the search options; with ``reuse`` the same call
@@ -333,6 +333,7 @@ SEED_TIMING_S = 5.0
 
 
 def _seed_order(single: dict[str, Plan], backends: Sequence[Backend], default: str) -> list[str]:
+    """The seeds' build order: the default backend's first (the longest, and the reference), then by kind."""
     kind = {b.name: b.kind for b in backends}
     return sorted(single, key=lambda n: (n != default, _SEED_ORDER.index(kind[n]), n))
 
