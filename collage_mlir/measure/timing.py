@@ -26,6 +26,9 @@ class TimingOptions:
     #: and nothing that slow is a near tie of the plan a tune keeps).
     slow_repeats: int = 3
     slow_budgets: float = 3.0
+    #: A first call slower than this is the timing, one sample (``None``: never): a plan several times slower
+    #: than the fastest one known cannot win, and R3D-18's 18 s-a-call seeds took a 120 s tune to 350 s.
+    give_up_s: float | None = None
     min_time_s: float = 0.25
     max_repeats: int = 500
     rel_spread: float = 0.02
@@ -66,6 +69,8 @@ def time_repeated(call: Callable[[], object], options: TimingOptions = TimingOpt
         t0 = time.perf_counter()
         call()
         last = time.perf_counter() - t0
+        if options.give_up_s is not None and last > options.give_up_s:
+            return Timing(last, last, 0.0, 1, 1)
     inner = max(1, min(1000, math.ceil(options.min_sample_s / max(last, 1e-7))))
     samples: list[float] = []
     start = time.perf_counter()

@@ -34,6 +34,10 @@ from .cost import Cost, CostEstimator, TransitionFit
 
 #: The backend whose whole-model results every plan is checked against, whatever the platform.
 CPU_REFERENCE = PLATFORM_DEFAULTS[Platform.CPU]
+#: A whole plan whose first call takes this many times the fastest plan known is timed by that call alone:
+#: it cannot win (R3D-18's data-tiled IREE and oneDNN seeds, 18-20 s a call against ORT's 0.7 s, took a
+#: 120 s tune to 350 s with their full timings).
+GIVE_UP = 3.0
 
 #: Probe sides for the transition fit: 16 KiB, 64 KiB and 256 KiB of f32 cross each boundary.
 PROBE_SIZES = (64, 128, 256)
@@ -404,8 +408,10 @@ class MeasuredEstimator(CostEstimator):
             atol = 10 * max(b.tolerance.atol for b in used)
             # A search's plan (untagged) is not built past the deadline: a whole-model build started
             # just before it was a warm 10 s search's minute (a tagged plan, a seed or a finalist, is).
+            # A plan far slower than the fastest one known is timed by its first call.
+            give_up = GIVE_UP * self.fastest[1].seconds if self.fastest else None
             outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol,
-                                              build_by=None if tag else self.deadline)
+                                              build_by=None if tag else self.deadline, give_up_s=give_up)
             if outcome is None:
                 return Cost.unknown("tuning budget spent before it was built")
             summary = f"plan {tag} of {len(plan.regions)} regions"

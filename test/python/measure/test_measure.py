@@ -355,7 +355,8 @@ def test_plans_prebuilt_side_by_side_are_timed_without_building_again(tmp_path, 
 def test_a_prebuild_running_at_its_deadline_is_stopped_and_left_unbuilt(tmp_path):
     """A tune's seeds: a build still running at the deadline is stopped (its worker killed: no overrun by a
     whole-model compile), not recorded as failed, and built when it is timed after all; a ``required`` plan
-    (the reference) builds whatever the deadline; a plan timing's build is stopped at its ``build_by``."""
+    (the reference) builds whatever the deadline; a plan timing's build is stopped at its ``build_by``; a
+    checked call slower than ``give_up_s`` is the timing."""
     import time
 
     from collage_mlir.measure.plan_timing import PlanTimer
@@ -374,3 +375,6 @@ def test_a_prebuild_running_at_its_deadline_is_stopped_and_left_unbuilt(tmp_path
         assert timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6, build_by=time.monotonic() + 0.2) is None
         outcome = timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6)
         assert outcome.ok and outcome.value.status == "ok", outcome.message
+        # A plan whose checked call is slower than ``give_up_s`` is timed by that call alone.
+        slow = timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6, give_up_s=1e-9)
+        assert slow.ok and slow.value.status == "ok" and slow.value.repeats == 1, slow

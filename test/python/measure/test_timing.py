@@ -24,6 +24,16 @@ def test_a_slow_call_stops_at_a_few_samples_a_fast_one_takes_the_minimum():
 
 
 @pytest.mark.fast
+def test_a_call_slower_than_the_give_up_time_is_one_sample():
+    """``give_up_s`` (a tune gives it as a few times its fastest plan): a first call slower than it is the
+    timing, one sample; a call faster than it is sampled as usual."""
+    options = TimingOptions(warmup=2, min_repeats=5, budget_s=0.01, give_up_s=0.01)
+    slow = time_repeated(lambda: time.sleep(0.02), options)
+    assert slow.repeats == 1 and slow.median_s >= 0.02
+    assert time_repeated(lambda: time.sleep(0.001), options).repeats >= 5
+
+
+@pytest.mark.fast
 def test_a_worker_stopped_mid_task_takes_what_it_started_with_it(tmp_path):
     """A task past its timeout kills the worker and the processes it started (a build stopped at a tune's
     deadline left its ``iree-compile`` running, and the seeds timed after it ran 2x slow)."""
