@@ -70,21 +70,14 @@ class PlanTimer:
         always = {self._digest(module, plan) for plan in required}
 
         def build(digest: str, plan: Plan) -> tuple[str, tuple[Outcome, float] | None]:
-            timeout = self.options.build_timeout_s
-            if deadline is not None and digest not in always:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return digest, None  # not built: ``time`` builds it if it is ever timed
-                timeout = min(timeout, left)
             module_file = self.work / f"plan{next(self._count)}.mlirbc"
             module_file.write_bytes(module)
             t0 = time.monotonic()
-            try:
-                outcome = self._pool.build(module_file, plan.to_json(), timeout)
+            try:  # None: not built (``time`` builds it if it is ever timed)
+                outcome = self._build_by(module_file, plan, None if digest in always else deadline)
             finally:
                 module_file.unlink(missing_ok=True)
-            cut = outcome.status == Status.TIMEOUT and timeout < self.options.build_timeout_s
-            return digest, None if cut else (outcome, time.monotonic() - t0)
+            return digest, None if outcome is None else (outcome, time.monotonic() - t0)
 
         seconds: dict[str, float] = {}
         with ThreadPoolExecutor(max(1, self._pool.build_slots), thread_name_prefix="collage-prebuild") as ex:
@@ -98,6 +91,17 @@ class PlanTimer:
                 else:
                     self._failed[digest] = outcome
         return [seconds.get(d) for d in digests]
+
+    def _build_by(self, module_file: Path, plan: Plan, by: float | None) -> Outcome | None:
+        """The pool's build of ``plan``, stopped at ``by`` (``time.monotonic()``; None: the build timeout
+        only): None where it did not end by then (not built, which says nothing of the plan)."""
+        timeout = self.options.build_timeout_s
+        if by is not None:
+            timeout = min(timeout, by - time.monotonic())
+            if timeout <= 0:
+                return None
+        outcome = self._pool.build(module_file, plan.to_json(), timeout)
+        return None if outcome.status == Status.TIMEOUT and timeout < self.options.build_timeout_s else outcome
 
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
@@ -125,13 +129,8 @@ class PlanTimer:
         try:
             if artifact is None:
                 module_file.write_bytes(module)
-                timeout = self.options.build_timeout_s
-                if build_by is not None:
-                    timeout = min(timeout, build_by - time.monotonic())
-                    if timeout <= 0:
-                        return None
-                built = self._pool.build(module_file, plan.to_json(), timeout)
-                if built.status == Status.TIMEOUT and timeout < self.options.build_timeout_s:
+                built = self._build_by(module_file, plan, build_by)
+                if built is None:
                     return None
                 if not built.ok:
                     return Outcome(built.status, message=f"build: {built.message}")
