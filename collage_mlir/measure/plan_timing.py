@@ -106,14 +106,15 @@ class PlanTimer:
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
              outputs_to: Path | None = None, build_by: float | None = None, timed: bool = True,
-             give_up_s: float | None = None) -> Outcome | None:
+             give_up_s: float | None = None, run_by: float | None = None) -> Outcome | None:
         """Builds ``module`` by ``plan`` and times ``@main`` on ``inputs``; with ``references`` the results
         are checked first (``wrong`` when beyond ``rtol``/``atol``); with ``outputs_to`` they are saved
         there (``ref<k>`` arrays). The outcome's value is the timing task's result (``status``,
         ``median_s``, ...); a failed build or run is its status. A build not done by ``build_by``
         (``time.monotonic()``) is stopped and None returned: not built, which says nothing of the plan.
         Not ``timed``: one run, for its results (``outputs_to``) or its check. ``give_up_s``: a first timed
-        call slower than this is the timing (``TimingOptions.give_up_s``)."""
+        call slower than this is the timing (``TimingOptions.give_up_s``). A run not done by ``run_by`` is
+        stopped (the timing worker killed) and None returned, as for a build."""
         k = next(self._count)
         module = self._bytecode(module)
         digest = self._digest(module, plan)
@@ -135,10 +136,19 @@ class PlanTimer:
                 if not built.ok:
                     return Outcome(built.status, message=f"build: {built.message}")
                 artifact = built.value
-            outcome = self._pool.time(artifact, data_file, self.options.run_timeout_s,
+            timeout = self.options.run_timeout_s
+            if run_by is not None:
+                timeout = min(timeout, run_by - time.monotonic())
+                if timeout <= 0:
+                    ok = True  # kept: it was built, only not timed
+                    return None
+            outcome = self._pool.time(artifact, data_file, timeout,
                                       timing=replace(self.options.timing, give_up_s=give_up_s) if timed else None,
                                       rtol=rtol if references is not None else None, atol=atol, outputs_file=outputs_to)
             ok = outcome.ok
+            if outcome.status == Status.TIMEOUT and timeout < self.options.run_timeout_s:
+                ok = True  # kept: it was built, only not timed
+                return None
             return outcome if outcome.ok else Outcome(outcome.status, message=f"run: {outcome.message}")
         finally:
             if ok and self.keep:

@@ -410,10 +410,14 @@ class MeasuredEstimator(CostEstimator):
             # just before it was a warm 10 s search's minute (a tagged plan, a seed or a finalist, is).
             # A plan far slower than the fastest one known is timed by its first call.
             give_up = GIVE_UP * self.fastest[1].seconds if self.fastest else None
+            # Once a plan is known, a seed's or a search plan's run is stopped at the deadline too (left
+            # untimed); a finalist's is not.
+            run_by = self.deadline if self.fastest and tag in ("", "seed") else None
             outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol,
-                                              build_by=None if tag else self.deadline, give_up_s=give_up)
+                                              build_by=None if tag else self.deadline, give_up_s=give_up,
+                                              run_by=run_by)
             if outcome is None:
-                return Cost.unknown("tuning budget spent before it was built")
+                return Cost.unknown("tuning budget spent before it was built or timed")
             summary = f"plan {tag} of {len(plan.regions)} regions"
             fields = dict(zip(KEY_FIELDS, key))
             if outcome.ok:

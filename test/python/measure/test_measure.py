@@ -375,6 +375,8 @@ def test_a_prebuild_running_at_its_deadline_is_stopped_and_left_unbuilt(tmp_path
         assert timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6, build_by=time.monotonic() + 0.2) is None
         outcome = timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6)
         assert outcome.ok and outcome.value.status == "ok", outcome.message
+        # A run that cannot end by ``run_by`` is not timed (None), and its build is kept.
+        assert timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6, run_by=time.monotonic() - 1) is None
         # A plan whose checked call is slower than ``give_up_s`` is timed by that call alone.
         slow = timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6, give_up_s=1e-9)
         assert slow.ok and slow.value.status == "ok" and slow.value.repeats == 1, slow
