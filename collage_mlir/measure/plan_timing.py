@@ -26,6 +26,12 @@ from .tasks import INPUT, REFERENCE
 from .worker import Outcome
 
 
+def time_left(limit_s: float, by: float | None) -> float:
+    """Seconds a unit of work started now may take: ``limit_s``, or less where ``by`` (``time.monotonic()``)
+    comes first (0 past it)."""
+    return limit_s if by is None else max(0.0, min(limit_s, by - time.monotonic()))
+
+
 class PlanTimer:
     """Builds and times plans of modules, one at a time, by a task pool (here: a build worker and a timing
     worker). The last ``keep`` built artifacts are kept, so timing a plan again (interleaved re-measurement
@@ -95,11 +101,9 @@ class PlanTimer:
     def _build_by(self, module_file: Path, plan: Plan, by: float | None) -> Outcome | None:
         """The pool's build of ``plan``, stopped at ``by`` (``time.monotonic()``; None: the build timeout
         only): None where it did not end by then (not built, which says nothing of the plan)."""
-        timeout = self.options.build_timeout_s
-        if by is not None:
-            timeout = min(timeout, by - time.monotonic())
-            if timeout <= 0:
-                return None
+        timeout = time_left(self.options.build_timeout_s, by)
+        if timeout <= 0:
+            return None
         outcome = self._pool.build(module_file, plan.to_json(), timeout)
         return None if outcome.status == Status.TIMEOUT and timeout < self.options.build_timeout_s else outcome
 
@@ -136,12 +140,10 @@ class PlanTimer:
                 if not built.ok:
                     return Outcome(built.status, message=f"build: {built.message}")
                 artifact = built.value
-            timeout = self.options.run_timeout_s
-            if run_by is not None:
-                timeout = min(timeout, run_by - time.monotonic())
-                if timeout <= 0:
-                    ok = True  # kept: it was built, only not timed
-                    return None
+            timeout = time_left(self.options.run_timeout_s, run_by)
+            if timeout <= 0:
+                ok = True  # kept: it was built, only not timed
+                return None
             outcome = self._pool.time(artifact, data_file, timeout,
                                       timing=replace(self.options.timing, give_up_s=give_up_s) if timed else None,
                                       rtol=rtol if references is not None else None, atol=atol, outputs_file=outputs_to)

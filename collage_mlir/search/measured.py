@@ -22,7 +22,7 @@ from ..measure import HARNESS_VERSION
 from ..measure.db import KEY_FIELDS, CostDB, Measurement
 from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, Progress, measure_regions
-from ..measure.plan_timing import PlanTimer
+from ..measure.plan_timing import PlanTimer, time_left
 from ..measure.profile import IN_CONTEXT, PROFILE, PROFILED_BACKENDS, InContextCosts, profile_key
 from ..measure.reference import model_inputs
 from ..measure.status import Status
@@ -193,15 +193,10 @@ class MeasuredEstimator(CostEstimator):
         ctx = self._context.get(backend)
         return ctx.costs if ctx else None
 
-    def _left(self, limit_s: float) -> float:
-        """Seconds a unit of work started now may take: ``limit_s``, or less where the deadline comes first
-        (a worker still busy then is killed: a warm DB's 10 s search again built and profiled an engine's
-        whole-model plan for 15 s)."""
-        return limit_s if self.deadline is None else max(0.0, min(limit_s, self.deadline - time.monotonic()))
-
     def _profile(self, backend: str, plan: Plan, heavy: frozenset[int]) -> InContextCosts | None:
         """The engine's profile of ``plan`` from the DB, or built and profiled now, both stopped at the
-        deadline (None past it or where that fails)."""
+        deadline (None past it or where that fails: a warm DB's 10 s search again built and profiled an
+        engine's whole-model plan for 15 s)."""
         version = get_backend(backend).version()
         key = profile_key(self._model_digest, backend, version, self.device, HARNESS_VERSION, plan.to_json())
         if (stored := self.db.get_cached(IN_CONTEXT, key)) is not None:
@@ -216,11 +211,12 @@ class MeasuredEstimator(CostEstimator):
         np.savez(data_file, **{f"{INPUT}{i}": a for i, a in enumerate(self.inputs)})
         if self._profiler is None:
             self._profiler = Worker("profile", work)
-        built = self._profiler.call(f"{TASKS}:build_plan", self._left(self.options.build_timeout_s),
+        built = self._profiler.call(f"{TASKS}:build_plan", time_left(self.options.build_timeout_s, self.deadline),
                                     module_file=str(module_file), plan=plan.to_json(), out_dir=str(out))
         if not built.ok or self._spent():
             return None
-        done = self._profiler.call(f"{PROFILE}:profile_artifact", self._left(self.options.run_timeout_s), artifact_dir=str(out),
+        done = self._profiler.call(f"{PROFILE}:profile_artifact", time_left(self.options.run_timeout_s, self.deadline),
+                                   artifact_dir=str(out),
                                    data_file=str(data_file), backend=backend, version=version, heavy=sorted(heavy),
                                    rounds=PROFILE_ROUNDS)
         if not done.ok:
