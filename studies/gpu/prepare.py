@@ -43,16 +43,23 @@ def size_of(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
-def download_runtime_wheel(wheels: Path, with_pytest: bool) -> list[Path]:
-    """The ``iree-base-runtime`` wheel of the version installed here (and pytest's, with its dependencies,
-    when asked) for the GPU machine's CPython, downloaded with pip into ``wheels``."""
+def download_wheels(wheels: Path, requirements: list[str], deps: bool = False) -> list[Path]:
+    """Wheels of ``requirements`` (with their dependencies when ``deps``) for the GPU machine's CPython,
+    downloaded with pip into ``wheels``; returns every wheel there."""
     wheels.mkdir(parents=True, exist_ok=True)
     target = ["--only-binary=:all:", "--python-version", GPU_PYTHON, "--implementation", "cp",
               *[a for p in GPU_PLATFORMS for a in ("--platform", p)], "-d", str(wheels)]
     pip = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "--no-deps", *target, f"iree-base-runtime=={version('iree-base-runtime')}"], check=True)
-    if with_pytest:  # pure-Python wheels; the GPU machine may have no pytest
-        subprocess.run([*pip, *target, f"pytest=={version('pytest')}"], check=True)
+    subprocess.run([*pip, *([] if deps else ["--no-deps"]), *target, *requirements], check=True)
+    return sorted(wheels.glob("*.whl"))
+
+
+def download_runtime_wheel(wheels: Path, with_pytest: bool) -> list[Path]:
+    """The ``iree-base-runtime`` wheel of the version installed here (and pytest's, with its dependencies,
+    when asked: pure-Python wheels; the GPU machine may have no pytest)."""
+    download_wheels(wheels, [f"iree-base-runtime=={version('iree-base-runtime')}"])
+    if with_pytest:
+        download_wheels(wheels, [f"pytest=={version('pytest')}"], deps=True)
     return sorted(wheels.glob("*.whl"))
 
 
