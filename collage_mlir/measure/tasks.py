@@ -24,7 +24,7 @@ from ..ir import ir, new_context, parse_module
 from ..plan import Plan
 from .db import Measurement
 from .status import Status
-from .timing import TimingOptions, time_repeated
+from .timing import TimingOptions, gives_up, time_repeated
 from .validate import compare
 
 #: How workers name these tasks: ``f"{TASKS}:build_plan"``.
@@ -127,14 +127,15 @@ def time_artifact(artifact_dir: str, data_file: str, timing: dict | None, rtol: 
             result = replace(result, max_abs_err=check.max_abs, max_rel_err=check.max_rel)
             if not check.ok:
                 return replace(result, status=Status.WRONG, message=check.message)
-            if timing is not None and timing.get("give_up_s") is not None and first_s > timing["give_up_s"]:
+            if timing is not None and gives_up(first_s, TimingOptions(**timing), cold=True):
                 # The check call is the timing (``TimingOptions.give_up_s``): far slower than needed to win.
                 return replace(result, median_s=first_s, min_s=first_s, spread=0.0, repeats=1)
         if timing is None:
             return result
         fn = program.device_function("main")
         args = [program.to_device(a) for a in inputs]
-        t = time_repeated(lambda: fn(*args), TimingOptions(**timing))
+        warm = rtol is not None or outputs_file is not None  # a check or reference run came first
+        t = time_repeated(lambda: fn(*args), TimingOptions(**timing), warm=warm)
         return replace(result, median_s=t.median_s, min_s=t.min_s, spread=t.spread, repeats=t.repeats)
     finally:
         program.close()
