@@ -198,10 +198,11 @@ def supported_compare(op: ir.Operation) -> str | None:
 
 
 def supported_window(op: ir.Operation) -> str | None:
-    """max pooling (float), or a running sum along one dim (cumulative sum, zero init)"""
+    """max or sum pooling (float; a sum: average pooling's form in JAX, zero init), or a running sum along
+    one dim (cumulative sum, zero init)"""
     if _cumsum_axis(op) is not None and numeric_operands(op) is None:
         return None
-    return float_operands(op) or max_pool_window(op)
+    return float_operands(op) or pool_window(op)
 
 
 def _cumsum_axis(op: ir.Operation) -> tuple[int, bool] | None:
@@ -237,10 +238,11 @@ def _pooled_dims(op: ir.Operation) -> list[int]:
     return [a for a, (d, st, p) in enumerate(zip(dims, strides, pads)) if d != 1 or st != 1 or p != (0, 0)]
 
 
-def max_pool_window(op: ir.Operation) -> str | None:
-    """max over 1-3 dims of any layout (NCHW, JAX's NHWC...), no dilation"""
-    if len(op.operands) != 2 or _reduce_kind(op) != "max":
-        return "only one-input max windows (max pooling)"
+def pool_window(op: ir.Operation) -> str | None:
+    """max or sum over 1-3 dims of any layout (NCHW, JAX's NHWC...), no dilation"""
+    kind = _reduce_kind(op)
+    if len(op.operands) != 2 or kind not in ("max", "add"):
+        return "only one-input max or sum windows (max pooling, average pooling's sum)"
     for name in ("base_dilations", "window_dilations"):
         if any(d != 1 for d in sh._array_attr(op, name, [])):
             return "no dilation"
@@ -250,8 +252,10 @@ def max_pool_window(op: ir.Operation) -> str | None:
     pads = _window_padding(op, len(sh._array_attr(op, "window_dimensions", [])))
     if any(lo < 0 or hi < 0 for lo, hi in pads):
         return "padding must be non-negative"
-    if any(p != (0, 0) for p in pads):
-        init = _constant_of(op.operands[1])
+    init = _constant_of(op.operands[1])
+    if kind == "add" and (init is None or np.any(init != 0)):
+        return "sum pooling needs a zero init value"
+    if kind == "max" and any(p != (0, 0) for p in pads):
         if init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all()):
             return "padded max pooling needs a -inf init value"
     return None
@@ -646,12 +650,13 @@ def _reduce_window(b: _Builder, op, ins):
     cumsum = _cumsum_axis(op)
     if cumsum is not None:
         return [b.node("CumSum", [ins[0], b.const(np.int64(cumsum[0]), "axis")], reverse=int(cumsum[1]))]
-    return _max_pool(b, op, ins)
+    return _pool(b, op, ins)
 
 
-def _max_pool(b: _Builder, op, ins):
-    """ONNX ``MaxPool`` over the pooled dims (``_pooled_dims``) moved last; the other dims are moved
-    first and, unless they are exactly two (batch, channel), merged into ``[1, rows]``."""
+def _pool(b: _Builder, op, ins):
+    """ONNX ``MaxPool``, or for a sum ``AveragePool`` counting the (zero) padding times the window's size,
+    over the pooled dims (``_pooled_dims``) moved last; the other dims are moved first and, unless they are
+    exactly two (batch, channel), merged into ``[1, rows]``."""
     dims = sh._array_attr(op, "window_dimensions", [])
     rank = len(dims)
     strides = sh._array_attr(op, "window_strides", [1] * rank)
@@ -664,13 +669,20 @@ def _max_pool(b: _Builder, op, ins):
     rows = [shape[a] for a in free]
     if len(free) != 2:
         x = b.reshape(x, [1, int(np.prod(rows, dtype=np.int64))] + [shape[a] for a in pooled])
-    y = b.node("MaxPool", [x], kernel_shape=[dims[a] for a in pooled], strides=[strides[a] for a in pooled],
-               pads=[pads[a][0] for a in pooled] + [pads[a][1] for a in pooled])
+    window = dict(kernel_shape=[dims[a] for a in pooled], strides=[strides[a] for a in pooled],
+                  pads=[pads[a][0] for a in pooled] + [pads[a][1] for a in pooled])
+    if _reduce_kind(op) == "add":
+        y = b.node("AveragePool", [x], count_include_pad=1, **window)
+        size = np.asarray(np.prod([dims[a] for a in pooled]), dtype=DTYPES[_dtype(op.operands[0])][0])
+        y = b.node("Mul", [y, b.const(size, "window")])
+    else:
+        y = b.node("MaxPool", [x], **window)
     if len(free) != 2:
         y = b.reshape(y, rows + [out_shape[a] for a in pooled])
     y = b.transpose(y, [perm.index(a) for a in range(rank)])
     init = _constant_of(op.operands[1])
-    if init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all()):
+    if _reduce_kind(op) == "max" and (
+            init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all())):
         y = b.node("Max", [y, ins[1]])
     return [y]
 

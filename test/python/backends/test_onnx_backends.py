@@ -55,6 +55,22 @@ func.func @max_pool(%x: tensor<1x64x112x112xf32>) -> tensor<1x64x56x56xf32> {
   }) {window_dimensions = array<i64: 1, 1, 3, 3>, window_strides = array<i64: 1, 1, 2, 2>, padding = dense<[[0, 0], [0, 0], [1, 1], [1, 1]]> : tensor<4x2xi64>} : (tensor<1x64x112x112xf32>, tensor<f32>) -> tensor<1x64x56x56xf32>
   return %0 : tensor<1x64x56x56xf32>
 }
+func.func @nhwc_sum_pool(%x: tensor<1x28x28x16xf32>) -> (tensor<1x14x14x16xf32>, tensor<1x14x14x16xf32>) {
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = "stablehlo.reduce_window"(%x, %z) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %r = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %r : tensor<f32>
+  }) {window_dimensions = array<i64: 1, 3, 3, 1>, window_strides = array<i64: 1, 2, 2, 1>, padding = dense<[[0, 0], [1, 1], [1, 1], [0, 0]]> : tensor<4x2xi64>} : (tensor<1x28x28x16xf32>, tensor<f32>) -> tensor<1x14x14x16xf32>
+  %1 = "stablehlo.reduce_window"(%x, %z) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %r = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %r : tensor<f32>
+  }) {window_dimensions = array<i64: 1, 2, 2, 1>, window_strides = array<i64: 1, 2, 2, 1>} : (tensor<1x28x28x16xf32>, tensor<f32>) -> tensor<1x14x14x16xf32>
+  %q = stablehlo.constant dense<4.0> : tensor<1x14x14x16xf32>
+  %2 = stablehlo.divide %1, %q : tensor<1x14x14x16xf32>
+  return %0, %2 : tensor<1x14x14x16xf32>, tensor<1x14x14x16xf32>
+}
 func.func @bert_matmul(%a: tensor<128x768xf32>, %w: tensor<768x768xf32>) -> tensor<128x768xf32> {
   %t = stablehlo.transpose %w, dims = [1, 0] : (tensor<768x768xf32>) -> tensor<768x768xf32>
   %0 = stablehlo.dot_general %a, %t, contracting_dims = [1] x [0] : (tensor<128x768xf32>, tensor<768x768xf32>) -> tensor<128x768xf32>
@@ -136,6 +152,7 @@ CASES = {
     "mobilenet_depthwise": [(1, 144, 56, 56), (144, 1, 3, 3)],
     "nhwc_conv": [(1, 28, 28, 32), (3, 3, 32, 64)],
     "max_pool": [(1, 64, 112, 112)],
+    "nhwc_sum_pool": [(1, 28, 28, 16)],  # JAX's average pooling: a zero-init sum window (padded), then / size
     "bert_matmul": [(128, 768), (768, 768)],
     "attention_bmm": [(12, 128, 64), (12, 128, 64)],
     "dot_inner_batch": [(64, 4, 32), (32, 4, 16)],
