@@ -20,16 +20,10 @@ import numpy as np
 from ..ir import ir
 from ..plan import Plan
 from .harness import MeasureOptions, open_pool
-from .pool import Artifact
+from .pool import Artifact, build_by, time_left
 from .status import Status
 from .tasks import INPUT, REFERENCE
 from .worker import Outcome
-
-
-def time_left(limit_s: float, by: float | None) -> float:
-    """Seconds a unit of work started now may take: ``limit_s``, or less where ``by`` (``time.monotonic()``)
-    comes first (0 past it)."""
-    return limit_s if by is None else max(0.0, min(limit_s, by - time.monotonic()))
 
 
 class PlanTimer:
@@ -101,11 +95,7 @@ class PlanTimer:
     def _build_by(self, module_file: Path, plan: Plan, by: float | None) -> Outcome | None:
         """The pool's build of ``plan``, stopped at ``by`` (``time.monotonic()``; None: the build timeout
         only): None where it did not end by then (not built, which says nothing of the plan)."""
-        timeout = time_left(self.options.build_timeout_s, by)
-        if timeout <= 0:
-            return None
-        outcome = self._pool.build(module_file, plan.to_json(), timeout)
-        return None if outcome.status == Status.TIMEOUT and timeout < self.options.build_timeout_s else outcome
+        return build_by(self._pool, module_file, plan.to_json(), self.options.build_timeout_s, by)
 
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,

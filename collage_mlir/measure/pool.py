@@ -13,6 +13,7 @@ import itertools
 import queue
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,6 +61,22 @@ class TaskPool(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def time_left(limit_s: float, by: float | None) -> float:
+    """Seconds a unit of work started now may take: ``limit_s``, or less where ``by`` (``time.monotonic()``)
+    comes first (0 past it)."""
+    return limit_s if by is None else max(0.0, min(limit_s, by - time.monotonic()))
+
+
+def build_by(pool: TaskPool, module_file: Path, plan: dict, limit_s: float, by: float | None) -> Outcome | None:
+    """``pool``'s build of ``plan``, stopped at ``by`` (``time.monotonic()``; None: ``limit_s`` only): None
+    where it did not end by then (not built, which says nothing of the plan: no row is recorded for it)."""
+    timeout = time_left(limit_s, by)
+    if timeout <= 0:
+        return None
+    outcome = pool.build(module_file, plan, timeout)
+    return None if outcome.status == Status.TIMEOUT and timeout < limit_s else outcome
 
 
 class LocalPool:

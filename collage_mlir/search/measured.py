@@ -5,6 +5,7 @@ on the same DB gets the same answers and the same plan)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -22,7 +23,8 @@ from ..measure import HARNESS_VERSION
 from ..measure.db import KEY_FIELDS, CostDB, Measurement
 from ..measure.device import device_fingerprint
 from ..measure.harness import MeasureOptions, Progress, measure_regions
-from ..measure.plan_timing import PlanTimer, time_left
+from ..measure.plan_timing import PlanTimer
+from ..measure.pool import time_left
 from ..measure.profile import IN_CONTEXT, PROFILE, PROFILED_BACKENDS, InContextCosts, profile_key
 from ..measure.reference import model_inputs
 from ..measure.status import Status
@@ -34,6 +36,9 @@ from .cost import Cost, CostEstimator, TransitionFit
 
 #: The backend whose whole-model results every plan is checked against, whatever the platform.
 CPU_REFERENCE = PLATFORM_DEFAULTS[Platform.CPU]
+#: The DB's derived documents holding a model's reference results (an ``.npz``, base64), and the largest kept.
+REFERENCE_OUTPUTS = "reference-outputs"
+REFERENCE_CACHE_BYTES = 16 << 20
 #: A whole plan whose first call takes this many times the fastest plan known is timed by that call alone:
 #: it cannot win (R3D-18's data-tiled IREE and oneDNN seeds, 18-20 s a call against ORT's 0.7 s, took a
 #: 120 s tune to 350 s with their full timings).
@@ -367,7 +372,14 @@ class MeasuredEstimator(CostEstimator):
     def _run_reference(self) -> None:
         """Builds IREE CPU alone and runs it once, keeping its results as the reference; not timed here (on
         the CPU the build is kept, and the default seed's timing is that build's: the seeds can then be timed
-        graph engines first, the slow reference last)."""
+        graph engines first, the slow reference last). The results are kept in the DB under the model, its
+        inputs and the compiler's version: a search again reads them instead of a whole-model build (a warm
+        10 s search again of MobileNetV2 spent 20 s on it)."""
+        key = f"{self._model_digest}/{CPU_REFERENCE}={get_backend(CPU_REFERENCE).version()}"
+        if (stored := self.db.get_cached(REFERENCE_OUTPUTS, key)) is not None:
+            with np.load(io.BytesIO(base64.b64decode(stored))) as data:
+                self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
+            return
         out = self.work / "plans" / "reference.npz"
         plan = Plan([], CPU_REFERENCE, "reference")
         outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, outputs_to=out, timed=False)
@@ -376,6 +388,8 @@ class MeasuredEstimator(CostEstimator):
             raise CollageError(f"the reference run ({plan.default_backend} alone) failed: {why}"[:500])
         with np.load(out) as data:
             self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
+        if out.stat().st_size <= REFERENCE_CACHE_BYTES:
+            self.db.put_cached(REFERENCE_OUTPUTS, key, base64.b64encode(out.read_bytes()).decode())
 
     def prebuild(self, plans: Sequence[Plan], tag: str, deadline: float | None = None,
                  required: Sequence[Plan] = ()) -> dict[PlanKey, float]:

@@ -103,6 +103,9 @@ CAPTURE_FACTOR = 3.0
 #: Of the budget left when they start, what the transition probes may use (a probe is a two-region
 #: build; they are facts of the machine, so the DB keeps them for every later tune).
 TRANSITION_SHARE = 0.15
+#: The shortest window worth starting transition probes in: a probe's build and timing took 2-5 s here (a
+#: warm 10 s search again spent 4.4 s starting probes in a 0.7 s window and stopping them).
+PROBE_WINDOW_S = 5.0
 
 
 def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: str | Path, *, budget_s: float,
@@ -231,8 +234,9 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
     # IREE alone, would keep 2 minutes of ResNet-50's budget).
     finals_s = opts.rounds * (opts.finalists + 1 + opts.close_singles) * (statistics.median(est.timings_s) if est.timings_s else 0.0)
     deadline = min(deadline, started + budget_s - finals_s)
-    left = max(0.0, deadline - time.monotonic())
-    est.fit_transitions(deadline=time.monotonic() + TRANSITION_SHARE * left,
+    window = TRANSITION_SHARE * max(0.0, deadline - time.monotonic())
+    # A window shorter than a probe's build and timing only starts workers and stops them: the DB's probes.
+    est.fit_transitions(deadline=time.monotonic() + (window if window >= PROBE_WINDOW_S else 0.0),
                         on_progress=lambda k, n: report("transitions", k, n, ""))
     exact = len(index.graph.order) <= EXACT_MAX_OPS
     # The DP's beam degrades to Collage's DP one slowest-seed build before the deadline, so its
@@ -249,7 +253,9 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
     reachable = reachable_candidates(index, exact, limits)
     report("regions", 0, len(reachable), "")
     measure_by_priority(index, est, reachable)
-    est.deadline = deadline
+    # The DP prices with what the regions stage measured: a region it poses that nothing measured stays
+    # unknown (its region_costs would otherwise build and time those, and the reference capture, up to the
+    # deadline and past it: a warm 10 s search again of MobileNetV2 spent 24 s there).
     report("dp", 0, None, "")
     dp = optimize(index, est, exact=exact, limits=limits, deadline=dp_deadline)
     # The integer program beside the DP, on the DP's region costs (it measures nothing): the plan it
@@ -260,6 +266,7 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
         best = exact_plan(index, est, milp_s, dp=dp, costs=dp.costs)
         dp_plan = Plan(best.plan.regions, best.plan.default_backend, "dp") if best.source == "milp" else dp.plan
         report("dp", 1, 1, f"{best.source}: {best.cost_s * 1e3:.3f} ms predicted" + (" (proved)" if best.proved else ""))
+    est.deadline = deadline
     sg = index.graph
     # Single-backend plans first: where the DP plan is one of them it keeps the backend's name (the
     # incumbent the search must beat is always measured as such). Plans the budget left untimed are
@@ -277,6 +284,7 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
     opts.seed, opts.deadline = seed, deadline
     # The finalists' rounds past the first stop where the budget ends (what is left is for the record).
     opts.final_deadline = started + budget_s * (1.0 - RECORD_SHARE)
+    opts.round_s = finals_s / max(1, opts.rounds)
     accepts = accepts_fn(graph, default)
     evolved = evolve(sg, seeds, names, accepts, est, opts,
                      on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
