@@ -67,6 +67,21 @@ def median_uncertainty(samples: list[float]) -> float:
     return 1.57 * relative_spread(samples) / math.sqrt(len(samples))
 
 
+#: Loading a kept whole-plan build again: the IREE program and its engines' compiled models (OpenVINO and
+#: ORT compile theirs at load: 0.3-1.5 s on the zoo here).
+RELOAD_S = 1.0
+
+
+def timing_wall_s(seconds: float, options: TimingOptions) -> float:
+    """Wall seconds a timing of a built program taking ``seconds`` a call costs: a reload (``RELOAD_S``),
+    the check and warm-up calls, then the samples as ``time_repeated`` bounds them by ``options``."""
+    if options.slow_repeats * seconds >= options.slow_budgets * options.budget_s:
+        sampling = options.slow_repeats * seconds
+    else:
+        sampling = min(max(options.min_time_s, options.min_repeats * seconds), options.slow_budgets * options.budget_s)
+    return RELOAD_S + (options.warmup + 1) * seconds + sampling
+
+
 def gives_up(call_s: float, options: TimingOptions, cold: bool) -> bool:
     """Whether a call of ``call_s`` seconds is the timing (``options.give_up_s``); a ``cold`` call, the first
     after the program's load, only past the one-time work it may carry (``options.cold_start_s``)."""

@@ -108,6 +108,11 @@ class CostEstimator(ABC):
         """End-to-end time of the whole model built by ``plan``; ``tag`` names a repeated measurement
         (an estimator that caches answers keeps one answer per tag)."""
 
+    def retime_s(self, seconds: float) -> float:
+        """Wall seconds a new ``plan_time`` (another tag) of a built plan taking ``seconds`` a call costs:
+        what the finalists' rounds are budgeted by. Free unless the estimator measures."""
+        return 0.0
+
 
 def _unit(*parts: object) -> float:
     """A deterministic number in [0, 1) from ``parts`` (the mock's costs do not depend on PYTHONHASHSEED)."""

@@ -29,6 +29,7 @@ from ..measure.profile import IN_CONTEXT, PROFILE, PROFILED_BACKENDS, InContextC
 from ..measure.reference import model_inputs
 from ..measure.status import Status
 from ..measure.tasks import INPUT, REFERENCE, TASKS
+from ..measure.timing import timing_wall_s
 from ..measure.worker import Worker
 from ..measure.transitions import measure_transitions
 from ..plan import Plan, PlanKey
@@ -399,6 +400,9 @@ class MeasuredEstimator(CostEstimator):
         todo = [p for p in plans if self.db.get(*self._plan_key(p, tag)) is None]
         built = self._plan_timer().prebuild(self._bytecode, todo, deadline, required) if todo else []
         return {p.key: s for p, s in zip(todo, built) if s is not None}
+
+    def retime_s(self, seconds: float) -> float:
+        return timing_wall_s(seconds, self.options.timing)
 
     def plan_known(self, plan: Plan, tag: str = "") -> bool:
         """Whether the DB holds ``plan``'s whole-plan timing under ``tag`` (``plan_time`` answers at once)."""

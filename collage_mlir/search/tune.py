@@ -284,7 +284,6 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
     opts.seed, opts.deadline = seed, deadline
     # The finalists' rounds past the first stop where the budget ends (what is left is for the record).
     opts.final_deadline = started + budget_s * (1.0 - RECORD_SHARE)
-    opts.round_s = finals_s / max(1, opts.rounds)
     accepts = accepts_fn(graph, default)
     evolved = evolve(sg, seeds, names, accepts, est, opts,
                      on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collage_mlir.measure.timing import TimingOptions, gives_up, time_repeated
+from collage_mlir.measure.timing import RELOAD_S, TimingOptions, gives_up, time_repeated, timing_wall_s
 
 
 @pytest.mark.fast
@@ -48,6 +48,18 @@ def test_a_slow_cold_call_does_not_give_up():
     assert timing.repeats >= 5 and timing.median_s < 0.01
     assert not gives_up(0.085, options, cold=True) and gives_up(0.085, options, cold=False)
     assert gives_up(18.0, options, cold=True)  # R3D-18's 18 s calls: the cold call is the timing
+
+
+@pytest.mark.fast
+def test_a_timings_wall_time_is_estimated_from_the_timing_options():
+    """What a finalists' round is budgeted by: a reload, the check and warm-up calls, then the samples as
+    the options bound them (at least ``min_time_s``; ``slow_repeats`` samples of a slow call)."""
+    t = TimingOptions()
+    assert timing_wall_s(1e-4, t) == pytest.approx(RELOAD_S + (t.warmup + 1) * 1e-4 + t.min_time_s)
+    assert timing_wall_s(2.0, t) == pytest.approx(RELOAD_S + (t.warmup + 1) * 2.0 + t.slow_repeats * 2.0)
+    fast = time.perf_counter()
+    time_repeated(lambda: time.sleep(0.002), t, warm=True)
+    assert time.perf_counter() - fast <= timing_wall_s(0.002, t)  # the sampling the estimate allows for
 
 
 @pytest.mark.fast

@@ -175,8 +175,8 @@ def test_the_runner_up_single_backend_is_always_re_timed():
 
 
 def test_a_finalists_round_that_would_end_past_the_budget_does_not_start():
-    """``round_s`` (a tune's estimate of one round) past ``final_deadline``: no round starts and the seed
-    timings decide; with time for it, rounds run."""
+    """The estimator's guess of a round (``retime_s`` per finalist) past ``final_deadline``: no round starts
+    and the seed timings decide; with time for it, rounds run."""
     from collage_mlir.search.evolve import EvolveOptions, evolve
 
     graph = SearchGraph([0, 1], {0: (), 1: (0,)}, {0: 64, 1: 64})
@@ -188,10 +188,13 @@ def test_a_finalists_round_that_would_end_past_the_budget_does_not_start():
             tags.append(tag)
             return Cost.known(1.0 if plan.regions and plan.regions[0].backend == "a" else 2.0, spread=0.01)
 
+        def retime_s(self, seconds):
+            return 10 * seconds
+
     est = Tagged(0, graph.order, graph.out_bytes, producers=graph.producers)
-    late = EvolveOptions(population=2, max_generations=0, final_deadline=time.monotonic() + 5.0, round_s=60.0)
+    late = EvolveOptions(population=2, max_generations=0, final_deadline=time.monotonic() + 25.0)
     result = evolve(graph, seeds, ["iree-cpu", "a", "b"], lambda b, ops: True, est, late)
     assert not [t for t in tags if t.startswith("final")] and result.plan.regions[0].backend == "a"
-    soon = EvolveOptions(population=2, max_generations=0, final_deadline=time.monotonic() + 60.0, round_s=0.01)
+    soon = EvolveOptions(population=2, max_generations=0, final_deadline=time.monotonic() + 60.0)
     evolve(graph, seeds, ["iree-cpu", "a", "b"], lambda b, ops: True, est, soon)
     assert [t for t in tags if t.startswith("final")]
