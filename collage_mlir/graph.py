@@ -136,6 +136,7 @@ class Graph:
                 if pid is not None and pid in self.nodes:
                     self.dag.add_edge(pid, oid)
         self._order = {oid: i for i, oid in enumerate(nx.lexicographical_topological_sort(self.dag))}
+        self._edges = list(self.dag.edges)
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -172,14 +173,23 @@ class Graph:
 
     def regions_acyclic(self, regions: Iterable[Iterable[int]]) -> bool:
         """True when collapsing each region to one node leaves the dataflow acyclic: two regions, each
-        convex, can still feed each other (A → B → A) and then neither call can go first."""
-        label: dict[int, object] = {}
+        convex, can still feed each other (A → B → A) and then neither call can go first. Kahn's algorithm
+        on the quotient, in plain dicts (a networkx quotient per call was 3 s of a warm search's 10)."""
+        label: dict[int, int] = {}
         for k, region in enumerate(regions):
             for i in region:
-                label[i] = ("region", k)
-        quotient = nx.DiGraph()
-        for a, b in self.dag.edges:
+                label[i] = -1 - k  # op ids are >= 0
+        succ: dict[int, set[int]] = {}
+        indegree: dict[int, int] = {}
+        for a, b in self._edges:
             la, lb = label.get(a, a), label.get(b, b)
-            if la != lb:
-                quotient.add_edge(la, lb)
-        return nx.is_directed_acyclic_graph(quotient)
+            if la != lb and lb not in (out := succ.setdefault(la, set())):
+                out.add(lb)
+                indegree[lb] = indegree.get(lb, 0) + 1
+        ready = [n for n in succ if n not in indegree]
+        while ready:
+            for m in succ.get(ready.pop(), ()):
+                indegree[m] -= 1
+                if indegree[m] == 0:
+                    ready.append(m)
+        return not any(indegree.values())

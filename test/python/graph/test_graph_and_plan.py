@@ -53,6 +53,30 @@ def test_convexity():
     assert not g.is_convex(set())
 
 
+def test_regions_acyclic_agrees_with_the_quotient_graph():
+    """Collapsing regions to nodes: A → B → A between two regions is a cycle, whatever the split; checked
+    against networkx's quotient on every pair of disjoint regions of the MLP and the diamond."""
+    import itertools
+
+    import networkx as nx
+
+    g = numbered(DIAMOND)
+    assert g.regions_acyclic([{0}, {1, 2, 3}]) and g.regions_acyclic([{0, 1}, {2, 3}])
+    assert not g.regions_acyclic([{0, 3}, {1}])  # 0 → 1 → 3: the region feeds 1, which feeds it
+    for graph in (g, numbered()):
+        ops = sorted(graph.nodes)
+        subsets = [set(c) for k in (1, 2, 3) for c in itertools.combinations(ops, k)]
+        for a, b in itertools.combinations(subsets, 2):
+            if a & b:
+                continue
+            label = {i: ("r", k) for k, r in enumerate((a, b)) for i in r}
+            quotient = nx.DiGraph()
+            quotient.add_nodes_from(label.get(i, i) for i in ops)
+            quotient.add_edges_from((label.get(x, x), label.get(y, y)) for x, y in graph.dag.edges
+                                    if label.get(x, x) != label.get(y, y))
+            assert graph.regions_acyclic([a, b]) == nx.is_directed_acyclic_graph(quotient), (a, b)
+
+
 def test_candidates_cover_onednn_chain():
     g = numbered()
     found = {(c.backend, c.pattern, c.ops) for c in enumerate_candidates(g, [get_backend("onednn")])}
