@@ -5,6 +5,8 @@
 #   CPython 3.12, stripped and packed; the models as StableHLO with their inputs and IREE CPU outputs)
 # There, from the repository root, carrying build/gpu_tune:
 #   bash studies/gpu/tune_on_gpu.sh build/gpu_tune $OUT [BUDGET_S] [MODEL ...]
+# Environment: TUNE_ARGS (more `collage tune` arguments, e.g. "--backends iree-cuda,cudnn,cublas"),
+# NO_TESTS=1 (skip the gpu-marked tests).
 # Writes OUT/log.txt and OUT/tune.tgz (plans, cost DB, each step's log, summary.md).
 set -u
 KIT=${1:?kit folder}; OUTDIR=${2:?output folder}; BUDGET=${3:-60}; shift 3 2>/dev/null || shift $#
@@ -23,9 +25,9 @@ python3 -c "import sys, torch, iree.compiler, iree.runtime as rt; print(sys.vers
 collage() { python3 -m collage_mlir.tools.cli "$@"; }
 collage backends 2>&1 | head -40
 
-step "pytest -m gpu"
+[ -n "${NO_TESTS:-}" ] || { step "pytest -m gpu"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu test/python/backends/test_gpu_libraries.py \
-  test/python/backends/test_gpu_programs.py > "$W/out/pytest.log" 2>&1; echo "pytest rc=$?"; tail -15 "$W/out/pytest.log"
+  test/python/backends/test_gpu_programs.py > "$W/out/pytest.log" 2>&1; echo "pytest rc=$?"; tail -15 "$W/out/pytest.log"; }
 
 echo "| model | tune rc | wall s | plan | compile rc | run rc | max err vs IREE CPU |" > "$W/out/summary.md"
 echo "|---|---:|---:|---|---:|---:|---:|" >> "$W/out/summary.md"
@@ -34,7 +36,7 @@ for m in $MODELS; do
   step "tune $m (budget ${BUDGET}s)"
   t0=$(date +%s)
   timeout $((BUDGET * 2 + 60)) python3 -m collage_mlir.tools.cli tune "$KIT/$m.mlir" --device cuda --budget "$BUDGET" \
-    "${ins[@]}" -o "$W/out/$m.plan.json" > "$W/out/$m.tune.log" 2>&1; trc=$?
+    ${TUNE_ARGS:-} "${ins[@]}" -o "$W/out/$m.plan.json" > "$W/out/$m.tune.log" 2>&1; trc=$?
   wall=$(( $(date +%s) - t0 )); echo "tune rc=$trc wall=${wall}s"; tail -25 "$W/out/$m.tune.log"
   crc=-; rrc=-; err=-; plan=-
   if [ -f "$W/out/$m.plan.json" ]; then
