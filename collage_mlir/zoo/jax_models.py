@@ -252,3 +252,45 @@ def detector(image: int = 224, base: int = 32, anchors: int = 9, top: int = 100,
         return jnp.take_along_axis(decoded, order[..., None], axis=1), jnp.take_along_axis(values, order, axis=1)
 
     return f, _image(batch, image, seed)
+
+
+def unet(image: int = 128, base: int = 32, depth: int = 3, classes: int = 2, batch: int = 1, seed: int = 0):
+    """A segmentation U-Net: per level two 3x3 convs with ``jax.nn.silu``; down by max pooling (first level)
+    and average pooling (the rest, a sum window over 4: flax's ``avg_pool``); up by ``lax.conv_transpose``
+    (stride 2) and a skip concatenation; a 1x1 head, ``jax.image.resize`` bilinear to twice the input, softmax
+    over the classes. NHWC."""
+    import jax
+    import jax.numpy as jnp
+
+    w = _Weights(seed)
+    widths = [base * 2 ** k for k in range(depth + 1)]
+    down, cin = [], 3
+    for c in widths:
+        down.append((w(3, 3, cin, c), np.zeros(c, np.float32), w(3, 3, c, c), np.zeros(c, np.float32)))
+        cin = c
+    up = []
+    for c in reversed(widths[:-1]):
+        up.append((w(2, 2, cin, c), w(3, 3, 2 * c, c), np.zeros(c, np.float32), w(3, 3, c, c), np.zeros(c, np.float32)))
+        cin = c
+    head = w(1, 1, cin, classes)
+
+    def block(x, k1, b1, k2, b2):
+        return jax.nn.silu(_conv(jax.nn.silu(_conv(x, k1) + b1), k2) + b2)
+
+    def f(x):
+        skips, h = [], x
+        for level, params in enumerate(down):
+            if level == 1:
+                h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+            elif level > 1:
+                h = jax.lax.reduce_window(h, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4
+            h = block(h, *params)
+            skips.append(h)
+        for (t, k1, b1, k2, b2), skip in zip(up, reversed(skips[:-1])):
+            h = jax.lax.conv_transpose(h, t, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            h = block(jnp.concatenate([h, skip], -1), k1, b1, k2, b2)
+        logits = _conv(h, head)
+        n, hh, ww, c = logits.shape
+        return jax.nn.softmax(jax.image.resize(logits, (n, 2 * hh, 2 * ww, c), "bilinear"), axis=-1)
+
+    return f, _image(batch, image, seed)
