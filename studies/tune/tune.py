@@ -81,8 +81,12 @@ def quality(tuned: TunedPlan) -> dict:
     is the tune's incumbent (the single-backend finalist, picked by seed timing), compared with the
     tuned and DP plans over the same interleaved rounds."""
     t = tuned.record
-    finals = {f.source: {"median_s": statistics.median(f.times_s) if f.times_s else None,
-                         "rounds_s": list(f.times_s), "regions": f.regions} for f in t.finalists}
+    finals: dict[str, dict] = {}
+    for f in t.finalists:  # several evolved finalists: "evolved", "evolved 2", ... (one key each)
+        name = next(n for k in range(1, len(t.finalists) + 2) if (n := f.source if k == 1 else f"{f.source} {k}")
+                    not in finals)
+        finals[name] = {"median_s": statistics.median(f.times_s) if f.times_s else None,
+                        "rounds_s": list(f.times_s), "regions": f.regions}
     singles = {name: row.measured_s for name, row in t.single_backend.items()}
     return rate({"finalists": finals, "single_backend_s": singles, "tuned_s": t.plan.measured_s,
                  "tuned_from": t.plan.source, "dp_measured_s": t.dp.measured_s})
