@@ -185,7 +185,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         try:
             seeds = building.submit(_build_seeds, single, backends, est, deadline, report)
             found, _ = cached or candidate_regions(graph, backends, db, digest, maximal)
-            index = CandidateIndex(SearchGraph.from_graph(graph), found, maximal)
+            index = CandidateIndex(SearchGraph.from_graph(graph), found, maximal, default_backend=default)
             candidates = len(index)
             report("candidates", candidates, candidates, f"{candidates} candidates")
             build_s = seeds.result()

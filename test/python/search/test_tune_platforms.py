@@ -41,7 +41,12 @@ def test_tune_a_vulkan_program_and_run_its_plan(tmp_path):
     vulkan, _ = device_fingerprint(Platform.VULKAN)
     with sqlite3.connect(db) as c:
         devices = {d for (d,) in c.execute("SELECT DISTINCT device FROM measurements")}
+        (stored,) = c.execute("SELECT document FROM derived WHERE kind = 'tune-result'").fetchone()
     assert devices == {vulkan}, "rows of a Vulkan tune are keyed by the Vulkan device"
+    # The DP searched Vulkan placements too (its index once defaulted to iree-cpu: on an H100 a CUDA tune's
+    # DP plan was an IREE CPU program, timed beside the CUDA ones and within their spread).
+    result = json.loads(stored)
+    assert {p["default_backend"] for p in (result["dp_plan"], *result["single"].values())} == {"iree-vulkan"}
     built = _collage("compile", "m.mlir", "--plan", "plan.json", "-o", "out", cwd=tmp_path)
     assert built.returncode == 0, built.stderr
     rng = np.random.default_rng(0)
