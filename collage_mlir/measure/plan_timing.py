@@ -20,8 +20,7 @@ import numpy as np
 from ..ir import ir
 from ..plan import Plan
 from .harness import MeasureOptions, open_pool
-from .pool import Artifact, build_by, time_left
-from .status import Status
+from .pool import Artifact, build_by, time_by
 from .tasks import INPUT, REFERENCE
 from .worker import Outcome
 
@@ -130,18 +129,13 @@ class PlanTimer:
                 if not built.ok:
                     return Outcome(built.status, message=f"build: {built.message}")
                 artifact = built.value
-            timeout = time_left(self.options.run_timeout_s, run_by)
-            if timeout <= 0:
-                ok = True  # kept: it was built, only not timed
-                return None
-            outcome = self._pool.time(artifact, data_file, timeout,
-                                      timing=replace(self.options.timing, give_up_s=give_up_s) if timed else None,
-                                      rtol=rtol if references is not None else None, atol=atol, outputs_file=outputs_to)
-            ok = outcome.ok
-            if outcome.status == Status.TIMEOUT and timeout < self.options.run_timeout_s:
-                ok = True  # kept: it was built, only not timed
-                return None
-            return outcome if outcome.ok else Outcome(outcome.status, message=f"run: {outcome.message}")
+            outcome = time_by(self._pool, artifact, data_file, self.options.run_timeout_s, run_by,
+                              timing=replace(self.options.timing, give_up_s=give_up_s) if timed else None,
+                              rtol=rtol if references is not None else None, atol=atol, outputs_file=outputs_to)
+            ok = outcome is None or outcome.ok  # not done by ``run_by``: kept, it was built, only not timed
+            if outcome is None or outcome.ok:
+                return outcome
+            return Outcome(outcome.status, message=f"run: {outcome.message}")
         finally:
             if ok and self.keep:
                 self._built[digest] = artifact

@@ -69,14 +69,26 @@ def time_left(limit_s: float, by: float | None) -> float:
     return limit_s if by is None else max(0.0, min(limit_s, by - time.monotonic()))
 
 
-def build_by(pool: TaskPool, module_file: Path, plan: dict, limit_s: float, by: float | None) -> Outcome | None:
-    """``pool``'s build of ``plan``, stopped at ``by`` (``time.monotonic()``; None: ``limit_s`` only): None
-    where it did not end by then (not built, which says nothing of the plan: no row is recorded for it)."""
+def _by(task, limit_s: float, by: float | None) -> Outcome | None:
+    """``task(timeout)`` given what is left until ``by`` (``time.monotonic()``; None: ``limit_s`` only): None
+    where it did not end by then (not done, which says nothing of the plan: no row is recorded for it)."""
     timeout = time_left(limit_s, by)
     if timeout <= 0:
         return None
-    outcome = pool.build(module_file, plan, timeout)
+    outcome = task(timeout)
     return None if outcome.status == Status.TIMEOUT and timeout < limit_s else outcome
+
+
+def build_by(pool: TaskPool, module_file: Path, plan: dict, limit_s: float, by: float | None) -> Outcome | None:
+    """``pool``'s build of ``plan``, stopped at ``by``: None where it did not end by then (``_by``)."""
+    return _by(lambda timeout: pool.build(module_file, plan, timeout), limit_s, by)
+
+
+def time_by(pool: TaskPool, artifact: Artifact, data_file: Path, limit_s: float, by: float | None,
+            **task: Any) -> Outcome | None:
+    """``pool``'s timing of ``artifact`` (``TaskPool.time``'s ``task`` arguments), stopped at ``by`` (the
+    timing worker killed): None where it did not end by then (``_by``)."""
+    return _by(lambda timeout: pool.time(artifact, data_file, timeout, **task), limit_s, by)
 
 
 class LocalPool:

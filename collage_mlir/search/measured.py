@@ -111,9 +111,6 @@ class MeasuredEstimator(CostEstimator):
         #: The fastest plan whose whole-plan time is known (measured now or read from the DB), its cost and
         #: tag: what an interrupted tune returns.
         self.fastest: tuple[Plan, Cost, str] | None = None
-        #: Estimated timings (load, validate, sample) of the whole plans measured now: what a finalist's
-        #: re-timing takes (their builds are kept).
-        self.timings_s: list[float] = []
         self.measured = 0  # rows measured now (not DB hits): regions and plans
         self.cache_hits = 0
         #: Per profiled engine, its in-context profile (``price_in_context``).
@@ -436,8 +433,6 @@ class MeasuredEstimator(CostEstimator):
             fields = dict(zip(KEY_FIELDS, key))
             if outcome.ok:
                 t = outcome.value
-                if t.median_s is not None:  # load, a check and warm-up calls, then the samples
-                    self.timings_s.append(t.load_s + ((t.repeats or 0) + 3) * t.median_s)
                 row = replace(t, message=t.message[:500]).measurement(region=summary, **fields)
             else:
                 row = Measurement(status=outcome.status, message=outcome.message[:500], region=summary, **fields)

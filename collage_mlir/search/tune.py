@@ -230,9 +230,11 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
         known = json.loads(stored)
         default_s, build_s = max(default_s, known["default"]), max(build_s, known["slowest"])
     # The finalists' rounds re-time up to 5 plans 3 times, each about as long as the median seed's
-    # timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
-    # IREE alone, would keep 2 minutes of ResNet-50's budget).
-    finals_s = opts.rounds * (opts.finalists + 1 + opts.close_singles) * (statistics.median(est.timings_s) if est.timings_s else 0.0)
+    # re-timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
+    # IREE alone, would keep 2 minutes of ResNet-50's budget). The same estimate as the rounds' own.
+    usable = [c.seconds for c in seed_costs.values() if c.usable]
+    finals_s = opts.rounds * (opts.finalists + 1 + opts.close_singles) * (
+        est.retime_s(statistics.median(usable)) if usable else 0.0)
     deadline = min(deadline, started + budget_s - finals_s)
     window = TRANSITION_SHARE * max(0.0, deadline - time.monotonic())
     # A window shorter than a probe's build and timing only starts workers and stops them: the DB's probes.
