@@ -146,7 +146,7 @@ def get(name: str) -> ZooModel:
     return MODELS[name]
 
 
-def _calibrate_batch_norm(model, inputs) -> None:
+def calibrate_batch_norm(model, inputs) -> None:
     """Sets every batch norm's running statistics from one pass over random data shaped like ``inputs``.
     With the default statistics (mean 0, variance 1) activations grow layer by layer and MobileNetV2's
     ReLU6 saturates: the output would not depend on the input, and a wrong engine could pass the check."""
@@ -174,7 +174,7 @@ def build(name: str, small: bool = False) -> tuple:
 
     torch.manual_seed(SEED)
     model, inputs = (entry.small if small else entry.full)()
-    _calibrate_batch_norm(model, inputs)
+    calibrate_batch_norm(model, inputs)
     return model.eval(), tuple(inputs)
 
 

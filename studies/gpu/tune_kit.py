@@ -1,10 +1,12 @@
 """The kit `tune_on_gpu.sh` carries to a GPU machine: IREE's compiler and runtime for CPython 3.12 (the
 compiler's library stripped of its symbol tables and xz-packed: 336 MB -> ~35 MB, so that it fits with the
 tree in a device call's 64 MiB), a dist-info registering collage's entry points (collage is not installed
-there), and the models as StableHLO with their inputs and IREE CPU outputs (the reference the
-compiled program is checked against).
+there), and the models as StableHLO (xz-packed) with their inputs and IREE CPU outputs (the reference the
+compiled program is checked against). Full-size torch models (``resnet50:full``) get packable weights
+(``packable_weights``): a full ResNet-50 travels in a few MiB, and the GPU machine rebuilds the same torch
+model to time it against (``tuned_vs_torch.py``).
 
-    python -m studies.gpu.tune_kit build/gpu_tune [--models resnet50,mobilenet_v2,jax_bert_base]
+    python -m studies.gpu.tune_kit build/gpu_tune [--models resnet50,jax_bert_base,resnet50:full] [--models-only]
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import numpy as np
 
 from collage_mlir import zoo
 
+from .bundle import ModelSpec, build_model
 from .prepare import download_wheels
 
-MODELS = ("resnet50", "mobilenet_v2", "jax_bert_base")
+MODELS = ("resnet50", "jax_bert_base", "resnet50:full", "mobilenet_v2:full")
 #: What the GPU machine needs of the runtime wheel (the tracy builds and the tools are 30 MB more).
 RUNTIME_DROP = ("iree/_runtime_libs_tracy/",)
 RUNTIME_KEEP_TOOLS = ("iree-run-module", "iree-dump-module", "iree-cpuinfo")
@@ -65,33 +68,87 @@ def write_site(kit: Path, work: Path) -> None:
     subprocess.run(["tar", "cJf", str(kit / "site.tar.xz"), "-C", str(site), "."], check=True)
 
 
+def packable_weights(model, inputs) -> None:
+    """Every weight matrix and kernel of ``model`` (in place) to three values, ``{-s, 0, s}`` with ``s`` its
+    standard deviation, then the batch norms recalibrated: random weights that xz packs to ~2 bits a value,
+    so a full-size ResNet-50 travels in a few MiB. Timings do not depend on the values; deterministic, so
+    the GPU machine rebuilds the same model from the zoo's seed."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                s = p.std()
+                p.copy_(torch.sign(p) * (p.abs() > s / 2) * s)
+    torch.manual_seed(zoo.SEED)
+    zoo.calibrate_batch_norm(model, inputs)
+
+
+def kit_model(spec: ModelSpec):
+    """``(model, example inputs)`` of a kit's model: a zoo small variant as the zoo builds it; a full-size
+    torch model with packable weights."""
+    if spec.small or zoo.get(spec.name).framework is not zoo.Framework.TORCH:
+        return zoo.build(spec.name, spec.small)
+    model, inputs = build_model(spec)
+    packable_weights(model, inputs)
+    return model, inputs
+
+
+def stem(spec: ModelSpec) -> str:
+    return spec.label.replace(":", "_").replace("@", "_b")
+
+
 def write_models(kit: Path, models: list[str]) -> None:
-    """Each model's ``.mlir``, inputs ``NAME.inK.npy`` and IREE CPU outputs ``ref_NAME/out_K.npy``."""
+    """Each model's ``STEM.mlir.xz``, inputs ``STEM.inK.npy`` and IREE CPU outputs ``ref_STEM/out_K.npy``;
+    ``models.txt`` (the stems) and ``torch_models.txt`` (``STEM SPEC`` of the torch models, whose peers
+    the GPU machine can time)."""
     from iree.compiler import ir
 
-    for name in models:
-        path = kit / f"{name}.mlir"
-        path.write_text(str(zoo.import_stablehlo(name, ir.Context(), small=True)))
-        inputs = []
-        for k, x in enumerate(zoo.numpy_inputs(name, small=True)):
-            np.save(kit / f"{name}.in{k}.npy", x)
-            inputs += ["--input", str(kit / f"{name}.in{k}.npy")]
+    from collage_mlir.frontends.jax import import_jax
+    from collage_mlir.frontends.torch import import_torch
+
+    stems, torch_lines = [], []
+    for text in models:
+        spec = ModelSpec.parse(text)
+        name = stem(spec)
+        model, example = kit_model(spec)
+        is_torch = zoo.get(spec.name).framework is zoo.Framework.TORCH
+        module = (import_torch if is_torch else import_jax)(model, example, ir.Context(), cache=False)
         with tempfile.TemporaryDirectory() as art:
+            path = Path(art) / f"{name}.mlir"
+            path.write_text(str(module))
+            inputs = []
+            for k, x in enumerate(example):
+                np.save(kit / f"{name}.in{k}.npy", np.asarray(x.numpy() if hasattr(x, "numpy") else x))
+                inputs += ["--input", str(kit / f"{name}.in{k}.npy")]
             cli = [sys.executable, "-m", "collage_mlir.tools.cli"]
-            subprocess.run([*cli, "compile", str(path), "--plan", "default", "-o", art, *inputs], check=True)
-            subprocess.run([*cli, "run", art, *inputs, "--output-dir", str(kit / f"ref_{name}")], check=True)
-        print(f"{name}: {path.stat().st_size / 2**20:.1f} MiB")
-    (kit / "models.txt").write_text(" ".join(models) + "\n")
+            subprocess.run([*cli, "compile", str(path), "--plan", "default", "-o", f"{art}/a", *inputs], check=True)
+            subprocess.run([*cli, "run", f"{art}/a", *inputs, "--output-dir", str(kit / f"ref_{name}")], check=True)
+            with open(kit / f"{name}.mlir.xz", "wb") as out:
+                subprocess.run(["xz", "-9", "-T0", "-c", str(path)], stdout=out, check=True)
+        stems.append(name)
+        if is_torch:
+            torch_lines.append(f"{name} {spec.label}")
+        print(f"{name}: {(kit / f'{name}.mlir.xz').stat().st_size / 2**20:.1f} MiB packed")
+    (kit / "models.txt").write_text(" ".join(stems) + "\n")
+    (kit / "torch_models.txt").write_text("".join(f"{line}\n" for line in torch_lines))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kit", type=Path)
-    parser.add_argument("--models", default=",".join(MODELS), help="zoo names (small variants)")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="zoo names (small variants) or NAME:full (torch models: packable weights)")
+    parser.add_argument("--models-only", action="store_true", help="keep the kit's IREE wheels, remake the models")
     args = parser.parse_args(argv)
     args.kit.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as work:
-        write_site(args.kit, Path(work))
+    if not (args.models_only and (args.kit / "site.tar.xz").exists()):
+        with tempfile.TemporaryDirectory() as work:
+            write_site(args.kit, Path(work))
+    for old in [*args.kit.glob("*.mlir*"), *args.kit.glob("*.npy")]:
+        old.unlink()
+    for old in args.kit.glob("ref_*"):
+        shutil.rmtree(old)
     write_models(args.kit, args.models.split(","))
     total = sum(p.stat().st_size for p in args.kit.rglob("*") if p.is_file())
     print(f"kit: {total / 2**20:.1f} MiB in {args.kit}")

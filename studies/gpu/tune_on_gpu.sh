@@ -6,9 +6,12 @@
 # There, from the repository root, carrying build/gpu_tune:
 #   bash studies/gpu/tune_on_gpu.sh build/gpu_tune $OUT [BUDGET_S] [MODEL ...]
 # Environment: TUNE_ARGS (more `collage tune` arguments, e.g. "--backends iree-cuda,cudnn,cublas"),
-# NO_TESTS=1 (skip the gpu-marked tests).
-# Writes OUT/log.txt and OUT/tune.tgz (plans, cost DB, each step's log, summary.md).
+# NO_TESTS=1 (skip the gpu-marked tests), NO_PEERS=1 (do not time torch eager / torch.compile),
+# COMPILE_MODE (torch.compile's mode, default reduce-overhead).
+# Each torch model's compiled plan is then timed against torch eager and torch.compile (tuned_vs_torch.py).
+# Writes OUT/log.txt and OUT/tune.tgz (plans, cost DB, each step's log, summary.md, peers.md).
 set -u
+DEVICE=${DEVICE:-cuda}  # cpu: a dry run of this script on the CPU machine
 KIT=${1:?kit folder}; OUTDIR=${2:?output folder}; BUDGET=${3:-60}; shift 3 2>/dev/null || shift $#
 MODELS=${*:-$(cat "$KIT/models.txt")}
 W=/tmp/collage_tune; SITE=$W/site; mkdir -p "$SITE" "$W/out" "$OUTDIR"
@@ -16,11 +19,14 @@ exec > >(tee "$OUTDIR/log.txt") 2>&1
 step() { echo "== $(date +%T) $*"; }
 
 step unpack
-tar xf "$KIT/site.tar.xz" -C "$SITE" || exit 1
-xz -d -T0 -c "$KIT/libIREECompiler.so.xz" > "$SITE/iree/compiler/_mlir_libs/libIREECompiler.so" || exit 1
-chmod +x "$SITE"/iree/compiler/_mlir_libs/iree-* "$SITE"/iree/_runtime_libs/iree-* 2>/dev/null
+if [ "$DEVICE" != cpu ]; then  # the dry run uses this machine's own IREE
+  tar xf "$KIT/site.tar.xz" -C "$SITE" || exit 1
+  xz -d -T0 -c "$KIT/libIREECompiler.so.xz" > "$SITE/iree/compiler/_mlir_libs/libIREECompiler.so" || exit 1
+  chmod +x "$SITE"/iree/compiler/_mlir_libs/iree-* "$SITE"/iree/_runtime_libs/iree-* 2>/dev/null
+fi
+mkdir -p "$W/models"; for f in "$KIT"/*.mlir.xz; do xz -d -c "$f" > "$W/models/$(basename "$f" .xz)" || exit 1; done
 export PYTHONPATH=$PWD:$PWD/runtime:$SITE PYTHONUNBUFFERED=1 COLLAGE_CACHE_DIR=$W/cache COLLAGE_DB=$W/out/costs.sqlite
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+[ "$DEVICE" = cpu ] || nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import sys, torch, iree.compiler, iree.runtime as rt; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'iree', rt.version.VERSION if hasattr(rt, 'version') else '?')"
 collage() { python3 -m collage_mlir.tools.cli "$@"; }
 collage backends 2>&1 | head -40
@@ -35,14 +41,21 @@ for m in $MODELS; do
   ins=(); for f in "$KIT/$m".in*.npy; do ins+=(--input "$f"); done
   step "tune $m (budget ${BUDGET}s)"
   t0=$(date +%s)
-  timeout $((BUDGET * 2 + 60)) python3 -m collage_mlir.tools.cli tune "$KIT/$m.mlir" --device cuda --budget "$BUDGET" \
+  timeout $((BUDGET * 2 + 60)) python3 -m collage_mlir.tools.cli tune "$W/models/$m.mlir" --device $DEVICE --budget "$BUDGET" \
     ${TUNE_ARGS:-} "${ins[@]}" -o "$W/out/$m.plan.json" > "$W/out/$m.tune.log" 2>&1; trc=$?
   wall=$(( $(date +%s) - t0 )); echo "tune rc=$trc wall=${wall}s"; tail -25 "$W/out/$m.tune.log"
+  python3 - "$COLLAGE_DB" <<'EOF'
+import json, sqlite3, sys
+with sqlite3.connect(sys.argv[1]) as c:
+    rows = [json.loads(d) for (d,) in c.execute("SELECT document FROM derived WHERE kind = 'tune-result'")]
+for r in rows[-1:]:
+    print("stored plans' defaults (DP, singles):", sorted({p["default_backend"] for p in (r["dp_plan"], *r["single"].values())}))
+EOF
   crc=-; rrc=-; err=-; plan=-
   if [ -f "$W/out/$m.plan.json" ]; then
     plan=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); print(p.get('default_backend'), dict((lambda c: c)(__import__('collections').Counter(r['backend'] for r in p.get('regions', [])))))" "$W/out/$m.plan.json" 2>/dev/null)
     step "compile + run $m"
-    timeout 240 python3 -m collage_mlir.tools.cli compile "$KIT/$m.mlir" --plan "$W/out/$m.plan.json" --device cuda \
+    timeout 240 python3 -m collage_mlir.tools.cli compile "$W/models/$m.mlir" --plan "$W/out/$m.plan.json" --device $DEVICE \
       -o "$W/art/$m" > "$W/out/$m.compile.log" 2>&1; crc=$?; tail -3 "$W/out/$m.compile.log"
     if [ $crc = 0 ]; then
       timeout 120 python3 -m collage_mlir.tools.cli run "$W/art/$m" "${ins[@]}" --output-dir "$W/out/$m.outs" \
@@ -61,9 +74,19 @@ EOF
 )
     fi
   fi
+  spec=$(awk -v m="$m" '$1 == m {print $2}' "$KIT/torch_models.txt" 2>/dev/null)
+  if [ -z "${NO_PEERS:-}" ] && [ -n "$spec" ] && [ "$crc" = 0 ]; then
+    step "time $m against torch ($spec)"
+    [ -f "$W/out/peers.md" ] || printf '%s\n%s\n' "| model | collage tuned ms | torch eager | torch.compile | best peer / tuned | vs torch eager | vs IREE CPU |" \
+      "|---|---:|---:|---:|---|---:|---:|" > "$W/out/peers.md"
+    timeout 200 python3 -m studies.gpu.tuned_vs_torch "$W/art/$m" "$spec" --inputs "$KIT/$m".in*.npy \
+      --ref "$KIT/ref_$m" --device $DEVICE --compile-mode "${COMPILE_MODE:-reduce-overhead}" --out "$W/out/peers.jsonl" \
+      > "$W/out/$m.peers.log" 2>&1; echo "peers rc=$?"; grep -v Warning "$W/out/$m.peers.log" | tail -6
+    grep '^| ' "$W/out/$m.peers.log" | tail -1 >> "$W/out/peers.md"
+  fi
   echo "| $m | $trc | $wall | $plan | $crc | $rrc | $err |" >> "$W/out/summary.md"
   tar czf "$OUTDIR/tune.tgz" -C "$W/out" . 2>/dev/null
 done
 step done
-cat "$W/out/summary.md"
+cat "$W/out/summary.md"; [ -f "$W/out/peers.md" ] && cat "$W/out/peers.md"
 tar czf "$OUTDIR/tune.tgz" -C "$W/out" .
