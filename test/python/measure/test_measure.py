@@ -380,3 +380,37 @@ def test_a_prebuild_running_at_its_deadline_is_stopped_and_left_unbuilt(tmp_path
         # A plan whose checked call is slower than ``give_up_s`` is timed by that call alone.
         slow = timer.time(module, engine, [x, x], ref, rtol=1e-5, atol=1e-6, give_up_s=1e-9)
         assert slow.ok and slow.value.status == "ok" and slow.value.repeats == 1, slow
+
+
+@pytest.mark.fast
+def test_each_backend_pair_gets_a_probe_both_sides_take():
+    """cuDNN takes convolutions, not matmuls: its boundaries are probed with two 1x1 convolutions (with the
+    matmul probe alone it could never be placed: the DP saw its every boundary as invalid, H100 tune);
+    cuDNN and cuBLAS share no probe and are priced through the default backend."""
+    from collage_mlir.backends import get_backend
+    from collage_mlir.measure.transitions import Probe, probe_for, probe_module
+
+    graphs = {p: Graph(numbered(probe_module(64, p))) for p in Probe}
+    b = {n: get_backend(n) for n in ("iree-cpu", "ort", "iree-cuda", "cudnn", "cublas")}
+    assert probe_for(b["iree-cpu"], b["ort"], graphs) is Probe.MATMUL
+    assert probe_for(b["iree-cuda"], b["cublas"], graphs) is Probe.MATMUL
+    assert probe_for(b["iree-cuda"], b["cudnn"], graphs) is probe_for(b["cudnn"], b["iree-cuda"], graphs) is Probe.CONV
+    assert probe_for(b["cudnn"], b["cublas"], graphs) is None
+
+
+def test_the_convolution_probe_times_a_boundary(tmp_path):
+    """The 1x1-convolution probe across IREE CPU and oneDNN computes what its inputs' float64 result says."""
+    from collage_mlir.backends import get_backend
+    from collage_mlir.measure.plan_timing import PlanTimer
+    from collage_mlir.measure.transitions import Probe, _measure_pair, _probe_inputs, probe_module
+
+    module = numbered(probe_module(64, Probe.CONV))
+    a, b = get_backend("iree-cpu"), get_backend("onednn")
+    options = MeasureOptions(timing=QUICK)
+    db = CostDB(tmp_path / "c.sqlite")
+    alone = measure_regions(module, [RegionKey(x.name, frozenset({0})) for x in (a, b)], db, options=options).rows
+    inputs, expected = _probe_inputs(64, Probe.CONV, 0)
+    with PlanTimer(tmp_path / "plans", options) as timer:
+        t = _measure_pair(module, a, b, ("iree-cpu", "onednn", "v", "v", "d", 0, 64 * 64 * 4), alone, timer,
+                          inputs, expected, "iree-cpu")
+    assert t.usable, (t.status, t.message)
