@@ -85,3 +85,24 @@ def test_prepare_and_run_on_cpu(tmp_path):
     assert not res["numerics_ok"] and not model["reference_ok"]
     assert [c["passed"] for c in model["checks"]] == [True, False]
     assert model["checks"][1]["max_error"] > 1e-3
+
+
+@pytest.mark.fast
+def test_packable_weights_are_three_valued_and_rebuilt_alike():
+    """The tune kit's full-size models travel as three-valued weights (xz packs them ~15x); the GPU machine
+    rebuilds the same model from the seed to time torch against (same outputs)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from studies.gpu.bundle import ModelSpec, build_model
+    from studies.gpu.tune_kit import packable_weights
+
+    outputs = []
+    for _ in range(2):
+        model, inputs = build_model(ModelSpec.parse("tiny.small_cnn"))
+        packable_weights(model, inputs)
+        weights = [p for p in model.parameters() if p.dim() >= 2]
+        assert weights and all(len(torch.unique(p)) == 3 for p in weights)
+        with torch.no_grad():
+            outputs.append(model(*inputs))
+    assert torch.equal(outputs[0], outputs[1]) and outputs[0].abs().max() > 0
