@@ -96,6 +96,10 @@ class PlanTimer:
         only): None where it did not end by then (not built, which says nothing of the plan)."""
         return build_by(self._pool, module_file, plan.to_json(), self.options.build_timeout_s, by)
 
+    def holds(self, module: ir.Module | bytes, plan: Plan) -> bool:
+        """Whether ``plan`` of ``module`` is built and kept here (``time`` would only time it)."""
+        return self._digest(self._bytecode(module), plan) in self._built
+
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
              outputs_to: Path | None = None, build_by: float | None = None, timed: bool = True,

@@ -108,9 +108,10 @@ class CostEstimator(ABC):
         """End-to-end time of the whole model built by ``plan``; ``tag`` names a repeated measurement
         (an estimator that caches answers keeps one answer per tag)."""
 
-    def retime_s(self, seconds: float) -> float:
-        """Wall seconds a new ``plan_time`` (another tag) of a built plan taking ``seconds`` a call costs:
-        what the finalists' rounds are budgeted by. Free unless the estimator measures."""
+    def retime_s(self, seconds: float, plan: Plan | None = None) -> float:
+        """Wall seconds a new ``plan_time`` (another tag) of a plan taking ``seconds`` a call costs, its build
+        included where ``plan`` is given and its build is not at hand: what the finalists' rounds are
+        budgeted by. Free unless the estimator measures."""
         return 0.0
 
 

@@ -276,8 +276,9 @@ def _final(seeds, times: dict[PlanKey, Cost], plans: dict[PlanKey, Plan], estima
     finalists = [Finalist(plans[k], seed_names.get(k, "evolved"), [times[k].seconds], times[k].spread)
                  for k in dict.fromkeys(picks)]
     # A round that would end past the budget does not start (a warm 10 s search again of ResNet-50 began one
-    # at 9.8 s, which took 34 s): the first is the estimator's guess, a later one as long as the one before.
-    round_s = sum(estimator.retime_s(f.median_s) for f in finalists)
+    # at 9.8 s, which took 34 s): the first is the estimator's guess (builds not at hand included), a later
+    # one as long as the one before.
+    round_s = sum(estimator.retime_s(f.median_s, f.plan) for f in finalists)
     for r in range(opt.rounds):
         began = time.monotonic()
         if opt.final_deadline is not None and began + round_s > opt.final_deadline:

@@ -91,6 +91,8 @@ class MeasuredEstimator(CostEstimator):
         self.examples = dict(examples or {})
         self.options = options or MeasureOptions()
         self.deadline = deadline
+        #: About how long a whole-plan build takes here (the tune sets it: its slowest seed's build).
+        self.build_s = 0.0
         self.on_progress = on_progress
         #: The default backend of the programs measured: the platform's IREE codegen.
         self.default_backend = self.options.default_backend
@@ -398,8 +400,12 @@ class MeasuredEstimator(CostEstimator):
         built = self._plan_timer().prebuild(self._bytecode, todo, deadline, required) if todo else []
         return {p.key: s for p, s in zip(todo, built) if s is not None}
 
-    def retime_s(self, seconds: float) -> float:
-        return timing_wall_s(seconds, self.options.timing)
+    def retime_s(self, seconds: float, plan: Plan | None = None) -> float:
+        # A plan this run did not build (a search again's seeds come from the DB) is built again first:
+        # about as long as the slowest seed's build (a warm 10 s search again of MobileNetV2 rebuilt IREE
+        # alone in its finalists' round: 61 s).
+        build = 0.0 if plan is None or self._plan_timer().holds(self._bytecode, plan) else self.build_s
+        return timing_wall_s(seconds, self.options.timing) + build
 
     def plan_known(self, plan: Plan, tag: str = "") -> bool:
         """Whether the DB holds ``plan``'s whole-plan timing under ``tag`` (``plan_time`` answers at once)."""

@@ -181,9 +181,13 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         cached = cached_regions(backends, db, digest)
         maximal = cached[1] if cached else {b.name: maximal_regions(graph, b) for b in backends}
         single = single_backend_plans(graph, backends, maximal, measure.platform)
+        # The default seed is the fallback plan: built whatever the deadline, unless the DB already holds a
+        # usable seed (a search again of MobileNetV2 with 10 s whose DB lacked IREE alone's timing built it
+        # for 45 s, with OpenVINO's plan in hand).
+        fallback = not any(est.plan_known(p, "seed") and est.plan_time(p, "seed").usable for p in single.values())
         building = ThreadPoolExecutor(1, thread_name_prefix="collage-seeds")
         try:
-            seeds = building.submit(_build_seeds, single, backends, est, deadline, report)
+            seeds = building.submit(_build_seeds, single, backends, est, deadline, report, fallback)
             found, _ = cached or candidate_regions(graph, backends, db, digest, maximal)
             index = CandidateIndex(SearchGraph.from_graph(graph), found, maximal, default_backend=default)
             candidates = len(index)
@@ -192,7 +196,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         finally:
             building.shutdown(wait=False)  # Ctrl-C: est.close() below stops the builds
         return _search(graph, backends, names, index, maximal, single, build_s, db, digest, result_key, est, opts,
-                       measure, started, deadline, budget_s, seed, report)
+                       measure, started, deadline, budget_s, seed, report, fallback)
     except KeyboardInterrupt:
         if est.fastest is None:
             raise  # nothing timed yet: nothing to return
@@ -204,11 +208,11 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
 def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Plan], build_s: dict[PlanKey, float],
             db: CostDB, digest: str, result_key: str, est: MeasuredEstimator, opts: EvolveOptions,
             measure: MeasureOptions, started: float, deadline: float, budget_s: float, seed: int,
-            report: OnProgress) -> TuneResult:
+            report: OnProgress, fallback: bool = True) -> TuneResult:
     """The stages of ``tune`` after the candidate index and the seeds' builds (``build_s``): the seeds'
     timings, transitions, regions, DP, evolution, finalists; stores the finished result in the DB."""
     default = measure.default_backend
-    walls, seed_costs = _time_seeds(single, backends, est, deadline, report, build_s)
+    walls, seed_costs = _time_seeds(single, backends, est, deadline, report, build_s, fallback)
     timed, build_s = set(walls), max(walls.values(), default=0.0)
     # A seed that is one region over every op but constants timed that region whole: the DP prices
     # the region by it (else the region, a whole-model build, comes last in the regions stage and
@@ -229,6 +233,7 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
     elif (stored := db.get_cached(SEED_BUILDS, digest)) is not None:
         known = json.loads(stored)
         default_s, build_s = max(default_s, known["default"]), max(build_s, known["slowest"])
+    est.build_s = build_s
     # The finalists' rounds re-time up to 5 plans 3 times, each about as long as the median seed's
     # re-timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
     # IREE alone, would keep 2 minutes of ResNet-50's budget). The same estimate as the rounds' own.
@@ -348,19 +353,20 @@ def _seed_order(single: dict[str, Plan], backends: Sequence[Backend], default: s
 
 
 def _build_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
-                 report: OnProgress) -> dict[PlanKey, float]:
+                 report: OnProgress, fallback: bool = True) -> dict[PlanKey, float]:
     """Builds the single-backend plans the DB cannot answer side by side (an engine's compile beside IREE's
     whole-model one), to be timed one by one; each build's seconds. A build still running when the builds'
     time is up is stopped (it would overrun the budget by a whole-model compile: ResNet-50's 120 s tune took
-    169 s); the default seed's never is."""
+    169 s); the default seed's never is while it is the ``fallback`` (no usable plan known)."""
     order = _seed_order(single, backends, est.default_backend)
     report("seeds", 0, len(order), "building")
     return est.prebuild([single[n] for n in order], "seed", deadline - SEED_TIMING_S * len(order),
-                        required=[single[est.default_backend]])
+                        required=[single[est.default_backend]] if fallback else [])
 
 
 def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
-                report: OnProgress, build_s: dict[PlanKey, float]) -> tuple[dict[str, float], dict[str, Cost]]:
+                report: OnProgress, build_s: dict[PlanKey, float], fallback: bool = True
+                ) -> tuple[dict[str, float], dict[str, Cost]]:
     """Times the single-backend plans whole (tag ``seed``) in ``_SEED_ORDER`` where their builds ended
     (``build_s``, ``_build_seeds``) or the DB has them, then the default backend's (its build is the
     reference, run once before the first timing); returns the wall time each one took, its build
@@ -377,7 +383,7 @@ def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: Measu
         # returned IREE alone, 25x slower than OpenVINO alone, whose seed was built and left untimed). One
         # the builds did not reach is not built now (BERT-base's ORT seed, built here, took 120 s to 172).
         in_db = est.plan_known(single[name], "seed")
-        if name != est.default_backend and not in_db and single[name].key not in build_s:
+        if (name != est.default_backend or not fallback) and not in_db and single[name].key not in build_s:
             continue
         # Past the deadline a seed is timed only while none is usable (R3D-18's oneDNN and data-tiled IREE
         # seeds, 20 s a call, ran its 120 s tune to 159 s after ORT's and OpenVINO's were timed).

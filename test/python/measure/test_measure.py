@@ -343,8 +343,12 @@ def test_plans_prebuilt_side_by_side_are_timed_without_building_again(tmp_path, 
     monkeypatch.setattr(LocalPool, "build", lambda self, *a, **k: builds.append(1) or real(self, *a, **k))
     x = np.ones(64, np.float32)
     with PlanTimer(tmp_path, MeasureOptions(timing=QUICK, jobs=2), keep=4) as timer:
+        assert not timer.holds(module, plans[0])
         seconds = timer.prebuild(module, plans)
         assert len(builds) == 2 and all(s is not None and s > 0 for s in seconds)
+        # What the finalists' rounds are budgeted by: a plan held here is only timed (no build).
+        assert all(timer.holds(module, p) for p in plans)
+        assert not timer.holds(module, Plan([Region("r", "onednn", frozenset({0}))], "iree-cpu"))
         for plan in plans:
             outcome = timer.time(module, plan, [x, x], [np.square(x + x) + x], rtol=1e-5, atol=1e-6)
             assert outcome.ok and outcome.value.status == "ok", outcome.message

@@ -188,7 +188,7 @@ def test_a_finalists_round_that_would_end_past_the_budget_does_not_start():
             tags.append(tag)
             return Cost.known(1.0 if plan.regions and plan.regions[0].backend == "a" else 2.0, spread=0.01)
 
-        def retime_s(self, seconds):
+        def retime_s(self, seconds, plan=None):
             return 10 * seconds
 
     est = Tagged(0, graph.order, graph.out_bytes, producers=graph.producers)
