@@ -254,6 +254,48 @@ def detector(image: int = 224, base: int = 32, anchors: int = 9, top: int = 100,
     return f, _image(batch, image, seed)
 
 
+def mobilenet_v2(width: float = 1.0, classes: int = 1000, image: int = 224, batch: int = 1, seed: int = 0):
+    """MobileNetV2 (inverted residuals: 1x1 expand, 3x3 depthwise as ``feature_group_count``, 1x1 project;
+    ``jax.nn.relu6``; batch norm in inference form), NHWC, global average pool, log-softmax: as flax's and
+    Keras's MobileNetV2 write it."""
+    import jax
+    import jax.numpy as jnp
+
+    w = _Weights(seed)
+
+    def ch(c: float) -> int:
+        return max(8, int(c * width + 4) // 8 * 8)
+
+    stem_c = ch(32)
+    stem = (w(3, 3, 3, stem_c), w.norm(stem_c))
+    blocks, cin = [], stem_c
+    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                       (6, 320, 1, 1)):
+        cout = ch(c)
+        for k in range(n):
+            hidden = cin * t
+            expand = (w(1, 1, cin, hidden), w.norm(hidden)) if t != 1 else None
+            depthwise = (w(3, 3, 1, hidden, fan_in=9), w.norm(hidden))
+            blocks.append((expand, depthwise, (w(1, 1, hidden, cout), w.norm(cout)), s if k == 0 else 1,
+                           cin == cout and (s if k == 0 else 1) == 1))
+            cin = cout
+    last = max(1280, ch(1280))  # as torchvision: never narrower than 1280
+    top = (w(1, 1, cin, last), w.norm(last))
+    head = (w(last, classes, fan_in=last // 4), np.zeros(classes, np.float32))  # logits of a few units
+
+    def f(x):
+        h = jax.nn.relu6(_batch_norm(_conv(x, stem[0], 2), stem[1]))
+        for expand, (dk, dp), (pk, pp), stride, residual in blocks:
+            y = h if expand is None else jax.nn.relu6(_batch_norm(_conv(h, expand[0]), expand[1]))
+            y = jax.nn.relu6(_batch_norm(_conv(y, dk, stride, groups=y.shape[-1]), dp))
+            y = _batch_norm(_conv(y, pk), pp)
+            h = h + y if residual else y
+        h = jax.nn.relu6(_batch_norm(_conv(h, top[0]), top[1]))
+        return jax.nn.log_softmax(jnp.mean(h, axis=(1, 2)) @ head[0] + head[1])
+
+    return f, _image(batch, image, seed)
+
+
 def unet(image: int = 128, base: int = 32, depth: int = 3, classes: int = 2, batch: int = 1, seed: int = 0):
     """A segmentation U-Net: per level two 3x3 convs with ``jax.nn.silu``; down by max pooling (first level)
     and average pooling (the rest, a sum window over 4: flax's ``avg_pool``); up by ``lax.conv_transpose``
