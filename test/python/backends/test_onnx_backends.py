@@ -46,6 +46,13 @@ func.func @nhwc_conv(%x: tensor<1x28x28x32xf32>, %w: tensor<3x3x32x64xf32>) -> t
   %1 = stablehlo.pad %0, %p, low = [0, 2, 2, 0], high = [0, 2, 2, 0], interior = [0, 0, 0, 0] : (tensor<1x24x24x64xf32>, tensor<f32>) -> tensor<1x28x28x64xf32>
   return %1 : tensor<1x28x28x64xf32>
 }
+func.func @nhwc_depthwise(%x: tensor<1x28x28x32xf32>, %w: tensor<3x3x1x32xf32>) -> tensor<1x14x14x32xf32> {
+  %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [2, 2], pad = [[0, 1], [0, 1]], rhs_dilate = [1, 1]} {batch_group_count = 1 : i64, feature_group_count = 32 : i64} : (tensor<1x28x28x32xf32>, tensor<3x3x1x32xf32>) -> tensor<1x14x14x32xf32>
+  %c0 = stablehlo.constant dense<0.0> : tensor<1x14x14x32xf32>
+  %c6 = stablehlo.constant dense<6.0> : tensor<1x14x14x32xf32>
+  %1 = stablehlo.clamp %c0, %0, %c6 : tensor<1x14x14x32xf32>
+  return %1 : tensor<1x14x14x32xf32>
+}
 func.func @max_pool(%x: tensor<1x64x112x112xf32>) -> tensor<1x64x56x56xf32> {
   %m = stablehlo.constant dense<0xFF800000> : tensor<f32>
   %0 = "stablehlo.reduce_window"(%x, %m) ({
@@ -151,6 +158,7 @@ CASES = {
     "resnet_strided_1x1": [(1, 256, 56, 56), (512, 256, 1, 1), (512,)],
     "mobilenet_depthwise": [(1, 144, 56, 56), (144, 1, 3, 3)],
     "nhwc_conv": [(1, 28, 28, 32), (3, 3, 32, 64)],
+    "nhwc_depthwise": [(1, 28, 28, 32), (3, 3, 1, 32)],  # JAX's depthwise conv (HWIO, feature groups), relu6
     "max_pool": [(1, 64, 112, 112)],
     "nhwc_sum_pool": [(1, 28, 28, 16)],  # JAX's average pooling: a zero-init sum window (padded), then / size
     "bert_matmul": [(128, 768), (768, 768)],
