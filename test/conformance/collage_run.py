@@ -25,8 +25,9 @@ from check_module import CheckLog, create_check_module  # noqa: E402
 DEFAULT_PLANS = ("default", "random:0", "random:1")
 
 
-def run_with_plan(path: Path, plan: str, kind: str) -> dict:
-    """``{"compiled", "error", "regions": {backend: count}, "functions": {...}}`` for one plan."""
+def run_with_plan(path: Path, plan: str, kind: str, inputs: dict | None = None) -> dict:
+    """``{"compiled", "error", "regions": {backend: count}, "functions": {...}}`` for one plan (``inputs``:
+    the file's ``example_inputs``, when the caller has them already)."""
     import collage_runtime
     from collage_mlir.iree import compile_module
     from collage_mlir.errors import CollageError
@@ -46,7 +47,7 @@ def run_with_plan(path: Path, plan: str, kind: str) -> dict:
         prog = collage_runtime.load(out, extra_modules=[lambda device: create_check_module(device, log)])
         try:
             rec["functions"] = run_functions(prog.vm_module, lambda name, args: prog.invoke(name, *args), log, kind,
-                                             example_inputs(path))
+                                             example_inputs(path) if inputs is None else inputs)
         finally:
             prog.close()
     return rec
@@ -77,9 +78,10 @@ def run(path: str | Path, plans: tuple[str, ...] = DEFAULT_PLANS) -> dict:
     if not base["compiled"]:
         return res
     seen: dict = {}  # Plan.key -> record: random plans of tiny functions often coincide
+    inputs = example_inputs(path)  # parsed once (a file of 50 functions took ~1 s a parse)
     for plan in plans:
         key = _plan_key(path, plan)
-        rec = seen[key] if key in seen else run_with_plan(path, plan, kind)
+        rec = seen[key] if key in seen else run_with_plan(path, plan, kind, inputs)
         if key is not None:
             seen[key] = rec
         res["plans"][plan] = rec
@@ -90,7 +92,7 @@ def run(path: str | Path, plans: tuple[str, ...] = DEFAULT_PLANS) -> dict:
             if got is None or got["status"] != "pass":
                 why = rec["error"] or (got or {}).get("message", "missing")
                 res["mismatches"].append(f"{plan} {name}: {why}")
-            elif (kind == "filecheck" or name in example_inputs(path)) and got["outputs"] != ref["outputs"]:
+            elif (kind == "filecheck" or name in inputs) and got["outputs"] != ref["outputs"]:
                 res["mismatches"].append(f"{plan} {name}: outputs {got['outputs']} != IREE alone {ref['outputs']}")
     return res
 
