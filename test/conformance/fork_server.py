@@ -15,6 +15,7 @@ Nothing that starts a thread or opens a device runs before the fork: only import
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import json
 import os
@@ -45,6 +46,10 @@ def preload() -> None:
     from collage_mlir.backends import registry
 
     registry()  # the backends' entry points, found once
+    # What was imported outlives every child: kept out of the collector's passes (a child's full
+    # collections, one per program closed, then walk only what it made).
+    gc.collect()
+    gc.freeze()
 
 
 def child(request: dict) -> None:
