@@ -31,6 +31,9 @@ func.func @bmm(%a: tensor<4x8x32xf32>, %b: tensor<4x32x16xf32>) -> tensor<4x8x16
 """
 
 
+CONV_KINDS = ["3x3", "strided-1x1", "grouped", "depthwise", "dilated", "no-bias"]
+
+
 def _conv_model(kind: str):
     import torch
     from torch import nn
@@ -47,31 +50,59 @@ def _conv_model(kind: str):
     return nn.Sequential(conv, nn.ReLU()).eval()
 
 
+@pytest.fixture(scope="module")
+def conv_programs(torch, tmp_path_factory):
+    """Every conv kind as one branch of one model (output k: CONV_KINDS[k], each conv reading the input),
+    compiled once under ``prefer:onednn`` and once alone (six models took six times the compiles);
+    per kind: its region's steps, and the mixed and the alone outputs."""
+    from torch import nn
 
+    class Branches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.ModuleList(_conv_model(kind) for kind in CONV_KINDS)
 
-@pytest.mark.parametrize("kind", ["3x3", "strided-1x1", "grouped", "depthwise", "dilated", "no-bias"])
-def test_conv_pattern_matches_iree(kind, torch, tmp_path):
+        def forward(self, x):
+            return tuple(conv(x) for conv in self.convs)
+
     x = torch.randn(1, 8, 14, 14, generator=torch.Generator().manual_seed(3))
-    model = _conv_model(kind)
-    mixed = compile_module(import_torch(model, [x], new_context()), "prefer:onednn", tmp_path / "mixed")
-    alone = compile_module(import_torch(model, [x], new_context()), "default", tmp_path / "alone")
-    (region,) = mixed.manifest.regions
-    steps = json.loads((tmp_path / "mixed" / region.artifact).read_text())["steps"]
-    assert [s["op"] for s in steps] == ["conv2d"] and steps[0]["act"] == "relu"  # bias and relu fused
+    root = tmp_path_factory.mktemp("convs")
+    mixed = compile_module(import_torch(Branches().eval(), [x], new_context()), "prefer:onednn", root / "mixed")
+    alone = compile_module(import_torch(Branches().eval(), [x], new_context()), "default", root / "alone")
     outs = []
     for art in (mixed, alone):
         with collage_runtime.load(art.out_dir) as prog:
-            outs.append(prog.invoke("main", x.numpy())[0])
-    np.testing.assert_allclose(outs[0], outs[1], rtol=TOL.rtol, atol=TOL.atol)
+            outs.append(prog.invoke("main", x.numpy()))
+    # Regions in op order, as the branches run: region k is kind k's conv (its output shape says so too).
+    regions = mixed.manifest.regions
+    assert len(regions) == len(CONV_KINDS)
+    assert [r.outputs[0].shape for r in regions] == [tuple(o.shape) for o in outs[1]]
+    steps = _steps(mixed)
+    return {kind: (steps[k], outs[0][k], outs[1][k]) for k, kind in enumerate(CONV_KINDS)}
+
+
+@pytest.mark.parametrize("kind", CONV_KINDS)
+def test_conv_pattern_matches_iree(kind, conv_programs):
+    steps, got, want = conv_programs[kind]
+    assert [s["op"] for s in steps] == ["conv2d"] and steps[0]["act"] == "relu"  # bias and relu fused
+    np.testing.assert_allclose(got, want, rtol=TOL.rtol, atol=TOL.atol)
+
+
+@pytest.fixture(scope="module")
+def matmul_programs(tmp_path_factory):
+    """MATMULS compiled once under ``prefer:onednn`` and once alone (every case below reads both)."""
+    root = tmp_path_factory.mktemp("matmuls")
+    mixed = compile_module(parse_module(MATMULS, new_context()), "prefer:onednn", root / "mixed")
+    alone = compile_module(parse_module(MATMULS, new_context()), "default", root / "alone")
+    return mixed, alone
 
 
 @pytest.mark.parametrize("fn, shapes", [("mm", [(8, 32), (32, 16)]), ("mm_bt", [(8, 32), (16, 32)]),
                                         ("bmm", [(4, 8, 32), (4, 32, 16)])])
-def test_matmul_pattern_matches_iree(fn, shapes, tmp_path):
+def test_matmul_pattern_matches_iree(fn, shapes, matmul_programs):
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    mixed = compile_module(parse_module(MATMULS, new_context()), "prefer:onednn", tmp_path / "mixed")
-    alone = compile_module(parse_module(MATMULS, new_context()), "default", tmp_path / "alone")
+    mixed, alone = matmul_programs
     assert len(mixed.manifest.regions) == 3
     outs = []
     for art in (mixed, alone):
