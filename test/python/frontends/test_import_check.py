@@ -99,7 +99,7 @@ def test_the_first_differing_node_of_a_chain(tmp_path):
     x = np.array([-4, -7, 5, 4, -2, 3], np.int16)
     y = np.array([2, -3, 8, -2, 3, 5], np.int16)
     with pytest.raises(CollageError, match=r"output 0 'z': .*first differing node: 'mod' \(Mod\)") as err:
-        check_model_file(load_model(path, new_context()), path, [x, y], cache=False)
+        check_model_file(load_model(path, new_context(), isolated=False), path, [x, y], cache=False)
     assert "\n" not in str(err.value) and "(onnxruntime)" in str(err.value)
 
 
@@ -113,10 +113,11 @@ def test_a_correct_onnx_model_passes_and_its_verdict_is_cached(tmp_path, monkeyp
                         helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("MatMul", ["f", "fc"], ["y"])],
                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])], inits)
-    first = check_model_file(load_model(path, new_context()), path)  # generated inputs
+    # The checks' own imports, in this process (the isolated import is the CLI tests' above: ~4 s each).
+    first = check_model_file(load_model(path, new_context(), isolated=False), path)  # generated inputs
     assert first.ok and not first.cached and first.source == "onnxruntime"
     assert [o.name for o in first.outputs] == ["y"] and first.outputs[0].max_error < 1e-3
-    again = check_model_file(load_model(path, new_context()), path)
+    again = check_model_file(load_model(path, new_context(), isolated=False), path)
     assert again.ok and again.cached and again.outputs == first.outputs
 
 
