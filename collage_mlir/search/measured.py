@@ -165,7 +165,8 @@ class MeasuredEstimator(CostEstimator):
 
     # -- costs in context ---------------------------------------------------------------------------
     def price_in_context(self, single: Mapping[str, Plan], maximal: Mapping[str, Sequence[frozenset[int]]],
-                         seeds: Mapping[str, Cost], heavy: frozenset[int], constant: frozenset[int]) -> None:
+                         seeds: Mapping[str, Cost], heavy: frozenset[int], constant: frozenset[int],
+                         expected_s: Mapping[str, float] | None = None) -> None:
         """For each engine with a per-node profiler (``measure.profile``) whose single-backend plan
         ``single[name]`` was timed (``seeds``), reads (or measures: one build and one profiled run) its
         in-context profile; from then on a region on that engine inside one of its ``maximal`` regions that
@@ -173,7 +174,9 @@ class MeasuredEstimator(CostEstimator):
         unless the DB holds a measured row for it. If the fastest seed is such an engine, a region on any
         other backend whose ops cost at most ``max(MIN_GAIN_S, MIN_GAIN_SHARE * seed)`` in its graph is
         left unmeasured (unknown). ``heavy``: the convolutions and matmuls (a fused node's anchor);
-        ``constant``: the constant expressions (in no engine node of their own)."""
+        ``constant``: the constant expressions (in no engine node of their own). ``expected_s``: about how long
+        each engine's profile would take to build and run; one that would end past the deadline is not
+        started (the DB's profiles are still read)."""
         if not self.use_in_context:
             return
         self._constant = frozenset(constant)
@@ -181,7 +184,7 @@ class MeasuredEstimator(CostEstimator):
             cost = seeds.get(name)
             if name not in PROFILED_BACKENDS or cost is None or not cost.usable or name not in maximal:
                 continue
-            costs = self._profile(name, single[name], heavy)
+            costs = self._profile(name, single[name], heavy, (expected_s or {}).get(name, 0.0))
             if costs is None:
                 continue
             regions = tuple(frozenset(r) - self._constant for r in maximal[name])
@@ -198,7 +201,8 @@ class MeasuredEstimator(CostEstimator):
         ctx = self._context.get(backend)
         return ctx.costs if ctx else None
 
-    def _profile(self, backend: str, plan: Plan, heavy: frozenset[int]) -> InContextCosts | None:
+    def _profile(self, backend: str, plan: Plan, heavy: frozenset[int], expected_s: float = 0.0
+                 ) -> InContextCosts | None:
         """The engine's profile of ``plan`` from the DB, or built and profiled now, both stopped at the
         deadline (None past it or where that fails: a warm DB's 10 s search again built and profiled an
         engine's whole-model plan for 15 s)."""
@@ -207,7 +211,7 @@ class MeasuredEstimator(CostEstimator):
         if (stored := self.db.get_cached(IN_CONTEXT, key)) is not None:
             self.cache_hits += 1
             return InContextCosts.from_json(json.loads(stored))
-        if self._spent():
+        if self._spent() or (self.deadline is not None and time.monotonic() + expected_s > self.deadline):
             return None
         work = self.work / "profile"
         work.mkdir(parents=True, exist_ok=True)

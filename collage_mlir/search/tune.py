@@ -93,6 +93,9 @@ MILP_SHARE = 0.05
 RECORD_SHARE = 0.01
 #: What the DP and its plan's build and timing are given after the regions, in slowest-seed builds.
 DP_BUILDS = 2.0
+#: Kept past the stages' deadline for the DP on what was measured and the tuning record (DB reads): 1.0-1.5 s
+#: on MobileNetV2's and ResNet-50's 34 000 candidates at load 2-3, a warm 10 s search again's overrun.
+TAIL_S = 1.0
 
 #: What the DB keeps (by module digest) of how long the seeds' whole-model builds took.
 SEED_BUILDS = "seed-build-seconds"
@@ -222,8 +225,6 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
         regions = single[name].regions
         if len(regions) == 1 and ops <= regions[0].ops and c.usable:
             est.timed_whole(regions[0].key, c)
-    est.price_in_context(single, maximal, seed_costs, frozenset(i for i, n in graph.nodes.items() if n.op.name in (
-        "stablehlo.convolution", "stablehlo.dot_general")), index.graph.constant)
     default_s = walls.get(default, 0.0)
     # A rerun whose seeds were DB hits does not know how long a whole-model build takes here; the run
     # that built them left it in the DB (else a warm rerun would start the capture, a whole-model
@@ -237,10 +238,18 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
     # The finalists' rounds re-time up to 5 plans 3 times, each about as long as the median seed's
     # re-timing (BERT-base under load: 73 s in all, where 3 % of 600 s had been kept; the slowest seed's,
     # IREE alone, would keep 2 minutes of ResNet-50's budget). The same estimate as the rounds' own.
+    # After the stages, the DP on what was measured and the record take TAIL_S.
     usable = [c.seconds for c in seed_costs.values() if c.usable]
     finals_s = opts.rounds * (opts.finalists + 1 + opts.close_singles) * (
         est.retime_s(statistics.median(usable)) if usable else 0.0)
-    deadline = min(deadline, started + budget_s - finals_s)
+    deadline = min(deadline, started + budget_s - finals_s - TAIL_S)
+    est.deadline = deadline
+    # An engine's in-context profile is a whole-model build and a profiled run: about as long as its seed
+    # took where this run built it, else as the slowest seed build known (a warm 10 s search again of
+    # MobileNetV2 spent 6 s building OpenVINO's profile, stopped at the deadline).
+    expected = {n: walls[n] if walls.get(n, 0.0) > 1.0 else build_s for n in single}
+    est.price_in_context(single, maximal, seed_costs, frozenset(i for i, n in graph.nodes.items() if n.op.name in (
+        "stablehlo.convolution", "stablehlo.dot_general")), index.graph.constant, expected)
     window = TRANSITION_SHARE * max(0.0, deadline - time.monotonic())
     # A window shorter than a probe's build and timing only starts workers and stops them: the DB's probes.
     est.fit_transitions(deadline=time.monotonic() + (window if window >= PROBE_WINDOW_S else 0.0),

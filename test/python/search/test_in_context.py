@@ -97,6 +97,26 @@ def test_the_profile_round_trips_through_the_db(cnn):
         est.close()
 
 
+def test_a_profile_that_would_end_past_the_deadline_is_not_started(cnn):
+    """A profile is a whole-model build and a profiled run: where the time left is shorter than that, none
+    starts (a warm 10 s search again of MobileNetV2 built OpenVINO's for 6 s, stopped at the deadline)."""
+    import time
+
+    from collage_mlir.measure.db import CostDB
+    from collage_mlir.search.measured import MeasuredEstimator
+
+    db = CostDB(cnn["tmp"] / "fresh.sqlite")  # no profile stored
+    est = MeasuredEstimator(cnn["module"], cnn["backends"], db, cnn["tmp"] / "short",
+                            examples={"main": [cnn["x"].numpy()]}, deadline=time.monotonic() + 30)
+    try:
+        est.price_in_context(cnn["single"], cnn["maximal"], cnn["seeds"], cnn["heavy"], cnn["constant"],
+                             {n: 60.0 for n in cnn["single"]})
+        assert est._profiler is None and all(est.in_context_costs(b) is None for b in BACKENDS)
+    finally:
+        est.close()
+        db.close()
+
+
 def test_in_context_prices_match_regions_measured_alone(cnn):
     """Three regions per engine: the first conv with its bias and relu, the second conv block, and the
     head (reduce + matmul): priced in context, then measured alone by a second estimator without profiles."""
