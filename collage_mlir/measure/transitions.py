@@ -59,16 +59,17 @@ def probe_module(n: int = PROBE_SIZE, probe: Probe = Probe.MATMUL) -> str:
 
 
 def _probe_inputs(n: int, probe: Probe, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """The probe's inputs (unit-scale outputs) and its expected result, computed in float64."""
+    """The probe's f32 inputs (unit-scale outputs) and its expected result, computed from them in float64."""
     rng = np.random.default_rng(seed)
     if probe is Probe.MATMUL:
-        x, w = (rng.standard_normal((n, n)) / np.sqrt(n) for _ in range(2))
-        expected = x @ w @ w
+        x, w = ((rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32) for _ in range(2))
+        expected = x.astype(np.float64) @ w @ w
     else:
-        x, w = rng.standard_normal((1, 64, n // 8, n // 8)), rng.standard_normal((64, 64, 1, 1)) / 8.0
-        mix = w[:, :, 0, 0]
-        expected = np.einsum("oi,bihw->bohw", mix, np.einsum("oi,bihw->bohw", mix, x))
-    return [x.astype(np.float32), w.astype(np.float32)], expected.astype(np.float32)
+        x = rng.standard_normal((1, 64, n // 8, n // 8)).astype(np.float32)
+        w = (rng.standard_normal((64, 64, 1, 1)) / 8.0).astype(np.float32)
+        mix = w[:, :, 0, 0].astype(np.float64)
+        expected = np.einsum("oi,bihw->bohw", mix, np.einsum("oi,bihw->bohw", mix, x.astype(np.float64)))
+    return [x, w], expected.astype(np.float32)
 
 
 def probe_for(a: Backend, b: Backend, graphs: dict[Probe, Graph]) -> Probe | None:
