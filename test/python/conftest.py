@@ -16,7 +16,10 @@ os.environ.setdefault("COLLAGE_CACHE_DIR", os.path.join(tempfile.gettempdir(), "
 
 def pytest_configure(config):
     """One cache per xdist worker (run-tests.sh runs two): two processes importing the same model at once
-    would write the same temporary file."""
+    would write the same temporary file. xdist's controller hands out files in the order the workers
+    collected them (``pytest_collection_modifyitems`` below), not reordered by their number of tests."""
+    if getattr(config.option, "loadscopereorder", None) is not None:
+        config.option.loadscopereorder = False
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker and os.environ["COLLAGE_CACHE_DIR"] == os.path.join(tempfile.gettempdir(), "collage-test-cache"):
         os.environ["COLLAGE_CACHE_DIR"] += f"-{worker}"
@@ -80,3 +83,37 @@ def _freeze_what_earlier_files_imported():
 
 def pytest_unconfigure(config):
     gc.unfreeze()
+
+
+# -- the order test files are handed to run-tests.sh's two workers ---------------------------------------
+# xdist's ``--dist loadfile`` hands out whole files, by default the files with the most tests first: the
+# slow files of one or two tests (a `collage bench`, the ONNX node sample) came last, and one worker ran
+# such a file alone for a minute after the other had finished. Here the slowest files go first (longest
+# first: the two workers then end within a short file of each other). Seconds per file in the default
+# suite on 2 cores, from one run's ``--durations``: only their order matters, and a file not listed goes
+# after these (in collection order).
+SLOW_FILES = {
+    "measure/test_measure.py": 300, "frontends/test_import_check.py": 180, "passes/test_mixed_devices.py": 170,
+    "search/test_tune.py": 160, "runtime/test_artifact_checks.py": 155, "frontends/test_jax_modules.py": 150,
+    "tools/test_cli.py": 120, "passes/test_numerics.py": 110, "tools/test_bench.py": 105,
+    "backends/test_onednn.py": 100, "backends/test_xla_cpu.py": 100, "conformance/test_onnx_nodes.py": 90,
+    "backends/test_onnx_backends.py": 85, "backends/test_iree_cpu_dt.py": 75, "tools/test_readme_examples.py": 70,
+    "runtime/test_device_buffers.py": 70, "backends/test_onnx_zoo_whole.py": 60, "frontends/test_onnx_frontend.py": 60,
+    "backends/test_graph_translation.py": 60, "tools/test_gpu_study.py": 55, "backends/test_onnx_control.py": 50,
+    "search/test_in_context.py": 50, "entry/test_entry_points.py": 50, "search/test_tune_platforms.py": 45,
+    "backends/test_onnx_ops.py": 40, "backends/test_gpu_programs.py": 35, "search/test_milp.py": 35,
+    "conformance/test_framework_models.py": 30,
+}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (run-tests.sh's ``-n 2 --dist loadfile``): the slowest files first (SLOW_FILES)."""
+    if not hasattr(config, "workerinput"):
+        return
+    here = os.path.dirname(__file__)
+    cost = {}
+    for item in items:
+        path = os.path.relpath(str(item.path), here).replace(os.sep, "/")
+        cost[item.nodeid] = SLOW_FILES.get(path, 0)
+    items[:] = sorted(items, key=lambda item: -cost[item.nodeid])  # stable: files keep their own order
