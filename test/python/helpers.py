@@ -17,3 +17,12 @@ STRESS = ROOT / "test" / "stress"
 #: test/conformance/baseline.py finds them.
 IREE_E2E = Path(os.environ.get("COLLAGE_CONFORMANCE_DIR", ROOT.parent / "shared" / "conformance" / "iree-e2e"))
 FAULTY = HERE / "faulty"                   # backends and executors that fail on purpose (their entry points)
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a child a test sends SIGINT: SIGINT back to its default, so that Python installs its
+    KeyboardInterrupt handler there (a suite started as a background job, bash ``&``, hands its children
+    SIGINT ignored, and the child would never see the Ctrl-C)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -26,7 +26,7 @@ from collage_mlir.ir import new_context, parse_module
 from collage_runtime.manifest import ArtifactError
 from collage_runtime.program import InputError
 
-from helpers import FAULTY, LIT_INPUTS
+from helpers import FAULTY, LIT_INPUTS, interruptible
 
 MLP = (LIT_INPUTS / "mlp.mlir").read_text()
 PLAN = str(LIT_INPUTS / "mlp-plan.json")
@@ -210,7 +210,7 @@ def test_ctrl_c_during_compile_exits_130_and_keeps_the_old_artifact(built, tmp_p
     (tmp_path / "big.mlir").write_text("\n".join([*chain, f"  return {prev} : tensor<64x64xf32>", "}"]) + "\n")
     p = subprocess.Popen([sys.executable, "-m", "collage_mlir.tools.cli", "compile", str(tmp_path / "big.mlir"),
                           "--plan", "random:1", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True, preexec_fn=interruptible)
     # Interrupted once the compile is under way (its staging directory exists), not after a fixed time:
     # on a quiet machine the whole compile took less than the 4 s this test used to wait.
     deadline = time.monotonic() + 120

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import interruptible
+
 from collage_mlir.search.record import TunedPlan
 
 TINY = """func.func @main(%x: tensor<64x64xf32>, %w: tensor<64x64xf32>) -> tensor<64x64xf32> {
@@ -90,7 +92,8 @@ def test_ctrl_c_returns_the_fastest_plan_timed_so_far_and_a_rerun_goes_on(tmp_pa
     model.write_text(TINY)
     cmd = [*_tune_cmd(model, db, tmp_path / "a.json")[:-8], "--backends", "iree-cpu,ort", "--budget", "30",
            "--db", str(db), "-o", str(tmp_path / "a.json")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
     deadline = time.monotonic() + 120
     while not _rows(db) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
