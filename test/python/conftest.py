@@ -20,9 +20,27 @@ def pytest_configure(config):
     collected them (``pytest_collection_modifyitems`` below), not reordered by their number of tests."""
     if getattr(config.option, "loadscopereorder", None) is not None:
         config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput"):
+        _write_bytecode()
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker and os.environ["COLLAGE_CACHE_DIR"] == os.path.join(tempfile.gettempdir(), "collage-test-cache"):
         os.environ["COLLAGE_CACHE_DIR"] += f"-{worker}"
+
+
+def _write_bytecode() -> None:
+    """Where Python may not write bytecode (``PYTHONDONTWRITEBYTECODE``, as on the CI machine), every process
+    the tests start (CLI runs, measurement and bench workers, import children: hundreds) compiled the
+    package's sources again (~0.5 s each); compiled once here, into the ``__pycache__`` folders Python
+    reads them from (git ignores them), before any worker starts. A source changed later is compiled
+    again as usual (the timestamp check)."""
+    if not sys.dont_write_bytecode:
+        return
+    import compileall
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for sub in ("collage_mlir", "runtime", "studies", "test"):
+        if os.path.isdir(os.path.join(root, sub)):
+            compileall.compile_dir(os.path.join(root, sub), quiet=2)
 
 
 @pytest.fixture(scope="session")
