@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .bundle import ModelSpec
-from .run import as_list, max_error, time_interleaved, torch_contenders, torch_setup
-from .run import Contender
+from .run import Contender, as_list, max_error, time_interleaved, torch_contenders, torch_setup
 from .tune_kit import kit_model
 
 
