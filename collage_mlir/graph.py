@@ -67,6 +67,8 @@ def number_ops(module: ir.Module | ir.Operation) -> None:
 
 def nested_ops(op: ir.Operation) -> list[ir.Operation]:
     """``op`` and every op inside its regions."""
+    if not len(op.regions):  # most ops: no walk (a Python callback per op)
+        return [op.operation]
     found: list[ir.Operation] = []
 
     def visit(o: ir.Operation) -> ir.WalkResult:
@@ -84,17 +86,18 @@ def external_operands(ops: Iterable[ir.Operation]) -> list[ir.Value]:
     for op in ops:
         for o in nested_ops(op):
             inside.add(o)
-    seen: list[ir.Value] = []
+    seen: dict[ir.Value, None] = {}  # values hash by the value they stand for: first-use order, once each
     for op in ops:
         for o in nested_ops(op):
             for v in o.operands:
+                if v in seen:
+                    continue
                 owner = v.owner
                 if isinstance(owner, ir.Block):
                     owner = owner.owner
-                if owner.operation in inside or any(v == s for s in seen):
-                    continue
-                seen.append(v)
-    return seen
+                if owner.operation not in inside:
+                    seen[v] = None
+    return list(seen)
 
 
 def remap_operands(op: ir.Operation, mapping: list[tuple[ir.Value, ir.Value]]) -> None:
@@ -114,8 +117,22 @@ def producer(value: ir.Value) -> ir.Operation | None:
     return None if isinstance(owner, ir.Block) else owner.operation
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """What crosses the edge of a region: its top-level ops (in id order), every op inside them (nested
+    ones too), the values flowing in (``external_operands``: first-use order) and the results used outside."""
+
+    ops: tuple[ir.Operation, ...]
+    inside: frozenset[ir.Operation]
+    inputs: tuple[ir.Value, ...]
+    outputs: tuple[ir.Value, ...]
+
+
 class Graph:
-    """Op ids → nodes, with the dataflow edges between them (networkx DiGraph, one per module)."""
+    """Op ids → nodes, with the dataflow edges between them (networkx DiGraph, one per module).
+
+    A snapshot: ``boundary`` and ``region_fact`` remember what they computed, so the module must not be
+    changed while its graph is in use (the passes that change a module make a new graph after)."""
 
     def __init__(self, module: ir.Module | ir.Operation):
         self.module = module
@@ -137,6 +154,26 @@ class Graph:
                     self.dag.add_edge(pid, oid)
         self._order = {oid: i for i, oid in enumerate(nx.lexicographical_topological_sort(self.dag))}
         self._edges = list(self.dag.edges)
+        self._boundaries: dict[frozenset[int], Boundary] = {}
+        self._facts: dict[tuple[object, frozenset[int]], object] = {}
+
+    def boundary(self, ids: frozenset[int]) -> Boundary:
+        """The region ``ids``' boundary (remembered: every backend's checks of one region share it)."""
+        found = self._boundaries.get(ids)
+        if found is None:
+            ops = tuple(self.nodes[i].op for i in sorted(ids))
+            inside = frozenset(o for op in ops for o in nested_ops(op))
+            outputs = tuple(r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses))
+            found = self._boundaries[ids] = Boundary(ops, inside, tuple(external_operands(ops)), outputs)
+        return found
+
+    def region_fact(self, check, ids: frozenset[int]):
+        """``check(self, ids)``, remembered per check and region: for facts of a region that do not depend
+        on the backend asking (whether a call boundary around it can exist), asked by several backends."""
+        key = (check, ids)
+        if key not in self._facts:
+            self._facts[key] = check(self, ids)
+        return self._facts[key]
 
     def __len__(self) -> int:
         return len(self.nodes)

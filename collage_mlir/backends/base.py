@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 from collage_runtime.types import Platform, Tolerance  # noqa: F401  (re-exported: backends state theirs)
 
 from ..dialects.stablehlo import const_expr_ops
-from ..graph import Graph, external_operands, nested_ops
+from ..graph import Graph
 from ..ir import ir
 from .patterns import OpPattern, grow_regions, match, supported_by
 
@@ -136,15 +136,19 @@ BOUNDARY_EXCLUDED = ("f64",)
 
 
 def boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
-    """Why the region ``ids`` cannot be served through ``collage_rt``, else None: it must take some
-    input that is not a constant (a region of constants alone is folded by IREE at compile time, and
-    outlining sinks constants into it anyway), and no value crossing it may be f64."""
-    ops = [graph.nodes[i].op for i in sorted(ids)]
-    inside = {o for op in ops for o in nested_ops(op)}
-    crossing = [v for v in external_operands(ops) if const_expr_ops(v) is None]
+    """Why the region ``ids`` cannot be served through ``collage_rt``, else None (remembered per graph and
+    region: every served backend asks the same)."""
+    return graph.region_fact(_boundary_problem, ids)
+
+
+def _boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
+    """It must take some input that is not a constant (a region of constants alone is folded by IREE at
+    compile time, and outlining sinks constants into it anyway), and no value crossing it may be f64."""
+    edge = graph.boundary(ids)
+    crossing = [v for v in edge.inputs if const_expr_ops(v) is None]
     if not crossing:
         return "only constants flow in: nothing to run (IREE folds it at compile time)"
-    crossing += [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
+    crossing += edge.outputs
     for v in crossing:
         t = v.type
         et = str(ir.RankedTensorType(t).element_type) if isinstance(t, ir.RankedTensorType) else ""
@@ -154,14 +158,16 @@ def boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
 
 
 def crossing_type_problem(graph: Graph, ids: frozenset[int]) -> str | None:
-    """Why a call boundary around the region ``ids`` cannot exist, whatever backend runs it, else None:
-    IREE cannot legalize a ``func.call`` carrying quantized (``!quant.uniform``) tensors, so such values
+    """Why a call boundary around the region ``ids`` cannot exist, whatever backend runs it, else None
+    (remembered per graph and region)."""
+    return graph.region_fact(_crossing_type_problem, ids)
+
+
+def _crossing_type_problem(graph: Graph, ids: frozenset[int]) -> str | None:
+    """IREE cannot legalize a ``func.call`` carrying quantized (``!quant.uniform``) tensors, so such values
     must stay inside one region (its neighbours join it, or the boundary moves)."""
-    ops = [graph.nodes[i].op for i in sorted(ids)]
-    inside = {o for op in ops for o in nested_ops(op)}
-    crossing = external_operands(ops) + [r for op in ops for r in op.results
-                                         if any(u.owner.operation not in inside for u in r.uses)]
-    for v in crossing:
+    edge = graph.boundary(ids)
+    for v in (*edge.inputs, *edge.outputs):
         if "!quant." in str(v.type):
             return f"a quantized tensor ({v.type}) would cross the region boundary, which IREE cannot compile"
     return None

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..dialects.stablehlo import const_expr_value, sunk_chain, tensor_type
 from ..errors import CollageError
-from ..graph import Graph, body_ops, external_operands, nested_ops, producer
+from ..graph import Graph, body_ops, nested_ops, producer
 from ..ir import ir
 from .base import Candidate, RegionArtifact, Tolerance
 from .onnx_export import DTYPES, F32_EXACT, FLOATS, TIE_BREAK_MAX, OnnxGraphBackend, engine_patterns, gather_info
@@ -135,11 +135,9 @@ def i64_problem(ops: list[ir.Operation], inside: set[ir.Operation], passed: froz
 
 def region_i64_problem(graph: Graph, ids: frozenset[int]) -> str | None:
     """``i64_problem`` of the region ``ids`` as outlining will make it."""
-    ops = [graph.nodes[i].op for i in sorted(ids)]
-    inside = {o for op in ops for o in nested_ops(op)}
-    passed = frozenset(v for v in external_operands(ops) if sunk_chain(v, inside) is None)
-    outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
-    return i64_problem(ops, inside, passed, outputs)
+    edge = graph.boundary(ids)
+    passed = frozenset(v for v in edge.inputs if sunk_chain(v, edge.inside) is None)
+    return i64_problem(list(edge.ops), edge.inside, passed, list(edge.outputs))
 
 
 class OpenVinoBackend(OnnxGraphBackend):
