@@ -833,8 +833,12 @@ def _adds_one(value: ir.Value, arg: ir.Value) -> bool:
 def _while(b: _Builder, op, ins):
     """An ONNX ``Loop`` whose body is the translated do-region: its loop-carried values are those the body
     changes, the others are read from outside by name (no copy a step), as values the body captures are.
-    The trip count ``M`` comes from a counter (``loop_form``); else ``cond`` is the condition."""
+    The trip count ``M`` comes from a counter (``loop_form``); else ``cond`` is the condition. A loop that
+    is an LSTM layer with its input projection in the region becomes one ONNX ``LSTM`` (``lstm_form``)."""
     form = loop_form(op)
+    cell = lstm_form(op, form)
+    if cell is not None and all(v in b.names for v in cell.reads):
+        return _lstm(b, op, ins, cell)
     cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
     if not form.changed:  # nothing changes: the loop computes its inputs (or never ends)
         return list(ins)
@@ -868,6 +872,232 @@ def _trip_count(b: _Builder, op, form: LoopForm, ins: list[str]) -> str:
         b.node("Cast", [b.names[form.limit]], to=i64)
     lo = b.node("Cast", [ins[form.counter]], to=i64)
     return b.node("Max", [b.node("Sub", [hi, lo]), b.const(np.int64(0), "zero")])
+
+
+@dataclass(frozen=True)
+class LstmForm:
+    """A ``stablehlo.while`` that is one LSTM layer over a whole sequence, as ``lax.scan`` over an LSTM cell
+    writes it (flax's ``OptimizedLSTMCell``, the zoo's ``jax_lstm``): the input projection ``x @ wi + b`` of
+    every step computed before the loop, each step ``z = xs[t] + h @ wh``, gates ``i, f, g, o`` four column
+    blocks of ``z`` in any order, ``c = σ(f)·c + σ(i)·tanh(g)``, ``h = σ(o)·tanh(c)``, ``h`` written to row
+    ``t`` of the outputs. ``gates``: the column block of each gate, in ONNX's order (i, o, f, c); the
+    carried positions of the counter, ``c``, ``h`` and the outputs; the weights and bias as constants;
+    ``x``: the projection's input (steps, batch, features), which the ``LSTM`` reads instead."""
+
+    gates: tuple[int, int, int, int]
+    counter: int
+    c: int
+    h: int
+    out: int
+    steps: int
+    x: ir.Value
+    wi: np.ndarray
+    wh: np.ndarray
+    bias: np.ndarray
+
+    @property
+    def reads(self) -> tuple[ir.Value, ...]:
+        """The values outside the loop the ``LSTM`` reads besides the loop's own operands."""
+        return (self.x,)
+
+
+def _defined_by(v: ir.Value, *names: str) -> ir.Operation | None:
+    """The op defining ``v`` where it is one of ``names``, else None (a block argument too)."""
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if owner.operation.name in names else None
+
+
+def _is_splat(v: ir.Value, x: float) -> bool:
+    c = _constant_of(v)
+    return c is not None and c.size > 0 and bool(np.all(c == x))
+
+
+def _sigmoid_of(v: ir.Value) -> ir.Value | None:
+    """``x`` where ``v`` is ``logistic(x)`` or ``1 / (1 + exp(-x))`` (how ``jax.nn.sigmoid`` lowers), else None."""
+    if (op := _defined_by(v, "stablehlo.logistic")) is not None:
+        return op.operands[0]
+    div = _defined_by(v, "stablehlo.divide")
+    if div is None or not _is_splat(div.operands[0], 1.0) or (add := _defined_by(div.operands[1], "stablehlo.add")) is None:
+        return None
+    for one, e in (tuple(add.operands), tuple(add.operands)[::-1]):
+        if _is_splat(one, 1.0) and (exp := _defined_by(e, "stablehlo.exponential")) is not None \
+                and (neg := _defined_by(exp.operands[0], "stablehlo.negate")) is not None:
+            return neg.operands[0]
+    return None
+
+
+def _tanh_of(v: ir.Value) -> ir.Value | None:
+    op = _defined_by(v, "stablehlo.tanh")
+    return None if op is None else op.operands[0]
+
+
+def _factors(v: ir.Value) -> list[tuple[ir.Value, ir.Value]]:
+    """(a, b) and (b, a) where ``v`` is ``a * b``, else []."""
+    op = _defined_by(v, "stablehlo.multiply")
+    return [] if op is None else [tuple(op.operands), tuple(op.operands)[::-1]]
+
+
+def _gated(v: ir.Value, other: Callable[[ir.Value], bool]) -> ir.Value | None:
+    """``x`` where ``v`` is ``σ(x) * y`` (either order) with ``other(y)``, else None."""
+    return next((g for a, y in _factors(v) if (g := _sigmoid_of(a)) is not None and other(y)), None)
+
+
+def _plain_dot(op: ir.Operation, rank: int) -> bool:
+    """A dot_general of a rank-``rank`` lhs contracting its last dimension with a 2-D rhs's first, no batch."""
+    d = sh.dot_info(op)
+    return (not d.lhs_batch and not d.rhs_batch and d.lhs_contract == [rank - 1] and d.rhs_contract == [0]
+            and len(_shape(op.operands[0])) == rank and len(_shape(op.operands[1])) == 2)
+
+
+def lstm_form(op: ir.Operation, form: LoopForm | None = None) -> LstmForm | None:
+    """The loop ``op`` as an LSTM layer (``LstmForm``), else None (it stays a ``Loop``)."""
+    form = form or loop_form(op)
+    body = op.regions[1].blocks[0]
+    args, back = list(body.arguments), sh.returned(body)
+    if form.counter is None or len(form.changed) != 4 or any(_dtype(v) != "f32" for k, v in enumerate(op.operands)
+                                                            if k != form.counter):
+        return None
+    start, limit = _constant_of(op.operands[form.counter]), _constant_of(form.limit)
+    if start is None or limit is None or int(start.reshape(-1)[0]) != 0:
+        return None
+    steps = int(limit.reshape(-1)[0])
+    counter = args[form.counter]
+    rest = [k for k in form.changed if k != form.counter]
+    out = next((k for k in rest if _defined_by(back[k], "stablehlo.dynamic_update_slice") is not None), None)
+    if out is None:
+        return None
+    pair = [k for k in rest if k != out]
+    for c, h in ((pair[0], pair[1]), (pair[1], pair[0])):
+        found = _lstm_cell(op, form, args, back, counter, c, h, out, steps)
+        if found is not None:
+            return found
+    return None
+
+
+def _lstm_cell(op, form: LoopForm, args, back, counter, c: int, h: int, out: int, steps: int) -> LstmForm | None:
+    """``lstm_form`` with ``c``, ``h`` and ``out`` the carried positions of the cell state, hidden state and
+    outputs, else None."""
+    new_c = back[c]
+    o_gate = _gated(back[h], lambda y: (t := _tanh_of(y)) is not None and t == new_c)
+    add = _defined_by(new_c, "stablehlo.add")
+    if o_gate is None or add is None:
+        return None
+    f_gate = i_gate = g_gate = None
+    for keep, write in (tuple(add.operands), tuple(add.operands)[::-1]):
+        f_gate = _gated(keep, lambda y: y == args[c])
+        ig = [(g, t) for a, y in _factors(write) if (g := _sigmoid_of(a)) is not None and (t := _tanh_of(y)) is not None]
+        if f_gate is not None and ig:
+            i_gate, g_gate = ig[0]
+            break
+    if f_gate is None or i_gate is None:
+        return None
+    # each gate a column block of one z = xs[t] + h @ wh
+    blocks, z = [], None
+    for gate in (i_gate, o_gate, f_gate, g_gate):
+        cut = _defined_by(gate, "stablehlo.slice")
+        if cut is None:
+            return None
+        starts, limits = sh._array_attr(cut, "start_indices", []), sh._array_attr(cut, "limit_indices", [])
+        strides = sh._array_attr(cut, "strides", [1] * len(starts))
+        whole = _shape(cut.operands[0])
+        if z is None:
+            z = cut.operands[0]
+        if cut.operands[0] != z or len(whole) != 2 or any(s != 1 for s in strides) or starts[0] != 0 \
+                or limits[0] != whole[0]:
+            return None
+        blocks.append((starts[1], limits[1]))
+    hidden = _shape(args[h])[-1]
+    if sorted(blocks) != [(k * hidden, (k + 1) * hidden) for k in range(4)]:
+        return None
+    gates = tuple(lo // hidden for lo, _ in blocks)
+    zsum = _defined_by(z, "stablehlo.add")
+    if zsum is None:
+        return None
+    wh = step_in = None
+    for dot_v, x_v in (tuple(zsum.operands), tuple(zsum.operands)[::-1]):
+        dot = _defined_by(dot_v, "stablehlo.dot_general")
+        if dot is not None and dot.operands[0] == args[h] and _plain_dot(dot, 2):
+            wh, step_in = _weight(op, args, dot.operands[1]), x_v
+            break
+    if wh is None:
+        return None
+    # the step's input: row t of a carried sequence (steps, batch, 4 * hidden) the body does not change
+    row = _defined_by(step_in, "stablehlo.reshape")
+    cut = None if row is None else _defined_by(row.operands[0], "stablehlo.dynamic_slice")
+    seq = None if cut is None else sh.block_argument(cut.operands[0], op.regions[1].blocks[0])
+    if seq is None or seq in form.changed or cut.operands[1] != counter \
+            or not all(_is_splat(v, 0) for v in cut.operands[2:]) or _shape(op.operands[seq])[0] != steps:
+        return None
+    # the outputs: h written at row t
+    upd = _defined_by(back[out], "stablehlo.dynamic_update_slice")
+    written = _defined_by(upd.operands[1], "stablehlo.reshape", "stablehlo.broadcast_in_dim")
+    if upd.operands[0] != args[out] or written is None or written.operands[0] != back[h] \
+            or upd.operands[2] != counter or not all(_is_splat(v, 0) for v in upd.operands[3:]) \
+            or _shape(op.operands[out])[0] != steps:
+        return None
+    projection = _projection(op.operands[seq])
+    if projection is None:
+        return None
+    x, wi, bias = projection
+    return LstmForm(gates, form.counter, c, h, out, steps, x, wi, wh, bias)
+
+
+def _weight(op: ir.Operation, args, v: ir.Value) -> np.ndarray | None:
+    """The constant value of a weight the body reads: a carried value whose initial value is constant and
+    the body does not change, or a constant."""
+    k = sh.block_argument(v, op.regions[1].blocks[0])
+    if k is not None:
+        return None if sh.returned(op.regions[1].blocks[0])[k] != v else _constant_of(op.operands[k])
+    return _constant_of(v)
+
+
+def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray] | None:
+    """(x, wi, b) where ``v`` is ``x @ wi (+ b)`` over a (steps, batch, features) ``x`` with constant ``wi``
+    and a constant bias the same for every step and batch row, else None."""
+    bias = None
+    if (add := _defined_by(v, "stablehlo.add")) is not None:
+        for d, c in (tuple(add.operands), tuple(add.operands)[::-1]):
+            if _defined_by(d, "stablehlo.dot_general") is not None and (bias := _constant_of(c)) is not None:
+                v = d
+                break
+        else:
+            return None
+    dot = _defined_by(v, "stablehlo.dot_general")
+    if dot is None or not _plain_dot(dot, 3) or (wi := _constant_of(dot.operands[1])) is None:
+        return None
+    width = wi.shape[1]
+    if bias is None:
+        bias = np.zeros(width, np.float32)
+    else:
+        bias = np.broadcast_to(bias, _shape(v))
+        if not np.all(bias == bias[:1, :1, :]):
+            return None
+        bias = bias[0, 0]
+    return dot.operands[0], wi, np.asarray(bias, np.float32)
+
+
+def _lstm(b: _Builder, op, ins, cell: LstmForm):
+    """One ONNX ``LSTM`` for the loop ``op`` (``LstmForm``): W, R and B reordered to ONNX's gate order
+    (i, o, f, c), the initial state the loop's; its results in the loop's carried positions."""
+    hidden = cell.wh.shape[0]
+    batch = _shape(op.operands[cell.h])[0]
+
+    def ordered(m: np.ndarray) -> np.ndarray:  # (rows, 4H) in the loop's gate order → (1, 4H, rows)
+        return np.concatenate([m[..., k * hidden:(k + 1) * hidden] for k in cell.gates], axis=-1).T[None]
+
+    w, r = b.const(ordered(cell.wi), "lstm_w"), b.const(ordered(cell.wh), "lstm_r")
+    bias = b.const(np.concatenate([ordered(cell.bias[None])[0, :, 0], np.zeros(4 * hidden, np.float32)])[None],
+                   "lstm_b")
+    h0, c0 = (b.reshape(ins[k], [1, batch, hidden]) for k in (cell.h, cell.c))
+    y, y_h, y_c = b.multi_node("LSTM", [b.names[cell.x], w, r, bias, "", h0, c0], 3, hidden_size=hidden)
+    results = list(ins)
+    results[cell.counter] = b.const(np.asarray(cell.steps, DTYPES[_dtype(op.operands[cell.counter])][0]), "steps")
+    results[cell.h] = b.reshape(y_h, [batch, hidden])
+    results[cell.c] = b.reshape(y_c, [batch, hidden])
+    results[cell.out] = b.reshape(y, [cell.steps, batch, hidden])
+    return results
 
 
 @dataclass(frozen=True)

@@ -84,9 +84,9 @@ def _lstm():
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_scan_lstm_is_one_region_matching_jax(engine, tmp_path):
-    """A 2-layer LSTM over ``lax.scan`` compiled with ``whole:<engine>``: one region holds both loops, each an
-    ONNX ``Loop`` with a constant trip count, the weights and input sequence read from outside the body (not
-    carried), and the program equals ``jax.jit``."""
+    """A 2-layer LSTM over ``lax.scan`` compiled with ``whole:<engine>``: one region holds both loops, each one
+    ONNX ``LSTM`` reading the layer's input sequence (its input projection folded into the ``LSTM``'s W), and
+    the program equals ``jax.jit``."""
     jax = pytest.importorskip("jax")
     pytest.importorskip(ENGINES[engine])
     import collage_runtime
@@ -103,11 +103,57 @@ def test_scan_lstm_is_one_region_matching_jax(engine, tmp_path):
     _assert_matches(engine, got, [np.asarray(jax.jit(f)(*args))])
 
     _, _, model = _on_engine(engine, f, *args)
-    loops = _loops(model.graph.node)
-    consts = {t.name for t in model.graph.initializer}
-    assert len(loops) == 2 and all(n.input[0] in consts and n.input[1] == "" for n in loops)
-    # carried: the counter, c, h and the outputs; the steps' inputs and the recurrent weight are read from outside
-    assert all(len(n.input) == 2 + 4 for n in loops)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("LSTM") == 2 and "Loop" not in ops and "MatMul" in ops  # the classifier's
+    assert ops.index("LSTM") < ops.index("MatMul")
+
+
+def _scan_lstm(order: str, hoisted: bool, steps: int = 5, features: int = 3, hidden: int = 4):
+    """One LSTM layer over ``lax.scan`` with its gates in the column blocks ``order`` (the zoo's ``igfo``;
+    flax's ``ifgo``...), the input projection before the loop (``hoisted``) or in each step, a random
+    initial state; returns (f, args): f gives the last state and every step's ``h``."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(len(order) + hoisted)
+    wi = (rng.standard_normal((features, 4 * hidden)) * 0.5).astype(np.float32)
+    wh = (rng.standard_normal((hidden, 4 * hidden)) * 0.5).astype(np.float32)
+    bias = rng.standard_normal(4 * hidden).astype(np.float32)
+
+    def f(x, h0, c0):
+        xs = jnp.swapaxes(x, 0, 1)
+        if hoisted:
+            xs = xs @ wi + bias
+
+        def step(carry, xt):
+            c, h = carry
+            z = (xt if hoisted else xt @ wi + bias) + h @ wh
+            gate = dict(zip(order, jnp.split(z, 4, axis=-1)))
+            c = jax.nn.sigmoid(gate["f"]) * c + jax.nn.sigmoid(gate["i"]) * jnp.tanh(gate["g"])
+            h = jax.nn.sigmoid(gate["o"]) * jnp.tanh(c)
+            return (c, h), h
+
+        (c, h), hs = jax.lax.scan(step, (c0, h0), xs)
+        return c, h, hs
+
+    batch = 2
+    return f, (rng.standard_normal((batch, steps, features)).astype(np.float32),
+               rng.standard_normal((batch, hidden)).astype(np.float32),
+               rng.standard_normal((batch, hidden)).astype(np.float32))
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("order,hoisted", [("igfo", True), ("ifgo", True), ("ogfi", True), ("ifgo", False)])
+def test_an_lstm_loop_becomes_an_onnx_lstm_in_any_gate_order(order, hoisted, engine):
+    """An LSTM layer's ``lax.scan`` is one ONNX ``LSTM`` whatever the order of its gate blocks, with the
+    loop's initial state and its last state and outputs as results; with the input projection inside the
+    step there is no sequence to hand an ``LSTM`` as its input, and the loop stays a ``Loop``: both equal
+    ``jax.jit``."""
+    f, args = _scan_lstm(order, hoisted)
+    got, want, model = _on_engine(engine, f, *args)
+    _assert_matches(engine, got, want)
+    ops = [n.op_type for n in model.graph.node]
+    assert (ops.count("LSTM"), ops.count("Loop")) == ((1, 0) if hoisted else (0, 1))
 
 
 def _fori(x, w):
