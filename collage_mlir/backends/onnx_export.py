@@ -291,11 +291,12 @@ class _Builder:
         (out,) = self.multi_node(op_type, inputs, 1, **attrs)
         return out
 
-    def multi_node(self, op_type: str, inputs: list[str], n_out: int, **attrs) -> list[str]:
-        """Adds a node with ``n_out`` outputs; their names."""
+    def multi_node(self, op_type: str, inputs: list[str], n_out: int, also: tuple[int, ...] = (), **attrs) -> list[str]:
+        """Adds a node with ``n_out`` outputs; their names. ``also``: the ids of other ops the node computes
+        (beside the op being translated), for the profiles that charge a node's time to ops."""
         outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(self.helper.make_node(op_type, inputs, outs, name=outs[0], doc_string=_ids_doc(
-            () if self.op_id is None else (self.op_id,)), **attrs))
+            (*(() if self.op_id is None else (self.op_id,)), *also)), **attrs))
         return outs
 
     def const(self, value: np.ndarray, hint: str = "c") -> str:
@@ -882,7 +883,8 @@ class LstmForm:
     blocks of ``z`` in any order, ``c = σ(f)·c + σ(i)·tanh(g)``, ``h = σ(o)·tanh(c)``, ``h`` written to row
     ``t`` of the outputs. ``gates``: the column block of each gate, in ONNX's order (i, o, f, c); the
     carried positions of the counter, ``c``, ``h`` and the outputs; the weights and bias as constants;
-    ``x``: the projection's input (steps, batch, features), which the ``LSTM`` reads instead."""
+    ``x``: the projection's input (steps, batch, features), which the ``LSTM`` reads instead, and
+    ``projection`` its ops (the ``LSTM`` computes them)."""
 
     gates: tuple[int, int, int, int]
     counter: int
@@ -894,6 +896,7 @@ class LstmForm:
     wi: np.ndarray
     wh: np.ndarray
     bias: np.ndarray
+    projection: tuple[ir.Operation, ...]
 
     @property
     def reads(self) -> tuple[ir.Value, ...]:
@@ -1040,8 +1043,8 @@ def _lstm_cell(op, form: LoopForm, args, back, counter, c: int, h: int, out: int
     projection = _projection(op.operands[seq])
     if projection is None:
         return None
-    x, wi, bias = projection
-    return LstmForm(gates, form.counter, c, h, out, steps, x, wi, wh, bias)
+    x, wi, bias, ops = projection
+    return LstmForm(gates, form.counter, c, h, out, steps, x, wi, wh, bias, ops)
 
 
 def _weight(op: ir.Operation, args, v: ir.Value) -> np.ndarray | None:
@@ -1053,11 +1056,12 @@ def _weight(op: ir.Operation, args, v: ir.Value) -> np.ndarray | None:
     return _constant_of(v)
 
 
-def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray] | None:
-    """(x, wi, b) where ``v`` is ``x @ wi (+ b)`` over a (steps, batch, features) ``x`` with constant ``wi``
-    and a constant bias the same for every step and batch row, else None."""
+def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray, tuple[ir.Operation, ...]] | None:
+    """(x, wi, b, ops) where ``v`` is ``x @ wi (+ b)`` over a (steps, batch, features) ``x`` with constant
+    ``wi`` and a constant bias the same for every step and batch row (``ops``: the dot and the add), else None."""
     bias = None
-    if (add := _defined_by(v, "stablehlo.add")) is not None:
+    add = _defined_by(v, "stablehlo.add")
+    if add is not None:
         for d, c in (tuple(add.operands), tuple(add.operands)[::-1]):
             if _defined_by(d, "stablehlo.dot_general") is not None and (bias := _constant_of(c)) is not None:
                 v = d
@@ -1075,7 +1079,7 @@ def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray] | None:
         if not np.all(bias == bias[:1, :1, :]):
             return None
         bias = bias[0, 0]
-    return dot.operands[0], wi, np.asarray(bias, np.float32)
+    return dot.operands[0], wi, np.asarray(bias, np.float32), (dot,) if add is None else (dot, add)
 
 
 def _lstm(b: _Builder, op, ins, cell: LstmForm):
@@ -1091,7 +1095,9 @@ def _lstm(b: _Builder, op, ins, cell: LstmForm):
     bias = b.const(np.concatenate([ordered(cell.bias[None])[0, :, 0], np.zeros(4 * hidden, np.float32)])[None],
                    "lstm_b")
     h0, c0 = (b.reshape(ins[k], [1, batch, hidden]) for k in (cell.h, cell.c))
-    y, y_h, y_c = b.multi_node("LSTM", [b.names[cell.x], w, r, bias, "", h0, c0], 3, hidden_size=hidden)
+    computes = tuple(i for o in cell.projection if (i := collage.op_id(o)) is not None)
+    y, y_h, y_c = b.multi_node("LSTM", [b.names[cell.x], w, r, bias, "", h0, c0], 3, also=computes,
+                               hidden_size=hidden)
     results = list(ins)
     results[cell.counter] = b.const(np.asarray(cell.steps, DTYPES[_dtype(op.operands[cell.counter])][0]), "steps")
     results[cell.h] = b.reshape(y_h, [batch, hidden])

@@ -156,6 +156,24 @@ def test_an_lstm_loop_becomes_an_onnx_lstm_in_any_gate_order(order, hoisted, eng
     assert (ops.count("LSTM"), ops.count("Loop")) == ((1, 0) if hoisted else (0, 1))
 
 
+def test_an_lstm_node_names_the_projection_it_computes():
+    """The ``LSTM`` computes its loop and the input projection before it: its ``collage.id``s name both, so
+    an engine's profile charges them together and a region holding the loop without its projection (which
+    would be a ``Loop``) is not priced by the ``LSTM``'s time."""
+    jax = pytest.importorskip("jax")
+    from collage_mlir.backends.onnx_export import OP_IDS_DOC
+
+    f, args = _scan_lstm("ifgo", True)
+    module = stablehlo.parse(jax.jit(f).lower(*args).as_text(), new_context())
+    number_ops(module)
+    graph = Graph(module)
+    model = translate(_main(module))
+    (lstm,) = [n for n in model.graph.node if n.op_type == "LSTM"]
+    ids = {int(i) for i in lstm.doc_string.removeprefix(OP_IDS_DOC).split()}
+    names = {graph.nodes[i].name for i in ids}
+    assert names == {"stablehlo.while", "stablehlo.dot_general", "stablehlo.add"}, names
+
+
 def _fori(x, w):
     """The counter read in the body (as a step's index and a float) and a weight captured from outside."""
     import jax

@@ -117,6 +117,31 @@ def test_a_profile_that_would_end_past_the_deadline_is_not_started(cnn):
         db.close()
 
 
+def test_a_profile_whose_time_is_mostly_unattributed_prices_nothing(cnn, monkeypatch):
+    """An engine node that names no op (OpenVINO's ``LSTMSequence``, made of several ONNX nodes) charges its
+    time to no op: where such nodes hold most of the time, the ops they compute would cost nothing in
+    context (a JAX LSTM's loops on OpenVINO were priced at 0 ms), so that engine prices no region."""
+    from dataclasses import replace
+
+    from collage_mlir.search.measured import UNATTRIBUTED_SHARE, MeasuredEstimator
+
+    real = cnn["est"].in_context_costs("openvino")
+    heavy = max(real.nodes, key=lambda n: n.seconds)
+    lost = replace(real, nodes=tuple(replace(n, ops=(), anchor=None) if n.seconds >= heavy.seconds * 0.2 else n
+                                     for n in real.nodes))
+    assert lost.unattributed_s > UNATTRIBUTED_SHARE * lost.whole_s
+    monkeypatch.setattr(MeasuredEstimator, "_profile", lambda self, backend, *a, **k:
+                        lost if backend == "openvino" else cnn["est"].in_context_costs(backend))
+    est = MeasuredEstimator(cnn["module"], cnn["backends"], cnn["db"], cnn["tmp"] / "lost",
+                            examples={"main": [cnn["x"].numpy()]})
+    try:
+        est.price_in_context(cnn["single"], cnn["maximal"], cnn["seeds"], cnn["heavy"], cnn["constant"])
+        assert est.in_context_costs("openvino") is None
+        assert est.in_context_costs("ort") == cnn["est"].in_context_costs("ort")
+    finally:
+        est.close()
+
+
 def test_in_context_prices_match_regions_measured_alone(cnn):
     """Three regions per engine: the first conv with its bias and relu, the second conv block, and the
     head (reduce + matmul): priced in context, then measured alone by a second estimator without profiles."""
