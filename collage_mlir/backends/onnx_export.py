@@ -878,30 +878,30 @@ def _trip_count(b: _Builder, op, form: LoopForm, ins: list[str]) -> str:
 @dataclass(frozen=True)
 class LstmForm:
     """A ``stablehlo.while`` that is one LSTM layer over a whole sequence, as ``lax.scan`` over an LSTM cell
-    writes it (flax's ``OptimizedLSTMCell``, the zoo's ``jax_lstm``): the input projection ``x @ wi + b`` of
-    every step computed before the loop, each step ``z = xs[t] + h @ wh``, gates ``i, f, g, o`` four column
-    blocks of ``z`` in any order, ``c = σ(f)·c + σ(i)·tanh(g)``, ``h = σ(o)·tanh(c)``, ``h`` written to row
-    ``t`` of the outputs. ``gates``: the column block of each gate, in ONNX's order (i, o, f, c); the
-    carried positions of the counter, ``c``, ``h`` and the outputs; the weights and bias as constants;
-    ``x``: the projection's input (steps, batch, features), which the ``LSTM`` reads instead, and
-    ``projection`` its ops (the ``LSTM`` computes them)."""
+    writes it: ``c = σ(f)·c + σ(i)·tanh(g)``, ``h = σ(o)·tanh(c)``, ``h`` written to row ``t`` of the outputs,
+    each gate's pre-activation a sum of linear terms: ``h @ wh`` and ``xs[t] @ wi`` (or their column blocks,
+    in any order: one ``z`` split in four, or four gates of their own), constant biases, or ``xs[t]`` itself
+    where the input projection ``x @ wi + b`` of every step was computed before the loop (flax's
+    ``OptimizedLSTMCell`` and ``nn.RNN``; the zoo's ``jax_lstm``). ``w``, ``r``, ``b``: ONNX ``LSTM``'s
+    weights in its gate order (i, o, f, c); ``x`` the sequence it reads: a carried operand of the loop
+    (``seq``), else the projection's input outside it (``projection``: the ops the ``LSTM`` computes then)."""
 
-    gates: tuple[int, int, int, int]
     counter: int
     c: int
     h: int
     out: int
     steps: int
-    x: ir.Value
-    wi: np.ndarray
-    wh: np.ndarray
-    bias: np.ndarray
+    w: np.ndarray
+    r: np.ndarray
+    b: np.ndarray
+    seq: int
+    x: ir.Value | None
     projection: tuple[ir.Operation, ...]
 
     @property
     def reads(self) -> tuple[ir.Value, ...]:
         """The values outside the loop the ``LSTM`` reads besides the loop's own operands."""
-        return (self.x,)
+        return () if self.x is None else (self.x,)
 
 
 def _defined_by(v: ir.Value, *names: str) -> ir.Operation | None:
@@ -947,6 +947,12 @@ def _gated(v: ir.Value, other: Callable[[ir.Value], bool]) -> ir.Value | None:
     return next((g for a, y in _factors(v) if (g := _sigmoid_of(a)) is not None and other(y)), None)
 
 
+def _summands(v: ir.Value) -> list[ir.Value]:
+    """The leaves of the tree of ``stablehlo.add``s ending at ``v``."""
+    add = _defined_by(v, "stablehlo.add")
+    return [v] if add is None else [t for x in add.operands for t in _summands(x)]
+
+
 def _plain_dot(op: ir.Operation, rank: int) -> bool:
     """A dot_general of a rank-``rank`` lhs contracting its last dimension with a 2-D rhs's first, no batch."""
     d = sh.dot_info(op)
@@ -957,31 +963,147 @@ def _plain_dot(op: ir.Operation, rank: int) -> bool:
 def lstm_form(op: ir.Operation, form: LoopForm | None = None) -> LstmForm | None:
     """The loop ``op`` as an LSTM layer (``LstmForm``), else None (it stays a ``Loop``)."""
     form = form or loop_form(op)
-    body = op.regions[1].blocks[0]
-    args, back = list(body.arguments), sh.returned(body)
+    back = sh.returned(op.regions[1].blocks[0])
     if form.counter is None or len(form.changed) != 4 or any(_dtype(v) != "f32" for k, v in enumerate(op.operands)
                                                             if k != form.counter):
         return None
     start, limit = _constant_of(op.operands[form.counter]), _constant_of(form.limit)
     if start is None or limit is None or int(start.reshape(-1)[0]) != 0:
         return None
-    steps = int(limit.reshape(-1)[0])
-    counter = args[form.counter]
     rest = [k for k in form.changed if k != form.counter]
     out = next((k for k in rest if _defined_by(back[k], "stablehlo.dynamic_update_slice") is not None), None)
     if out is None:
         return None
-    pair = [k for k in rest if k != out]
-    for c, h in ((pair[0], pair[1]), (pair[1], pair[0])):
-        found = _lstm_cell(op, form, args, back, counter, c, h, out, steps)
-        if found is not None:
-            return found
-    return None
+    c, h = [k for k in rest if k != out]
+    return _lstm_cell(op, form, c, h, out, int(limit.reshape(-1)[0])) or \
+        _lstm_cell(op, form, h, c, out, int(limit.reshape(-1)[0]))
 
 
-def _lstm_cell(op, form: LoopForm, args, back, counter, c: int, h: int, out: int, steps: int) -> LstmForm | None:
+class _Terms:
+    """Per gate, the sum of its pre-activation's linear terms: ``h @ r``, ``x[t] @ w``, a bias."""
+
+    def __init__(self, op: ir.Operation, counter: ir.Value, h: ir.Value, steps: int):
+        self.op, self.body, self.counter, self.h, self.steps = op, op.regions[1].blocks[0], counter, h, steps
+        self.r: list[np.ndarray] = []
+        self.w: list[np.ndarray] = []
+        self.b: list[np.ndarray] = []
+        self.sources: set = set()  # (kind, carried position) of the sequences read: one allowed
+        #: A projection computed before the loop: its input and ops (the ``LSTM`` computes them).
+        self.x: ir.Value | None = None
+        self.projection: tuple = ()
+
+    def gate(self, pre: ir.Value, hidden: int) -> bool:
+        """Adds the gate whose pre-activation is ``pre``; False where it is not such a sum."""
+        r = w = b = None
+        for leaf in _summands(pre):
+            cut = _defined_by(leaf, "stablehlo.slice")
+            cols = self._block(cut, hidden) if cut is not None else slice(0, hidden)
+            if cols is None:
+                return False
+            for term in (_summands(cut.operands[0]) if cut is not None else [leaf]):
+                got = self._term(term, cols)
+                if got is None:
+                    return False
+                for kind, m in got:
+                    if kind == "r":
+                        r = m if r is None else r + m
+                    elif kind == "w":
+                        w = m if w is None else w + m
+                    else:
+                        b = m if b is None else b + m
+        if r is None or w is None:
+            return False
+        self.r.append(r)
+        self.w.append(w)
+        self.b.append(np.zeros(hidden, np.float32) if b is None else b)
+        return True
+
+    @staticmethod
+    def _block(cut: ir.Operation, hidden: int) -> slice | None:
+        """The columns a slice takes: a block of ``hidden`` columns over every row, else None."""
+        starts, limits = sh._array_attr(cut, "start_indices", []), sh._array_attr(cut, "limit_indices", [])
+        strides = sh._array_attr(cut, "strides", [1] * len(starts))
+        whole = _shape(cut.operands[0])
+        if len(whole) != 2 or any(s != 1 for s in strides) or starts[0] != 0 or limits[0] != whole[0] \
+                or limits[1] - starts[1] != hidden:
+            return None
+        return slice(starts[1], limits[1])
+
+    def _term(self, v: ir.Value, cols: slice) -> list[tuple[str, np.ndarray]] | None:
+        """[("r", r[:, cols])] for ``h @ r``; [("w", w[:, cols])] for ``x[t] @ w``; [("w", wi[:, cols]), ("b",
+        b[cols])] for row ``t`` of a projection ``x @ wi + b`` computed before the loop; [("b", b[cols])] for a
+        constant the same in every row; else None."""
+        dot = _defined_by(v, "stablehlo.dot_general")
+        if dot is not None and _plain_dot(dot, 2):
+            m = self._static(dot.operands[1])
+            if m is None:
+                return None
+            if dot.operands[0] == self.h:
+                return [("r", m[:, cols])]
+            seq = self._row(dot.operands[0])
+            if seq is None:
+                return None
+            self.sources.add(("raw", seq))
+            return [("w", m[:, cols])]
+        seq = self._row(v)
+        if seq is not None:
+            projection = _projection(self.op.operands[seq])
+            if projection is None:
+                return None
+            self.x, wi, bias, self.projection = projection
+            self.sources.add(("projected", seq))
+            return [("w", wi[:, cols]), ("b", bias[cols])]
+        m = self._static(v)
+        if m is None:
+            return None
+        m = np.asarray(m, np.float32)
+        m = m.reshape(-1, m.shape[-1]) if m.ndim else m.reshape(1, 1)
+        if not np.all(m == m[:1]):
+            return None
+        row = m[0]
+        if row.size == 1:
+            return [("b", np.full(cols.stop - cols.start, row[0], np.float32))]
+        return [("b", row[cols])] if row.size >= cols.stop else None
+
+    def _row(self, v: ir.Value) -> int | None:
+        """The carried position ``p`` where ``v`` is row ``t`` (the counter) of carried sequence ``p``, a value
+        the body does not change with ``steps`` rows."""
+        row = _defined_by(v, "stablehlo.reshape")
+        cut = None if row is None else _defined_by(row.operands[0], "stablehlo.dynamic_slice")
+        seq = None if cut is None else sh.block_argument(cut.operands[0], self.body)
+        if seq is None or sh.returned(self.body)[seq] != cut.operands[0] or cut.operands[1] != self.counter \
+                or not all(_is_splat(x, 0) for x in cut.operands[2:]) or _shape(self.op.operands[seq])[0] != self.steps:
+            return None
+        return seq
+
+    def _static(self, v: ir.Value) -> np.ndarray | None:
+        """The value of ``v`` known when the loop starts: a constant, a carried value the body does not change
+        whose initial value is one, or a concatenation or reshape of such."""
+        k = sh.block_argument(v, self.body)
+        if k is not None:
+            return None if sh.returned(self.body)[k] != v else _constant_of(self.op.operands[k])
+        if (cat := _defined_by(v, "stablehlo.concatenate")) is not None:
+            parts = [self._static(x) for x in cat.operands]
+            return None if any(p is None for p in parts) else np.concatenate(parts, axis=_int_attr(cat, "dimension"))
+        if (re := _defined_by(v, "stablehlo.reshape")) is not None:
+            inner = self._static(re.operands[0])
+            return None if inner is None else inner.reshape(_shape(v))
+        if (bc := _defined_by(v, "stablehlo.broadcast_in_dim")) is not None:
+            inner, out = self._static(bc.operands[0]), _shape(v)
+            if inner is None:
+                return None
+            shape = [1] * len(out)
+            for i, d in enumerate(sh.broadcast_dims(bc)):
+                shape[d] = inner.shape[i]
+            return np.broadcast_to(inner.reshape(shape), out)
+        return _constant_of(v)
+
+
+def _lstm_cell(op, form: LoopForm, c: int, h: int, out: int, steps: int) -> LstmForm | None:
     """``lstm_form`` with ``c``, ``h`` and ``out`` the carried positions of the cell state, hidden state and
     outputs, else None."""
+    body = op.regions[1].blocks[0]
+    args, back = list(body.arguments), sh.returned(body)
     new_c = back[c]
     o_gate = _gated(back[h], lambda y: (t := _tanh_of(y)) is not None and t == new_c)
     add = _defined_by(new_c, "stablehlo.add")
@@ -996,64 +1118,25 @@ def _lstm_cell(op, form: LoopForm, args, back, counter, c: int, h: int, out: int
             break
     if f_gate is None or i_gate is None:
         return None
-    # each gate a column block of one z = xs[t] + h @ wh
-    blocks, z = [], None
-    for gate in (i_gate, o_gate, f_gate, g_gate):
-        cut = _defined_by(gate, "stablehlo.slice")
-        if cut is None:
-            return None
-        starts, limits = sh._array_attr(cut, "start_indices", []), sh._array_attr(cut, "limit_indices", [])
-        strides = sh._array_attr(cut, "strides", [1] * len(starts))
-        whole = _shape(cut.operands[0])
-        if z is None:
-            z = cut.operands[0]
-        if cut.operands[0] != z or len(whole) != 2 or any(s != 1 for s in strides) or starts[0] != 0 \
-                or limits[0] != whole[0]:
-            return None
-        blocks.append((starts[1], limits[1]))
-    hidden = _shape(args[h])[-1]
-    if sorted(blocks) != [(k * hidden, (k + 1) * hidden) for k in range(4)]:
-        return None
-    gates = tuple(lo // hidden for lo, _ in blocks)
-    zsum = _defined_by(z, "stablehlo.add")
-    if zsum is None:
-        return None
-    wh = step_in = None
-    for dot_v, x_v in (tuple(zsum.operands), tuple(zsum.operands)[::-1]):
-        dot = _defined_by(dot_v, "stablehlo.dot_general")
-        if dot is not None and dot.operands[0] == args[h] and _plain_dot(dot, 2):
-            wh, step_in = _weight(op, args, dot.operands[1]), x_v
-            break
-    if wh is None:
-        return None
-    # the step's input: row t of a carried sequence (steps, batch, 4 * hidden) the body does not change
-    row = _defined_by(step_in, "stablehlo.reshape")
-    cut = None if row is None else _defined_by(row.operands[0], "stablehlo.dynamic_slice")
-    seq = None if cut is None else sh.block_argument(cut.operands[0], op.regions[1].blocks[0])
-    if seq is None or seq in form.changed or cut.operands[1] != counter \
-            or not all(_is_splat(v, 0) for v in cut.operands[2:]) or _shape(op.operands[seq])[0] != steps:
-        return None
     # the outputs: h written at row t
     upd = _defined_by(back[out], "stablehlo.dynamic_update_slice")
     written = _defined_by(upd.operands[1], "stablehlo.reshape", "stablehlo.broadcast_in_dim")
     if upd.operands[0] != args[out] or written is None or written.operands[0] != back[h] \
-            or upd.operands[2] != counter or not all(_is_splat(v, 0) for v in upd.operands[3:]) \
+            or upd.operands[2] != args[form.counter] or not all(_is_splat(v, 0) for v in upd.operands[3:]) \
             or _shape(op.operands[out])[0] != steps:
         return None
-    projection = _projection(op.operands[seq])
-    if projection is None:
+    hidden = _shape(args[h])[-1]
+    terms = _Terms(op, args[form.counter], args[h], steps)
+    if not all(terms.gate(g, hidden) for g in (i_gate, o_gate, f_gate, g_gate)) or len(terms.sources) != 1:
         return None
-    x, wi, bias, ops = projection
-    return LstmForm(gates, form.counter, c, h, out, steps, x, wi, wh, bias, ops)
-
-
-def _weight(op: ir.Operation, args, v: ir.Value) -> np.ndarray | None:
-    """The constant value of a weight the body reads: a carried value whose initial value is constant and
-    the body does not change, or a constant."""
-    k = sh.block_argument(v, op.regions[1].blocks[0])
-    if k is not None:
-        return None if sh.returned(op.regions[1].blocks[0])[k] != v else _constant_of(op.operands[k])
-    return _constant_of(v)
+    ((kind, seq),) = terms.sources
+    bias = np.concatenate(terms.b)
+    w, r = np.concatenate(terms.w, axis=1), np.concatenate(terms.r, axis=1)  # (features, 4H), (H, 4H)
+    if r.shape != (hidden, 4 * hidden) or w.shape[1] != 4 * hidden:
+        return None
+    return LstmForm(form.counter, c, h, out, steps, w.T[None].astype(np.float32), r.T[None].astype(np.float32),
+                    np.concatenate([bias, np.zeros(4 * hidden)])[None].astype(np.float32), seq,
+                    terms.x if kind == "projected" else None, terms.projection if kind == "projected" else ())
 
 
 def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray, tuple[ir.Operation, ...]] | None:
@@ -1083,21 +1166,15 @@ def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray, tuple[ir
 
 
 def _lstm(b: _Builder, op, ins, cell: LstmForm):
-    """One ONNX ``LSTM`` for the loop ``op`` (``LstmForm``): W, R and B reordered to ONNX's gate order
-    (i, o, f, c), the initial state the loop's; its results in the loop's carried positions."""
-    hidden = cell.wh.shape[0]
+    """One ONNX ``LSTM`` for the loop ``op`` (``LstmForm``), the initial state the loop's; its results in the
+    loop's carried positions."""
+    hidden = cell.r.shape[-1]
     batch = _shape(op.operands[cell.h])[0]
-
-    def ordered(m: np.ndarray) -> np.ndarray:  # (rows, 4H) in the loop's gate order → (1, 4H, rows)
-        return np.concatenate([m[..., k * hidden:(k + 1) * hidden] for k in cell.gates], axis=-1).T[None]
-
-    w, r = b.const(ordered(cell.wi), "lstm_w"), b.const(ordered(cell.wh), "lstm_r")
-    bias = b.const(np.concatenate([ordered(cell.bias[None])[0, :, 0], np.zeros(4 * hidden, np.float32)])[None],
-                   "lstm_b")
+    w, r, bias = b.const(cell.w, "lstm_w"), b.const(cell.r, "lstm_r"), b.const(cell.b, "lstm_b")
     h0, c0 = (b.reshape(ins[k], [1, batch, hidden]) for k in (cell.h, cell.c))
+    x = ins[cell.seq] if cell.x is None else b.names[cell.x]
     computes = tuple(i for o in cell.projection if (i := collage.op_id(o)) is not None)
-    y, y_h, y_c = b.multi_node("LSTM", [b.names[cell.x], w, r, bias, "", h0, c0], 3, also=computes,
-                               hidden_size=hidden)
+    y, y_h, y_c = b.multi_node("LSTM", [x, w, r, bias, "", h0, c0], 3, also=computes, hidden_size=hidden)
     results = list(ins)
     results[cell.counter] = b.const(np.asarray(cell.steps, DTYPES[_dtype(op.operands[cell.counter])][0]), "steps")
     results[cell.h] = b.reshape(y_h, [batch, hidden])

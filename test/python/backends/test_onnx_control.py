@@ -108,10 +108,11 @@ def test_scan_lstm_is_one_region_matching_jax(engine, tmp_path):
     assert ops.index("LSTM") < ops.index("MatMul")
 
 
-def _scan_lstm(order: str, hoisted: bool, steps: int = 5, features: int = 3, hidden: int = 4):
+def _scan_lstm(order: str, hoisted: bool, peephole: bool = False, steps: int = 5, features: int = 3, hidden: int = 4):
     """One LSTM layer over ``lax.scan`` with its gates in the column blocks ``order`` (the zoo's ``igfo``;
     flax's ``ifgo``...), the input projection before the loop (``hoisted``) or in each step, a random
-    initial state; returns (f, args): f gives the last state and every step's ``h``."""
+    initial state, with ``peephole`` the forget gate reading ``c``; returns (f, args): f gives the last state
+    and every step's ``h``."""
     import jax
     import jax.numpy as jnp
 
@@ -129,6 +130,8 @@ def _scan_lstm(order: str, hoisted: bool, steps: int = 5, features: int = 3, hid
             c, h = carry
             z = (xt if hoisted else xt @ wi + bias) + h @ wh
             gate = dict(zip(order, jnp.split(z, 4, axis=-1)))
+            if peephole:
+                gate["f"] = gate["f"] + 0.5 * c
             c = jax.nn.sigmoid(gate["f"]) * c + jax.nn.sigmoid(gate["i"]) * jnp.tanh(gate["g"])
             h = jax.nn.sigmoid(gate["o"]) * jnp.tanh(c)
             return (c, h), h
@@ -143,17 +146,40 @@ def _scan_lstm(order: str, hoisted: bool, steps: int = 5, features: int = 3, hid
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
-@pytest.mark.parametrize("order,hoisted", [("igfo", True), ("ifgo", True), ("ogfi", True), ("ifgo", False)])
-def test_an_lstm_loop_becomes_an_onnx_lstm_in_any_gate_order(order, hoisted, engine):
-    """An LSTM layer's ``lax.scan`` is one ONNX ``LSTM`` whatever the order of its gate blocks, with the
-    loop's initial state and its last state and outputs as results; with the input projection inside the
-    step there is no sequence to hand an ``LSTM`` as its input, and the loop stays a ``Loop``: both equal
-    ``jax.jit``."""
-    f, args = _scan_lstm(order, hoisted)
+@pytest.mark.parametrize("order,hoisted,peephole", [("igfo", True, False), ("ifgo", True, False), ("ogfi", True, False),
+                                                     ("ifgo", False, False), ("ifgo", False, True)])
+def test_an_lstm_loop_becomes_an_onnx_lstm_in_any_gate_order(order, hoisted, peephole, engine):
+    """An LSTM layer's ``lax.scan`` is one ONNX ``LSTM`` whatever the order of its gate blocks and wherever its
+    input projection is computed (before the loop or in each step), with the loop's initial state and its
+    last state and outputs as results; a cell ONNX's ``LSTM`` does not compute (a forget gate reading ``c``)
+    stays a ``Loop``: all equal ``jax.jit``."""
+    f, args = _scan_lstm(order, hoisted, peephole)
     got, want, model = _on_engine(engine, f, *args)
     _assert_matches(engine, got, want)
     ops = [n.op_type for n in model.graph.node]
-    assert (ops.count("LSTM"), ops.count("Loop")) == ((1, 0) if hoisted else (0, 1))
+    assert (ops.count("LSTM"), ops.count("Loop")) == ((0, 1) if peephole else (1, 0))
+
+
+def test_a_flax_lstm_becomes_onnx_lstms():
+    """flax's ``nn.RNN(nn.OptimizedLSTMCell)`` (each gate a dense layer of its own over ``x[t]`` and ``h``, the
+    weights carried through the loop and concatenated in each step, batch 3): one ``LSTM`` per layer on ORT,
+    equal to ``jax.jit``."""
+    jax = pytest.importorskip("jax")
+    nn = pytest.importorskip("flax.linen")
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.RNN(nn.OptimizedLSTMCell(6))(x)
+            x = nn.RNN(nn.OptimizedLSTMCell(5))(x)
+            return nn.Dense(3)(x[:, -1])
+
+    x = np.random.default_rng(4).standard_normal((3, 7, 4)).astype(np.float32)
+    params = Model().init(jax.random.PRNGKey(0), x)
+    got, want, model = _on_engine("ort", lambda v: Model().apply(params, v), x)
+    _assert_matches("ort", got, want)
+    ops = [n.op_type for n in model.graph.node]
+    assert (ops.count("LSTM"), ops.count("Loop")) == (2, 0)
 
 
 def test_an_lstm_node_names_the_projection_it_computes():
