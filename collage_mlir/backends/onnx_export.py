@@ -875,6 +875,25 @@ def _trip_count(b: _Builder, op, form: LoopForm, ins: list[str]) -> str:
     return b.node("Max", [b.node("Sub", [hi, lo]), b.const(np.int64(0), "zero")])
 
 
+def _case(b: _Builder, op, ins):
+    """``stablehlo.case`` (``lax.cond``, ``lax.switch``) as nested ONNX ``If``s: branch ``k`` where the index
+    is ``k``, the last branch for any other index (StableHLO's rule); each branch a graph of no inputs that
+    reads the enclosing graph's values by name (JAX's branches capture theirs)."""
+    branches = [r.blocks[0] for r in op.regions]
+    types = [(_dtype(v), _shape(v)) for v in op.results]
+    index_type = DTYPES[_dtype(op.operands[0])][0]
+
+    def chain(k: int) -> list[str]:
+        if k == len(branches) - 1:
+            return _block_results(b, branches[k], [])
+        taken = b.node("Equal", [ins[0], b.const(np.asarray(k, index_type), "branch")])
+        then = b.graph(b.fresh("then"), [], lambda: list(zip(_block_results(b, branches[k], []), *zip(*types))))
+        rest = b.graph(b.fresh("else"), [], lambda: list(zip(chain(k + 1), *zip(*types))))
+        return b.multi_node("If", [taken], len(types), then_branch=then, else_branch=rest)
+
+    return chain(0)
+
+
 @dataclass(frozen=True)
 class LstmForm:
     """A ``stablehlo.while`` that is one LSTM layer over a whole sequence, as ``lax.scan`` over an LSTM cell
@@ -1185,20 +1204,21 @@ def _lstm(b: _Builder, op, ins, cell: LstmForm):
 
 @dataclass(frozen=True)
 class NestedOps:
-    """every op of the loop's cond and body translatable, meeting the engine's constraints"""
+    """every op of a loop's cond and body (a case's branches) translatable, meeting the engine's constraints"""
 
     engine: tuple = ()
 
     def __call__(self, op: ir.Operation) -> str | None:
+        holder = "loop" if op.name == "stablehlo.while" else "case"
         for region in op.regions:
             for inner in sh.block_ops(region.blocks[0]):
                 spec = OPS.get(inner.name)
                 if spec is None:
-                    return f"the loop holds {inner.name}, which has no ONNX translation"
+                    return f"the {holder} holds {inner.name}, which has no ONNX translation"
                 checks = spec.when + self.engine + ((self,) if spec.nested else ())
                 why = next((r for r in (c(inner) for c in checks) if r), None)
                 if why:
-                    return f"the loop's {inner.name}: {why}"
+                    return f"the {holder}'s {inner.name}: {why}"
         return None
 
 
@@ -1393,6 +1413,7 @@ OPS: dict[str, OnnxOp] = {
     "stablehlo.dynamic_slice": OnnxOp(_dynamic_slice, (static_known_types,)),
     "stablehlo.dynamic_update_slice": OnnxOp(_dynamic_update_slice, (static_known_types,)),
     "stablehlo.while": OnnxOp(_while, (static_known_types,), nested=True),
+    "stablehlo.case": OnnxOp(_case, (static_known_types,), nested=True),
     "stablehlo.sort": OnnxOp(_sort, (static_known_types, recognised_sort)),
     "stablehlo.pad": OnnxOp(_pad, (static_known_types, plain_pad)),
     "stablehlo.reduce": OnnxOp(_reduce, (static_known_types, reduce_body)),

@@ -267,6 +267,29 @@ def test_loops_match_jax(case, engine):
         _assert_matches(engine, got, want)
 
 
+def _branches(x, p):
+    """``lax.cond`` on a run-time predicate, then ``lax.switch`` over three branches (one returning a value
+    from outside unchanged), both reading values from outside their branches."""
+    import jax
+    import jax.numpy as jnp
+
+    y = jax.lax.cond(p > 0, lambda v: jnp.tanh(v) * 2, lambda v: v - 1, x)
+    return jax.lax.switch(jnp.clip(p, 0, 2).astype(jnp.int32), [lambda v: v, lambda v: v * 3 + x, jnp.exp], y)
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_case_becomes_onnx_ifs_matching_jax(engine):
+    """``stablehlo.case`` (JAX's ``lax.cond`` and ``lax.switch``) is a chain of ONNX ``If``s (one per branch
+    but the last), equal to ``jax.jit`` for every branch taken."""
+    x = np.random.default_rng(5).standard_normal((2, 3)).astype(np.float32)
+    for p in (-1.0, 0.5, 1.5, 3.0):
+        got, want, model = _on_engine(engine, _branches, x, np.float32(p))
+        _assert_matches(engine, got, want)
+    ifs = [n for n in model.graph.node if n.op_type == "If"]
+    nested = [m for n in ifs for a in n.attribute for m in a.g.node if m.op_type == "If"]
+    assert (len(ifs), len(nested)) == (2, 1)  # cond: one If; switch: an If whose else branch holds the second
+
+
 CAPTURING = """
 func.func @main(%x: tensor<3xf32>, %w: tensor<3xf32>, %n: tensor<i32>) -> (tensor<3xf32>, tensor<i32>) {
   %c0 = stablehlo.constant dense<0> : tensor<i32>
