@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -835,11 +836,11 @@ def _while(b: _Builder, op, ins):
     """An ONNX ``Loop`` whose body is the translated do-region: its loop-carried values are those the body
     changes, the others are read from outside by name (no copy a step), as values the body captures are.
     The trip count ``M`` comes from a counter (``loop_form``); else ``cond`` is the condition. A loop that
-    is an LSTM layer with its input projection in the region becomes one ONNX ``LSTM`` (``lstm_form``)."""
+    is an LSTM or GRU layer becomes one ONNX ``LSTM`` or ``GRU`` (``recurrent_form``)."""
     form = loop_form(op)
-    cell = lstm_form(op, form)
+    cell = recurrent_form(op, form)
     if cell is not None and all(v in b.names for v in cell.reads):
-        return _lstm(b, op, ins, cell)
+        return _recurrent(b, op, ins, cell)
     cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
     if not form.changed:  # nothing changes: the loop computes its inputs (or never ends)
         return list(ins)
@@ -894,19 +895,33 @@ def _case(b: _Builder, op, ins):
     return chain(0)
 
 
-@dataclass(frozen=True)
-class LstmForm:
-    """A ``stablehlo.while`` that is one LSTM layer over a whole sequence, as ``lax.scan`` over an LSTM cell
-    writes it: ``c = σ(f)·c + σ(i)·tanh(g)``, ``h = σ(o)·tanh(c)``, ``h`` written to row ``t`` of the outputs,
-    each gate's pre-activation a sum of linear terms: ``h @ wh`` and ``xs[t] @ wi`` (or their column blocks,
-    in any order: one ``z`` split in four, or four gates of their own), constant biases, or ``xs[t]`` itself
-    where the input projection ``x @ wi + b`` of every step was computed before the loop (flax's
-    ``OptimizedLSTMCell`` and ``nn.RNN``; the zoo's ``jax_lstm``). ``w``, ``r``, ``b``: ONNX ``LSTM``'s
-    weights in its gate order (i, o, f, c); ``x`` the sequence it reads: a carried operand of the loop
-    (``seq``), else the projection's input outside it (``projection``: the ops the ``LSTM`` computes then)."""
+class Cell(Enum):
+    """The recurrent cells ONNX has an op for (``RecurrentForm``)."""
 
+    LSTM = "LSTM"
+    GRU = "GRU"
+
+
+@dataclass(frozen=True)
+class RecurrentForm:
+    """A ``stablehlo.while`` that is one LSTM or GRU layer over a whole sequence, as ``lax.scan`` over the
+    cell writes it, ``h`` written to row ``t`` of the outputs:
+
+    - LSTM: ``c = σ(f)·c + σ(i)·tanh(g)``, ``h = σ(o)·tanh(c)`` (the zoo's ``jax_lstm``, flax's
+      ``OptimizedLSTMCell`` and ``LSTMCell``);
+    - GRU: ``h = (1 - z)·n + z·h``, ``n = tanh(x[t] @ wn + bn + r·(h @ rn + rbn))`` (flax's ``GRUCell``; ONNX's
+      ``linear_before_reset``);
+
+    each gate's pre-activation a sum of linear terms: ``h @ r`` and ``x[t] @ w`` (or column blocks of one
+    product, in any order), constant biases, or ``x[t]`` itself where the input projection ``x @ w + b`` of
+    every step was computed before the loop. ``w``, ``r``, ``b``: the ONNX op's weights in its gate order
+    (LSTM i, o, f, c; GRU z, r, h); ``x`` the sequence it reads: a carried operand of the loop (``seq``), else
+    the projection's input outside it (``projection``: the ops the ONNX op computes then). ``c``: the cell
+    state's carried position (None for a GRU)."""
+
+    cell: Cell
     counter: int
-    c: int
+    c: int | None
     h: int
     out: int
     steps: int
@@ -919,7 +934,7 @@ class LstmForm:
 
     @property
     def reads(self) -> tuple[ir.Value, ...]:
-        """The values outside the loop the ``LSTM`` reads besides the loop's own operands."""
+        """The values outside the loop the ONNX op reads besides the loop's own operands."""
         return () if self.x is None else (self.x,)
 
 
@@ -979,23 +994,37 @@ def _plain_dot(op: ir.Operation, rank: int) -> bool:
             and len(_shape(op.operands[0])) == rank and len(_shape(op.operands[1])) == 2)
 
 
-def lstm_form(op: ir.Operation, form: LoopForm | None = None) -> LstmForm | None:
-    """The loop ``op`` as an LSTM layer (``LstmForm``), else None (it stays a ``Loop``)."""
+def recurrent_form(op: ir.Operation, form: LoopForm | None = None) -> RecurrentForm | None:
+    """The loop ``op`` as an LSTM or GRU layer (``RecurrentForm``), else None (it stays a ``Loop``)."""
     form = form or loop_form(op)
     back = sh.returned(op.regions[1].blocks[0])
-    if form.counter is None or len(form.changed) != 4 or any(_dtype(v) != "f32" for k, v in enumerate(op.operands)
-                                                            if k != form.counter):
+    if form.counter is None or len(form.changed) not in (3, 4) \
+            or any(_dtype(v) != "f32" for k, v in enumerate(op.operands) if k != form.counter):
         return None
     start, limit = _constant_of(op.operands[form.counter]), _constant_of(form.limit)
     if start is None or limit is None or int(start.reshape(-1)[0]) != 0:
         return None
+    steps = int(limit.reshape(-1)[0])
     rest = [k for k in form.changed if k != form.counter]
     out = next((k for k in rest if _defined_by(back[k], "stablehlo.dynamic_update_slice") is not None), None)
     if out is None:
         return None
-    c, h = [k for k in rest if k != out]
-    return _lstm_cell(op, form, c, h, out, int(limit.reshape(-1)[0])) or \
-        _lstm_cell(op, form, h, c, out, int(limit.reshape(-1)[0]))
+    state = [k for k in rest if k != out]
+    if len(state) == 1:
+        return _gru_cell(op, form, state[0], out, steps)
+    c, h = state
+    return _lstm_cell(op, form, c, h, out, steps) or _lstm_cell(op, form, h, c, out, steps)
+
+
+def _written(op: ir.Operation, form: LoopForm, h: int, out: int, steps: int) -> bool:
+    """Whether the body writes its new ``h`` to row ``t`` of the carried outputs ``out`` (``steps`` rows)."""
+    body = op.regions[1].blocks[0]
+    args, back = list(body.arguments), sh.returned(body)
+    upd = _defined_by(back[out], "stablehlo.dynamic_update_slice")
+    written = _defined_by(upd.operands[1], "stablehlo.reshape", "stablehlo.broadcast_in_dim")
+    return not (upd.operands[0] != args[out] or written is None or written.operands[0] != back[h]
+                or upd.operands[2] != args[form.counter] or not all(_is_splat(v, 0) for v in upd.operands[3:])
+                or _shape(op.operands[out])[0] != steps)
 
 
 class _Terms:
@@ -1012,30 +1041,31 @@ class _Terms:
         self.projection: tuple = ()
 
     def gate(self, pre: ir.Value, hidden: int) -> bool:
-        """Adds the gate whose pre-activation is ``pre``; False where it is not such a sum."""
-        r = w = b = None
-        for leaf in _summands(pre):
+        """Adds the gate whose pre-activation ``pre`` is ``h @ r + x[t] @ w (+ b)``; False where it is not."""
+        got = self.linear(_summands(pre), hidden)
+        if got is None or got[0] is None or got[1] is None:
+            return False
+        self.r.append(got[0])
+        self.w.append(got[1])
+        self.b.append(got[2])
+        return True
+
+    def linear(self, leaves: list[ir.Value], hidden: int):
+        """(r, w, b): the sums of ``leaves``' recurrent, input and bias terms (None where a kind is absent; b
+        zeros), else None where some leaf is none of them."""
+        sums: dict[str, np.ndarray] = {}
+        for leaf in leaves:
             cut = _defined_by(leaf, "stablehlo.slice")
             cols = self._block(cut, hidden) if cut is not None else slice(0, hidden)
             if cols is None:
-                return False
+                return None
             for term in (_summands(cut.operands[0]) if cut is not None else [leaf]):
                 got = self._term(term, cols)
                 if got is None:
-                    return False
+                    return None
                 for kind, m in got:
-                    if kind == "r":
-                        r = m if r is None else r + m
-                    elif kind == "w":
-                        w = m if w is None else w + m
-                    else:
-                        b = m if b is None else b + m
-        if r is None or w is None:
-            return False
-        self.r.append(r)
-        self.w.append(w)
-        self.b.append(np.zeros(hidden, np.float32) if b is None else b)
-        return True
+                    sums[kind] = m if kind not in sums else sums[kind] + m
+        return sums.get("r"), sums.get("w"), sums.get("b", np.zeros(hidden, np.float32))
 
     @staticmethod
     def _block(cut: ir.Operation, hidden: int) -> slice | None:
@@ -1118,8 +1148,8 @@ class _Terms:
         return _constant_of(v)
 
 
-def _lstm_cell(op, form: LoopForm, c: int, h: int, out: int, steps: int) -> LstmForm | None:
-    """``lstm_form`` with ``c``, ``h`` and ``out`` the carried positions of the cell state, hidden state and
+def _lstm_cell(op, form: LoopForm, c: int, h: int, out: int, steps: int) -> RecurrentForm | None:
+    """``recurrent_form`` of an LSTM with ``c``, ``h`` and ``out`` the carried positions of the cell state, hidden state and
     outputs, else None."""
     body = op.regions[1].blocks[0]
     args, back = list(body.arguments), sh.returned(body)
@@ -1137,12 +1167,7 @@ def _lstm_cell(op, form: LoopForm, c: int, h: int, out: int, steps: int) -> Lstm
             break
     if f_gate is None or i_gate is None:
         return None
-    # the outputs: h written at row t
-    upd = _defined_by(back[out], "stablehlo.dynamic_update_slice")
-    written = _defined_by(upd.operands[1], "stablehlo.reshape", "stablehlo.broadcast_in_dim")
-    if upd.operands[0] != args[out] or written is None or written.operands[0] != back[h] \
-            or upd.operands[2] != args[form.counter] or not all(_is_splat(v, 0) for v in upd.operands[3:]) \
-            or _shape(op.operands[out])[0] != steps:
+    if not _written(op, form, h, out, steps):
         return None
     hidden = _shape(args[h])[-1]
     terms = _Terms(op, args[form.counter], args[h], steps)
@@ -1153,9 +1178,54 @@ def _lstm_cell(op, form: LoopForm, c: int, h: int, out: int, steps: int) -> Lstm
     w, r = np.concatenate(terms.w, axis=1), np.concatenate(terms.r, axis=1)  # (features, 4H), (H, 4H)
     if r.shape != (hidden, 4 * hidden) or w.shape[1] != 4 * hidden:
         return None
-    return LstmForm(form.counter, c, h, out, steps, w.T[None].astype(np.float32), r.T[None].astype(np.float32),
-                    np.concatenate([bias, np.zeros(4 * hidden)])[None].astype(np.float32), seq,
-                    terms.x if kind == "projected" else None, terms.projection if kind == "projected" else ())
+    return RecurrentForm(Cell.LSTM, form.counter, c, h, out, steps, w.T[None].astype(np.float32),
+                         r.T[None].astype(np.float32), np.concatenate([bias, np.zeros(4 * hidden)])[None].astype(np.float32),
+                         seq, terms.x if kind == "projected" else None, terms.projection if kind == "projected" else ())
+
+
+def _gru_cell(op, form: LoopForm, h: int, out: int, steps: int) -> RecurrentForm | None:
+    """``recurrent_form`` of a GRU: ``h = (1 - σ(z))·tanh(n) + σ(z)·h`` (either order), ``n``'s pre-activation
+    ``x[t] @ wn + bn + σ(r)·(h @ rn + rbn)``, else None."""
+    body = op.regions[1].blocks[0]
+    args, back = list(body.arguments), sh.returned(body)
+    add = _defined_by(back[h], "stablehlo.add")
+    if add is None or not _written(op, form, h, out, steps):
+        return None
+    z_pre = n_pre = None
+    for keep, write in (tuple(add.operands), tuple(add.operands)[::-1]):
+        z_pre = _gated(keep, lambda y: y == args[h])
+        for a, y in _factors(write):
+            less = _defined_by(a, "stablehlo.subtract")
+            if z_pre is not None and less is not None and _is_splat(less.operands[0], 1.0) \
+                    and (s := _sigmoid_of(less.operands[1])) is not None and s == z_pre \
+                    and (n_pre := _tanh_of(y)) is not None:
+                break
+        if n_pre is not None:
+            break
+    if z_pre is None or n_pre is None:
+        return None
+    reset = [(leaf, r_pre, inner) for leaf in _summands(n_pre) for a, inner in _factors(leaf)
+             if (r_pre := _sigmoid_of(a)) is not None]
+    if len(reset) != 1:
+        return None
+    leaf, r_pre, inner = reset[0]
+    hidden = _shape(args[h])[-1]
+    terms = _Terms(op, args[form.counter], args[h], steps)
+    outer = terms.linear([v for v in _summands(n_pre) if v != leaf], hidden)
+    within = terms.linear(_summands(inner), hidden)
+    if not (terms.gate(z_pre, hidden) and terms.gate(r_pre, hidden)) or outer is None or within is None \
+            or outer[0] is not None or outer[1] is None or within[0] is None or within[1] is not None \
+            or len(terms.sources) != 1:
+        return None
+    ((kind, seq),) = terms.sources
+    w = np.concatenate([*terms.w, outer[1]], axis=1)  # (features, 3H): z, r, h
+    r = np.concatenate([*terms.r, within[0]], axis=1)
+    if r.shape != (hidden, 3 * hidden) or w.shape[1] != 3 * hidden:
+        return None
+    bias = np.concatenate([*terms.b, outer[2], np.zeros(2 * hidden), within[2]])  # Wb z r h, Rb z r h
+    return RecurrentForm(Cell.GRU, form.counter, None, h, out, steps, w.T[None].astype(np.float32),
+                         r.T[None].astype(np.float32), bias[None].astype(np.float32),
+                         seq, terms.x if kind == "projected" else None, terms.projection if kind == "projected" else ())
 
 
 def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray, tuple[ir.Operation, ...]] | None:
@@ -1184,21 +1254,24 @@ def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray, tuple[ir
     return dot.operands[0], wi, np.asarray(bias, np.float32), (dot,) if add is None else (dot, add)
 
 
-def _lstm(b: _Builder, op, ins, cell: LstmForm):
-    """One ONNX ``LSTM`` for the loop ``op`` (``LstmForm``), the initial state the loop's; its results in the
-    loop's carried positions."""
+def _recurrent(b: _Builder, op, ins, cell: RecurrentForm):
+    """One ONNX ``LSTM`` or ``GRU`` for the loop ``op`` (``RecurrentForm``), the initial state the loop's; its
+    results in the loop's carried positions."""
     hidden = cell.r.shape[-1]
     batch = _shape(op.operands[cell.h])[0]
-    w, r, bias = b.const(cell.w, "lstm_w"), b.const(cell.r, "lstm_r"), b.const(cell.b, "lstm_b")
-    h0, c0 = (b.reshape(ins[k], [1, batch, hidden]) for k in (cell.h, cell.c))
+    w, r, bias = (b.const(m, f"{cell.cell.value.lower()}_{k}") for m, k in ((cell.w, "w"), (cell.r, "r"), (cell.b, "b")))
+    state = [b.reshape(ins[k], [1, batch, hidden]) for k in (cell.h, cell.c) if k is not None]
     x = ins[cell.seq] if cell.x is None else b.names[cell.x]
     computes = tuple(i for o in cell.projection if (i := collage.op_id(o)) is not None)
-    y, y_h, y_c = b.multi_node("LSTM", [x, w, r, bias, "", h0, c0], 3, also=computes, hidden_size=hidden)
+    attrs = {"linear_before_reset": 1} if cell.cell is Cell.GRU else {}
+    outs = b.multi_node(cell.cell.value, [x, w, r, bias, "", *state], 1 + len(state), also=computes,
+                        hidden_size=hidden, **attrs)
     results = list(ins)
     results[cell.counter] = b.const(np.asarray(cell.steps, DTYPES[_dtype(op.operands[cell.counter])][0]), "steps")
-    results[cell.h] = b.reshape(y_h, [batch, hidden])
-    results[cell.c] = b.reshape(y_c, [batch, hidden])
-    results[cell.out] = b.reshape(y, [cell.steps, batch, hidden])
+    results[cell.out] = b.reshape(outs[0], [cell.steps, batch, hidden])
+    results[cell.h] = b.reshape(outs[1], [batch, hidden])
+    if cell.c is not None:
+        results[cell.c] = b.reshape(outs[2], [batch, hidden])
     return results
 
 
