@@ -161,46 +161,29 @@ def test_an_lstm_loop_becomes_an_onnx_lstm_in_any_gate_order(order, hoisted, pee
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
-def test_a_flax_gru_becomes_onnx_grus(engine):
-    """flax's ``nn.RNN(nn.GRUCell)`` (``n = tanh(x @ wn + bn + r * (h @ rn + rbn))``: ONNX's
-    ``linear_before_reset``), two layers, batch 2: one ``GRU`` per layer, equal to ``jax.jit``."""
+@pytest.mark.parametrize("cell,onnx_op", [("OptimizedLSTMCell", "LSTM"), ("LSTMCell", "LSTM"), ("GRUCell", "GRU")])
+def test_flax_rnns_become_onnx_recurrent_ops(cell, onnx_op, engine):
+    """flax's ``nn.RNN`` over its cells (each gate a dense layer of its own over ``x[t]`` and ``h``, the weights
+    carried through the loop and concatenated in each step; the GRU's ``n = tanh(x @ wn + bn + r * (h @ rn +
+    rbn))`` is ONNX's ``linear_before_reset``), two layers and a dense head, batch 3: one ONNX ``LSTM`` or
+    ``GRU`` per layer, equal to ``jax.jit``."""
     jax = pytest.importorskip("jax")
     nn = pytest.importorskip("flax.linen")
+    make = getattr(nn, cell)
 
     class Model(nn.Module):
         @nn.compact
         def __call__(self, x):
-            x = nn.RNN(nn.GRUCell(6))(x)
-            return nn.RNN(nn.GRUCell(5))(x)
-
-    x = np.random.default_rng(6).standard_normal((2, 7, 4)).astype(np.float32)
-    params = Model().init(jax.random.PRNGKey(2), x)
-    got, want, model = _on_engine(engine, lambda v: Model().apply(params, v), x)
-    _assert_matches(engine, got, want)
-    ops = [n.op_type for n in model.graph.node]
-    assert (ops.count("GRU"), ops.count("Loop")) == (2, 0)
-
-
-def test_a_flax_lstm_becomes_onnx_lstms():
-    """flax's ``nn.RNN(nn.OptimizedLSTMCell)`` (each gate a dense layer of its own over ``x[t]`` and ``h``, the
-    weights carried through the loop and concatenated in each step, batch 3): one ``LSTM`` per layer on ORT,
-    equal to ``jax.jit``."""
-    jax = pytest.importorskip("jax")
-    nn = pytest.importorskip("flax.linen")
-
-    class Model(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            x = nn.RNN(nn.OptimizedLSTMCell(6))(x)
-            x = nn.RNN(nn.OptimizedLSTMCell(5))(x)
+            x = nn.RNN(make(6))(x)
+            x = nn.RNN(make(5))(x)
             return nn.Dense(3)(x[:, -1])
 
     x = np.random.default_rng(4).standard_normal((3, 7, 4)).astype(np.float32)
     params = Model().init(jax.random.PRNGKey(0), x)
-    got, want, model = _on_engine("ort", lambda v: Model().apply(params, v), x)
-    _assert_matches("ort", got, want)
+    got, want, model = _on_engine(engine, lambda v: Model().apply(params, v), x)
+    _assert_matches(engine, got, want)
     ops = [n.op_type for n in model.graph.node]
-    assert (ops.count("LSTM"), ops.count("Loop")) == (2, 0)
+    assert (ops.count(onnx_op), ops.count("Loop")) == (2, 0)
 
 
 def test_an_lstm_node_names_the_projection_it_computes():
