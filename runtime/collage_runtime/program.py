@@ -207,8 +207,9 @@ class Program:
 
     def _guarded(self, call: Callable[[Sequence], object], values: Sequence):
         """``call(values)`` under the program's lock; a region's failure during it is raised as itself
-        (``RegionFailure``, one line), not as IREE's error."""
+        (``RegionFailure``, one line), not as IREE's error; ProgramClosed where ``close`` came first."""
         with self._lock:
+            self._live()
             self._failures.clear()
             try:
                 result = call(values)
