@@ -26,7 +26,7 @@ import numpy as np
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
-from ..graph import nested_ops
+from ..graph import nested_ops, producer
 from ..ir import ir
 from .base import BackendKind, OpSetBackend, RegionArtifact
 from .patterns import Constraint, OpPattern
@@ -940,10 +940,8 @@ class RecurrentForm:
 
 def _defined_by(v: ir.Value, *names: str) -> ir.Operation | None:
     """The op defining ``v`` where it is one of ``names``, else None (a block argument too)."""
-    owner = v.owner
-    if isinstance(owner, ir.Block):
-        return None
-    return owner.operation if owner.operation.name in names else None
+    op = producer(v)
+    return op if op is not None and op.name in names else None
 
 
 def _is_splat(v: ir.Value, x: float) -> bool:
@@ -1114,6 +1112,20 @@ class _Terms:
             return [("b", np.full(cols.stop - cols.start, row[0], np.float32))]
         return [("b", row[cols])] if row.size >= cols.stop else None
 
+    def form(self, cell: Cell, counter: int, c: int | None, h: int, out: int, w: np.ndarray, r: np.ndarray,
+             bias: np.ndarray) -> RecurrentForm | None:
+        """The layer with these weights ((features, G·H), (H, G·H), the ONNX op's bias: G gates in its order),
+        where every gate read one sequence and the shapes hold, else None."""
+        hidden = r.shape[0]
+        gates = 4 if cell is Cell.LSTM else 3
+        if len(self.sources) != 1 or r.shape != (hidden, gates * hidden) or w.shape[1] != gates * hidden:
+            return None
+        ((kind, seq),) = self.sources
+        projected = kind == "projected"
+        return RecurrentForm(cell, counter, c, h, out, self.steps, w.T[None].astype(np.float32),
+                             r.T[None].astype(np.float32), bias[None].astype(np.float32), seq,
+                             self.x if projected else None, self.projection if projected else ())
+
     def _row(self, v: ir.Value) -> int | None:
         """The carried position ``p`` where ``v`` is row ``t`` (the counter) of carried sequence ``p``, a value
         the body does not change with ``steps`` rows."""
@@ -1171,16 +1183,10 @@ def _lstm_cell(op, form: LoopForm, c: int, h: int, out: int, steps: int) -> Recu
         return None
     hidden = _shape(args[h])[-1]
     terms = _Terms(op, args[form.counter], args[h], steps)
-    if not all(terms.gate(g, hidden) for g in (i_gate, o_gate, f_gate, g_gate)) or len(terms.sources) != 1:
+    if not all(terms.gate(g, hidden) for g in (i_gate, o_gate, f_gate, g_gate)):
         return None
-    ((kind, seq),) = terms.sources
-    bias = np.concatenate(terms.b)
-    w, r = np.concatenate(terms.w, axis=1), np.concatenate(terms.r, axis=1)  # (features, 4H), (H, 4H)
-    if r.shape != (hidden, 4 * hidden) or w.shape[1] != 4 * hidden:
-        return None
-    return RecurrentForm(Cell.LSTM, form.counter, c, h, out, steps, w.T[None].astype(np.float32),
-                         r.T[None].astype(np.float32), np.concatenate([bias, np.zeros(4 * hidden)])[None].astype(np.float32),
-                         seq, terms.x if kind == "projected" else None, terms.projection if kind == "projected" else ())
+    return terms.form(Cell.LSTM, form.counter, c, h, out, np.concatenate(terms.w, axis=1),
+                      np.concatenate(terms.r, axis=1), np.concatenate([*terms.b, np.zeros(4 * hidden)]))
 
 
 def _gru_cell(op, form: LoopForm, h: int, out: int, steps: int) -> RecurrentForm | None:
@@ -1214,18 +1220,11 @@ def _gru_cell(op, form: LoopForm, h: int, out: int, steps: int) -> RecurrentForm
     outer = terms.linear([v for v in _summands(n_pre) if v != leaf], hidden)
     within = terms.linear(_summands(inner), hidden)
     if not (terms.gate(z_pre, hidden) and terms.gate(r_pre, hidden)) or outer is None or within is None \
-            or outer[0] is not None or outer[1] is None or within[0] is None or within[1] is not None \
-            or len(terms.sources) != 1:
+            or outer[0] is not None or outer[1] is None or within[0] is None or within[1] is not None:
         return None
-    ((kind, seq),) = terms.sources
-    w = np.concatenate([*terms.w, outer[1]], axis=1)  # (features, 3H): z, r, h
-    r = np.concatenate([*terms.r, within[0]], axis=1)
-    if r.shape != (hidden, 3 * hidden) or w.shape[1] != 3 * hidden:
-        return None
-    bias = np.concatenate([*terms.b, outer[2], np.zeros(2 * hidden), within[2]])  # Wb z r h, Rb z r h
-    return RecurrentForm(Cell.GRU, form.counter, None, h, out, steps, w.T[None].astype(np.float32),
-                         r.T[None].astype(np.float32), bias[None].astype(np.float32),
-                         seq, terms.x if kind == "projected" else None, terms.projection if kind == "projected" else ())
+    return terms.form(Cell.GRU, form.counter, None, h, out, np.concatenate([*terms.w, outer[1]], axis=1),  # z, r, h
+                      np.concatenate([*terms.r, within[0]], axis=1),
+                      np.concatenate([*terms.b, outer[2], np.zeros(2 * hidden), within[2]]))  # Wb z r h, Rb z r h
 
 
 def _projection(v: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray, tuple[ir.Operation, ...]] | None:

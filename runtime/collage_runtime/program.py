@@ -291,7 +291,7 @@ class DirectCall:
     element types; ``takes`` sends anything else (wrong shapes included: ``check_inputs`` words the error)
     the invoker's way."""
 
-    __slots__ = ("_invoke", "_function", "_device", "_allocate", "_inputs", "_outputs", "_results")
+    __slots__ = ("_invoke", "_function", "_device", "_allocate", "_inputs", "_elements", "_outputs")
 
     def __init__(self, program: "Program", name: str, signature: Signature):
         self._invoke = program._context.vm_context.invoke
@@ -299,10 +299,9 @@ class DirectCall:
         self._device = program.config.device
         self._allocate = partial(self._device.allocator.allocate_buffer_copy, memory_type=rt.MemoryType.DEVICE_LOCAL,
                                  allowed_usage=rt.BufferUsage.DEFAULT, device=self._device)
-        #: (dtype, shape with None for dynamic dimensions, HAL element type) of each input
-        self._inputs = tuple((s.dtype, s.shape, map_dtype_to_hal_element_type(s.dtype)) for s in signature.inputs)
+        self._inputs = signature.inputs
+        self._elements = tuple(map_dtype_to_hal_element_type(s.dtype) for s in signature.inputs)
         self._outputs = tuple(s.dtype for s in signature.outputs)
-        self._results = len(signature.outputs)
 
     @classmethod
     def make(cls, program: "Program", name: str, signature: Signature) -> "DirectCall | None":
@@ -318,10 +317,9 @@ class DirectCall:
         """Whether every value is a non-empty host array of its input's dtype and shape, or a device value."""
         if len(values) != len(self._inputs):
             return False
-        for v, (dtype, shape, _) in zip(values, self._inputs):
+        for v, spec in zip(values, self._inputs):
             if isinstance(v, np.ndarray):
-                if not (v.dtype == dtype and v.size and len(v.shape) == len(shape)
-                        and all(d is None or d == n for d, n in zip(shape, v.shape))):
+                if not (v.size and spec.accepts(v)):
                     return False
             elif not isinstance(v, (rt.DeviceArray, rt.HalBufferView)):
                 return False
@@ -329,13 +327,13 @@ class DirectCall:
 
     def __call__(self, values: Sequence) -> list[rt.HalBufferView]:
         args = rt.VmVariantList(len(values))
-        for v, (_, _, element) in zip(values, self._inputs):
+        for v, element in zip(values, self._elements):
             if isinstance(v, np.ndarray):
                 v = self._allocate(buffer=v, element_type=element)
             elif isinstance(v, rt.DeviceArray):
                 v = v._buffer_view
             args.push_ref(v)
-        results = rt.VmVariantList(self._results)
+        results = rt.VmVariantList(len(self._outputs))
         self._invoke(self._function, args, results)
         return [results.get_as_object(k, rt.HalBufferView) for k in range(len(results))]
 
