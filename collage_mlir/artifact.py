@@ -63,7 +63,8 @@ def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
     # The same PassManager pipeline as `collage-opt --collage-partition`, so IR printing and timing
     # behave alike; the passes' results are read back from the IR.
     pipeline = PassPipeline(module.operation.context)
-    for p in partition_pipeline(plan, Path(artifact_dir) if artifact_dir else None, tuple(cpu_flags)):
+    for p in partition_pipeline(plan, Path(artifact_dir) if artifact_dir else None, tuple(cpu_flags),
+                                target.kernel_arch):
         pipeline.add(p)
     pipeline.run(module)
     mod_op = module.operation

@@ -25,6 +25,7 @@ class BackendKind(str, Enum):
     CODEGEN = "codegen"  # compiled into the IREE program itself
     LIBRARY = "library"  # per-op library calls (oneDNN, cuBLAS) served by the collage_rt module
     GRAPH = "graph"  # whole-subgraph engines (ONNX Runtime, TensorRT, XLA) served by collage_rt
+    KERNEL = "kernel"  # a kernel compiled outside IREE, dispatched in the IREE program's own stream
 
 
 @total_ordering

@@ -42,6 +42,9 @@ class ProgramTarget:
     flags: tuple[str, ...]
     #: ``hal.device.targets`` to declare on the module before compiling (None: the flags choose the device).
     device_targets: str | None = None
+    #: What kernel backends compile their kernels for (``sm_90`` on CUDA, ``spirv`` on Vulkan; ""
+    #: where no kernel backend runs).
+    kernel_arch: str = ""
 
 
 #: The host CPU: every CPU program and every region compiled alone for it (``iree-cpu``'s target).
@@ -59,6 +62,8 @@ class IreeCodegenBackend(OpSetBackend):
     platform: ClassVar[Platform]
     #: iree-compile flags that target it (``program_target`` may add to them from the user's flags).
     target_flags: ClassVar[tuple[str, ...]]
+    #: What kernel backends build for in its programs (``ProgramTarget.kernel_arch``).
+    kernel_arch: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -67,7 +72,7 @@ class IreeCodegenBackend(OpSetBackend):
 
     def program_target(self, iree_args: Sequence[str] = ()) -> ProgramTarget:
         """The target a program with this default backend compiles for, given the user's IREE flags."""
-        return ProgramTarget(self.platform, self.target_flags)
+        return ProgramTarget(self.platform, self.target_flags, kernel_arch=self.kernel_arch)
 
     def version(self) -> str:
         from iree.compiler import version

@@ -95,6 +95,6 @@ class IreeCudaBackend(IreeCodegenBackend):
     def program_target(self, iree_args: Sequence[str] = ()) -> ProgramTarget:
         arch = requested_arch(iree_args)
         if arch in IREE_ARCHS:
-            return ProgramTarget(Platform.CUDA, (*self.target_flags, f"{_FLAG}{arch}"))
+            return ProgramTarget(Platform.CUDA, (*self.target_flags, f"{_FLAG}{arch}"), kernel_arch=arch)
         # IREE would refuse the flag: the module declares the device instead.
-        return ProgramTarget(Platform.CUDA, CODEGEN_FLAGS, device_targets(arch))
+        return ProgramTarget(Platform.CUDA, CODEGEN_FLAGS, device_targets(arch), kernel_arch=arch)

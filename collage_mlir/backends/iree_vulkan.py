@@ -15,3 +15,4 @@ class IreeVulkanBackend(IreeCodegenBackend):
     platform = Platform.VULKAN
     install_hint = "apt-get install mesa-vulkan-drivers libvulkan1 (or a GPU's Vulkan driver)"
     target_flags = ("--iree-hal-target-device=vulkan",)
+    kernel_arch = "spirv"

@@ -39,6 +39,7 @@ class PartitionPipeline:
     plan: Plan | Path | None = None
     artifact_dir: Path | None = None
     default_flags: tuple[str, ...] = DEFAULT_FLAGS
+    kernel_arch: str = ""
 
     @classmethod
     def from_options(cls, text: str, *, where: str = "collage-opt") -> "PartitionPipeline":
@@ -46,7 +47,7 @@ class PartitionPipeline:
 
     def passes(self) -> list[ModulePass]:
         default = self.plan.default_backend if isinstance(self.plan, Plan) else DEFAULT_BACKEND
-        return [NumberOpsPass(), AssignPass(self.plan), OutlinePass(), LowerPass(self.artifact_dir),
+        return [NumberOpsPass(), AssignPass(self.plan), OutlinePass(), LowerPass(self.artifact_dir, self.kernel_arch),
                 PlaceDevicesPass(self.default_flags, default)]
 
 
@@ -55,6 +56,6 @@ PARTITION = PartitionPipeline.name
 
 
 def partition_pipeline(plan: Plan | Path | None = None, artifact_dir: Path | None = None,
-                       default_flags: tuple[str, ...] = DEFAULT_FLAGS) -> list[ModulePass]:
+                       default_flags: tuple[str, ...] = DEFAULT_FLAGS, kernel_arch: str = "") -> list[ModulePass]:
     """The collage passes that partition a module by ``plan`` (see ``PartitionPipeline``)."""
-    return PartitionPipeline(plan, artifact_dir, default_flags).passes()
+    return PartitionPipeline(plan, artifact_dir, default_flags, kernel_arch).passes()

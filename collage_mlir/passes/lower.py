@@ -1,8 +1,11 @@
-"""`collage-lower`: regions of codegen backends stay in the IREE program (IREE inlines them); each
-region of a library or graph-level backend is built into a region artifact and its function becomes
-the import ``func.func private @collage_rt.<region>``, served at run time by the ``collage_rt`` module.
+"""`collage-lower`: regions of codegen backends stay in the IREE program (IREE inlines them); a region of a
+kernel backend stays too, its body replaced by ``hal.dispatch.extern`` of its compiled kernel (written under
+``kernels/``; iree-compile embeds it in the module); each region of a library or graph-level backend is built
+into a region artifact and its function becomes the import ``func.func private @collage_rt.<region>``, served
+at run time by the ``collage_rt`` module.
 
-Without ``artifact-dir`` the IR is rewritten and no artifact is built (for inspecting the IR).
+Without ``artifact-dir`` the IR is rewritten and nothing is built (for inspecting the IR): a kernel
+dispatch then names the object it would use.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from collage_runtime.types import TensorSpec
 from iree.compiler.dialects import func as func_d
 
 from ..backends import BackendKind, get_backend
+from ..backends.kernel import KernelBackend
 from ..dialects import collage
+from ..dialects.hal import dispatch_extern
 from ..graph import module_block
-from ..ir import ir
+from ..errors import CollageError
+from ..ir import ir, location_text
 from .base import ModulePass
 from .outline import region_functions
 
@@ -33,12 +39,17 @@ class LowerPass(ModulePass):
     summary = "Turn library-backend regions into collage_rt imports and build their artifacts"
     #: Where region artifacts are built; None: rewrite the IR only.
     artifact_dir: Path | None = None
+    #: What kernel backends compile for (the program target's ``kernel_arch``: ``sm_90``, ``spirv``).
+    kernel_arch: str = ""
 
     def run(self, module: ir.Module | ir.Operation) -> None:
         block = module_block(module)
         with module.operation.context:
             for fn, backend in region_functions(block):
                 if backend.kind == BackendKind.CODEGEN:
+                    continue
+                if isinstance(backend, KernelBackend):
+                    self._lower_kernel(fn, backend)
                     continue
                 region = collage.str_attr(fn, collage.REGION)
                 ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
@@ -53,6 +64,46 @@ class LowerPass(ModulePass):
                     collage.set_str_attr(decl, collage.EXECUTOR, art.executor)
                 _retarget_calls(block, region, symbol)
                 fn.erase()
+
+
+    def _lower_kernel(self, fn: ir.Operation, backend: KernelBackend) -> None:
+        """Replaces the region function's body by the dispatch of its kernel (the function stays, for IREE
+        to inline), its output a fresh tensor the kernel writes."""
+        where = location_text(fn.location)
+        if not self.kernel_arch:
+            raise CollageError(f"backend '{backend.name}' runs kernels in {backend.platform.value} programs only; "
+                               "this one has no kernel architecture (collage-lower's kernel-arch option)", where=where)
+        region = collage.str_attr(fn, collage.REGION)
+        out_dir = Path(self.artifact_dir) if self.artifact_dir is not None else None
+        gemm, binary = backend.kernel(fn, self.kernel_arch, out_dir, region)
+        block = fn.regions[0].blocks[0]
+        ret = block.operations[len(block.operations) - 1].operation
+        inputs = gemm.inputs
+        with fn.location, ir.InsertionPoint(ret):
+            out = ir.Operation.create("tensor.empty", results=[gemm.out.type]).results[0]
+            scratch = []
+            if binary.trailing_pointers:
+                i8 = ir.RankedTensorType.get([16], ir.IntegerType.get_signless(8))
+                scratch = [ir.Operation.create("arith.constant", results=[i8], attributes={
+                    "value": ir.DenseElementsAttr.get_splat(i8, ir.IntegerAttr.get(i8.element_type, 0))}).results[0]]
+            args = [*inputs, out, *scratch * binary.trailing_pointers]
+            read_only = [True] * len(inputs) + [False] + [True] * binary.trailing_pointers
+            dispatch = dispatch_extern(binary.export, args, len(inputs), str(binary.path), self.kernel_arch,
+                                       binary.launch, read_only)
+        ret.operands[0] = dispatch.results[0]
+        _erase_dead(block)
+
+
+def _erase_dead(block: ir.Block) -> None:
+    """Erases the block's ops whose results nothing uses (what the kernel replaced), last first."""
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed(list(block.operations)):
+            op = op.operation
+            if op.results and all(not list(r.uses) for r in op.results):
+                op.erase()
+                changed = True
 
 
 def library_regions(module: ir.Module | ir.Operation) -> list[RegionEntry]:

@@ -1,6 +1,7 @@
 """Tiny models built in code (seeded random weights) for the tests and the studies: ``small_cnn``, ``mlp``
 (each an ``nn.Module``), and ``resnet``/``encoder`` (each ``(nn.Module, example input)``: one bottleneck of a
-ResNet, one BERT-style encoder layer). Seconds to import, unlike the zoo's benchmark models."""
+ResNet, one BERT-style encoder layer; ``gemms``: every GEMM a kernel backend takes; ``chain2``/``chain8``: linear
+chains whose difference prices one layer). Seconds to import, unlike the zoo's benchmark models."""
 
 from __future__ import annotations
 
@@ -105,3 +106,53 @@ def encoder(vocab: int = 64, d: int = 32, heads: int = 2, layers: int = 1, seq: 
     ids = torch.randint(1, vocab, (1, seq), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
     ids[0, -3:] = 0
     return model, ids
+
+
+def gemms(d: int = 64, tokens: int = 32):
+    """Every GEMM shape a kernel backend takes, each once (``(nn.Module, example input)``): linear layers with
+    a bias and each activation (ReLU, erf and tanh GELU, SiLU, sigmoid, tanh), without a bias, with a
+    residual add, and batched matmuls of both operand layouts (attention's ``q @ k^T`` and ``p @ v``)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Gemms(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.ModuleList(nn.Linear(d, d) for _ in range(7))
+            self.nobias = nn.Linear(d, 2 * d, bias=False)
+            self.res = nn.Linear(2 * d, d)
+
+        def forward(self, x):
+            acts = (torch.relu, F.gelu, lambda v: F.gelu(v, approximate="tanh"), F.silu, torch.sigmoid,
+                    torch.tanh, lambda v: v)
+            for lin, act in zip(self.lin, acts):
+                x = act(lin(x))
+            x = x + self.res(self.nobias(x))
+            q = x.view(x.shape[0], 4, d // 4).transpose(0, 1)      # 4 x tokens x d/4
+            p = torch.softmax(q @ q.transpose(1, 2), dim=-1)        # w as n x k
+            return (p @ q).transpose(0, 1).reshape(x.shape)        # w as k x n
+
+    torch.manual_seed(0)
+    return Gemms().eval(), torch.randn(tokens, d)
+
+
+def chain2():
+    """``chain(2)``: two linear layers (for per-layer costs against ``chain8``)."""
+    return chain(2)
+
+
+def chain8():
+    """``chain(8)``: eight linear layers."""
+    return chain(8)
+
+
+def chain(layers: int, d: int = 256, tokens: int = 64):
+    """``layers`` linear layers with ReLU, ``tokens`` x ``d`` (``(nn.Module, example input)``): one region a
+    layer on a library or kernel backend, so programs of two lengths give a region's cost by difference."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(d, d), nn.ReLU())])
+    return model.eval(), torch.randn(tokens, d)

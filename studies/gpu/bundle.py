@@ -45,10 +45,12 @@ class ModelSpec:
     name: str              # the zoo name, or the tiny builder's function name
     small: bool = True     # zoo only: the small (CI) variant
     batch: int = 1
+    dtype: str = "f32"     # the model's weights and float inputs: f32 or f16
 
     @property
     def label(self) -> str:
         base = f"tiny.{self.name}" if self.source == "tiny" else self.name if self.small else f"{self.name}:full"
+        base = base if self.dtype == "f32" else f"{base}+{self.dtype}"
         return base if self.batch == 1 else f"{base}@{self.batch}"
 
     @staticmethod
@@ -59,16 +61,20 @@ class ModelSpec:
         if batch and not (batch.isdigit() and int(batch) >= 1):
             raise ValueError(f"model '{text}@{batch}': the batch is a positive integer")
         n = int(batch or 1)
+        text, _, dtype = text.partition("+")
+        if dtype not in ("", "f32", "f16"):  # bf16: numpy has no type to carry its inputs in
+            raise ValueError(f"model '{text}+{dtype}': the element type is f32 or f16")
+        dtype = dtype or "f32"
         if text.startswith("tiny."):
-            return ModelSpec("tiny", text[len("tiny."):], batch=n)
+            return ModelSpec("tiny", text[len("tiny."):], batch=n, dtype=dtype)
         name, _, variant = text.partition(":")
         if variant not in ("", "small", "full"):
             raise ValueError(f"model '{text}': the variant is small or full")
-        return ModelSpec("zoo", name, variant != "full", n)
+        return ModelSpec("zoo", name, variant != "full", n, dtype)
 
     @staticmethod
     def from_json(d: dict) -> "ModelSpec":
-        return ModelSpec(d["source"], d["name"], bool(d["small"]), int(d.get("batch", 1)))
+        return ModelSpec(d["source"], d["name"], bool(d["small"]), int(d.get("batch", 1)), d.get("dtype", "f32"))
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,16 @@ class Bundle:
 
 def build_model(spec: ModelSpec):
     """``(nn.Module in eval mode, example input tensors)`` for ``spec``, seeded: the same weights on every
-    machine. Imports torch and ``collage_mlir.zoo`` (torch only; no IREE)."""
+    machine, in ``spec.dtype`` (float inputs too). Imports torch and ``collage_mlir.zoo`` (no IREE)."""
+    import torch
+
+    model, inputs = _build_f32(spec)
+    if spec.dtype == "f32":
+        return model, inputs
+    return model.to(torch.float16), tuple(x.half() if x.is_floating_point() else x for x in inputs)
+
+
+def _build_f32(spec: ModelSpec):
     import torch
 
     if spec.source == "zoo":

@@ -1,0 +1,113 @@
+"""`triton`, `triton-tf32`: GEMMs with fused epilogues as Triton kernels in a CUDA program's own stream.
+
+Each region is one (batched) matmul with its bias, residual add and activation (``kernel.GemmSpec``),
+compiled ahead of time by Triton's compiler for the program's architecture (``--iree-cuda-target``; no GPU
+needed) into a cubin that ``hal.dispatch.extern`` runs among IREE's own dispatches: no host round trip.
+A cubin, not PTX: Triton writes the PTX ISA of its own CUDA (9.x), which an older driver cannot JIT, while
+a cubin for the exact architecture loads on any driver of the same major CUDA version.
+
+Precision as the backend states it: ``triton`` multiplies f32 in full f32 (``ieee``: TF32 off, as the
+reference) and f16/bf16 on tensor cores with f32 accumulation; ``triton-tf32`` multiplies f32 inputs as TF32
+(10-bit mantissa), which ``tolerance`` allows for.
+
+The tactic (tile sizes, warps, pipeline stages) is chosen per spec by ``tactic``: a rule of thumb, not yet a
+measured choice among candidates.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from ..dialects.hal import Launch
+from .base import Platform, Tolerance
+from .kernel import GemmSpec, KernelBackend, KernelBinary, gemm_pattern
+
+_TRITON_TYPES = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16"}
+#: Triton's hidden scratch pointers (global and profile scratch), after the declared parameters.
+SCRATCH_POINTERS = 2
+
+
+@dataclass(frozen=True)
+class Tactic:
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+    stages: int
+    group: int = 8
+
+
+def tactic(spec: GemmSpec) -> Tactic:
+    """Tiles for ``spec``: 128 x 128 where the output is large enough to fill the GPU with such tiles, else
+    smaller; deeper k tiles for 16-bit inputs (tensor cores take k=16 steps)."""
+    half = spec.element != "f32"
+    tiles_large = spec.batch * math.ceil(spec.m / 128) * math.ceil(spec.n / 128)
+    bm = 128 if spec.m >= 128 and tiles_large >= 64 else 64 if spec.m >= 64 else max(16, 1 << (spec.m - 1).bit_length())
+    bn = 128 if spec.n >= 128 and tiles_large >= 64 else 64
+    bk = 64 if half else 32
+    warps = 8 if bm * bn >= 128 * 128 else 4
+    return Tactic(bm, bn, bk, warps, 4 if half else 3)
+
+
+class TritonBackend(KernelBackend):
+    name = "triton"
+    platform = Platform.CUDA
+    requires = ("triton",)
+    install_hint = "pip install triton (compiles kernels here; running needs a CUDA GPU)"
+    pattern = gemm_pattern(("f32", "f16", "bf16"))
+    suffix = "cubin"
+    #: f16 bounds it: one rounding of the f32 accumulator to f16 (2^-11 relative) after the epilogue.
+    tolerance = Tolerance(rtol=2e-3, atol=2e-3)
+    #: How f32 inputs are multiplied (``tl.dot``'s input_precision).
+    f32_precision = "ieee"
+
+    @cached_property
+    def template(self) -> str:  # type: ignore[override]
+        return importlib.resources.files("collage_mlir.backends.templates").joinpath("triton_gemm.py").read_text()
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return f"triton-{version('triton')}"
+
+    def compile(self, spec: GemmSpec, kernel_arch: str) -> tuple[bytes, KernelBinary]:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        from .templates.triton_gemm import gemm
+
+        t = tactic(spec)
+        ptr = _TRITON_TYPES[spec.element]
+        consts = {"M": spec.m, "N": spec.n, "K": spec.k, "TRANS_B": spec.trans_b, "BIAS": spec.bias,
+                  "RESIDUAL": spec.residual, "ACT": spec.act,
+                  "PRECISION": self.f32_precision if spec.element == "f32" else "tf32",
+                  "BM": t.bm, "BN": t.bn, "BK": t.bk, "GROUP": t.group}
+        signature = {"a_ptr": ptr, "w_ptr": ptr, "bias_ptr": ptr, "res_ptr": ptr, "out_ptr": ptr}
+        if not spec.bias:
+            consts["bias_ptr"] = None
+        if not spec.residual:
+            consts["res_ptr"] = None
+        signature |= {name: "constexpr" for name in consts}
+        pointers = [n for n in ("a_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr") if n not in consts]
+        aligned = {(list(signature).index(n),): [["tt.divisibility", 16]] for n in pointers}
+        capability = int(kernel_arch.removeprefix("sm_").rstrip("a"))
+        compiled = triton.compile(ASTSource(fn=gemm, signature=signature, constexprs=consts, attrs=aligned),
+                                  target=GPUTarget("cuda", capability, 32),
+                                  options={"num_warps": t.warps, "num_stages": t.stages})
+        md = compiled.metadata
+        grid = (math.ceil(spec.m / t.bm) * math.ceil(spec.n / t.bn), spec.batch, 1)
+        return compiled.asm["cubin"], KernelBinary(
+            path=Path(), export=md.name, launch=Launch(grid, (32 * md.num_warps, 1, 1), md.shared),
+            trailing_pointers=SCRATCH_POINTERS)
+
+
+class TritonTf32Backend(TritonBackend):
+    name = "triton-tf32"
+    f32_precision = "tf32"
+    #: TF32 keeps 10 mantissa bits of each f32 input: ~2^-11 relative per product, growing with k.
+    tolerance = Tolerance(rtol=1e-2, atol=1e-2)
