@@ -156,3 +156,9 @@ def chain(layers: int, d: int = 256, tokens: int = 64):
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(d, d), nn.ReLU())])
     return model.eval(), torch.randn(tokens, d)
+
+
+def encoder_mid():
+    """``encoder`` at width 256 (4 heads, 2 layers, 128 tokens, vocab 512): GEMMs big enough for a GPU to
+    tell kernels apart, small enough (1.7 M weights) to carry to one."""
+    return encoder(vocab=512, d=256, heads=4, layers=2, seq=128)

@@ -163,8 +163,8 @@ def _build_f32(spec: ModelSpec):
 
 
 def batched(inputs: tuple, batch: int) -> tuple:
-    """``inputs`` with batch ``batch`` (dimension 0): seeded standard-normal floats; the examples themselves
-    for batch 1."""
+    """``inputs`` with batch ``batch`` (dimension 0): seeded standard-normal floats, integer inputs (token
+    ids) as their example's rows in a seeded random order; the examples themselves for batch 1."""
     import torch
 
     if batch == 1:
@@ -173,7 +173,10 @@ def batched(inputs: tuple, batch: int) -> tuple:
     out = []
     for x in inputs:
         if not x.is_floating_point():
-            raise ValueError(f"batch {batch}: only float inputs are drawn, this model takes {x.dtype}")
+            rows = torch.randint(0, x.shape[0], (batch,), generator=g)
+            out.append(torch.stack([x[r][torch.randperm(x.shape[1], generator=g)] if x.dim() > 1 else x[r]
+                                    for r in rows.tolist()]))
+            continue
         out.append(torch.randn((batch, *x.shape[1:]), generator=g, dtype=x.dtype))
     return tuple(out)
 
