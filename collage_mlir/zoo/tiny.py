@@ -89,7 +89,7 @@ def encoder(vocab: int = 64, d: int = 32, heads: int = 2, layers: int = 1, seq: 
             self.layers = nn.ModuleList(Layer() for _ in range(layers))
 
         def forward(self, ids):
-            x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))[None] + self.seg(torch.zeros_like(ids))
+            x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))[None] + self.seg(torch.zeros_like(ids))
             x = self.norm(x)
             mask = (ids != 0)[:, None, None, :]  # padding tokens are id 0
             for layer in self.layers:
