@@ -98,7 +98,8 @@ class TritonBackend(KernelBackend):
         capability = int(kernel_arch.removeprefix("sm_").rstrip("a"))
         compiled = triton.compile(ASTSource(fn=gemm, signature=signature, constexprs=consts, attrs=aligned),
                                   target=GPUTarget("cuda", capability, 32),
-                                  options={"num_warps": t.warps, "num_stages": t.stages})
+                                  options={"num_warps": t.warps, "num_stages": t.stages,
+                                           "enable_fp_fusion": True})
         md = compiled.metadata
         grid = (math.ceil(spec.m / t.bm) * math.ceil(spec.n / t.bn), spec.batch, 1)
         return compiled.asm["cubin"], KernelBinary(

@@ -30,7 +30,7 @@ module attributes {collage.plan = {version = 7, regions = []}} {
 module attributes {collage.plan = {version = 1, regions = [{name = "r", backend = "tpu-magic", ops = [1]}]}} {
   func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
     %0 = stablehlo.negate %a : tensor<4xf32>
-    // expected-error @+1 {{region 'r': unknown backend 'tpu-magic'; known backends: cublas, cudnn, iree-cpu}}
+    // expected-error @+1 {{region 'r': unknown backend 'tpu-magic'; known backends: cublas, cudnn, glsl, iree-cpu}}
     %1 = stablehlo.tanh %0 : tensor<4xf32>
     return %1 : tensor<4xf32>
   }

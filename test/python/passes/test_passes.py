@@ -96,7 +96,7 @@ def test_a_bad_option_is_one_line_naming_pass_option_and_type(text, message):
 
 def test_a_bad_partition_option():
     with pytest.raises(CollageError, match=r"^collage-opt: unknown option 'plans=x' for --collage-partition "
-                                           r"\(options: plan, artifact-dir, default-flags\)$"):
+                                           r"\(options: plan, artifact-dir, default-flags, kernel-arch\)$"):
         PartitionPipeline.from_options("plans=x")
 
 

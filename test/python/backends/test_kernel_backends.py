@@ -1,0 +1,202 @@
+"""Kernel backends without a GPU: every GEMM shape and epilogue is read off its region as the spec a kernel
+is compiled for; the Triton template computes each epilogue right (Triton's interpreter, on the CPU); its
+cubins build here for sm_80 and sm_90 and are embedded in the CUDA program; compiled kernels come from the
+cache the second time; and the extern-dispatch path runs end to end on Vulkan (Mesa's llvmpipe) with the
+GLSL template. The cubins' numbers are the GPU machine's to check (studies/gpu: tiny.gemms, each plan against
+torch eager)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from collage_mlir.artifact import compile_module
+from collage_mlir.backends import get_backend
+from collage_mlir.backends.kernel import GemmSpec, gemm_region
+from collage_mlir.graph import Graph, number_ops
+from collage_mlir.ir import new_context
+from collage_mlir.passes import PassPipeline, partition_pipeline
+from collage_mlir.passes.outline import region_functions
+from collage_mlir.search import resolve_plan
+from collage_runtime.types import Platform
+
+
+def _gemms_module():
+    from collage_mlir.frontends.torch import import_torch
+    from collage_mlir.zoo import tiny
+
+    model, x = tiny.gemms()
+    return import_torch(model, [x], new_context()), model, x
+
+
+def _specs(backend: str, platform: Platform) -> list[GemmSpec]:
+    """The spec of each region of tiny.gemms when ``backend`` takes every matmul it can."""
+    module, _, _ = _gemms_module()
+    number_ops(module)
+    plan = resolve_plan(f"prefer:{backend}", Graph(module), platform)
+    pipeline = PassPipeline(module.operation.context)
+    for p in partition_pipeline(plan)[:3]:  # number, assign, outline: the region functions, not lowered
+        pipeline.add(p)
+    pipeline.run(module)
+    pattern = get_backend(backend).pattern
+    return [gemm_region(fn, pattern).spec for fn, b in region_functions(module.operation.regions[0].blocks[0])
+            if b.name == backend]
+
+
+def test_every_epilogue_and_layout_becomes_its_spec():
+    specs = _specs("triton", Platform.CUDA)
+    linear = [s for s in specs if s.batch == 1]
+    assert sorted(s.act for s in linear if s.bias == 64 and not s.residual) == sorted(
+        ["relu", "gelu", "gelu_tanh", "swish", "sigmoid", "tanh", "none"])
+    assert GemmSpec(1, 32, 128, 64, False, "f32") in specs                          # no bias
+    assert GemmSpec(1, 32, 64, 128, False, "f32", bias=64, residual=True) in specs  # + residual
+    # q @ k^T and p @ v, the 4 heads the batch (torch-mlir transposes k^T before the matmul).
+    assert {(s.batch, s.m, s.n, s.k, s.trans_b) for s in specs if s.batch > 1} == {(4, 32, 32, 16, False),
+                                                                                   (4, 32, 16, 32, False)}
+
+
+def test_rhs_as_n_by_k_is_read_in_place():
+    """A right-hand side contracted on its last dim (JAX's ``x @ w.T``, ONNX Gemm transB) is read as it lies."""
+    from collage_mlir.frontends import stablehlo
+
+    module = stablehlo.parse("""
+    func.func @main(%x: tensor<8x16xf32>, %w: tensor<4x16xf32>) -> tensor<8x4xf32> {
+      %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [1] : (tensor<8x16xf32>, tensor<4x16xf32>) -> tensor<8x4xf32>
+      %1 = stablehlo.tanh %0 : tensor<8x4xf32>
+      return %1 : tensor<8x4xf32>
+    }""", new_context())
+    number_ops(module)
+    plan = resolve_plan("prefer:triton", Graph(module), Platform.CUDA)
+    pipeline = PassPipeline(module.operation.context)
+    for p in partition_pipeline(plan)[:3]:
+        pipeline.add(p)
+    pipeline.run(module)
+    (fn, _), = region_functions(module.operation.regions[0].blocks[0])
+    assert gemm_region(fn, get_backend("triton").pattern).spec == GemmSpec(1, 8, 4, 16, True, "f32", act="tanh")
+
+
+_INTERPRETED = textwrap.dedent("""
+    import json, sys, numpy as np, torch
+    from math import erf
+    from collage_mlir.backends.templates.triton_gemm import gemm
+    cases = json.loads(sys.argv[1])
+    worst = 0.0
+    for c in cases:
+        b, m, n, k = c["batch"], c["m"], c["n"], c["k"]
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(b, m, k, generator=g)
+        w = torch.randn(b, n, k, generator=g) if c["trans_b"] else torch.randn(b, k, n, generator=g)
+        bias = torch.randn(max(c["bias"], 1), generator=g) if c["bias"] else None
+        res = torch.randn(b, m, n, generator=g) if c["residual"] else None
+        ref = a.double() @ (w.double().transpose(1, 2) if c["trans_b"] else w.double())
+        ref = ref + (bias.double() if bias is not None else 0) + (res.double() if res is not None else 0)
+        acts = {"none": lambda x: x, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+                "swish": lambda x: x * torch.sigmoid(x), "gelu": torch.nn.functional.gelu,
+                "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
+        ref = acts[c["act"]](ref)
+        out = torch.empty(b, m, n)
+        BM, BN = 16, 32
+        grid = (-(-m // BM) * -(-n // BN), b)
+        gemm[grid](a, w, bias, res, out, M=m, N=n, K=k, TRANS_B=c["trans_b"], BIAS=c["bias"],
+                   RESIDUAL=c["residual"], ACT=c["act"], PRECISION="ieee", BM=BM, BN=BN, BK=16, GROUP=2)
+        worst = max(worst, float((out.double() - ref).abs().max() / ref.abs().max()))
+    print(worst)
+""")
+
+
+def test_triton_template_epilogues_in_the_interpreter():
+    """The template on the CPU (TRITON_INTERPRET=1): ragged shapes (no dimension a multiple of its tile),
+    batched, both layouts, each bias form and activation, against float64 torch."""
+    pytest.importorskip("triton")
+    acts = ["none", "relu", "gelu", "gelu_tanh", "sigmoid", "swish", "tanh"]
+    cases = [GemmSpec(1 + i % 2, 19 + i, 37, 21 + 3 * i, bool(i % 2), "f32", (0, 1, 37)[i % 3], i % 3 == 2, act)
+             for i, act in enumerate(acts)]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED, json.dumps([c.to_json() for c in cases])],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_triton_kernels_build_for_each_architecture(tmp_path, monkeypatch, arch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+    backend = get_backend("triton")
+    spec = GemmSpec(2, 40, 48, 24, True, "f16", bias=48, act="gelu")
+    data, binary = backend.compile(spec, arch)
+    assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == 190  # EM_CUDA
+    assert binary.export == "gemm" and binary.trailing_pointers == 2
+    assert binary.launch.grid == (1, 2, 1) and binary.launch.block[0] % 32 == 0
+
+
+def test_cuda_program_embeds_its_kernels_and_reuses_the_cache(tmp_path, monkeypatch):
+    """Compiled once into the cache, the second compile asks Triton for nothing; the cubins are inside
+    the IREE module (no file of them is needed to run), beside it for inspection with their launch."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+    module, _, _ = _gemms_module()
+    number_ops(module)
+    plan = resolve_plan("prefer:triton", Graph(module), Platform.CUDA)
+    compile_module(module, plan, tmp_path / "a", iree_args=["--iree-cuda-target=sm_90"])
+    cubins = sorted((tmp_path / "a" / "kernels").glob("*.cubin"))
+    assert len(cubins) == len(plan.regions) == 11
+    vmfb = (tmp_path / "a" / "main.vmfb").read_bytes()
+    assert all(c.read_bytes() in vmfb for c in cubins)
+    meta = json.loads(cubins[0].with_name(cubins[0].name + ".json").read_text())
+    assert meta["export"] == "gemm" and meta["spec"]["element"] == "f32"
+
+    def no_compile(*args):
+        raise AssertionError("compiled again: the kernel cache missed")
+
+    monkeypatch.setattr(type(get_backend("triton")), "compile", no_compile)
+    module, _, _ = _gemms_module()
+    number_ops(module)
+    compile_module(module, plan, tmp_path / "b", iree_args=["--iree-cuda-target=sm_90"])
+
+
+def test_tf32_is_its_own_kernel():
+    pytest.importorskip("triton")
+    spec = GemmSpec(1, 64, 64, 64, False, "f32")
+    ieee, _ = get_backend("triton").compile(spec, "sm_90")
+    tf32, _ = get_backend("triton-tf32").compile(spec, "sm_90")
+    assert ieee != tf32
+
+
+def _need_vulkan_and_glslc():
+    import iree.runtime as rt
+
+    from collage_mlir.backends import registry
+
+    if registry()["glsl"].problem:
+        pytest.skip(f"{registry()['glsl'].problem}: apt-get install glslc")
+    if "vulkan" not in rt.query_available_drivers() or not rt.get_driver("vulkan").query_available_devices():
+        pytest.skip("no Vulkan device: apt-get install mesa-vulkan-drivers libvulkan1")
+
+
+def test_extern_dispatch_runs_end_to_end_on_vulkan(tmp_path, monkeypatch):
+    """Every GEMM of tiny.gemms a GLSL kernel dispatched with hal.dispatch.extern in IREE's Vulkan program,
+    the rest IREE's own SPIR-V: the outputs match torch within the backend's tolerance."""
+    import collage_runtime
+    import torch
+
+    _need_vulkan_and_glslc()
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+    module, model, x = _gemms_module()
+    number_ops(module)
+    plan = resolve_plan("prefer:glsl", Graph(module), Platform.VULKAN)
+    assert {r.backend for r in plan.regions} == {"glsl"} and len(plan.regions) == 11
+    result = compile_module(module, plan, tmp_path / "vk")
+    assert result.manifest.platform is Platform.VULKAN
+    with torch.no_grad():
+        want = model(x).numpy()
+    with collage_runtime.load(tmp_path / "vk") as program:
+        (got,) = program.invoke("main", x.numpy())
+    tol = get_backend("glsl").tolerance
+    np.testing.assert_allclose(got, want, rtol=tol.rtol, atol=tol.atol)
