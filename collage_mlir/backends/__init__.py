@@ -14,6 +14,7 @@ from .base import Backend, BackendInfo, BackendKind, Candidate, Platform, Region
 from .iree_codegen import IreeCodegenBackend
 
 __all__ = ["Backend", "BackendInfo", "BackendKind", "Candidate", "RegionArtifact", "RegionKey", "Tolerance", "registry",
+           "expand_names",
            "get_backend", "DEFAULT_BACKEND", "PLATFORM_DEFAULTS", "program_default", "Platform"]
 
 GROUP = "collage_mlir.backends"
@@ -33,7 +34,24 @@ def registry() -> dict[str, BackendInfo]:
             infos[ep.name] = BackendInfo(ep.name, None, f"failed to load {ep.value}: {exc}")
             continue
         infos[ep.name] = BackendInfo(ep.name, backend, backend.available())
+        for variant in backend.variants():
+            infos[variant.name] = BackendInfo(variant.name, variant, variant.available())
     return infos
+
+
+def expand_names(names: list[str]) -> list[str]:
+    """Backend names with each ``NAME@*`` replaced by every variant of ``NAME`` (its tactics), in order."""
+    out: list[str] = []
+    for name in names:
+        if name.endswith("@*"):
+            base = name[:-2]
+            found = sorted(n for n in registry() if n.startswith(base + "@"))
+            if not found:
+                raise CollageError(f"backend '{base}' has no variants to expand '{name}' to")
+            out += found
+        else:
+            out.append(name)
+    return out
 
 
 def get_backend(name: str, *, where: str | None = None) -> Backend:

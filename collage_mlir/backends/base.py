@@ -106,6 +106,11 @@ class Backend:
     def version(self) -> str:
         return "unknown"
 
+    def variants(self) -> tuple["Backend", ...]:
+        """Configurations of this backend registered beside it under their own names (a kernel backend's
+        tactics: ``triton@128x64w4s3``), each a backend the search measures and places like any other."""
+        return ()
+
     def candidates(self, graph: Graph) -> list[Candidate]:
         """Every region this backend could take in ``graph``, one per op set (named by the first pattern
         that matches it), in op order."""

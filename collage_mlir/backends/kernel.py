@@ -181,8 +181,11 @@ class KernelBackend(Backend):
         name = f"kernels/{region}.{self.name}.{self.suffix}"
         if out_dir is None:
             return gemm, KernelBinary(Path(name), "kernel", Launch((1, 1, 1), (1, 1, 1)))
-        key = hashlib.sha256(json.dumps([self.name, self.version(), self.template, gemm.spec.to_json(),
-                                         kernel_arch], sort_keys=True).encode()).hexdigest()[:32]
+        # Keyed by what the kernel is (template, spec, tactic: the backend's name, architecture), not by the
+        # compiler that built it, which the object's metadata records: a kernel built on one machine serves
+        # another with another Triton (the GPU machine's, in studies/gpu).
+        key = hashlib.sha256(json.dumps([self.name, self.template, gemm.spec.to_json(), kernel_arch],
+                                        sort_keys=True).encode()).hexdigest()[:32]
         cached = cache_dir() / "kernels" / f"{key}.{self.suffix}"
         meta = cached.with_name(f"{cached.name}.json")
         if cached.is_file() and meta.is_file():
@@ -191,10 +194,12 @@ class KernelBackend(Backend):
             data, binary = self.compile(gemm.spec, kernel_arch)
             binary = replace(binary, path=cached)
             write_cache(cached, data)
-            write_cache(meta, json.dumps(binary.to_json()).encode())
+            write_cache(meta, json.dumps({**binary.to_json(), "compiler": self.version()}).encode())
         path = Path(out_dir) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         binary = replace(binary, path=path)
-        path.with_name(f"{path.name}.json").write_text(json.dumps({**binary.to_json(), "spec": gemm.spec.to_json()}))
+        compiler = json.loads(meta.read_text()).get("compiler", "unknown")
+        path.with_name(f"{path.name}.json").write_text(json.dumps({**binary.to_json(), "spec": gemm.spec.to_json(),
+                                                                  "compiler": compiler}))
         return gemm, binary

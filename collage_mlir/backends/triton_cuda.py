@@ -10,8 +10,10 @@ Precision as the backend states it: ``triton`` multiplies f32 in full f32 (``iee
 reference) and f16/bf16 on tensor cores with f32 accumulation; ``triton-tf32`` multiplies f32 inputs as TF32
 (10-bit mantissa), which ``tolerance`` allows for.
 
-The tactic (tile sizes, warps, pipeline stages) is chosen per spec by ``tactic``: a rule of thumb, not yet a
-measured choice among candidates.
+Tactics (output tile, warps, pipeline stages) are backends of their own: ``triton`` takes the rule of thumb
+``tactic`` for each spec, and each of ``TACTICS`` is registered as ``triton@<tile>w<warps>s<stages>`` (and
+``triton-tf32@...``), so that the search measures every configuration of a region and chooses between them
+and IREE's codegen like between any backends (``collage tune --backends iree-cuda,triton,triton@*``).
 """
 
 from __future__ import annotations
@@ -33,24 +35,37 @@ SCRATCH_POINTERS = 2
 
 @dataclass(frozen=True)
 class Tactic:
+    """A kernel configuration: the output tile (``bm`` x ``bn``), warps a tile, software-pipeline stages;
+    the k step follows the element type (32 for f32, 64 for 16-bit: tensor cores take k in steps of 16)."""
+
     bm: int
     bn: int
-    bk: int
     warps: int
     stages: int
     group: int = 8
 
+    @property
+    def label(self) -> str:
+        return f"{self.bm}x{self.bn}w{self.warps}s{self.stages}"
+
+    def bk(self, spec: GemmSpec) -> int:
+        return 32 if spec.element == "f32" else 64
+
+
+#: The configurations registered as backends of their own, small output tiles (few rows: batch-1 tokens)
+#: to large (many: batched GEMMs and large batches).
+TACTICS = (Tactic(32, 64, 4, 4), Tactic(64, 64, 4, 3), Tactic(64, 128, 4, 3), Tactic(128, 64, 4, 3),
+           Tactic(128, 128, 8, 3), Tactic(128, 256, 8, 3))
+
 
 def tactic(spec: GemmSpec) -> Tactic:
-    """Tiles for ``spec``: 128 x 128 where the output is large enough to fill the GPU with such tiles, else
-    smaller; deeper k tiles for 16-bit inputs (tensor cores take k=16 steps)."""
+    """The rule of thumb: 128 x 128 tiles where the output is large enough to fill the GPU with them, else
+    smaller ones (down to 16 rows for a few tokens)."""
     half = spec.element != "f32"
     tiles_large = spec.batch * math.ceil(spec.m / 128) * math.ceil(spec.n / 128)
     bm = 128 if spec.m >= 128 and tiles_large >= 64 else 64 if spec.m >= 64 else max(16, 1 << (spec.m - 1).bit_length())
     bn = 128 if spec.n >= 128 and tiles_large >= 64 else 64
-    bk = 64 if half else 32
-    warps = 8 if bm * bn >= 128 * 128 else 4
-    return Tactic(bm, bn, bk, warps, 4 if half else 3)
+    return Tactic(bm, bn, 8 if bm * bn >= 128 * 128 else 4, 4 if half else 3)
 
 
 class TritonBackend(KernelBackend):
@@ -64,6 +79,15 @@ class TritonBackend(KernelBackend):
     tolerance = Tolerance(rtol=2e-3, atol=2e-3)
     #: How f32 inputs are multiplied (``tl.dot``'s input_precision).
     f32_precision = "ieee"
+
+    def __init__(self, fixed: Tactic | None = None):
+        #: The one tactic of a variant (``triton@...``); None: the rule of thumb per spec.
+        self.fixed = fixed
+        if fixed is not None:
+            self.name = f"{type(self).name}@{fixed.label}"
+
+    def variants(self) -> tuple["TritonBackend", ...]:
+        return () if self.fixed else tuple(type(self)(t) for t in TACTICS)
 
     @cached_property
     def template(self) -> str:  # type: ignore[override]
@@ -81,12 +105,12 @@ class TritonBackend(KernelBackend):
 
         from .templates.triton_gemm import gemm
 
-        t = tactic(spec)
+        t = self.fixed or tactic(spec)
         ptr = _TRITON_TYPES[spec.element]
         consts = {"M": spec.m, "N": spec.n, "K": spec.k, "TRANS_B": spec.trans_b, "BIAS": spec.bias,
                   "RESIDUAL": spec.residual, "ACT": spec.act,
                   "PRECISION": self.f32_precision if spec.element == "f32" else "tf32",
-                  "BM": t.bm, "BN": t.bn, "BK": t.bk, "GROUP": t.group}
+                  "BM": t.bm, "BN": t.bn, "BK": t.bk(spec), "GROUP": t.group}
         signature = {"a_ptr": ptr, "w_ptr": ptr, "bias_ptr": ptr, "res_ptr": ptr, "out_ptr": ptr}
         if not spec.bias:
             consts["bias_ptr"] = None

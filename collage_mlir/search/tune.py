@@ -348,7 +348,7 @@ def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed:
 #: Seeds in this order: the default backend first (its build is also the reference every plan is checked
 #: against), then graph engines (one engine compile; IREE compiles only the glue), libraries, and other
 #: codegen backends last (another whole-model IREE compile each).
-_SEED_ORDER = (BackendKind.GRAPH, BackendKind.LIBRARY, BackendKind.CODEGEN)
+_SEED_ORDER = (BackendKind.GRAPH, BackendKind.LIBRARY, BackendKind.KERNEL, BackendKind.CODEGEN)
 #: About what timing one built seed takes (load, the check run, warm-up, ~1 s of samples: 4.4-8.9 s on
 #: ResNet-50 and BERT-base, under 1 s on small models): the seeds' builds stop this much per seed before the
 #: deadline, so that every seed built is timed by then.

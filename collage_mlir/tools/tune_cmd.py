@@ -33,13 +33,13 @@ def parse_budget(text: str) -> float:
 def parse_backends(text: str | None, platform: Platform = Platform.CPU) -> list:
     """The named backends (usable here), or every available one for a ``platform`` program when ``text`` is
     None."""
-    from ..backends import registry
+    from ..backends import expand_names, registry
     from ..search import available_backends
 
     if text is None:
         return available_backends(platform)
     found = []
-    for name in backend_names(text):
+    for name in expand_names(backend_names(text)):
         info = registry().get(name)
         if info is None or info.backend is None:
             raise CollageError(f"unknown backend '{name}' (known: {', '.join(sorted(registry()))})",
