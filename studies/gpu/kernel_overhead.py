@@ -4,8 +4,8 @@ For each bundle model ``tiny.chain2``/``tiny.chain8`` (2 and 8 linear layers, on
 plan, times the program's calls (inputs on the device, each call synchronised, interleaved rounds, median);
 the difference of the two lengths over 6 layers is one layer's cost in that plan. For the kernel plans it
 also launches every cubin of the artifact alone with CuPy (``kernels/*.json``: entry, grid, block, shared
-memory), back to back on one stream, timed with CUDA events: the kernel's own time. A region's overhead is
-its layer cost minus its kernel's.
+memory): ``repeats`` launches captured in one CUDA graph, replayed and timed with CUDA events, so no host
+launch cost is counted: the kernel's own time. A region's overhead is its layer cost minus its kernel's.
 
     python -m studies.gpu.kernel_overhead BUNDLE OUT [--seconds 3]
 """
@@ -49,17 +49,25 @@ def kernel_us(folder: Path, repeats: int = 200) -> list[dict]:
         args.append(cp.empty(b * m * n, dt))
         args += [cp.zeros(16, cp.int8)] * meta["trailing_pointers"]
         grid, block, shared = tuple(meta["grid"]), tuple(meta["block"]), meta["shared_bytes"]
-        for _ in range(10):
-            fn(grid, block, tuple(args), shared_mem=shared)
-        times = []
-        for _ in range(5):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            for _ in range(10):
+                fn(grid, block, tuple(args), shared_mem=shared)
+            stream.synchronize()
+            stream.begin_capture()
             for _ in range(repeats):
                 fn(grid, block, tuple(args), shared_mem=shared)
-            stop.record()
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / repeats)
+            graph = stream.end_capture()
+            graph.launch(stream)
+            stream.synchronize()
+            times = []
+            for _ in range(5):
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                start.record(stream)
+                graph.launch(stream)
+                stop.record(stream)
+                stop.synchronize()
+                times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / repeats)
         found.append({"kernel": meta_path.name.removesuffix(".json"), "us": round(statistics.median(times), 2),
                       "gflops": round(2 * b * m * n * k / statistics.median(times) / 1e3, 1)})
     return found

@@ -7,6 +7,11 @@ compiled program is checked against). Full-size torch models (``resnet50:full``)
 model to time it against (``tuned_vs_torch.py``).
 
     python -m studies.gpu.tune_kit build/gpu_tune [--models resnet50,jax_bert_base,resnet50:full] [--models-only]
+        [--kernels triton,triton@32x64w4s4]
+
+``--kernels`` compiles, here, every kernel those kernel backends could run in each model's candidate regions
+(``kernel_cache.py``) into ``kernels.tar.xz``, which ``tune_on_gpu.sh`` unpacks into the tune's kernel cache:
+the GPU machine's tune then compiles only what this missed, with its own Triton.
 """
 
 from __future__ import annotations
@@ -98,6 +103,25 @@ def stem(spec: ModelSpec) -> str:
     return spec.label.replace(":", "_").replace("@", "_b")
 
 
+def write_kernels(kit: Path, backends: list[str], arch: str = "sm_90") -> None:
+    """``kit/kernels.tar.xz``: the kernel cache of every candidate of ``backends`` in the kit's models."""
+    import os
+
+    from .kernel_cache import precompile
+
+    with tempfile.TemporaryDirectory() as work:
+        os.environ["COLLAGE_CACHE_DIR"] = work
+        for stem_ in (kit / "models.txt").read_text().split():
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / f"{stem_}.mlir"
+                with open(path, "wb") as out:
+                    subprocess.run(["xz", "-d", "-c", str(kit / f"{stem_}.mlir.xz")], stdout=out, check=True)
+                done, failed = precompile(path, backends, arch)
+            print(f"{stem_}: {done} kernel regions ({failed} failed)")
+        subprocess.run(["tar", "cJf", str(kit / "kernels.tar.xz"), "-C", work, "kernels"], check=True)
+    print(f"kernels: {(kit / 'kernels.tar.xz').stat().st_size / 2**20:.1f} MiB packed")
+
+
 def write_models(kit: Path, models: list[str]) -> None:
     """Each model's ``STEM.mlir.xz``, inputs ``STEM.inK.npy`` and IREE CPU outputs ``ref_STEM/out_K.npy``;
     ``models.txt`` (the stems) and ``torch_models.txt`` (``STEM SPEC`` of the torch models, whose peers
@@ -140,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS),
                         help="zoo names (small variants) or NAME:full (torch models: packable weights)")
     parser.add_argument("--models-only", action="store_true", help="keep the kit's IREE wheels, remake the models")
+    parser.add_argument("--kernels", help="kernel backends whose kernels to compile here (e.g. triton,triton@*)")
+    parser.add_argument("--kernels-only", action="store_true", help="keep the kit, remake kernels.tar.xz")
     args = parser.parse_args(argv)
+    if args.kernels_only:
+        write_kernels(args.kit, args.kernels.split(","))
+        return 0
     args.kit.mkdir(parents=True, exist_ok=True)
     if not (args.models_only and (args.kit / "site.tar.xz").exists()):
         with tempfile.TemporaryDirectory() as work:
@@ -150,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     for old in args.kit.glob("ref_*"):
         shutil.rmtree(old)
     write_models(args.kit, args.models.split(","))
+    if args.kernels:
+        write_kernels(args.kit, args.kernels.split(","))
     total = sum(p.stat().st_size for p in args.kit.rglob("*") if p.is_file())
     print(f"kit: {total / 2**20:.1f} MiB in {args.kit}")
     return 0

@@ -7,6 +7,7 @@
 #   bash studies/gpu/tune_on_gpu.sh build/gpu_tune $OUT [BUDGET_S] [MODEL ...]
 # Environment: TUNE_ARGS (more `collage tune` arguments, e.g. "--backends iree-cuda,cudnn,cublas"),
 # NO_TESTS=1 (skip the gpu-marked tests), NO_PEERS=1 (do not time torch eager / torch.compile),
+# ALSO_DEFAULT=1 (compile the default plan, IREE alone, and time it in the same rounds as the tuned one),
 # COMPILE_MODE (torch.compile's mode, default reduce-overhead).
 # Each torch model's compiled plan is then timed against torch eager and torch.compile (tuned_vs_torch.py).
 # Writes OUT/log.txt and OUT/tune.tgz (plans, cost DB, each step's log, summary.md, peers.md).
@@ -25,6 +26,8 @@ if [ "$DEVICE" != cpu ]; then  # the dry run uses this machine's own IREE
   chmod +x "$SITE"/iree/compiler/_mlir_libs/iree-* "$SITE"/iree/_runtime_libs/iree-* 2>/dev/null
 fi
 mkdir -p "$W/models"; for f in "$KIT"/*.mlir.xz; do xz -d -c "$f" > "$W/models/$(basename "$f" .xz)" || exit 1; done
+# Kernels compiled on the CPU machine (tune_kit --kernels): the tune finds them in its kernel cache.
+[ -f "$KIT/kernels.tar.xz" ] && { mkdir -p "$W/cache"; tar xJf "$KIT/kernels.tar.xz" -C "$W/cache" || exit 1; }
 export PYTHONPATH=$PWD:$PWD/runtime:$SITE PYTHONUNBUFFERED=1 COLLAGE_CACHE_DIR=$W/cache COLLAGE_DB=$W/out/costs.sqlite
 [ "$DEVICE" = cpu ] || nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import sys, torch, iree.compiler, iree.runtime as rt; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'iree', rt.version.VERSION if hasattr(rt, 'version') else '?')"
@@ -79,9 +82,12 @@ EOF
     step "time $m against torch ($spec)"
     [ -f "$W/out/peers.md" ] || printf '%s\n%s\n' "| model | collage tuned ms | torch eager | torch.compile | best peer / tuned | vs torch eager | vs IREE CPU |" \
       "|---|---:|---:|---:|---|---:|---:|" > "$W/out/peers.md"
-    timeout 200 python3 -m studies.gpu.tuned_vs_torch "$W/art/$m" "$spec" --inputs "$KIT/$m".in*.npy \
+    also=(); if [ -n "${ALSO_DEFAULT:-}" ]; then  # IREE alone, timed in the same rounds
+      timeout 240 python3 -m collage_mlir.tools.cli compile "$W/models/$m.mlir" --plan default --device $DEVICE \
+        -o "$W/art/${m}_default" > "$W/out/$m.compile_default.log" 2>&1 && also=(--also "$W/art/${m}_default=collage default"); fi
+    timeout 200 python3 -m studies.gpu.tuned_vs_torch "$W/art/$m" "$spec" --inputs "$KIT/$m".in*.npy "${also[@]}" \
       --ref "$KIT/ref_$m" --device $DEVICE --compile-mode "${COMPILE_MODE:-reduce-overhead}" --out "$W/out/peers.jsonl" \
-      > "$W/out/$m.peers.log" 2>&1; echo "peers rc=$?"; grep -v Warning "$W/out/$m.peers.log" | tail -6
+      > "$W/out/$m.peers.log" 2>&1; echo "peers rc=$?"; grep -v Warning "$W/out/$m.peers.log" | tail -8
     grep '^| ' "$W/out/$m.peers.log" | tail -1 >> "$W/out/peers.md"
   fi
   echo "| $m | $trc | $wall | $plan | $crc | $rrc | $err |" >> "$W/out/summary.md"

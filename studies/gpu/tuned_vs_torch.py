@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-cap", type=float, default=45.0)
     p.add_argument("--tolerance", type=float, default=1e-3)
     p.add_argument("--out", type=Path, help="appends one JSON line: model, errors, timings")
+    p.add_argument("--also", action="append", default=[], metavar="ARTIFACT=LABEL",
+                   help="another program of the model to time in the same rounds (e.g. its default plan)")
     args = p.parse_args(argv)
 
     import torch
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         want = [t.detach().float().cpu().numpy() for t in as_list(model(*xs))]
     program = Program(args.artifact)
+    others = [(Program(Path(path)), label) for path, _, label in (a.partition("=") for a in args.also)]
     try:
         function = "main" if "main" in program.functions else program.functions[0]
         got = [np.asarray(a) for a in program.invoke(function, *inputs)]
@@ -59,11 +62,18 @@ def main(argv: list[str] | None = None) -> int:
         fn = program.device_function(function)
         dev_args = [program.to_device(a) for a in inputs]
         contenders = [Contender("collage tuned", "collage", lambda: fn(*dev_args), lambda: None)]
+        for other, label in others:
+            check = max_error([np.asarray(a) for a in other.invoke(function, *inputs)], want)
+            print(f"  {label}: max error vs torch eager {check:.2e}")
+            ofn, oargs = other.device_function(function), [other.to_device(a) for a in inputs]
+            contenders.append(Contender(label, "collage", lambda f=ofn, a=oargs: f(*a), lambda: None))
         mode = None if args.compile_mode == "none" else args.compile_mode
         contenders += torch_contenders(model, inputs, args.device, mode, args.compile_cap, want)
         timings = time_interleaved(contenders, args.seconds)
     finally:
         program.close()
+        for other, _ in others:
+            other.close()
     ms = {t.contender: t.median_ms for t in timings}
     best_peer = min((t for t in timings if t.kind == "peer" and t.median_ms), key=lambda t: t.median_ms, default=None)
     tuned = ms.get("collage tuned")
@@ -71,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     fmt = lambda v: f"{v:.3f}" if v else "-"  # noqa: E731
     print(f"| {spec.label} | {fmt(tuned)} | {fmt(ms.get('torch eager'))} | {fmt(ms.get('torch.compile'))} | {ratio} "
           f"| {vs_torch:.2e} | {'-' if vs_iree_cpu is None else f'{vs_iree_cpu:.2e}'} |")
+    for _, label in others:
+        print(f"  {label}: {fmt(ms.get(label))} ms in the same rounds")
     for t in timings:
         if t.status != "ok":
             print(f"  {t.contender}: {t.status}")
