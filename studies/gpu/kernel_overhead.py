@@ -7,7 +7,11 @@ also launches every cubin of the artifact alone with CuPy (``kernels/*.json``: e
 memory): ``repeats`` launches captured in one CUDA graph, replayed and timed with CUDA events, so no host
 launch cost is counted: the kernel's own time. A region's overhead is its layer cost minus its kernel's.
 
-    python -m studies.gpu.kernel_overhead BUNDLE OUT [--seconds 3]
+    python -m studies.gpu.kernel_overhead BUNDLE OUT [--seconds 3] [--iree-flag=--cuda_async_allocations=false]
+
+``--iree-flag`` sets an IREE runtime flag before the programs load (``--cuda_async_allocations=false``:
+no stream-ordered pools, so a served cuBLAS region takes the program's buffers through DLPack without a
+copy); ``--name`` names the result file.
 """
 
 from __future__ import annotations
@@ -98,10 +102,16 @@ def main(argv=None) -> int:
     p.add_argument("bundle", type=Path)
     p.add_argument("out", type=Path)
     p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--iree-flag", action="append", default=[], help="an IREE runtime flag, before any load")
+    p.add_argument("--name", default="kernel_overhead")
     args = p.parse_args(argv)
     use_bundle_paths(args.bundle)
+    import iree.runtime as rt
     import torch
     from collage_runtime import Program
+
+    if args.iree_flag:
+        rt.flags.parse_flags(*args.iree_flag)
 
     bundle = Bundle.load(args.bundle)
     entries = {e.spec.label: e for e in bundle.models if e.spec.name in ("chain2", "chain8")}
@@ -127,9 +137,10 @@ def main(argv=None) -> int:
             rows.append({"plan": plan, "dtype": dtype, "call_us_2": times[short], "call_us_8": times[long_],
                          "layer_us": round(layer, 2), "kernel_us": kernel,
                          "overhead_us": None if kernel is None else round(layer - kernel, 2)})
-    result = {"device": torch.cuda.get_device_name(0), "programs_us": times, "kernels": kernels, "layers": rows}
+    result = {"device": torch.cuda.get_device_name(0), "iree_flags": args.iree_flag, "programs_us": times,
+              "kernels": kernels, "layers": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernel_overhead.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     for r in rows:
         print(json.dumps(r))
     for name, (prog, _, _) in programs.items():
