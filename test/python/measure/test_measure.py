@@ -310,6 +310,16 @@ def test_validation_scales_errors_by_the_output_magnitude():
     assert compare([np.array([np.nan, 1.0])], [np.array([np.nan, 1.0])], rtol=0, atol=0).ok
 
 
+@pytest.mark.fast
+def test_half_precision_outputs_are_checked_at_their_own_precision():
+    """An f16 model's output 0.3 % off (a deep f16 network's roundings) passes an f32-level tolerance's
+    check; 3 % off (a wrong kernel) does not."""
+    ref = np.linspace(-4, 4, 64).astype(np.float16)
+    assert compare([ref * np.float16(1.003)], [ref], rtol=1e-4, atol=1e-5).ok
+    assert not compare([ref * np.float16(1.03)], [ref], rtol=1e-4, atol=1e-5).ok
+    assert not compare([ref.astype(np.float32) * 1.003], [ref.astype(np.float32)], rtol=1e-4, atol=1e-5).ok
+
+
 def test_collage_measure_cli(tmp_path):
     model = tmp_path / "model.mlir"
     model.write_text(ELEMENTWISE)
