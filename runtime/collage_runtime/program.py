@@ -67,7 +67,8 @@ class Program:
         self.engines = Engines(usable_cores() if threads is None else threads,
                                sole=regions[0].backend if len(regions) == 1 else None)
         self.platform: Platform = self.manifest.platform
-        self.config = rt.Config(device=iree_device(driver or self.platform.driver, self.engines.threads))
+        self.config = rt.Config(device=iree_device(driver or self.platform.driver, self.engines.threads,
+                                                   sync_allocations=bool(regions)))
         # The CPU drivers' buffers are host memory: mapped in place, DLPack tensors imported and exported
         # in place. A device platform's are device-only: the host reads and writes them through copies.
         self._host_memory = self.platform.host_memory
