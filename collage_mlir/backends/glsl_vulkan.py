@@ -15,13 +15,12 @@ import math
 import shutil
 import subprocess
 import tempfile
-from functools import cached_property
 from pathlib import Path
 
 from ..dialects.hal import Launch
 from ..errors import CollageError
 from .base import Platform, Tolerance
-from .kernel import GemmSpec, KernelBackend, KernelBinary, gemm_pattern
+from .kernel import GemmSpec, KernelBackend, KernelBinary, KernelSpec, gemm_pattern
 
 #: Threads along each side of a workgroup's output tile (8 x 8 = 64: within every Vulkan 1.1 device's minimum
 #: of 128 invocations a workgroup).
@@ -32,13 +31,12 @@ class GlslBackend(KernelBackend):
     name = "glsl"
     platform = Platform.VULKAN
     install_hint = "apt-get install glslc (the shader compiler; running needs a Vulkan driver)"
-    pattern = gemm_pattern(("f32",))
+    patterns = (gemm_pattern(("f32",)),)
     suffix = "spv"
     #: f32 accumulated in another order than the reference; GELU's erf to 1.5e-7.
     tolerance = Tolerance(rtol=1e-4, atol=1e-5)
 
-    @cached_property
-    def template(self) -> str:  # type: ignore[override]
+    def template_for(self, spec: KernelSpec) -> str:
         return importlib.resources.files("collage_mlir.backends.templates").joinpath("glsl_gemm.comp").read_text()
 
     def available(self) -> str | None:
@@ -50,13 +48,14 @@ class GlslBackend(KernelBackend):
         out = subprocess.run(["glslc", "--version"], capture_output=True, text=True).stdout
         return "glslc-" + (out.split()[1] if len(out.split()) > 1 else "unknown")
 
-    def compile(self, spec: GemmSpec, kernel_arch: str) -> tuple[bytes, KernelBinary]:
+    def compile(self, spec: KernelSpec, kernel_arch: str) -> tuple[bytes, KernelBinary]:
+        assert isinstance(spec, GemmSpec), "the glsl backend's one pattern is a GEMM"
         defines = {"M": spec.m, "N": spec.n, "K": spec.k, "TRANS_B": int(spec.trans_b),
                    "HAS_BIAS": int(spec.bias > 0), "BIAS_SCALAR": int(spec.bias == 1),
                    "RESIDUAL": int(spec.residual), "TILE": TILE}
         if spec.act != "none":
             defines[f"ACT_{spec.act.upper()}"] = 1
-        text = self.template.replace("#version 450\n", "#version 450\n" + "".join(
+        text = self.template_for(spec).replace("#version 450\n", "#version 450\n" + "".join(
             f"#define {k} {v}{'u' if k in ('M', 'N', 'K') else ''}\n" for k, v in defines.items()), 1)
         with tempfile.TemporaryDirectory() as tmp:
             src, out = Path(tmp) / "gemm.comp", Path(tmp) / "gemm.spv"

@@ -1,6 +1,9 @@
-"""`triton`, `triton-tf32`: GEMMs with fused epilogues as Triton kernels in a CUDA program's own stream.
+"""`triton`, `triton-tf32`: GEMMs and convolutions with fused epilogues as Triton kernels in a CUDA program's
+own stream.
 
-Each region is one (batched) matmul with its bias, residual add and activation (``kernel.GemmSpec``),
+Each region is one (batched) matmul or one 2-D convolution (any layout, grouped and depthwise included) with
+its bias, residual add and activation (``kernel.GemmSpec``, ``kernel.ConvSpec``; templates
+``templates/triton_gemm.py`` and ``templates/triton_conv.py``, an implicit GEMM),
 compiled ahead of time by Triton's compiler for the program's architecture (``--iree-cuda-target``; no GPU
 needed) into a cubin that ``hal.dispatch.extern`` runs among IREE's own dispatches: no host round trip.
 A cubin, not PTX: Triton writes the PTX ISA of its own CUDA (9.x), which an older driver cannot JIT, while
@@ -21,12 +24,11 @@ from __future__ import annotations
 import importlib.resources
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 from ..dialects.hal import Launch
 from .base import Platform, Tolerance
-from .kernel import GemmSpec, KernelBackend, KernelBinary, gemm_pattern
+from .kernel import ConvSpec, GemmSpec, KernelBackend, KernelBinary, KernelSpec, conv_pattern, gemm_pattern
 
 _TRITON_TYPES = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16"}
 #: Triton's hidden scratch pointers (global and profile scratch), after the declared parameters.
@@ -48,7 +50,7 @@ class Tactic:
     def label(self) -> str:
         return f"{self.bm}x{self.bn}w{self.warps}s{self.stages}"
 
-    def bk(self, spec: GemmSpec) -> int:
+    def bk(self, spec: KernelSpec) -> int:
         return 32 if spec.element == "f32" else 64
 
 
@@ -58,13 +60,18 @@ TACTICS = (Tactic(32, 64, 4, 4), Tactic(64, 64, 4, 3), Tactic(64, 128, 4, 3), Ta
            Tactic(128, 128, 8, 3), Tactic(128, 256, 8, 3))
 
 
-def tactic(spec: GemmSpec) -> Tactic:
+def tactic(spec: KernelSpec) -> Tactic:
     """The rule of thumb: 128 x 128 tiles where the output is large enough to fill the GPU with them, else
-    smaller ones (down to 16 rows for a few tokens)."""
+    smaller ones (down to 16 rows for a few tokens). A convolution is a GEMM of its output pixels by a
+    group's output channels, a group a batch."""
     half = spec.element != "f32"
-    tiles_large = spec.batch * math.ceil(spec.m / 128) * math.ceil(spec.n / 128)
-    bm = 128 if spec.m >= 128 and tiles_large >= 64 else 64 if spec.m >= 64 else max(16, 1 << (spec.m - 1).bit_length())
-    bn = 128 if spec.n >= 128 and tiles_large >= 64 else 64
+    if isinstance(spec, ConvSpec):
+        batch, m, n = spec.groups, spec.n * spec.oh * spec.ow, spec.k // spec.groups
+    else:
+        batch, m, n = spec.batch, spec.m, spec.n
+    tiles_large = batch * math.ceil(m / 128) * math.ceil(n / 128)
+    bm = 128 if m >= 128 and tiles_large >= 64 else 64 if m >= 64 else max(16, 1 << (m - 1).bit_length())
+    bn = 128 if n >= 128 and tiles_large >= 64 else 64
     return Tactic(bm, bn, 8 if bm * bn >= 128 * 128 else 4, 4 if half else 3)
 
 
@@ -73,7 +80,7 @@ class TritonBackend(KernelBackend):
     platform = Platform.CUDA
     requires = ("triton",)
     install_hint = "pip install triton (compiles kernels here; running needs a CUDA GPU)"
-    pattern = gemm_pattern(("f32", "f16", "bf16"))
+    patterns = (gemm_pattern(("f32", "f16", "bf16")), conv_pattern(("f32", "f16", "bf16")))
     suffix = "cubin"
     #: f16 bounds it: one rounding of the f32 accumulator to f16 (2^-11 relative) after the epilogue.
     tolerance = Tolerance(rtol=2e-3, atol=2e-3)
@@ -89,43 +96,64 @@ class TritonBackend(KernelBackend):
     def variants(self) -> tuple["TritonBackend", ...]:
         return () if self.fixed else tuple(type(self)(t) for t in TACTICS)
 
-    @cached_property
-    def template(self) -> str:  # type: ignore[override]
-        return importlib.resources.files("collage_mlir.backends.templates").joinpath("triton_gemm.py").read_text()
+    def template_for(self, spec: KernelSpec) -> str:
+        files = ("triton_gemm.py",) if isinstance(spec, GemmSpec) else ("triton_conv.py", "triton_gemm.py")
+        root = importlib.resources.files("collage_mlir.backends.templates")
+        return "".join(root.joinpath(f).read_text() for f in files)
 
     def version(self) -> str:
         from importlib.metadata import version
 
         return f"triton-{version('triton')}"
 
-    def compile(self, spec: GemmSpec, kernel_arch: str) -> tuple[bytes, KernelBinary]:
+    def compile(self, spec: KernelSpec, kernel_arch: str) -> tuple[bytes, KernelBinary]:
+        t = self.fixed or tactic(spec)
+        precision = self.f32_precision if spec.element == "f32" else "tf32"
+        epilogue = {"BIAS": spec.bias, "RESIDUAL": spec.residual, "ACT": spec.act, "PRECISION": precision}
+        if isinstance(spec, GemmSpec):
+            from .templates.triton_gemm import gemm as fn
+
+            names = ("a_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr")
+            consts = {"M": spec.m, "N": spec.n, "K": spec.k, "TRANS_B": spec.trans_b, **epilogue,
+                      "BM": t.bm, "BN": t.bn, "BK": t.bk(spec), "GROUP": t.group}
+            grid = (math.ceil(spec.m / t.bm) * math.ceil(spec.n / t.bn), spec.batch, 1)
+        else:
+            from .templates.triton_conv import conv2d as fn
+
+            names = ("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
+            # A group's output channels are the tile's columns: one (depthwise) still takes a 16-wide tile,
+            # the least tl.dot multiplies.
+            per_group = spec.k // spec.groups
+            bn = max(16, min(t.bn, 1 << (per_group - 1).bit_length()))
+            consts = {"N": spec.n, "C": spec.c, "H": spec.h, "W": spec.w, "K": spec.k, "R": spec.r, "S": spec.s,
+                      "OH": spec.oh, "OW": spec.ow, "SH": spec.stride[0], "SW": spec.stride[1], "PH": spec.pad[0],
+                      "PW": spec.pad[1], "DH": spec.dilation[0], "DW": spec.dilation[1], "GROUPS": spec.groups,
+                      **dict(zip(("XN", "XC", "XH", "XW"), spec.x_strides)),
+                      **dict(zip(("WO", "WI", "WR", "WS"), spec.w_strides)),
+                      **dict(zip(("YN", "YC", "YH", "YW"), spec.y_strides)),
+                      **epilogue, "BM": t.bm, "BN": bn, "BK": t.bk(spec)}
+            grid = (math.ceil(spec.n * spec.oh * spec.ow / t.bm) * math.ceil(per_group / bn), spec.groups, 1)
+        return self._compile(fn, names, consts, spec, t, kernel_arch, grid)
+
+    def _compile(self, fn, names, consts, spec: KernelSpec, t: Tactic, kernel_arch: str,
+                 grid: tuple[int, int, int]) -> tuple[bytes, KernelBinary]:
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
 
-        from .templates.triton_gemm import gemm
-
-        t = self.fixed or tactic(spec)
         ptr = _TRITON_TYPES[spec.element]
-        consts = {"M": spec.m, "N": spec.n, "K": spec.k, "TRANS_B": spec.trans_b, "BIAS": spec.bias,
-                  "RESIDUAL": spec.residual, "ACT": spec.act,
-                  "PRECISION": self.f32_precision if spec.element == "f32" else "tf32",
-                  "BM": t.bm, "BN": t.bn, "BK": t.bk(spec), "GROUP": t.group}
-        signature = {"a_ptr": ptr, "w_ptr": ptr, "bias_ptr": ptr, "res_ptr": ptr, "out_ptr": ptr}
         if not spec.bias:
             consts["bias_ptr"] = None
         if not spec.residual:
             consts["res_ptr"] = None
-        signature |= {name: "constexpr" for name in consts}
-        pointers = [n for n in ("a_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr") if n not in consts]
-        aligned = {(list(signature).index(n),): [["tt.divisibility", 16]] for n in pointers}
+        signature = {n: ptr for n in names} | {name: "constexpr" for name in consts}
+        aligned = {(list(signature).index(n),): [["tt.divisibility", 16]] for n in names if n not in consts}
         capability = int(kernel_arch.removeprefix("sm_").rstrip("a"))
-        compiled = triton.compile(ASTSource(fn=gemm, signature=signature, constexprs=consts, attrs=aligned),
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=aligned),
                                   target=GPUTarget("cuda", capability, 32),
                                   options={"num_warps": t.warps, "num_stages": t.stages,
                                            "enable_fp_fusion": True})
         md = compiled.metadata
-        grid = (math.ceil(spec.m / t.bm) * math.ceil(spec.n / t.bn), spec.batch, 1)
         return compiled.asm["cubin"], KernelBinary(
             path=Path(), export=md.name, launch=Launch(grid, (32 * md.num_warps, 1, 1), md.shared),
             trailing_pointers=SCRATCH_POINTERS)

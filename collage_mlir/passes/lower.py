@@ -75,12 +75,12 @@ class LowerPass(ModulePass):
                                "this one has no kernel architecture (collage-lower's kernel-arch option)", where=where)
         region = collage.str_attr(fn, collage.REGION)
         out_dir = Path(self.artifact_dir) if self.artifact_dir is not None else None
-        gemm, binary = backend.kernel(fn, self.kernel_arch, out_dir, region)
+        found, binary = backend.kernel(fn, self.kernel_arch, out_dir, region)
         block = fn.regions[0].blocks[0]
         ret = block.operations[len(block.operations) - 1].operation
-        inputs = gemm.inputs
+        inputs = list(found.inputs)
         with fn.location, ir.InsertionPoint(ret):
-            out = ir.Operation.create("tensor.empty", results=[gemm.out.type]).results[0]
+            out = ir.Operation.create("tensor.empty", results=[found.out.type]).results[0]
             scratch = []
             if binary.trailing_pointers:
                 i8 = ir.RankedTensorType.get([16], ir.IntegerType.get_signless(8))

@@ -23,6 +23,6 @@
 // BUILT: hal.return %c1, %c1{{.*}}, %c1{{.*}} : index, index, index
 // BUILT: <workgroup_size = [128 : index, 1 : index, 1 : index], workgroup_local_memory = {{[0-9]+}}>
 
-// META: {'object': 'layer1.triton.cubin', 'export': 'gemm', 'grid': [1, 1, 1], 'block': [128, 1, 1], {{.*}}'trailing_pointers': 2, 'spec': {'batch': 1, 'm': 2, 'n': 16, 'k': 8, 'trans_b': False, 'element': 'f32', 'bias': 16, 'residual': False, 'act': 'relu'}}
+// META: {'object': 'layer1.triton.cubin', 'export': 'gemm', 'grid': [1, 1, 1], 'block': [128, 1, 1], {{.*}}'trailing_pointers': 2, 'spec': {'kind': 'gemm', 'batch': 1, 'm': 2, 'n': 16, 'k': 8, 'trans_b': False, 'element': 'f32', 'bias': 16, 'residual': False, 'act': 'relu'}, 'compiler': 'triton-{{.*}}'}
 
 // NOARCH: collage-opt: error: {{.*}}mlp.mlir:4:8: backend 'triton' runs kernels in cuda programs only; this one has no kernel architecture (collage-lower's kernel-arch option)

@@ -1,6 +1,6 @@
-"""Kernel backends without a GPU: every GEMM shape and epilogue is read off its region as the spec a kernel
-is compiled for; the Triton template computes each epilogue right (Triton's interpreter, on the CPU); its
-cubins build here for sm_80 and sm_90 and are embedded in the CUDA program; compiled kernels come from the
+"""Kernel backends without a GPU: every GEMM and convolution shape and epilogue is read off its region as the
+spec a kernel is compiled for; the Triton templates compute each form right (Triton's interpreter, on the
+CPU); their cubins build here for sm_80 and sm_90 and are embedded in the CUDA program; compiled kernels come from the
 cache the second time; and the extern-dispatch path runs end to end on Vulkan (Mesa's llvmpipe) with the
 GLSL template. The cubins' numbers are the GPU machine's to check (studies/gpu: tiny.gemms, each plan against
 torch eager)."""
@@ -18,7 +18,7 @@ import pytest
 
 from collage_mlir.artifact import compile_module
 from collage_mlir.backends import get_backend
-from collage_mlir.backends.kernel import GemmSpec, gemm_region
+from collage_mlir.backends.kernel import ConvSpec, GemmSpec, kernel_region
 from collage_mlir.graph import Graph, number_ops
 from collage_mlir.ir import new_context
 from collage_mlir.passes import PassPipeline, partition_pipeline
@@ -35,17 +35,17 @@ def _gemms_module():
     return import_torch(model, [x], new_context()), model, x
 
 
-def _specs(backend: str, platform: Platform) -> list[GemmSpec]:
-    """The spec of each region of tiny.gemms when ``backend`` takes every matmul it can."""
-    module, _, _ = _gemms_module()
+def _specs(backend: str, platform: Platform, module=None) -> list:
+    """The spec of each region of ``module`` (tiny.gemms) when ``backend`` takes every op it can."""
+    module = module or _gemms_module()[0]
     number_ops(module)
     plan = resolve_plan(f"prefer:{backend}", Graph(module), platform)
     pipeline = PassPipeline(module.operation.context)
     for p in partition_pipeline(plan)[:3]:  # number, assign, outline: the region functions, not lowered
         pipeline.add(p)
     pipeline.run(module)
-    pattern = get_backend(backend).pattern
-    return [gemm_region(fn, pattern).spec for fn, b in region_functions(module.operation.regions[0].blocks[0])
+    patterns = get_backend(backend).patterns
+    return [kernel_region(fn, patterns).spec for fn, b in region_functions(module.operation.regions[0].blocks[0])
             if b.name == backend]
 
 
@@ -78,7 +78,33 @@ def test_rhs_as_n_by_k_is_read_in_place():
         pipeline.add(p)
     pipeline.run(module)
     (fn, _), = region_functions(module.operation.regions[0].blocks[0])
-    assert gemm_region(fn, get_backend("triton").pattern).spec == GemmSpec(1, 8, 4, 16, True, "f32", act="tanh")
+    assert kernel_region(fn, get_backend("triton").patterns).spec == GemmSpec(1, 8, 4, 16, True, "f32", act="tanh")
+
+
+def test_every_convolution_form_becomes_its_spec():
+    """torch's NCHW convolutions (stride, dilation, groups, with and without a bias) and JAX's NHWC one with
+    HWIO weights: each tensor addressed by its own strides."""
+    from collage_mlir.frontends import stablehlo
+    from collage_mlir.frontends.torch import import_torch
+    from collage_mlir.zoo import tiny
+
+    import torch
+
+    torch_module = import_torch(tiny.small_cnn(), [torch.randn(1, 3, 32, 32)], new_context())
+    convs = [s for s in _specs("triton", Platform.CUDA, torch_module) if isinstance(s, ConvSpec)]
+    assert [(s.c, s.k, s.stride, s.pad, s.dilation, s.groups, s.bias, s.act) for s in convs] == [
+        (3, 8, (1, 1), (1, 1), (1, 1), 1, 8, "relu"), (8, 16, (2, 2), (1, 1), (1, 1), 1, 0, "relu"),
+        (16, 16, (1, 1), (2, 2), (2, 2), 4, 16, "relu"), (16, 8, (1, 1), (0, 0), (1, 1), 1, 8, "none")]
+    assert convs[0].x_strides == (3 * 32 * 32, 32 * 32, 32, 1) and convs[0].w_strides == (27, 9, 3, 1)
+    nhwc = stablehlo.parse("""
+    func.func @main(%x: tensor<2x9x9x6xf32>, %w: tensor<3x3x1x6xf32>) -> tensor<2x5x5x6xf32> {
+      %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [2, 2], pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 6 : i64} : (tensor<2x9x9x6xf32>, tensor<3x3x1x6xf32>) -> tensor<2x5x5x6xf32>
+      return %0 : tensor<2x5x5x6xf32>
+    }""", new_context())
+    (dw,) = _specs("triton", Platform.CUDA, nhwc)
+    assert (dw.groups, dw.c, dw.k, dw.oh, dw.ow) == (6, 6, 6, 5, 5)
+    assert dw.x_strides == (9 * 9 * 6, 1, 9 * 6, 6) and dw.w_strides == (1, 6, 3 * 6, 6)
+    assert dw.y_strides == (5 * 5 * 6, 1, 5 * 6, 6)
 
 
 _INTERPRETED = textwrap.dedent("""
@@ -124,6 +150,63 @@ def test_triton_template_epilogues_in_the_interpreter():
     assert float(done.stdout.split()[-1]) < 1e-5
 
 
+_CONV_INTERPRETED = textwrap.dedent("""
+    import json, sys, torch
+    import torch.nn.functional as F
+    from collage_mlir.backends.templates.triton_conv import conv2d
+    worst = 0.0
+    for c in json.loads(sys.argv[1]):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(c["n"], c["c"], c["h"], c["w"], generator=g)
+        w = torch.randn(c["k"], c["c"] // c["groups"], c["r"], c["s"], generator=g)
+        bias = torch.randn(c["k"], generator=g) if c["bias"] else None
+        ref = F.conv2d(x.double(), w.double(), None if bias is None else bias.double(), c["stride"], c["pad"],
+                       c["dilation"], c["groups"])
+        res = torch.randn(ref.shape, generator=g) if c["residual"] else None
+        ref = ref + (res.double() if res is not None else 0)
+        ref = torch.relu(ref) if c["act"] == "relu" else ref
+        nhwc = c["nhwc"]
+        xs = x.permute(0, 2, 3, 1).contiguous() if nhwc else x
+        ws = w.permute(2, 3, 1, 0).contiguous() if nhwc else w   # HWIO
+        y = torch.empty(ref.permute(0, 2, 3, 1).shape if nhwc else ref.shape)
+        rs = None if res is None else (res.permute(0, 2, 3, 1).contiguous() if nhwc else res)
+        st = lambda t, order: [t.stride(i) for i in order]
+        x_str = st(xs, (0, 3, 1, 2)) if nhwc else st(xs, (0, 1, 2, 3))
+        w_str = st(ws, (3, 2, 0, 1)) if nhwc else st(ws, (0, 1, 2, 3))
+        y_str = st(y, (0, 3, 1, 2)) if nhwc else st(y, (0, 1, 2, 3))
+        oh, ow = ref.shape[2], ref.shape[3]
+        BM, BN = 32, 16
+        grid = (-(-(c["n"] * oh * ow) // BM) * -(-(c["k"] // c["groups"]) // BN), c["groups"])
+        conv2d[grid](xs, ws, bias, rs, y, N=c["n"], C=c["c"], H=c["h"], W=c["w"], K=c["k"], R=c["r"],
+                     S=c["s"], OH=oh, OW=ow, SH=c["stride"][0], SW=c["stride"][1], PH=c["pad"][0],
+                     PW=c["pad"][1], DH=c["dilation"][0], DW=c["dilation"][1], GROUPS=c["groups"],
+                     XN=x_str[0], XC=x_str[1], XH=x_str[2], XW=x_str[3], WO=w_str[0], WI=w_str[1], WR=w_str[2],
+                     WS=w_str[3], YN=y_str[0], YC=y_str[1], YH=y_str[2], YW=y_str[3], BIAS=c["k"] if c["bias"] else 0,
+                     RESIDUAL=c["residual"], ACT=c["act"], PRECISION="ieee", BM=BM, BN=BN, BK=16)
+        got = y.permute(0, 3, 1, 2) if nhwc else y
+        worst = max(worst, float((got.double() - ref).abs().max() / ref.abs().max()))
+    print(worst)
+""")
+
+
+def test_triton_conv_template_in_the_interpreter():
+    """NCHW/OIHW and NHWC/HWIO read in place; stride, asymmetric output sizes, dilation, groups, depthwise,
+    bias, residual and relu; against float64 torch."""
+    pytest.importorskip("triton")
+    base = dict(n=2, c=4, h=7, w=6, k=6, r=3, s=3, stride=[1, 1], pad=[1, 1], dilation=[1, 1], groups=1,
+                bias=True, residual=False, act="none", nhwc=False)
+    cases = [base, {**base, "nhwc": True, "stride": [2, 1], "act": "relu"},
+             {**base, "dilation": [2, 2], "pad": [2, 2], "residual": True},
+             {**base, "groups": 2, "k": 4, "bias": False, "nhwc": True},
+             {**base, "groups": 4, "k": 4, "c": 4, "act": "relu"},                      # depthwise
+             {**base, "r": 1, "s": 1, "pad": [0, 0], "c": 20, "k": 18}]               # pointwise
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _CONV_INTERPRETED, json.dumps(cases)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 1e-5
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_triton_kernels_build_for_each_architecture(tmp_path, monkeypatch, arch):
     pytest.importorskip("triton")
@@ -134,6 +217,10 @@ def test_triton_kernels_build_for_each_architecture(tmp_path, monkeypatch, arch)
     assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == 190  # EM_CUDA
     assert binary.export == "gemm" and binary.trailing_pointers == 2
     assert binary.launch.grid == (1, 2, 1) and binary.launch.block[0] % 32 == 0
+    depthwise = ConvSpec(1, 32, 14, 14, 32, 3, 3, 14, 14, (1, 1), (1, 1), (1, 1), 32, (6272, 196, 14, 1),
+                         (9, 9, 3, 1), (6272, 196, 14, 1), "f16", bias=32, act="relu")
+    data, binary = backend.compile(depthwise, arch)
+    assert data[:4] == b"\x7fELF" and binary.export == "conv2d" and binary.launch.grid == (2, 32, 1)  # 196 pixels in 128-row tiles
 
 
 def test_cuda_program_embeds_its_kernels_and_reuses_the_cache(tmp_path, monkeypatch):
