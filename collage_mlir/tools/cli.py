@@ -185,7 +185,12 @@ def _cmd_backends(args: argparse.Namespace, _: list[str]) -> int:
         if b is None:
             table.add_row(name, "?", "?", "", "", f"[red]{escape(str(info.problem))}")
             continue
+        if "@" in name:  # a variant (tactic) is listed on its base's row
+            continue
         patterns = "\n".join(escape(line) for line in _pattern_lines(b.patterns))
+        variants = sorted(v.name.partition("@")[2] for v in b.variants())
+        if variants:
+            patterns += f"\n[dim]variants ({name}@*): {escape(', '.join(variants))}[/dim]"
         status = (f"[red]unavailable: {escape(str(info.problem))} ({escape(b.install_hint)})" if info.problem
                   else "[green]ok")
         table.add_row(name, ", ".join(sorted(p.value for p in b.platforms)), b.kind.value, "" if info.problem else escape(b.version()), patterns, status)

@@ -287,3 +287,22 @@ def test_extern_dispatch_runs_end_to_end_on_vulkan(tmp_path, monkeypatch):
         (got,) = program.invoke("main", x.numpy())
     tol = get_backend("glsl").tolerance
     np.testing.assert_allclose(got, want, rtol=tol.rtol, atol=tol.atol)
+
+
+@pytest.mark.fast
+def test_tactics_are_backends_named_only_on_request():
+    """Each tactic is a registered backend (the search prices it like any other); a tune's default set
+    leaves them out and ``NAME@*`` names them all."""
+    from collage_mlir.backends import expand_names, registry
+    from collage_mlir.errors import CollageError
+    from collage_mlir.search import available_backends
+    from collage_mlir.tools.tune_cmd import parse_backends
+
+    variants = [n for n in registry() if n.startswith("triton@")]
+    assert len(variants) == 6 and "triton@32x64w4s4" in variants
+    assert get_backend("triton@32x64w4s4").fixed.bm == 32
+    assert not any("@" in b.name for b in available_backends(Platform.CUDA))
+    assert expand_names(["iree-cuda", "triton@*"]) == ["iree-cuda", *sorted(variants)]
+    assert [b.name for b in parse_backends("triton@*", Platform.CUDA)] == sorted(variants)
+    with pytest.raises(CollageError, match="has no variants"):
+        expand_names(["glsl@*"])
