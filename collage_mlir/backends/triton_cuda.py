@@ -10,8 +10,9 @@ A cubin, not PTX: Triton writes the PTX ISA of its own CUDA (9.x), which an olde
 a cubin for the exact architecture loads on any driver of the same major CUDA version.
 
 Precision as the backend states it: ``triton`` multiplies f32 in full f32 (``ieee``: TF32 off, as the
-reference) and f16/bf16 on tensor cores with f32 accumulation; ``triton-tf32`` multiplies f32 inputs as TF32
-(10-bit mantissa), which ``tolerance`` allows for.
+reference; FMA, no tensor cores) and f16/bf16 on tensor cores with f32 accumulation; ``triton-tf32x3``
+multiplies f32 as three TF32 tensor-core products (a split of each input into high and low parts: about f32's
+accuracy); ``triton-tf32`` multiplies f32 inputs as TF32 (10-bit mantissa), which its ``tolerance`` allows.
 
 Tactics (output tile, warps, pipeline stages) are backends of their own: ``triton`` takes the rule of thumb
 ``tactic`` for each spec, and each of ``TACTICS`` is registered as ``triton@<tile>w<warps>s<stages>`` (and
@@ -157,6 +158,13 @@ class TritonBackend(KernelBackend):
         return compiled.asm["cubin"], KernelBinary(
             path=Path(), export=md.name, launch=Launch(grid, (32 * md.num_warps, 1, 1), md.shared),
             trailing_pointers=SCRATCH_POINTERS)
+
+
+class TritonTf32x3Backend(TritonBackend):
+    name = "triton-tf32x3"
+    #: Each f32 input split into a TF32 high part and a TF32 remainder, three tensor-core products summed
+    #: (Triton's ``tf32x3``): about f32's accuracy (products to ~2^-21) at tensor-core speed.
+    f32_precision = "tf32x3"
 
 
 class TritonTf32Backend(TritonBackend):

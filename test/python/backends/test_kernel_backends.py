@@ -306,3 +306,25 @@ def test_tactics_are_backends_named_only_on_request():
     assert [b.name for b in parse_backends("triton@*", Platform.CUDA)] == sorted(variants)
     with pytest.raises(CollageError, match="has no variants"):
         expand_names(["glsl@*"])
+
+
+@pytest.mark.parametrize("backend, element, tensor_cores", [
+    ("triton", "f32", False),          # full f32: FMA, as the reference (TF32 off)
+    ("triton-tf32x3", "f32", True),    # f32 as three TF32 products on Hopper's wgmma
+    ("triton-tf32", "f32", True),
+    ("triton", "f16", True),
+])
+def test_which_kernels_run_on_tensor_cores(backend, element, tensor_cores, tmp_path):
+    """The sm_90 cubin's instructions (cuobjdump from Triton's wheel): wgmma (HGMMA) where the precision
+    allows tensor cores, fused multiply-adds alone where it does not."""
+    triton = pytest.importorskip("triton")
+    from pathlib import Path
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        pytest.skip("Triton's wheel carries no cuobjdump")
+    data, _ = get_backend(backend).compile(GemmSpec(1, 128, 256, 256, False, element, bias=256), "sm_90")
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(data)
+    sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert ("HGMMA" in sass) is tensor_cores
