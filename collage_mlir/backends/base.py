@@ -87,6 +87,9 @@ class Backend:
     #: nor hands them over. GPT-2 with its feed-forward matmuls on ORT and the rest on OpenVINO (49
     #: regions): 219 ms a call with the weights passed in, 84 ms embedded (studies/mixed_linear).
     embeds_constants: ClassVar[bool] = False
+    #: Left out of a tune's default backend set, used only where named: a backend that computes at a lower
+    #: precision than the model states (TF32 for f32), or a configuration variant (a kernel tactic).
+    opt_in: ClassVar[bool] = False
     #: Codegen backends only: the logical IREE device (its own executable target and flags) that its
     #: regions run on inside the IREE program; None runs them on the program's default device.
     iree_device: ClassVar["IreeDevice | None"] = None

@@ -93,6 +93,7 @@ class TritonBackend(KernelBackend):
         self.fixed = fixed
         if fixed is not None:
             self.name = f"{type(self).name}@{fixed.label}"
+            self.opt_in = True
 
     def variants(self) -> tuple["TritonBackend", ...]:
         return () if self.fixed else tuple(type(self)(t) for t in TACTICS)
@@ -170,5 +171,6 @@ class TritonTf32x3Backend(TritonBackend):
 class TritonTf32Backend(TritonBackend):
     name = "triton-tf32"
     f32_precision = "tf32"
+    opt_in = True  # lower precision than an f32 model states: only where named
     #: TF32 keeps 10 mantissa bits of each f32 input: ~2^-11 relative per product, growing with k.
     tolerance = Tolerance(rtol=1e-2, atol=1e-2)

@@ -12,9 +12,10 @@ from .simple_plans import preferred_plan, random_plan, whole_plan
 
 def available_backends(platform: Platform = Platform.CPU) -> list:
     """Every registered backend that is usable here and can run regions in a ``platform`` program, in name
-    order; a backend's variants (``triton@128x64w4s3``) only when named (``--backends triton@*``)."""
+    order; opt-in backends (lower precision: ``triton-tf32``; variants: ``triton@128x64w4s3``) only when named
+    (``--backends triton-tf32,triton@*``)."""
     return [i.backend for i in registry().values()
-            if i.backend is not None and not i.problem and platform in i.backend.platforms and "@" not in i.name]
+            if i.backend is not None and not i.problem and platform in i.backend.platforms and not i.backend.opt_in]
 
 
 def resolve_plan(spec: "str | Plan", graph: Graph, platform: Platform | None = None) -> Plan:

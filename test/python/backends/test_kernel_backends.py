@@ -301,7 +301,9 @@ def test_tactics_are_backends_named_only_on_request():
     variants = [n for n in registry() if n.startswith("triton@")]
     assert len(variants) == 6 and "triton@32x64w4s4" in variants
     assert get_backend("triton@32x64w4s4").fixed.bm == 32
-    assert not any("@" in b.name for b in available_backends(Platform.CUDA))
+    default = {b.name for b in available_backends(Platform.CUDA)}
+    assert {"triton", "triton-tf32x3"} <= default and not any("@" in n for n in default)
+    assert "triton-tf32" not in default  # lower precision than the model's f32: only where named
     assert expand_names(["iree-cuda", "triton@*"]) == ["iree-cuda", *sorted(variants)]
     assert [b.name for b in parse_backends("triton@*", Platform.CUDA)] == sorted(variants)
     with pytest.raises(CollageError, match="has no variants"):
