@@ -75,10 +75,7 @@ def compile(model, example_inputs: Sequence, *, plan: str | None = None,  # noqa
     with torch.no_grad():
         eager = model(*example_inputs)
     _, out_spec = pytree.tree_flatten(eager)
-    with warnings.catch_warnings():
-        # torch.export (2.13) warns about its own use of a deprecated pytree class: nothing to act on.
-        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
-        module = import_torch(model, list(example_inputs), new_context())
+    module = import_torch(model, list(example_inputs), new_context())
     if check_import:
         check(module, torch_source(model, list(example_inputs), eager),
               [a.detach().cpu().numpy() for a in example_inputs], where=f"torch:{type(model).__name__}")

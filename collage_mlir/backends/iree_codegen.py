@@ -9,6 +9,8 @@ engines' regions in a GPU program are served through ``collage_rt`` with copies.
 
 from __future__ import annotations
 
+import logging
+import subprocess
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -18,6 +20,8 @@ from ..errors import CollageError
 from ..ir import ir
 from .base import BackendKind, OpSetBackend
 from .patterns import OpPattern
+
+log = logging.getLogger(__name__)
 
 # Ops of these dialects compute on tensors and can be outlined into a region function. Others
 # (check.*, util.* globals, hal.*) keep their place in the program and stay on the default backend.
@@ -80,10 +84,13 @@ class IreeCodegenBackend(OpSetBackend):
         return version.VERSION
 
 
-def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: ProgramTarget | None = None,
-                 **iree_kwargs) -> bytes:
+def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: ProgramTarget | None = None, *,
+                 quiet: bool = False, **iree_kwargs) -> bytes:
     """Compiles a module (a partitioned program, a region alone, or a model for IREE alone) for ``target``
-    (default: the host CPU); errors become one CollageError."""
+    (default: the host CPU); errors become one CollageError. What iree-compile says besides on success
+    (warnings, remarks) goes to this module's logger: in full at DEBUG, and its first line at WARNING
+    unless ``quiet`` (a module of collage's own making, as the reference capture's, whose diagnostics
+    are not the user's business)."""
     from iree.compiler import tools
 
     target = target or CPU_TARGET
@@ -100,7 +107,45 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: Progr
     data = module.operation.get_asm(binary=True)
     extra = [*target.flags, *kwargs.pop("extra_args", []), *iree_args]
     try:
-        return tools.compile_str(data, extra_args=extra, **kwargs)
+        vmfb, diagnostics = _compile_str(data, extra_args=extra, **kwargs)
     except tools.CompilerToolError as exc:
         lines = [ln for ln in str(exc).splitlines() if "error:" in ln]
         raise CollageError("IREE compilation failed: " + (lines[0].strip() if lines else " ".join(str(exc).split())[:400]))
+    _log_diagnostics(diagnostics, quiet)
+    return vmfb
+
+
+def _compile_str(data: bytes, **options) -> tuple[bytes, str]:
+    """iree-compile on ``data`` as ``iree.compiler.tools.compile_str`` runs it (its command line; the input
+    and command line kept under ``IREE_SAVE_TEMPS``), with what it writes to stderr returned, not printed:
+    (output, diagnostics). A failure raises ``CompilerToolError`` as ``compile_str`` does."""
+    from iree.compiler.tools import CompilerToolError
+    from iree.compiler.tools.core import CompilerOptions, TempFileSaver, build_compile_command_line
+
+    with TempFileSaver.implicit() as tfs:
+        saved_input = tfs.alloc_optional("core-input.mlir")
+        if saved_input:
+            with open(saved_input, "wb") as f:
+                f.write(data)
+        cl = build_compile_command_line("-", tfs, CompilerOptions(**options))
+        saved_cl = tfs.alloc_optional("core-command-line.txt")
+        if saved_cl:
+            with open(saved_cl, "w") as f:
+                f.write(" ".join(cl))
+        log.debug("iree-compile: %s", " ".join(cl))
+        process = subprocess.run(cl, input=data, capture_output=True)
+    if process.returncode != 0:
+        raise CompilerToolError(process)
+    return process.stdout, process.stderr.decode(errors="replace")
+
+
+def _log_diagnostics(text: str, quiet: bool) -> None:
+    """A successful compile's diagnostics: the whole text at DEBUG; unless ``quiet``, one line at WARNING
+    (the first that says something, and how many more the log has)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return
+    log.debug("iree-compile diagnostics:\n%s", text.strip("\n"))
+    if not quiet:
+        more = f" ({len(lines) - 1} more lines in the log: {log.name} at DEBUG)" if len(lines) > 1 else ""
+        log.warning("iree-compile: %s%s", lines[0][:300], more)

@@ -196,18 +196,19 @@ def breakdown_markdown(result: BenchResult) -> list[str]:
 
 
 def to_png(result: BenchResult, path: Path) -> None:
-    """Two panels: each contender's latency relative to the best peer per model (log scale), and
-    collage's speedup over the best peer."""
+    """Two panels: each contender's latency relative to the best peer per model (log scale, plain tick
+    labels, each bar labelled with its ms), and collage's speedup over the best peer; the legend below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     names, models = result.contenders, result.models
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(models) + 6), 4.5),
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(models) + 6), 5), layout="constrained",
                                    gridspec_kw={"width_ratios": [3, 1]})
     width = 0.8 / max(len(names), 1)
-    lowest = 1.0
+    lowest, highest = 1.0, 1.0
     for k, n in enumerate(names):
         bars = []  # (x, latency / best peer's, ms)
         for i, m in enumerate(models):
@@ -215,23 +216,38 @@ def to_png(result: BenchResult, path: Path) -> None:
             if c and c.median_ms is not None and best and c.status is Status.OK:
                 bars.append((i + (k - (len(names) - 1) / 2) * width, c.median_ms / best.median_ms, c.median_ms))
         lowest = min([lowest] + [b[1] for b in bars])
+        highest = max([highest] + [b[1] for b in bars])
         ax1.bar([b[0] for b in bars], [b[1] for b in bars], width, label=n, hatch="//" if n == COLLAGE else None)
         for x, y, ms in bars:
-            ax1.annotate(f"{ms:.3g}", (x, y), ha="center", va="bottom", fontsize=6, rotation=90)
+            ax1.annotate(f"{ms:.3g}" if ms < 1000 else f"{ms:.0f}", (x, y), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                         fontsize=6, rotation=90)
     ax1.set_yscale("log")
-    ax1.set_ylim(bottom=min(0.5, 0.7 * lowest))  # the best peer's bar (1.0), and any faster collage, stay visible
+    # The best peer's bar (1.0), and any faster collage, stay visible; the top leaves a fifth of the height
+    # (in log terms) for the bars' labels, so they stay inside the axes.
+    bottom = min(0.5, 0.7 * lowest)
+    ax1.set_ylim(bottom, highest * (highest / bottom) ** 0.25)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    decades = math.log10(highest / bottom)
+    ax1.yaxis.set_major_locator(LogLocator(10, subs=(1, 2, 5) if decades <= 2 else (1,)))
+    ax1.yaxis.set_major_formatter(plain)  # 0.5, 1, 2 (not 5×10⁻¹)
+    ax1.yaxis.set_minor_formatter(NullFormatter())
     ax1.axhline(1.0, color="black", linewidth=0.8)
-    ax1.set_xticks(range(len(models)), [m.model for m in models], rotation=20)
+    ax1.set_xticks(range(len(models)), [m.model for m in models], rotation=20, ha="right", rotation_mode="anchor")
     ax1.set_ylabel("latency / best peer's (lower is better; labels: ms)")
-    ax1.legend(fontsize=7, ncol=2)
+    ax1.legend(fontsize=7, ncol=min(len(names), 8), loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     ax1.set_title(f"{result.options.threads} threads, median of interleaved runs")
     ratios = [m.ratio(COLLAGE, peers(result)) or 0.0 for m in models]
-    ax2.bar(range(len(models)), ratios, color=["tab:green" if r >= 1 else "tab:red" for r in ratios])
+    speedups = ax2.bar(range(len(models)), ratios, color=["tab:green" if r >= 1 else "tab:red" for r in ratios])
+    top = 1.1 * max([1.0, *ratios])
+    tall = [r >= 0.15 * top for r in ratios]  # labelled inside; a short bar above its top
+    ax2.bar_label(speedups, [f"{r:.2f}x" if t else "" for r, t in zip(ratios, tall)], label_type="center",
+                  fontsize=8, color="white")
+    ax2.bar_label(speedups, [f"{r:.2f}x" if r and not t else "" for r, t in zip(ratios, tall)], fontsize=8)
+    ax2.set_ylim(0, top)
     ax2.axhline(1.0, color="black", linewidth=0.8)
-    ax2.set_xticks(range(len(models)), [m.model for m in models], rotation=20)
+    ax2.set_xticks(range(len(models)), [m.model for m in models], rotation=30, ha="right", rotation_mode="anchor")
     ax2.set_ylabel("collage speedup over best peer")
     ax2.set_title(f"geomean {geomean_ratio(result) or 0:.2f}x")
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

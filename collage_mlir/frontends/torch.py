@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import warnings
 from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
@@ -68,7 +69,9 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
         path = root / f"{model_key(model, example_inputs)}-{func_name}.mlirbc"
         if path.exists():
             return parse_module(path.read_bytes(), context, where=str(path))
-    with torch.no_grad(), _persistent_buffers(model):
+    with torch.no_grad(), _persistent_buffers(model), warnings.catch_warnings():
+        # torch.export (2.13) warns about its own use of a deprecated pytree class: nothing to act on.
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
         imported = fx.export_and_import(model, *example_inputs, output_type="stablehlo", func_name=func_name)
     buf = io.BytesIO()
     imported.operation.write_bytecode(buf)

@@ -124,11 +124,12 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
 
 def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -> dict[str, list[np.ndarray]]:
     """Compiles ``module`` with IREE alone and calls each function of ``calls`` on its arguments: every
-    result, as arrays that own their data."""
+    result, as arrays that own their data. The compile's diagnostics go to the log only: the module is
+    collage's (the capture's returns every value, and IREE warns of each f64 result it demotes)."""
     import iree.runtime as rt
 
     try:
-        vmfb = iree_compile(module)
+        vmfb = iree_compile(module, quiet=True)
     except CollageError as exc:
         raise CollageError(f"the reference run (IREE alone) failed to compile: {exc}") from None
     config = rt.Config("local-task")

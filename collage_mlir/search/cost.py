@@ -1,7 +1,8 @@
 """The cost seam between the search and whatever prices regions: a ``Cost`` value that tells a known
 time from an unknown one (not measured, budget spent) and an invalid one (the backend fails or is wrong
 on it), and the ``CostEstimator`` interface (region cost, transition cost per bytes crossing, whole-plan
-time). ``MockEstimator`` is a deterministic stand-in for tests; the measured one is in ``measured.py``."""
+time), and ``plan_cost``, a plan's additive price under an estimator (what the DP minimizes).
+``MockEstimator`` is a deterministic stand-in for tests; the measured one is in ``measured.py``."""
 
 from __future__ import annotations
 
@@ -115,6 +116,27 @@ class CostEstimator(ABC):
         return 0.0
 
 
+def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[int]], out_bytes: dict[int, int],
+              estimator: CostEstimator, constant: frozenset[int] = frozenset()) -> float:
+    """The additive cost of ``plan``: its regions, every other op alone on the default backend, and one
+    transition per (producer op, consuming region) crossing a boundary (as the DP counts them); inf when
+    a region or boundary is invalid."""
+
+    regions = [r.key for r in plan.regions]
+    covered = {i for r in regions for i in r.ops}
+    regions += [RegionKey(estimator.default_backend, frozenset({i})) for i in order if i not in covered]
+    label = {i: r.backend for r in regions for i in r.ops}
+    total = 0.0
+    for cost in estimator.region_costs(regions):
+        if not cost.usable:
+            return math.inf
+        total += cost.seconds
+    for r in regions:
+        for p in sorted({p for q in r.ops for p in producers.get(q, ()) if p not in r.ops and p not in constant}):
+            total += transition_seconds(estimator.transition_cost(label[p], r.backend, out_bytes[p]))
+    return total
+
+
 def _unit(*parts: object) -> float:
     """A deterministic number in [0, 1) from ``parts`` (the mock's costs do not depend on PYTHONHASHSEED)."""
     digest = hashlib.sha256(repr(parts).encode()).digest()
@@ -158,8 +180,6 @@ class MockEstimator(CostEstimator):
 
     def additive_time(self, plan: Plan) -> float:
         """Sum of region costs (every other op alone on the default backend) and boundary costs."""
-        from .index import plan_cost
-
         return plan_cost(plan, self.ops, self.producers, self.out_bytes, self)
 
     def plan_time(self, plan, tag=""):

@@ -17,7 +17,6 @@ from ..graph import Graph, external_operands, producer
 from ..ir import ir
 from ..plan import Plan
 from .candidates import enumerate_candidates
-from .cost import CostEstimator, transition_seconds
 from .regions import MAXIMAL, maximal_regions
 
 
@@ -188,23 +187,3 @@ class CandidateIndex:
             maximal = {b.name: maximal_regions(graph, b) for b in backends}
         return cls(SearchGraph.from_graph(graph), enumerate_candidates(graph, list(backends)), maximal)
 
-
-def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[int]], out_bytes: dict[int, int],
-              estimator: CostEstimator, constant: frozenset[int] = frozenset()) -> float:
-    """The additive cost of ``plan``: its regions, every other op alone on the default backend, and one
-    transition per (producer op, consuming region) crossing a boundary (as the DP counts them); inf when
-    a region or boundary is invalid."""
-
-    regions = [r.key for r in plan.regions]
-    covered = {i for r in regions for i in r.ops}
-    regions += [RegionKey(estimator.default_backend, frozenset({i})) for i in order if i not in covered]
-    label = {i: r.backend for r in regions for i in r.ops}
-    total = 0.0
-    for cost in estimator.region_costs(regions):
-        if not cost.usable:
-            return math.inf
-        total += cost.seconds
-    for r in regions:
-        for p in sorted({p for q in r.ops for p in producers.get(q, ()) if p not in r.ops and p not in constant}):
-            total += transition_seconds(estimator.transition_cost(label[p], r.backend, out_bytes[p]))
-    return total

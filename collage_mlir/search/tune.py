@@ -26,10 +26,10 @@ from ..measure.db import CostDB
 from ..measure.device import device_fingerprint, platform_problem
 from ..measure.harness import MeasureOptions, module_digest
 from ..plan import Plan, PlanKey
-from .cost import Cost
+from .cost import Cost, plan_cost
 from .dp import EXACT, EXACT_MAX_OPS, DpLimits, optimize, reachable_candidates
 from .evolve import EvolveOptions, EvolveResult, evolve
-from .index import CandidateIndex, SearchGraph, plan_cost
+from .index import CandidateIndex, SearchGraph
 from .index_cache import cached_regions, candidate_regions
 from .measured import MeasuredEstimator
 from .milp import exact_plan

@@ -32,10 +32,10 @@ from studies.common.report import header, write_report
 from collage_mlir.graph import Graph
 from collage_mlir.passes.number_ops import NumberOpsPass
 from collage_mlir.search import available_backends
-from collage_mlir.search.cost import MockEstimator
+from collage_mlir.search.cost import MockEstimator, plan_cost
 from collage_mlir.search.dp import optimize
 from collage_mlir.search.candidates import enumerate_candidates
-from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
+from collage_mlir.search.index import CandidateIndex, SearchGraph
 from collage_mlir.search.regions import maximal_regions
 from collage_mlir.search.milp import MilpOptions, exact_plan
 from studies.tune.tune import load

@@ -191,6 +191,23 @@ class _CheckState:
         self.log.failures.append(msg)
         raise CheckFailure(msg)
 
+    def _read_pair(self, lhs_ref: rt.VmRef, rhs_ref: rt.VmRef) -> tuple[_View, _View, list[str]]:
+        """Counts a two-operand check and reads its operands: both views, and how their element types and
+        shapes differ."""
+        self.log.checks += 1
+        lhs, rhs = self._read(lhs_ref), self._read(rhs_ref)
+        problems = []
+        if lhs.element_type != rhs.element_type:
+            problems.append(f"element types differ ({lhs.type_name} vs {rhs.type_name})")
+        if lhs.shape != rhs.shape:
+            problems.append(f"shapes differ ({lhs.shape} vs {rhs.shape})")
+        return lhs, rhs, problems
+
+    def _fail_pair(self, check: str, problems: list[str], lhs: _View, rhs: _View) -> None:
+        """Fails ``check`` where ``problems`` has any, naming both operands."""
+        if problems:
+            self._fail(f"{check}: {'; '.join(problems)}\n  lhs: {lhs.describe()}\n  rhs: {rhs.describe()}")
+
     def expect_true(self, operand: int) -> None:
         """check.expect_true: scalar i32 must be nonzero."""
         self.log.checks += 1
@@ -218,13 +235,7 @@ class _CheckState:
 
     def expect_eq(self, _device: rt.VmRef, lhs_ref: rt.VmRef, rhs_ref: rt.VmRef) -> None:
         """check.expect_eq: same element type, shape and bytes."""
-        self.log.checks += 1
-        lhs, rhs = self._read(lhs_ref), self._read(rhs_ref)
-        problems = []
-        if lhs.element_type != rhs.element_type:
-            problems.append(f"element types differ ({lhs.type_name} vs {rhs.type_name})")
-        if lhs.shape != rhs.shape:
-            problems.append(f"shapes differ ({lhs.shape} vs {rhs.shape})")
+        lhs, rhs, problems = self._read_pair(lhs_ref, rhs_ref)
         if lhs.raw.size != rhs.raw.size or not np.array_equal(lhs.raw, rhs.raw):
             detail = "contents differ"
             lt, rt_ = lhs.typed(), rhs.typed()
@@ -236,20 +247,12 @@ class _CheckState:
                 where = _where(i, lhs.shape) if lt is not None else f"byte {i}"
                 detail += f"; first mismatch at {where}: lhs={_val(lv)} rhs={_val(rv)}"
             problems.append(detail)
-        if problems:
-            self._fail(f"expect_eq: {'; '.join(problems)}\n  lhs: {lhs.describe()}\n"
-                       f"  rhs: {rhs.describe()}")
+        self._fail_pair("expect_eq", problems, lhs, rhs)
 
     def expect_almost_eq(self, _device: rt.VmRef, lhs_ref: rt.VmRef, rhs_ref: rt.VmRef,
                          atol: float, rtol: float) -> None:
         """check.expect_almost_eq: numpy-isclose style compare of float views."""
-        self.log.checks += 1
-        lhs, rhs = self._read(lhs_ref), self._read(rhs_ref)
-        problems = []
-        if lhs.element_type != rhs.element_type:
-            problems.append(f"element types differ ({lhs.type_name} vs {rhs.type_name})")
-        if lhs.shape != rhs.shape:
-            problems.append(f"shapes differ ({lhs.shape} vs {rhs.shape})")
+        lhs, rhs, problems = self._read_pair(lhs_ref, rhs_ref)
         if not problems:
             if lhs.element_type not in _FLOAT_TYPES:
                 self._fail(f"expect_almost_eq: unsupported element type {lhs.type_name}")
@@ -265,9 +268,7 @@ class _CheckState:
                     f"contents differ beyond atol={float(atol):g}, rtol={float(rtol):g}; "
                     f"first mismatch at {_where(i, lhs.shape)}: lhs={_val(a[i])} rhs={_val(b[i])} "
                     f"(diff {float(b[i]) - float(a[i]):.3e}, {int((~ok).sum())} of {ok.size} differ)")
-        if problems:
-            self._fail(f"expect_almost_eq: {'; '.join(problems)}\n  lhs: {lhs.describe()}\n"
-                       f"  rhs: {rhs.describe()}")
+        self._fail_pair("expect_almost_eq", problems, lhs, rhs)
 
 
 _EXPORTS = {

@@ -150,6 +150,7 @@ def run_case(d: Path, plans: Sequence[str], emit) -> None:
     from collage_mlir.iree import compile_module
     from collage_mlir.ir import new_context, parse_module
     from collage_mlir.measure.import_check import check_model_file
+    from collage_mlir.plan import PlanKey
     from collage_mlir.search import resolve_plan
 
     name = d.name
@@ -170,7 +171,7 @@ def run_case(d: Path, plans: Sequence[str], emit) -> None:
         return
     print(_MARK + json.dumps({"checked": name}), flush=True)
     bytecode = module.operation.get_asm(binary=True)
-    done: dict[str, Row] = {}  # resolved plan JSON -> its row: random plans of one node often coincide
+    done: dict[PlanKey, Row] = {}  # Plan.key -> its row: random plans of one node often coincide
     for plan in plans:
         copy = parse_module(bytecode, new_context())
         number_ops(copy)

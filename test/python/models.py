@@ -141,7 +141,7 @@ def brute_force_cost(index, estimator) -> float:
     import math
 
     from collage_mlir.plan import Plan, Region
-    from collage_mlir.search.index import plan_cost
+    from collage_mlir.search.cost import plan_cost
 
     g = index.graph
     best = math.inf

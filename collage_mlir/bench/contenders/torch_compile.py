@@ -4,7 +4,7 @@ recommends for CPU inference; compile time is the first call's."""
 from __future__ import annotations
 
 from . import Contender, Prepared, SetupContext
-from .torch_eager import torch_outputs
+from .torch_eager import torch_prepared
 
 
 def setup(ctx: SetupContext) -> Prepared:
@@ -16,15 +16,7 @@ def setup(ctx: SetupContext) -> Prepared:
     torch.set_num_threads(ctx.threads)
     inductor_config.freezing = True
     model, inputs = zoo.build(ctx.model, ctx.small)
-    compiled = torch.compile(model, backend="inductor")
-
-    last = []
-
-    def run():
-        with torch.inference_mode():
-            last[:] = [compiled(*inputs)]
-
-    return Prepared(run, lambda: torch_outputs(last[0]))
+    return torch_prepared(torch.compile(model, backend="inductor"), inputs)
 
 
 CONTENDER = Contender("torch-compile", "torch.compile (inductor, CPU, freezing)", setup)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 from . import Contender, Prepared, SetupContext
 
 
@@ -11,6 +13,20 @@ def torch_outputs(result) -> list:
     return [r.detach().numpy().copy() for r in results]
 
 
+def torch_prepared(call: Callable, inputs: Sequence) -> Prepared:
+    """``call(*inputs)`` under ``torch.inference_mode`` as a contender's run; its outputs, the last run's
+    result as numpy arrays."""
+    import torch
+
+    last = []
+
+    def run():
+        with torch.inference_mode():
+            last[:] = [call(*inputs)]
+
+    return Prepared(run, lambda: torch_outputs(last[0]))
+
+
 def setup(ctx: SetupContext) -> Prepared:
     import torch
 
@@ -18,14 +34,7 @@ def setup(ctx: SetupContext) -> Prepared:
 
     torch.set_num_threads(ctx.threads)
     model, inputs = zoo.build(ctx.model, ctx.small)
-
-    last = []
-
-    def run():
-        with torch.inference_mode():
-            last[:] = [model(*inputs)]
-
-    return Prepared(run, lambda: torch_outputs(last[0]))
+    return torch_prepared(model, inputs)
 
 
 CONTENDER = Contender("torch", "PyTorch eager (inference_mode)", setup)

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from collage_mlir.backends import Candidate
 from collage_mlir.plan import Plan
-from collage_mlir.search.cost import Cost, MockEstimator, _unit
+from collage_mlir.search.cost import Cost, MockEstimator, _unit, plan_cost
 from collage_mlir.search.dp import optimize
-from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
+from collage_mlir.search.index import CandidateIndex, SearchGraph
 from collage_mlir.search.milp import MilpOptions, exact_plan, solve
 
 from models import brute_force_cost, random_search_case

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from collage_mlir.backends import RegionKey
 from collage_mlir.plan import Plan, Region
-from collage_mlir.search.cost import Cost, CostKind, MockEstimator, TransitionFit
+from collage_mlir.search.cost import Cost, CostKind, MockEstimator, TransitionFit, plan_cost
 from collage_mlir.search.dp import optimize
-from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
+from collage_mlir.search.index import CandidateIndex, SearchGraph
 
 from models import brute_force_cost, random_search_case
 

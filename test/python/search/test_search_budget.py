@@ -20,9 +20,9 @@ from collage_mlir.measure.extract import extract_region
 from collage_mlir.measure import harness
 from collage_mlir.measure.harness import MeasureOptions, measure_regions
 from collage_mlir.passes.number_ops import NumberOpsPass
-from collage_mlir.search.cost import Cost, MockEstimator
+from collage_mlir.search.cost import Cost, MockEstimator, plan_cost
 from collage_mlir.search.dp import EXACT_MAX_OPS, SPENT, DpLimits, optimize
-from collage_mlir.search.index import CandidateIndex, SearchGraph, plan_cost
+from collage_mlir.search.index import CandidateIndex, SearchGraph
 from collage_mlir.search.measured import PROBE_SIZES, MeasuredEstimator
 from collage_mlir.search.regions import maximal_regions
 
