@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..activations import PROBE, Activation, classify
 from ..dialects import stablehlo as sh
 from ..ir import ir
 
@@ -45,16 +46,6 @@ ELEMENTWISE = set(_UNARY) | set(_BINARY) | {"stablehlo.clamp", "stablehlo.select
 
 #: How many ops past the chain value the search looks (GELU's erf expansion is ~30).
 WINDOW = 64
-PROBE = np.concatenate([np.linspace(-8.0, 8.0, 1601), [-30.0, -12.0, 12.0, 30.0]])
-
-
-@dataclass(frozen=True)
-class Activation:
-    """A library activation: oneDNN's post-op name, its scalars and algorithm."""
-
-    name: str
-    scalars: tuple[float, ...] = ()
-    algorithm: str = ""
 
 
 @dataclass
@@ -63,51 +54,6 @@ class Epilogue:
     out: ir.Value
     activation: Activation
     consts: list[ir.Operation] = field(default_factory=list)
-
-
-def _gelu(x):
-    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-
-
-def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-_KNOWN = [
-    (Activation("gelu", (), "none"), _gelu),
-    (Activation("gelu", (), "tanh"), _gelu_tanh),
-    (Activation("sigmoid"), _sigmoid),
-    (Activation("swish"), lambda x: x * _sigmoid(x)),
-    (Activation("tanh"), np.tanh),
-    (Activation("hardswish"), lambda x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0),
-    (Activation("hardsigmoid"), lambda x: np.clip(x + 3.0, 0.0, 6.0) / 6.0),
-]
-
-
-def classify(f: np.ndarray, x: np.ndarray = PROBE, atol: float = 2e-6) -> Activation | None:
-    """The activation whose values on ``x`` are ``f`` (within ``atol`` relative to scale), else None."""
-    if not np.all(np.isfinite(f)):
-        return None
-
-    def close(ref: np.ndarray) -> bool:
-        return bool(np.all(np.abs(f - ref) <= atol * np.maximum(1.0, np.abs(ref))))
-
-    lo, hi = float(f[x.argmin()]), float(f[x.argmax()])
-    if lo == 0.0 and close(np.maximum(x, 0.0)):
-        return Activation("relu")
-    if lo > x.min() and hi < x.max() and close(np.clip(x, lo, hi)):
-        return Activation("hardtanh", (lo, hi))
-    alpha = -float(f[np.argmin(np.abs(x + 1.0))])  # the slope left of zero, if piecewise linear
-    if close(np.where(x < 0, alpha * x, x)):
-        return Activation("leaky_relu", (alpha,))
-    for act, ref in _KNOWN:
-        if close(ref(x)):
-            return act
-    return None
 
 
 def _evaluate(ops: list[ir.Operation], start: ir.Value, x: np.ndarray) -> dict | None:

@@ -16,8 +16,11 @@ from ..dialects.stablehlo import const_expr_value, sunk_chain, tensor_type
 from ..errors import CollageError
 from ..graph import Graph, body_ops, nested_ops, producer
 from ..ir import ir
+from ..onnx import DTYPES, FLOATS
+from ..onnx.gather import F32_EXACT, gather_info
+from ..onnx.sort import TIE_BREAK_MAX
 from .base import Candidate, RegionArtifact, Tolerance
-from .onnx_export import DTYPES, F32_EXACT, FLOATS, TIE_BREAK_MAX, OnnxGraphBackend, engine_patterns, gather_info
+from .onnx_engine import OnnxGraphBackend, engine_patterns
 
 #: How far back ``_static`` looks for a value's inputs.
 _MAX_ANCESTORS = 64
@@ -48,9 +51,9 @@ def _static(value: ir.Value, inside: set[ir.Operation] | None, passed: frozenset
 
 def _index_read(op: ir.Operation, v: ir.Value, inside: set[ir.Operation] | None) -> bool:
     """Whether ``op`` reads the i64 value ``v`` only where the export reads it exactly on OpenVINO: as
-    the start indices of a row gather (clamped in f32 straight from the input, ``onnx_export._gather``),
+    the start indices of a row gather (clamped in f32 straight from the input, ``onnx.gather._gather``),
     or as the input of a reshape whose one use is such a read inside the region (the export then converts
-    before the reshape, ``onnx_optimize._hoist_casts``)."""
+    before the reshape, ``onnx.optimize._hoist_casts``)."""
     if op.name == "stablehlo.reshape":
         uses = [u.owner.operation for u in op.results[0].uses]
         return len(uses) == 1 and (inside is None or uses[0] in inside) and \

@@ -1,6 +1,6 @@
 """`ort`: regions run as ONNX models by ONNX Runtime (CPU execution provider, all graph optimizations).
 
-Build exports the region function to ONNX (``onnx_export``) and writes ``regions/<region>.onnx``;
+Build exports the region function to ONNX (``collage_mlir.onnx``) and writes ``regions/<region>.onnx``;
 the runtime executor ``collage_runtime.executors.onnxruntime_session`` binds the zero-copy IREE
 buffers as the session's inputs and outputs (I/O binding).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..dialects.stablehlo import tensor_type
 from ..ir import ir
 from .base import Tolerance
-from .onnx_export import OnnxGraphBackend, engine_patterns
+from .onnx_engine import OnnxGraphBackend, engine_patterns
 
 
 def ort_kernels(op: ir.Operation) -> str | None:

@@ -6,7 +6,7 @@ maximal regions without extracting or building any of them (``search.measured`` 
 ``profile_artifact`` is a worker task (``Worker.call(f"{PROFILE}:profile_artifact", ...)``): it loads a
 built artifact whose regions all run on one engine with the engine's profiler on (the executors'
 ``PROFILED`` hook), runs ``@main`` a few times, and charges each engine node's median time to the ops it
-came from. Which ops an ONNX node computes is in its ``doc_string`` (``onnx_export.op_ids``); an engine
+came from. Which ops an ONNX node computes is in its ``doc_string`` (``collage_mlir.onnx.op_ids``); an engine
 node names the ONNX nodes it came from:
 
 - OpenVINO: ``originalLayersNames`` of the runtime node (a convolution with its fused bias and relu names
@@ -139,7 +139,7 @@ class _OnnxOps:
     def read(cls, path: Path) -> "_OnnxOps":
         import onnx
 
-        from ..backends.onnx_export import op_ids
+        from ..onnx import op_ids
 
         graph = onnx.load(str(path), load_external_data=False).graph
         by_name, by_output, readers = {}, {}, collections.defaultdict(list)

@@ -43,7 +43,7 @@ from collage_runtime.engines import Engines  # noqa: E402
 from collage_runtime.executors import executor  # noqa: E402
 
 from collage_mlir.backends import get_backend  # noqa: E402
-from collage_mlir.backends.onnx_export import translate  # noqa: E402
+from collage_mlir.onnx import translate  # noqa: E402
 from collage_mlir.frontends.torch import import_torch  # noqa: E402
 from collage_mlir.iree import compile_module  # noqa: E402
 from collage_mlir.ir import new_context  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 
 import collage_runtime
 from collage_mlir.backends import get_backend
-from collage_mlir.backends.onnx_export import translate
+from collage_mlir.onnx import translate
 from collage_mlir.errors import CollageError
 from collage_mlir.frontends.torch import import_torch
 from collage_mlir.graph import Graph

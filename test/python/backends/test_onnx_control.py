@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from collage_mlir.backends import get_backend
-from collage_mlir.backends.onnx_export import translate
+from collage_mlir.onnx import translate
 from collage_mlir.frontends import stablehlo
 from collage_mlir.graph import Graph, number_ops
 from collage_mlir.ir import new_context, parse_module
@@ -191,7 +191,7 @@ def test_an_lstm_node_names_the_projection_it_computes():
     an engine's profile charges them together and a region holding the loop without its projection (which
     would be a ``Loop``) is not priced by the ``LSTM``'s time."""
     jax = pytest.importorskip("jax")
-    from collage_mlir.backends.onnx_export import OP_IDS_DOC
+    from collage_mlir.onnx import OP_IDS_DOC
 
     f, args = _scan_lstm("ifgo", True)
     module = stablehlo.parse(jax.jit(f).lower(*args).as_text(), new_context())

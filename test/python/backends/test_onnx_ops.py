@@ -14,7 +14,7 @@ import pytest
 
 import collage_runtime
 from collage_mlir.backends import get_backend
-from collage_mlir.backends.onnx_export import translate
+from collage_mlir.onnx import translate
 from collage_mlir.backends.openvino import inexact_i64_input
 from collage_mlir.errors import CollageError
 from collage_mlir.frontends.torch import import_torch

@@ -250,7 +250,7 @@ def test_nhwc_cnn_onnx_keeps_no_transpose_pairs(tmp_path):
     import collections
 
     ort = pytest.importorskip("onnxruntime")
-    from collage_mlir.backends.onnx_export import translate
+    from collage_mlir.onnx import translate
     from collage_mlir.frontends import load_model
 
     f, args = _cnn()

@@ -1,4 +1,4 @@
-"""Simplify the ONNX graph ``onnx_export`` translated op by op into what a framework's own exporter
+"""Simplify the ONNX graph ``translate`` (``export``) wrote op by op into what a framework's own exporter
 writes, so ONNX Runtime and OpenVINO see the forms their fusions recognise.
 
 StableHLO from torch-mlir spells everything out: batch norm is a chain of broadcast constants,
@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..activations import PROBE, classify
 
 #: Ops whose inputs broadcast numpy-style (multidirectional broadcasting).
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where", "Equal", "Less",
@@ -637,8 +639,6 @@ def _replace(g: _Graph, old: list, new: list) -> None:
 
 def _gelu(g: _Graph) -> bool:
     from onnx import helper
-
-    from .epilogue import PROBE, classify
 
     changed = False
     users = _users_index(g)

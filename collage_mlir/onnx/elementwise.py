@@ -1,0 +1,114 @@
+"""Elementwise ops, each a node or two: arithmetic, logic, math functions (``exp``, ``tanh``, ``erf``...),
+``compare``, ``select``, ``convert`` and ``clamp``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dialects import stablehlo as sh
+from ..ir import ir
+from .builder import _Builder
+from .registry import bool_operands, float_operands, numeric_operands, register, static_known_types
+from .values import DTYPES, _dtype
+
+
+BINARY = {"stablehlo.add": "Add", "stablehlo.subtract": "Sub", "stablehlo.multiply": "Mul",
+          "stablehlo.divide": "Div", "stablehlo.maximum": "Max", "stablehlo.minimum": "Min",
+          "stablehlo.power": "Pow"}
+LOGICAL = {"stablehlo.and": "And", "stablehlo.or": "Or", "stablehlo.xor": "Xor"}
+UNARY = {"stablehlo.negate": "Neg", "stablehlo.abs": "Abs", "stablehlo.exponential": "Exp",
+         "stablehlo.log": "Log", "stablehlo.sqrt": "Sqrt", "stablehlo.tanh": "Tanh",
+         "stablehlo.logistic": "Sigmoid", "stablehlo.floor": "Floor", "stablehlo.ceil": "Ceil",
+         "stablehlo.sine": "Sin", "stablehlo.cosine": "Cos"}
+COMPARE = {"EQ": "Equal", "LT": "Less", "LE": "LessOrEqual", "GT": "Greater", "GE": "GreaterOrEqual", "NE": None}
+#: What arithmetic asks: static shapes of known types, no i1.
+_NUM = (static_known_types, numeric_operands)
+
+
+def _direction(op: ir.Operation) -> str:
+    return sh.comparison(op)[0]
+
+
+def supported_compare(op: ir.Operation) -> str | None:
+    """EQ/NE/LT/LE/GT/GE (i1: EQ/NE only), not unsigned"""
+    if "compare_type" in op.attributes and "UNSIGNED" in str(op.attributes["compare_type"]):
+        return "no unsigned compare"
+    if sh.tensor_type(op.operands[0])[1] == "i1" and _direction(op) not in ("EQ", "NE"):
+        return "i1 compares only EQ/NE"
+    return None if _direction(op) in COMPARE else "unknown comparison direction"
+
+
+@register("stablehlo.power", when=(static_known_types, float_operands))
+@register(*(name for name in BINARY if name != "stablehlo.power"), when=_NUM)
+def _binary(b: _Builder, op, ins):
+    return [b.node(BINARY[op.name], ins)]
+
+
+@register("stablehlo.remainder", when=_NUM)
+def _remainder(b: _Builder, op, ins):
+    """``stablehlo.remainder`` truncates (the result takes the dividend's sign, C's fmod): ONNX ``Mod`` with
+    ``fmod=1``, for integers and floats alike."""
+    return [b.node("Mod", ins, fmod=1)]
+
+
+@register(*LOGICAL, when=(static_known_types, bool_operands))
+def _logical(b: _Builder, op, ins):
+    return [b.node(LOGICAL[op.name], ins)]
+
+
+@register("stablehlo.not", when=(static_known_types, bool_operands))
+def _not(b: _Builder, op, ins):
+    return [b.node("Not", ins)]
+
+
+@register("stablehlo.negate", "stablehlo.abs", when=_NUM)
+@register(*(name for name in UNARY if name not in ("stablehlo.negate", "stablehlo.abs")),
+          when=(static_known_types, float_operands))
+def _unary(b: _Builder, op, ins):
+    return [b.node(UNARY[op.name], ins)]
+
+
+@register("stablehlo.rsqrt", when=(static_known_types, float_operands))
+def _rsqrt(b: _Builder, op, ins):
+    return [b.node("Reciprocal", [b.node("Sqrt", ins)])]
+
+
+@register("chlo.square", when=_NUM)
+def _square(b: _Builder, op, ins):
+    return [b.node("Mul", [ins[0], ins[0]])]
+
+
+@register("chlo.erf", when=(static_known_types, float_operands))
+def _erf(b: _Builder, op, ins):
+    return [b.node("Erf", ins)]
+
+
+@register("chlo.erfc", when=(static_known_types, float_operands))
+def _erfc(b: _Builder, op, ins):
+    """1 - erf(x): exact to f32's absolute precision (JAX's exact GELU is x * erfc(-x / sqrt 2) / 2)."""
+    one = b.const(np.ones((), DTYPES[_dtype(op.results[0])][0]), "one")
+    return [b.node("Sub", [one, b.node("Erf", ins)])]
+
+
+@register("stablehlo.compare", when=(static_known_types, supported_compare))
+def _compare(b: _Builder, op, ins):
+    d = _direction(op)
+    if d == "NE":
+        return [b.node("Not", [b.node("Equal", ins)])]
+    return [b.node(COMPARE[d], ins)]
+
+
+@register("stablehlo.select", when=(static_known_types,))
+def _select(b: _Builder, op, ins):
+    return [b.node("Where", ins)]
+
+
+@register("stablehlo.convert", when=(static_known_types,))
+def _convert(b: _Builder, op, ins):
+    return [b.node("Cast", ins, to=DTYPES[_dtype(op.results[0])][1])]
+
+
+@register("stablehlo.clamp", when=_NUM)
+def _clamp(b: _Builder, op, ins):
+    lo, x, hi = ins
+    return [b.node("Min", [b.node("Max", [x, lo]), hi])]

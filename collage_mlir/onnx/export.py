@@ -1,0 +1,57 @@
+"""The translator's entry point: ``translate`` a region function into an ``onnx.ModelProto`` (opset 18,
+``ir_version`` 10), its graph inputs ``in0..`` and outputs ``out0..``, simplified by ``optimize``."""
+
+from __future__ import annotations
+
+from ..dialects import stablehlo as sh
+from ..errors import CollageError
+from ..graph import nested_ops
+from ..ir import ir
+from .builder import _block_results, _Builder
+from .constants import CONSTANT_OPS, _read_constants
+from .op_ids import _carry_op_ids
+from .optimize import optimize
+from .values import DTYPES
+
+
+OPSET = 18
+IR_VERSION = 10
+
+
+def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool = True):
+    """The ``onnx.ModelProto`` equal to the region function ``func`` (a ``func.func`` with a body),
+    simplified by ``optimize`` unless ``simplify`` is False (the op-by-op translation).
+    ``ties_by_index``: whether the engine's ``TopK`` orders equal values by index (``_Builder``)."""
+    import onnx
+    from onnx import helper
+
+    func = func.operation
+    block = func.regions[0].blocks[0]
+    b = _Builder(ties_by_index)
+    graph_inputs, graph_outputs = [], []
+    for i, arg in enumerate(block.arguments):
+        shape, dtype = _spec(arg, func)
+        graph_inputs.append(helper.make_tensor_value_info(f"in{i}", DTYPES[dtype][1], shape))
+    b.constants = _read_constants([o for o in nested_ops(func) if o.name in CONSTANT_OPS])
+    results = _block_results(b, block, [f"in{i}" for i in range(len(block.arguments))])
+    for k, (v, name) in enumerate(zip(sh.returned(block), results)):
+        shape, dtype = _spec(v, func)
+        b.nodes.append(helper.make_node("Identity", [name], [f"out{k}"], name=f"out{k}"))
+        graph_outputs.append(helper.make_tensor_value_info(f"out{k}", DTYPES[dtype][1], shape))
+    graph = helper.make_graph(b.nodes, str(func.attributes["sym_name"]).strip('"'), graph_inputs, graph_outputs,
+                              initializer=b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="collage-mlir")
+    model.ir_version = IR_VERSION
+    if simplify:
+        original = list(model.graph.node)
+        model = optimize(model)
+        _carry_op_ids(original, model.graph)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _spec(v: ir.Value, func: ir.Operation) -> tuple[list[int], str]:
+    tt = sh.tensor_type(v)
+    if tt is None or tt[1] not in DTYPES:
+        raise CollageError(f"{func.location}: region value of type {v.type} cannot cross into ONNX")
+    return list(tt[0]), tt[1]

@@ -1,0 +1,101 @@
+"""``stablehlo.gather`` of whole rows (embedding lookups, ``take_along_axis``) as ONNX ``Gather`` or
+``GatherND``, its start indices clamped into range as StableHLO clamps them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dialects import stablehlo as sh
+from ..ir import ir
+from .builder import _Builder
+from .registry import register, static_known_types
+from .values import DTYPES, _dtype, _shape
+
+
+@dataclass(frozen=True)
+class GatherInfo:
+    """``stablehlo.gather`` dimension numbers."""
+
+    offset_dims: list[int]
+    collapsed_slice_dims: list[int]
+    start_index_map: list[int]
+    index_vector_dim: int
+    batching_dims: list[int]
+    slice_sizes: list[int]
+
+
+def gather_info(op: ir.Operation) -> GatherInfo:
+    text = str(op.attributes["dimension_numbers"])
+
+    def dims(key: str) -> list[int]:
+        m = re.search(r"\b" + key + r"\s*=\s*\[([^\]]*)\]", text)
+        return sh._int_list(m.group(1)) if m else []
+
+    m = re.search(r"index_vector_dim\s*=\s*(\d+)", text)
+    return GatherInfo(dims("offset_dims"), dims("collapsed_slice_dims"), dims("start_index_map"),
+                      int(m.group(1)) if m else 0, dims("operand_batching_dims"),
+                      sh._array_attr(op, "slice_sizes", []))
+
+
+def row_gather(op: ir.Operation) -> str | None:
+    """gathers whole rows: indexed dims collapsed, other dims taken whole (anywhere in the result)"""
+    try:
+        g = gather_info(op)
+    except (KeyError, ValueError):
+        return "unrecognised gather attributes"
+    operand, indices, result = _shape(op.operands[0]), _shape(op.operands[1]), _shape(op.results[0])
+    if g.batching_dims:
+        return "no batching dims"
+    if sorted(g.collapsed_slice_dims) != sorted(g.start_index_map):
+        return "every indexed dim must be collapsed (slice size 1)"
+    rest = [d for d in range(len(operand)) if d not in g.start_index_map]
+    if any(g.slice_sizes[d] != operand[d] for d in rest):
+        return "dims not indexed must be taken whole"
+    if g.index_vector_dim not in (len(indices), len(indices) - 1):
+        return "the index vector must be the last indices dim (or implicit)"
+    if len(g.offset_dims) != len(rest) or len(result) - len(rest) < 0:
+        return "one offset dim per dim not indexed"
+    return None
+
+
+#: Indices below this are exact in f32: i64 indices are clamped in f32 when every indexed dim is this short.
+F32_EXACT = 2 ** 24
+
+
+@register("stablehlo.gather", when=(static_known_types, row_gather))
+def _gather(b: _Builder, op, ins):
+    g = gather_info(op)
+    operand, indices = _shape(op.operands[0]), _shape(op.operands[1])
+    k = len(g.start_index_map)
+    # StableHLO clamps start indices into range; ONNX would read out of bounds (or wrap negatives).
+    hi = [operand[d] - 1 for d in g.start_index_map]
+    idx = ins[1]
+    if _dtype(op.operands[1]) == "i64" and k == 1 and max(hi) < F32_EXACT:
+        # Clamped in f32 straight from the i64 value: OpenVINO computes i64 in 32 bits (an id of 2**32 + 5
+        # would wrap to 5) but converts an i64 input to float exactly; rounding is monotonic and every
+        # bound is exact in f32, so the clamp is StableHLO's. The clamped index fits i32.
+        idx = b.node("Cast", [idx], to=DTYPES["f32"][1])
+        idx = b.node("Min", [b.node("Max", [idx, b.const(np.float32(0), "lo")]), b.const(np.float32(hi[0]), "hi")])
+        idx = b.node("Cast", [idx], to=DTYPES["i32"][1])
+    else:
+        idx = b.node("Cast", [idx], to=DTYPES["i64"][1]) if _dtype(op.operands[1]) != "i64" else idx
+        idx = b.node("Min", [b.node("Max", [idx, b.ints([0])]), b.const(np.asarray(hi, np.int64), "hi")])
+    if g.index_vector_dim == len(indices):
+        indices = indices + [1]
+        idx = b.reshape(idx, indices)
+    rest = [d for d in range(len(operand)) if d not in g.start_index_map]
+    x = b.transpose(ins[0], g.start_index_map + rest)
+    if k == 1:  # a row lookup (embeddings): Gather, which every engine has a fast kernel for
+        y = b.node("Gather", [x, b.reshape(idx, indices[:-1], indices)], axis=0)
+    else:
+        y = b.node("GatherND", [x, idx])
+    # y is (index batch dims..., rest...); the result puts rest at offset_dims, batch dims in the others
+    # (JAX's take_along_axis keeps a leading dim of size 1 as an offset dim).
+    rank = len(_shape(op.results[0]))
+    batch_pos = [p for p in range(rank) if p not in g.offset_dims]
+    perm = [rank - len(rest) + g.offset_dims.index(p) if p in g.offset_dims else batch_pos.index(p)
+            for p in range(rank)]
+    return [b.transpose(y, perm)]

@@ -1,0 +1,117 @@
+"""Ops that move elements: ``reshape``, ``transpose``, ``broadcast_in_dim``, ``concatenate``, slices
+(static, and dynamic as ``lax.scan`` reads and writes its steps), ``pad`` and ``reverse``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dialects import stablehlo as sh
+from ..ir import ir
+from .builder import _Builder
+from .registry import register, static_known_types
+from .values import DTYPES, _dtype, _int_attr, _shape
+
+
+@register("stablehlo.reshape", when=(static_known_types,))
+def _reshape(b: _Builder, op, ins):
+    return [b.reshape(ins[0], _shape(op.results[0]))]
+
+
+@register("stablehlo.transpose", when=(static_known_types,))
+def _transpose(b: _Builder, op, ins):
+    return [b.node("Transpose", ins, perm=sh.permutation(op))]
+
+
+@register("stablehlo.broadcast_in_dim", when=(static_known_types,))
+def _broadcast(b: _Builder, op, ins):
+    dims = sh.broadcast_dims(op)
+    src = _shape(op.operands[0])
+    out = _shape(op.results[0])
+    x = ins[0]
+    order = sorted(range(len(dims)), key=lambda k: dims[k])
+    x = b.transpose(x, order)
+    view = [1] * len(out)
+    for k in order:
+        view[dims[k]] = src[k]
+    x = b.reshape(x, view, [src[k] for k in order])
+    if view != out:
+        x = b.node("Expand", [x, b.ints(out)])
+    elif x == ins[0]:
+        x = b.node("Identity", [x])
+    return [x]
+
+
+@register("stablehlo.concatenate", when=(static_known_types,))
+def _concatenate(b: _Builder, op, ins):
+    return [b.node("Concat", ins, axis=_int_attr(op, "dimension"))]
+
+
+@register("stablehlo.slice", when=(static_known_types,))
+def _slice(b: _Builder, op, ins):
+    starts = sh._array_attr(op, "start_indices", [])
+    ends = sh._array_attr(op, "limit_indices", [])
+    steps = sh._array_attr(op, "strides", [1] * len(starts))
+    return [b.node("Slice", [ins[0], b.ints(starts), b.ints(ends), b.ints(range(len(starts))), b.ints(steps)])]
+
+
+def _clamped_starts(b: _Builder, starts: list[str], dtype: str, hi: list[int]) -> str:
+    """The rank-0 start indices ``starts`` as one i64 vector, each clamped into ``[0, hi]`` as StableHLO
+    clamps dynamic slice starts."""
+    parts = [b.reshape(s if dtype == "i64" else b.node("Cast", [s], to=DTYPES["i64"][1]), [1]) for s in starts]
+    v = b.node("Concat", parts, axis=0) if len(parts) > 1 else parts[0]
+    return b.node("Min", [b.node("Max", [v, b.ints([0] * len(hi), "lo")]), b.ints(hi, "hi")])
+
+
+@register("stablehlo.dynamic_slice", when=(static_known_types,))
+def _dynamic_slice(b: _Builder, op, ins):
+    """``Slice`` from the clamped run-time starts (JAX's ``lax.scan`` reads step ``i`` of its inputs so)."""
+    shape, sizes = _shape(op.operands[0]), sh._array_attr(op, "slice_sizes", [])
+    start = _clamped_starts(b, ins[1:], _dtype(op.operands[1]), [d - z for d, z in zip(shape, sizes)])
+    end = b.node("Add", [start, b.ints(sizes, "sizes")])
+    return [b.node("Slice", [ins[0], start, end, b.ints(range(len(shape)), "axes")])]
+
+
+@register("stablehlo.dynamic_update_slice", when=(static_known_types,))
+def _dynamic_update_slice(b: _Builder, op, ins):
+    """``ScatterND`` of the update at the clamped run-time starts (``lax.scan`` writes step ``i`` of its
+    outputs so). Dims from the last one the update does not cover whole onward are written as slices, so
+    the index grid only spans the leading dims (one index for a scan's step)."""
+    shape, update = _shape(op.operands[0]), _shape(op.operands[1])
+    p = max((d + 1 for d in range(len(shape)) if update[d] != shape[d]), default=0)
+    if p == 0:  # the update is the whole operand
+        return [b.node("Identity", [ins[1]])]
+    start = _clamped_starts(b, ins[2:2 + p], _dtype(op.operands[2]), [d - u for d, u in zip(shape[:p], update[:p])])
+    grid = np.moveaxis(np.indices(update[:p], dtype=np.int64), 0, -1)
+    return [b.node("ScatterND", [ins[0], b.node("Add", [b.const(grid, "grid"), start]), ins[1]])]
+
+
+def plain_pad(op: ir.Operation) -> str | None:
+    """non-negative edge padding, no interior padding"""
+    lo = sh._array_attr(op, "edge_padding_low", [])
+    hi = sh._array_attr(op, "edge_padding_high", [])
+    if any(p < 0 for p in lo + hi):
+        return "no negative padding"
+    if any(p != 0 for p in sh._array_attr(op, "interior_padding", [])):
+        return "no interior padding"
+    return None
+
+
+@register("stablehlo.pad", when=(static_known_types, plain_pad))
+def _pad(b: _Builder, op, ins):
+    lo = sh._array_attr(op, "edge_padding_low", [])
+    hi = sh._array_attr(op, "edge_padding_high", [])
+    value = b.reshape(ins[1], [], _shape(op.operands[1]))
+    return [b.node("Pad", [ins[0], b.ints(lo + hi), value], mode="constant")]
+
+
+@register("stablehlo.reverse", when=(static_known_types,))
+def _reverse(b: _Builder, op, ins):
+    dims = sh._array_attr(op, "dimensions", [])
+    return [_flip(b, ins[0], dims, _shape(op.operands[0]))]
+
+
+def _flip(b: _Builder, x: str, axes: list[int], shape: list[int]) -> str:
+    """``x`` (of ``shape``) reversed along ``axes``: a Slice with step -1 (ONNX has no reverse op), ending
+    one before the first element (not at INT64_MIN: OpenVINO's i64 constants must fit 32 bits)."""
+    n = len(axes)
+    return b.node("Slice", [x, b.ints([-1] * n), b.ints([-shape[a] - 1 for a in axes]), b.ints(axes), b.ints([-1] * n)])

@@ -1,0 +1,34 @@
+"""The element types the translator maps (StableHLO name → numpy dtype, ONNX data type) and the small
+readers of StableHLO values and attributes that the rules and their constraints share."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dialects import stablehlo as sh
+from ..ir import ir
+
+
+#: MLIR element type → (numpy dtype, ONNX TensorProto data type number).
+DTYPES = {
+    "f32": (np.float32, 1), "f64": (np.float64, 11), "i32": (np.int32, 6), "i64": (np.int64, 7),
+    "i1": (np.bool_, 9),
+}
+FLOATS = ("f32", "f64")
+
+
+def _shape(v: ir.Value) -> list[int]:
+    return list(sh.tensor_type(v)[0])
+
+
+def _dtype(v: ir.Value) -> str:
+    return sh.tensor_type(v)[1]
+
+
+def _int_attr(op: ir.Operation, name: str) -> int:
+    return ir.IntegerAttr(op.attributes[name]).value
+
+
+def _constant_of(v: ir.Value) -> np.ndarray | None:
+    """The value of ``v`` where it is a constant expression (JAX broadcasts its scalar inits), else None."""
+    return sh.const_expr_value(v)
