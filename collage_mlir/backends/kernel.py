@@ -26,7 +26,7 @@ from ..errors import CollageError
 from ..frontends import cache_dir, write_cache
 from ..ir import ir
 from .base import Backend, BackendKind, Platform
-from .library_patterns import BIAS, RESIDUAL, SCALE, plain_matmul, static_of
+from .library_patterns import BIAS, RESIDUAL, SCALE, conv2d_any, plain_matmul, static_of
 from .patterns import ActivationFollower, OpPattern, follow
 
 #: Activations the kernel templates apply (``epilogue`` names; ``gelu_tanh`` is GELU's tanh approximation).
@@ -146,16 +146,6 @@ def _epilogue() -> tuple:
 def gemm_pattern(elements: tuple[str, ...]) -> OpPattern:
     """A plain (batched) matmul of ``elements`` and its epilogue."""
     return OpPattern("gemm", "stablehlo.dot_general", (static_of(*elements), plain_matmul), _epilogue())
-
-
-def conv2d_any(op: ir.Operation) -> str | None:
-    """2-D, any layout, padding, stride, dilation and feature groups; no input dilation or batch groups"""
-    info = sh.conv_info(op)
-    if info.spatial_rank != 2:
-        return "needs 2 spatial dims"
-    if info.batch_groups != 1 or any(d != 1 for d in info.lhs_dilation):
-        return "no batch groups or input dilation"
-    return None
 
 
 def conv_pattern(elements: tuple[str, ...]) -> OpPattern:

@@ -36,16 +36,22 @@ def static_of(*elements: str) -> Constraint:
     return check
 
 
-def conv2d(op: ir.Operation) -> str | None:
-    """2-D, any layout (transposed to NCHW inside the region), symmetric padding, no batch groups"""
+def conv2d_any(op: ir.Operation) -> str | None:
+    """2-D, any layout, padding, stride, dilation and feature groups; no input dilation or batch groups"""
     info = sh.conv_info(op)
     if info.spatial_rank != 2:
         return "needs 2 spatial dims"
     if info.batch_groups != 1 or any(d != 1 for d in info.lhs_dilation):
         return "no batch groups or input dilation"
-    if any(lo != hi for lo, hi in info.padding):
-        return "needs symmetric padding"
     return None
+
+
+def conv2d(op: ir.Operation) -> str | None:
+    """2-D, any layout (transposed to NCHW inside the region), symmetric padding, no batch groups"""
+    why = conv2d_any(op)
+    if why is None and any(lo != hi for lo, hi in sh.conv_info(op).padding):
+        return "needs symmetric padding"
+    return why
 
 
 def plain_matmul(op: ir.Operation) -> str | None:
