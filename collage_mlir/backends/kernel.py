@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import ClassVar
@@ -225,7 +226,7 @@ def kernel_region(func: ir.Operation, patterns: tuple[OpPattern, ...]) -> Kernel
     return KernelRegion(spec, inputs, value)
 
 
-class KernelBackend(Backend):
+class KernelBackend(Backend, ABC):
     """A backend whose regions are kernels dispatched in the IREE program (``hal.dispatch.extern``).
     Subclasses name their template and compile a spec for an architecture."""
 
@@ -240,14 +241,14 @@ class KernelBackend(Backend):
         if "platform" in cls.__dict__:
             cls.platforms = frozenset({cls.platform})
 
+    @abstractmethod
     def template_for(self, spec: KernelSpec) -> str:
         """The source text of the template(s) ``spec`` compiles from: part of its kernel's cache key, so that
         editing a template recompiles its kernels."""
-        raise NotImplementedError
 
+    @abstractmethod
     def compile(self, spec: KernelSpec, kernel_arch: str) -> tuple[bytes, KernelBinary]:
         """The object for ``spec`` on ``kernel_arch`` and its launch (``path`` is filled in by ``kernel``)."""
-        raise NotImplementedError
 
     def kernel(self, func: ir.Operation, kernel_arch: str, out_dir: Path | None,
                region: str) -> tuple[KernelRegion, KernelBinary]:
