@@ -25,7 +25,7 @@ from ..dialects import stablehlo as sh
 from ..dialects.hal import Launch
 from ..errors import CollageError
 from ..frontends import cache_dir, write_cache
-from ..ir import ir
+from ..ir import ir, location_text
 from .base import Backend, BackendKind, Platform
 from .library_patterns import BIAS, RESIDUAL, SCALE, conv2d_any, plain_matmul, static_of
 from .patterns import ActivationFollower, OpPattern, follow
@@ -269,7 +269,14 @@ class KernelBackend(Backend, ABC):
         if cached.is_file() and meta.is_file():
             data, binary = cached.read_bytes(), KernelBinary.from_json(json.loads(meta.read_text()), cached.parent)
         else:
-            data, binary = self.compile(found.spec, kernel_arch)
+            try:
+                data, binary = self.compile(found.spec, kernel_arch)
+            except CollageError as exc:
+                raise CollageError(f"{location_text(func.location)}: {exc}") from None
+            except Exception as exc:  # the kernel compiler's own failure: one line, the region routed around
+                first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+                raise CollageError(f"{location_text(func.location)}: {self.name} could not compile its "
+                                   f"{type(found.spec).__name__} kernel for {kernel_arch}: {first[:300]}") from None
             binary = replace(binary, path=cached)
             write_cache(cached, data)
             write_cache(meta, json.dumps({**binary.to_json(), "compiler": self.version()}).encode())

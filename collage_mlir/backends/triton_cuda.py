@@ -28,12 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..dialects.hal import Launch
+from ..errors import CollageError
 from .base import Platform, Tolerance
 from .kernel import ConvSpec, GemmSpec, KernelBackend, KernelBinary, KernelSpec, conv_pattern, gemm_pattern
 
 _TRITON_TYPES = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16"}
 #: Triton's hidden scratch pointers (global and profile scratch), after the declared parameters.
 SCRATCH_POINTERS = 2
+#: The dynamic shared memory a block may opt in to, by compute capability (CUDA's programming guide): a
+#: kernel that asks for more fails when the program loads, so it is refused when it is compiled.
+SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,10 @@ class TritonBackend(KernelBackend):
                                   options={"num_warps": t.warps, "num_stages": t.stages,
                                            "enable_fp_fusion": True})
         md = compiled.metadata
+        limit = SHARED_LIMIT.get(capability)
+        if limit is not None and md.shared > limit:
+            raise CollageError(f"{self.name} tiles need {md.shared} bytes of shared memory, more than sm_{capability}'s "
+                               f"{limit}: choose a smaller tactic")
         return compiled.asm["cubin"], KernelBinary(
             path=Path(), export=md.name, launch=Launch(grid, (32 * md.num_warps, 1, 1), md.shared),
             trailing_pointers=SCRATCH_POINTERS)

@@ -330,3 +330,32 @@ def test_which_kernels_run_on_tensor_cores(backend, element, tensor_cores, tmp_p
     cubin.write_bytes(data)
     sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     assert ("HGMMA" in sass) is tensor_cores
+
+
+def test_a_kernel_that_cannot_build_is_one_error_line(tmp_path, monkeypatch):
+    """Tiles that outgrow the architecture's shared memory are refused when compiled (they would fail when
+    the program loads), and any failure of the kernel compiler is one CollageError naming the region."""
+    pytest.importorskip("triton")
+    from collage_mlir.errors import CollageError
+    from collage_mlir.frontends import stablehlo
+
+    from collage_mlir.backends import triton_cuda
+
+    # Triton trims pipeline stages to fit the architecture (these tiles take 96 KiB on sm_86's 99): a smaller
+    # limit stands for a kernel that would not fit.
+    monkeypatch.setitem(triton_cuda.SHARED_LIMIT, 86, 64 * 1024)
+    with pytest.raises(CollageError, match=r"need 98304 bytes of shared memory, more than sm_86's 65536"):
+        get_backend("triton@128x256w8s3").compile(GemmSpec(1, 256, 512, 256, False, "f32"), "sm_86")
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(triton_cuda.TritonBackend, "compile",
+                        lambda self, spec, arch: (_ for _ in ()).throw(RuntimeError("PassManager::run failed\nmore")))
+    module = stablehlo.parse("""
+    func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x4xf32>) -> tensor<8x4xf32> {
+      %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x4xf32>) -> tensor<8x4xf32>
+      return %0 : tensor<8x4xf32>
+    }""", new_context())
+    number_ops(module)
+    plan = resolve_plan("prefer:triton", Graph(module), Platform.CUDA)
+    with pytest.raises(CollageError, match=r"triton could not compile its GemmSpec kernel for sm_90: "
+                                           r"PassManager::run failed$"):
+        compile_module(module, plan, tmp_path / "out", iree_args=["--iree-cuda-target=sm_90"])
