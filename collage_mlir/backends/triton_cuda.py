@@ -70,7 +70,9 @@ def tactic(spec: KernelSpec) -> Tactic:
     smaller ones (down to 16 rows for a few tokens). A convolution is a GEMM of its output pixels by a
     group's output channels, a group a batch."""
     half = spec.element != "f32"
-    if isinstance(spec, ConvSpec):
+    if isinstance(spec, ConvSpec) and spec.groups == spec.c == spec.k:  # depthwise: pixels x channels
+        batch, m, n = 1, spec.n * spec.oh * spec.ow, spec.c
+    elif isinstance(spec, ConvSpec):
         batch, m, n = spec.groups, spec.n * spec.oh * spec.ow, spec.k // spec.groups
     else:
         batch, m, n = spec.batch, spec.m, spec.n
@@ -123,12 +125,25 @@ class TritonBackend(KernelBackend):
             consts = {"M": spec.m, "N": spec.n, "K": spec.k, "TRANS_B": spec.trans_b, **epilogue,
                       "BM": t.bm, "BN": t.bn, "BK": t.bk(spec), "GROUP": t.group}
             grid = (math.ceil(spec.m / t.bm) * math.ceil(spec.n / t.bn), spec.batch, 1)
+        elif spec.groups == spec.c == spec.k:
+            from .templates.triton_conv import depthwise_conv2d as fn
+
+            # Direct: a tile of pixels x channels (the tactic's), one multiply-add a tap.
+            names = ("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
+            consts = {"N": spec.n, "C": spec.c, "H": spec.h, "W": spec.w, "R": spec.r, "S": spec.s,
+                      "OH": spec.oh, "OW": spec.ow, "SH": spec.stride[0], "SW": spec.stride[1], "PH": spec.pad[0],
+                      "PW": spec.pad[1], "DH": spec.dilation[0], "DW": spec.dilation[1],
+                      **dict(zip(("XN", "XC", "XH", "XW"), spec.x_strides)),
+                      "WO": spec.w_strides[0], "WR": spec.w_strides[2], "WS": spec.w_strides[3],
+                      **dict(zip(("YN", "YC", "YH", "YW"), spec.y_strides)),
+                      "BIAS": spec.bias, "RESIDUAL": spec.residual, "ACT": spec.act, "BM": t.bm, "BN": t.bn}
+            grid = (math.ceil(spec.n * spec.oh * spec.ow / t.bm) * math.ceil(spec.c / t.bn), 1, 1)
         else:
             from .templates.triton_conv import conv2d as fn
 
             names = ("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
-            # A group's output channels are the tile's columns: one (depthwise) still takes a 16-wide tile,
-            # the least tl.dot multiplies.
+            # A group's output channels are the tile's columns: a few still take a 16-wide tile, the least
+            # tl.dot multiplies.
             per_group = spec.k // spec.groups
             bn = max(16, min(t.bn, 1 << (per_group - 1).bit_length()))
             consts = {"N": spec.n, "C": spec.c, "H": spec.h, "W": spec.w, "K": spec.k, "R": spec.r, "S": spec.s,

@@ -153,7 +153,7 @@ def test_triton_template_epilogues_in_the_interpreter():
 _CONV_INTERPRETED = textwrap.dedent("""
     import json, sys, torch
     import torch.nn.functional as F
-    from collage_mlir.backends.templates.triton_conv import conv2d
+    from collage_mlir.backends.templates.triton_conv import conv2d, depthwise_conv2d
     worst = 0.0
     for c in json.loads(sys.argv[1]):
         g = torch.Generator().manual_seed(0)
@@ -177,6 +177,16 @@ _CONV_INTERPRETED = textwrap.dedent("""
         oh, ow = ref.shape[2], ref.shape[3]
         BM, BN = 32, 16
         grid = (-(-(c["n"] * oh * ow) // BM) * -(-(c["k"] // c["groups"]) // BN), c["groups"])
+        if c["groups"] == c["c"] == c["k"]:  # depthwise: also the direct kernel, its own output
+            y2 = torch.empty_like(y)
+            depthwise_conv2d[(-(-(c["n"] * oh * ow) // BM) * -(-c["c"] // BN), 1)](
+                xs, ws, bias, rs, y2, N=c["n"], C=c["c"], H=c["h"], W=c["w"], R=c["r"], S=c["s"], OH=oh, OW=ow,
+                SH=c["stride"][0], SW=c["stride"][1], PH=c["pad"][0], PW=c["pad"][1], DH=c["dilation"][0],
+                DW=c["dilation"][1], XN=x_str[0], XC=x_str[1], XH=x_str[2], XW=x_str[3], WO=w_str[0], WR=w_str[2],
+                WS=w_str[3], YN=y_str[0], YC=y_str[1], YH=y_str[2], YW=y_str[3], BIAS=c["k"] if c["bias"] else 0,
+                RESIDUAL=c["residual"], ACT=c["act"], BM=BM, BN=BN)
+            got2 = y2.permute(0, 3, 1, 2) if nhwc else y2
+            worst = max(worst, float((got2.double() - ref).abs().max() / ref.abs().max()))
         conv2d[grid](xs, ws, bias, rs, y, N=c["n"], C=c["c"], H=c["h"], W=c["w"], K=c["k"], R=c["r"],
                      S=c["s"], OH=oh, OW=ow, SH=c["stride"][0], SW=c["stride"][1], PH=c["pad"][0],
                      PW=c["pad"][1], DH=c["dilation"][0], DW=c["dilation"][1], GROUPS=c["groups"],
@@ -199,6 +209,7 @@ def test_triton_conv_template_in_the_interpreter():
              {**base, "dilation": [2, 2], "pad": [2, 2], "residual": True},
              {**base, "groups": 2, "k": 4, "bias": False, "nhwc": True},
              {**base, "groups": 4, "k": 4, "c": 4, "act": "relu"},                      # depthwise
+             {**base, "groups": 20, "k": 20, "c": 20, "nhwc": True, "stride": [2, 2], "residual": True},
              {**base, "r": 1, "s": 1, "pad": [0, 0], "c": 20, "k": 18}]               # pointwise
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", _CONV_INTERPRETED, json.dumps(cases)],
@@ -220,7 +231,8 @@ def test_triton_kernels_build_for_each_architecture(tmp_path, monkeypatch, arch)
     depthwise = ConvSpec(1, 32, 14, 14, 32, 3, 3, 14, 14, (1, 1), (1, 1), (1, 1), 32, (6272, 196, 14, 1),
                          (9, 9, 3, 1), (6272, 196, 14, 1), "f16", bias=32, act="relu")
     data, binary = backend.compile(depthwise, arch)
-    assert data[:4] == b"\x7fELF" and binary.export == "conv2d" and binary.launch.grid == (2, 32, 1)  # 196 pixels in 128-row tiles
+    assert data[:4] == b"\x7fELF" and binary.export == "depthwise_conv2d"
+    assert binary.launch.grid == (4, 1, 1)  # 196 pixels x 32 channels in 64 x 64 tiles
 
 
 def test_cuda_program_embeds_its_kernels_and_reuses_the_cache(tmp_path, monkeypatch):
