@@ -8,6 +8,10 @@ memory): ``repeats`` launches captured in one CUDA graph, replayed and timed wit
 launch cost is counted: the kernel's own time. A region's overhead is its layer cost minus its kernel's.
 
     python -m studies.gpu.kernel_overhead BUNDLE OUT [--seconds 3] [--iree-flag=--cuda_async_allocations=false]
+    python -m studies.gpu.kernel_overhead --kernels-of ARTIFACT OUT   # one program's kernels, each alone
+
+``--kernels-of`` times every kernel of one artifact (a tuned plan's) alone and sums them: the plan's time
+less that sum is what IREE's own dispatches and the seams cost.
 
 ``--iree-flag`` sets an IREE runtime flag before the programs load (``--cuda_async_allocations=false``:
 no stream-ordered pools, so a served cuBLAS region takes the program's buffers through DLPack without a
@@ -31,6 +35,19 @@ from .run import use_bundle_paths
 KERNEL_SUFFIXES = ("cubin",)
 
 
+def binding_sizes(spec: dict) -> list[int]:
+    """Elements of each tensor a kernel of ``spec`` (a ``GemmSpec``/``ConvSpec`` as JSON) reads and writes, in
+    binding order: its two operands, the bias and the residual where it has them, the output."""
+    if spec.get("kind", "gemm") == "gemm":
+        b, m, n, k = spec["batch"], spec["m"], spec["n"], spec["k"]
+        ins, out = [b * m * k, b * n * k], b * m * n
+    else:
+        x = spec["n"] * spec["c"] * spec["h"] * spec["w"]
+        w = spec["k"] * (spec["c"] // spec["groups"]) * spec["r"] * spec["s"]
+        ins, out = [x, w], spec["n"] * spec["k"] * spec["oh"] * spec["ow"]
+    return [*ins, *([spec["bias"]] if spec["bias"] else []), *([out] if spec["residual"] else []), out]
+
+
 def kernel_us(folder: Path, repeats: int = 200) -> list[dict]:
     """Each kernel of an artifact launched alone ``repeats`` times: its name and median-of-5 time in µs."""
     import cupy as cp
@@ -39,20 +56,12 @@ def kernel_us(folder: Path, repeats: int = 200) -> list[dict]:
     for meta_path in sorted((folder / "kernels").glob("*.json")):
         meta = json.loads(meta_path.read_text())
         spec = meta["spec"]
-        if spec.get("kind", "gemm") != "gemm":  # the chains' regions are GEMMs
-            continue
         mod = cp.RawModule(path=str(meta_path.parent / meta["object"]))
         fn = mod.get_function(meta["export"])
         if meta["shared_bytes"] > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = meta["shared_bytes"]
         dt = {"f32": cp.float32, "f16": cp.float16, "bf16": cp.float32}[spec["element"]]
-        b, m, n, k = spec["batch"], spec["m"], spec["n"], spec["k"]
-        args = [cp.random.standard_normal(b * m * k).astype(dt), cp.random.standard_normal(b * n * k).astype(dt)]
-        if spec["bias"]:
-            args.append(cp.random.standard_normal(spec["bias"]).astype(dt))
-        if spec["residual"]:
-            args.append(cp.random.standard_normal(b * m * n).astype(dt))
-        args.append(cp.empty(b * m * n, dt))
+        args = [cp.random.standard_normal(size).astype(dt) for size in binding_sizes(spec)]
         args += [cp.zeros(16, cp.int8)] * meta["trailing_pointers"]
         grid, block, shared = tuple(meta["grid"]), tuple(meta["block"]), meta["shared_bytes"]
         stream = cp.cuda.Stream(non_blocking=True)
@@ -74,8 +83,8 @@ def kernel_us(folder: Path, repeats: int = 200) -> list[dict]:
                 stop.record(stream)
                 stop.synchronize()
                 times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / repeats)
-        found.append({"kernel": meta_path.name.removesuffix(".json"), "us": round(statistics.median(times), 2),
-                      "gflops": round(2 * b * m * n * k / statistics.median(times) / 1e3, 1)})
+        found.append({"kernel": meta_path.name.removesuffix(".json"), "kind": spec.get("kind", "gemm"),
+                      "us": round(statistics.median(times), 2)})
     return found
 
 
@@ -101,8 +110,9 @@ def program_us(programs: dict[str, tuple], seconds: float) -> dict[str, float]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies.gpu.kernel_overhead", description=__doc__.split("\n\n")[0])
-    p.add_argument("bundle", type=Path)
+    p.add_argument("bundle", type=Path, help="a study bundle (or, with --kernels-of, an artifact)")
     p.add_argument("out", type=Path)
+    p.add_argument("--kernels-of", action="store_true", help="BUNDLE is one artifact: time its kernels")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--iree-flag", action="append", default=[], help="an IREE runtime flag, before any load")
     p.add_argument("--name", default="kernel_overhead")
@@ -114,6 +124,15 @@ def main(argv=None) -> int:
 
     if args.iree_flag:
         rt.flags.parse_flags(*args.iree_flag)
+    if args.kernels_of:
+        kernels = kernel_us(args.bundle)
+        total = round(sum(k["us"] for k in kernels), 1)
+        by_kind = {kind: round(sum(k["us"] for k in kernels if k["kind"] == kind), 1) for kind in {k["kind"] for k in kernels}}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.name}.json").write_text(json.dumps({"artifact": str(args.bundle), "kernels": kernels,
+                                                                "total_us": total, "by_kind_us": by_kind}, indent=1))
+        print(f"{len(kernels)} kernels, {total} µs alone in all ({by_kind})")
+        return 0
 
     bundle = Bundle.load(args.bundle)
     entries = {e.spec.label: e for e in bundle.models if e.spec.name in ("chain2", "chain8")}

@@ -63,6 +63,9 @@ EOF
     if [ $crc = 0 ]; then
       timeout 120 python3 -m collage_mlir.tools.cli run "$W/art/$m" "${ins[@]}" --output-dir "$W/out/$m.outs" \
         > "$W/out/$m.run.log" 2>&1; rrc=$?; tail -3 "$W/out/$m.run.log"
+      # A plan with kernel regions: each kernel alone (CUDA graphs), summed: the rest of the plan's time is IREE's.
+      [ -d "$W/art/$m/kernels" ] && [ "$DEVICE" != cpu ] && timeout 120 python3 -m studies.gpu.kernel_overhead \
+        --kernels-of "$W/art/$m" "$W/out" --name "$m.kernels" 2>&1 | tail -1
       err=$(python3 - "$KIT/ref_$m" "$W/out/$m.outs" <<'EOF'
 import sys, numpy as np
 from pathlib import Path
