@@ -65,7 +65,6 @@ class LowerPass(ModulePass):
                 _retarget_calls(block, region, symbol)
                 fn.erase()
 
-
     def _lower_kernel(self, fn: ir.Operation, backend: KernelBackend) -> None:
         """Replaces the region function's body by the dispatch of its kernel (the function stays, for IREE
         to inline), its output a fresh tensor the kernel writes."""

@@ -15,7 +15,6 @@ from ..backends import DEFAULT_BACKEND, Backend, Candidate, RegionKey
 from ..dialects import collage
 from ..graph import Graph, external_operands, producer
 from ..ir import ir
-from ..plan import Plan
 from .candidates import enumerate_candidates
 from .regions import MAXIMAL, maximal_regions
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -42,7 +41,6 @@ import collage_runtime  # noqa: E402
 from collage_runtime.engines import Engines  # noqa: E402
 from collage_runtime.executors import executor  # noqa: E402
 
-from collage_mlir.backends import get_backend  # noqa: E402
 from collage_mlir.onnx import translate  # noqa: E402
 from collage_mlir.frontends.torch import import_torch  # noqa: E402
 from collage_mlir.iree import compile_module  # noqa: E402
