@@ -1,4 +1,3 @@
-#version 450
 // A batched GEMM with a fused epilogue as a Vulkan compute shader, specialised by the #defines the
 // `glsl` backend puts before this text (M, N, K, TRANS_B, HAS_BIAS, BIAS_SCALAR, RESIDUAL, ACT_*, TILE):
 // out[b] = act(a[b] @ op(w[b]) + bias + residual[b]), accumulated in f32. One TILE x TILE block of
@@ -19,28 +18,6 @@ layout(set = 0, binding = 2 + HAS_BIAS + RESIDUAL) buffer Out { float outv[]; };
 
 shared float ta[TILE][TILE];
 shared float tw[TILE][TILE];
-
-float act(float x) {
-#if defined(ACT_RELU)
-  return max(x, 0.0);
-#elif defined(ACT_GELU)
-  // erf by Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7); GLSL has no erf.
-  float z = abs(x) * 0.7071067811865476;
-  float t = 1.0 / (1.0 + 0.3275911 * z);
-  float e = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * exp(-z * z);
-  return 0.5 * x * (1.0 + sign(x) * e);
-#elif defined(ACT_GELU_TANH)
-  return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-#elif defined(ACT_SIGMOID)
-  return 1.0 / (1.0 + exp(-x));
-#elif defined(ACT_SWISH)
-  return x / (1.0 + exp(-x));
-#elif defined(ACT_TANH)
-  return tanh(x);
-#else
-  return x;
-#endif
-}
 
 void main() {
   uint col = gl_WorkGroupID.x * TILE + gl_LocalInvocationID.x;
