@@ -30,7 +30,8 @@ from .base import Backend, BackendKind, Platform
 from .library_patterns import BIAS, RESIDUAL, SCALE, conv2d_any, plain_matmul, static_of
 from .patterns import ActivationFollower, OpPattern, follow
 
-#: Activations the kernel templates apply (``epilogue`` names; ``gelu_tanh`` is GELU's tanh approximation).
+#: Activations the kernel templates apply (``epilogue`` names; a GELU is ``gelu`` or, tanh-approximated,
+#: ``gelu_tanh`` in the spec).
 KERNEL_ACTIVATIONS = ("relu", "gelu", "sigmoid", "swish", "tanh")
 
 
@@ -52,10 +53,6 @@ class GemmSpec:
 
     def to_json(self) -> dict:
         return {"kind": "gemm", **asdict(self)}
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.batch * self.m * self.n * self.k
 
 
 def _strides(shape: tuple[int, ...], layout: str, order: str) -> tuple[int, ...]:
@@ -99,10 +96,6 @@ class ConvSpec:
 
     def to_json(self) -> dict:
         return {"kind": "conv2d", **asdict(self)}
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.n * self.oh * self.ow * self.k * (self.c // self.groups) * self.r * self.s
 
 
 KernelSpec = GemmSpec | ConvSpec
