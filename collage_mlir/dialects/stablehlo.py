@@ -12,6 +12,39 @@ from collage_runtime.types import byte_dtype, numpy_dtype
 from ..ir import ir
 
 
+@dataclass(frozen=True)
+class QuantType:
+    """A ``!quant.uniform`` element type: integer ``storage`` (``i8``, ``u8``) holding ``expressed`` values
+    (``f32``) as ``scale * (stored - zero_point)``; one scale and zero point, or one per index of ``axis``.
+    ``storage_range``: a narrowed range (``i8<-127:127>``), else None (the storage type's full range)."""
+
+    storage: str
+    expressed: str
+    scales: tuple[float, ...]
+    zero_points: tuple[int, ...]
+    axis: int | None = None
+    storage_range: tuple[int, int] | None = None
+
+
+_QUANT = re.compile(r"!quant\.uniform<([iu]\d+)(?:<(-?\d+):(-?\d+)>)?:(\w+)(?::(\d+))?,\s*(.*)>$")
+
+
+def quant_type(element: str) -> QuantType | None:
+    """The ``!quant.uniform`` type an element type string spells (``sh.tensor_type``'s), else None."""
+    m = _QUANT.match(element.strip())
+    if m is None:
+        return None
+    storage, lo, hi, expressed, axis, params = m.groups()
+    items = [p.strip() for p in params.strip().strip("{}").split(",") if p.strip()]
+    scales, zero_points = [], []
+    for item in items:
+        scale, _, zp = item.partition(":")
+        scales.append(float(scale))
+        zero_points.append(int(zp) if zp else 0)
+    return QuantType(storage, expressed, tuple(scales), tuple(zero_points), None if axis is None else int(axis),
+                     None if lo is None else (int(lo), int(hi)))
+
+
 def tensor_type(value: ir.Value) -> tuple[tuple[int, ...], str] | None:
     """(shape, element type) of a statically shaped tensor value, else None."""
     t = value.type

@@ -6,7 +6,8 @@ subtract, multiply and add after the convolution; relu is ``max(x, zeros)`` with
 tensor; weights are transposed and reshaped at run time. The rewrites, repeated to a fixed point:
 
 - constants folded: a node whose inputs are all initializers is evaluated now (onnx's reference
-  evaluator) — except ``Expand``, which would only make a big constant out of a small one;
+  evaluator) — except ``Expand``, which would only make a big constant out of a small one, and
+  ``DequantizeLinear``, whose 8-bit weight the engines' int8 kernels take;
 - an ``Expand`` feeding a broadcasting op is dropped when broadcasting gives the same result shape,
   and a splat constant operand shrinks to a scalar (same rule);
 - a ``Cast`` of an i64 value moves before the ``Reshape``/``Transpose`` producing it (so a graph
@@ -45,8 +46,9 @@ from ..activations import PROBE, classify
 #: Ops whose inputs broadcast numpy-style (multidirectional broadcasting).
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where", "Equal", "Less",
                           "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor"})
-#: Folding these would turn a small constant into a big one.
-NO_FOLD = frozenset({"Expand"})
+#: Not folded: ``Expand`` would turn a small constant into a big one; ``DequantizeLinear`` of an 8-bit
+#: weight is what the engines fuse into their int8 kernels (folded, the weight would be f32 again).
+NO_FOLD = frozenset({"Expand", "DequantizeLinear"})
 
 
 @dataclass
