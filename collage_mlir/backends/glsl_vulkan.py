@@ -59,12 +59,7 @@ class GlslBackend(KernelBackend):
             defines = {"M": spec.m, "N": spec.n, "K": spec.k, "TRANS_B": int(spec.trans_b), **epilogue, "TILE": TILE}
             launch = Launch((math.ceil(spec.n / TILE), math.ceil(spec.m / TILE), spec.batch), (TILE, TILE, 1))
         else:
-            defines = {"N": spec.n, "C": spec.c, "H": spec.h, "W": spec.w, "K": spec.k, "R": spec.r, "S": spec.s,
-                       "OH": spec.oh, "OW": spec.ow, "SH": spec.stride[0], "SW": spec.stride[1], "PH": spec.pad[0],
-                       "PW": spec.pad[1], "DH": spec.dilation[0], "DW": spec.dilation[1], "GROUPS": spec.groups,
-                       **dict(zip(("XN", "XC", "XH", "XW"), spec.x_strides)),
-                       **dict(zip(("WO", "WI", "WR", "WS"), spec.w_strides)),
-                       **dict(zip(("YN", "YC", "YH", "YW"), spec.y_strides)), **epilogue}
+            defines = {**spec.template_constants(), **epilogue}
             groups = math.ceil(spec.n * spec.k * spec.oh * spec.ow / 64)
             if groups > MAX_WORKGROUPS:
                 raise CollageError(f"glsl: a convolution of {groups} workgroups, more than Vulkan's guaranteed "
@@ -72,8 +67,10 @@ class GlslBackend(KernelBackend):
             launch = Launch((groups, 1, 1), (64, 1, 1))
         if spec.act != "none":
             defines[f"ACT_{spec.act.upper()}"] = 1
-        flags = {k: v for k, v in defines.items() if not k.startswith(("HAS_", "BIAS_", "RESIDUAL", "TRANS_", "ACT_"))}
-        text = "#version 450\n" + "".join(f"#define {k} {v}{'u' if k in flags else ''}\n" for k, v in defines.items())
+        # Sizes, strides and the tile are unsigned (the shaders index with uint); the 0/1 switches are not.
+        switches = ("HAS_", "BIAS_", "RESIDUAL", "TRANS_", "ACT_")
+        text = "#version 450\n" + "".join(f"#define {k} {v}{'' if k.startswith(switches) else 'u'}\n"
+                                          for k, v in defines.items())
         text += self.template_for(spec)
         with tempfile.TemporaryDirectory() as tmp:
             src, out = Path(tmp) / "kernel.comp", Path(tmp) / "kernel.spv"

@@ -97,6 +97,16 @@ class ConvSpec:
     def to_json(self) -> dict:
         return {"kind": "conv2d", **asdict(self)}
 
+    def template_constants(self) -> dict[str, int]:
+        """The shape, window and stride constants every convolution template takes, by the names they use
+        (``N C H W K R S OH OW``, ``SH SW PH PW DH DW GROUPS``, ``XN XC XH XW``, ``WO WI WR WS``, ``YN YC YH YW``)."""
+        return {"N": self.n, "C": self.c, "H": self.h, "W": self.w, "K": self.k, "R": self.r, "S": self.s,
+                "OH": self.oh, "OW": self.ow, "SH": self.stride[0], "SW": self.stride[1], "PH": self.pad[0],
+                "PW": self.pad[1], "DH": self.dilation[0], "DW": self.dilation[1], "GROUPS": self.groups,
+                **dict(zip(("XN", "XC", "XH", "XW"), self.x_strides)),
+                **dict(zip(("WO", "WI", "WR", "WS"), self.w_strides)),
+                **dict(zip(("YN", "YC", "YH", "YW"), self.y_strides))}
+
 
 KernelSpec = GemmSpec | ConvSpec
 
@@ -260,7 +270,8 @@ class KernelBackend(Backend, ABC):
         cached = cache_dir() / "kernels" / f"{key}.{self.suffix}"
         meta = cached.with_name(f"{cached.name}.json")
         if cached.is_file() and meta.is_file():
-            data, binary = cached.read_bytes(), KernelBinary.from_json(json.loads(meta.read_text()), cached.parent)
+            record = json.loads(meta.read_text())
+            data, binary = cached.read_bytes(), KernelBinary.from_json(record, cached.parent)
         else:
             try:
                 data, binary = self.compile(found.spec, kernel_arch)
@@ -271,13 +282,13 @@ class KernelBackend(Backend, ABC):
                 raise CollageError(f"{location_text(func.location)}: {self.name} could not compile its "
                                    f"{type(found.spec).__name__} kernel for {kernel_arch}: {first[:300]}") from None
             binary = replace(binary, path=cached)
+            record = {**binary.to_json(), "compiler": self.version()}
             write_cache(cached, data)
-            write_cache(meta, json.dumps({**binary.to_json(), "compiler": self.version()}).encode())
+            write_cache(meta, json.dumps(record).encode())
         path = Path(out_dir) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         binary = replace(binary, path=path)
-        compiler = json.loads(meta.read_text()).get("compiler", "unknown")
         path.with_name(f"{path.name}.json").write_text(json.dumps({**binary.to_json(), "spec": found.spec.to_json(),
-                                                                  "compiler": compiler}))
+                                                                  "compiler": record.get("compiler", "unknown")}))
         return found, binary

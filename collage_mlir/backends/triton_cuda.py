@@ -115,6 +115,7 @@ class TritonBackend(KernelBackend):
         return f"triton-{version('triton')}"
 
     def compile(self, spec: KernelSpec, kernel_arch: str) -> tuple[bytes, KernelBinary]:
+        # The templates import triton: loaded when a kernel is compiled, not when the registry lists backends.
         t = self.fixed or tactic(spec)
         precision = self.f32_precision if spec.element == "f32" else "tf32"
         epilogue = {"BIAS": spec.bias, "RESIDUAL": spec.residual, "ACT": spec.act, "PRECISION": precision}
@@ -130,13 +131,7 @@ class TritonBackend(KernelBackend):
 
             # Direct: a tile of pixels x channels (the tactic's), one multiply-add a tap.
             names = ("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "y_ptr")
-            consts = {"N": spec.n, "C": spec.c, "H": spec.h, "W": spec.w, "R": spec.r, "S": spec.s,
-                      "OH": spec.oh, "OW": spec.ow, "SH": spec.stride[0], "SW": spec.stride[1], "PH": spec.pad[0],
-                      "PW": spec.pad[1], "DH": spec.dilation[0], "DW": spec.dilation[1],
-                      **dict(zip(("XN", "XC", "XH", "XW"), spec.x_strides)),
-                      "WO": spec.w_strides[0], "WR": spec.w_strides[2], "WS": spec.w_strides[3],
-                      **dict(zip(("YN", "YC", "YH", "YW"), spec.y_strides)),
-                      "BIAS": spec.bias, "RESIDUAL": spec.residual, "ACT": spec.act, "BM": t.bm, "BN": t.bn}
+            consts = {**spec.template_constants(), **epilogue, "BM": t.bm, "BN": t.bn}
             grid = (math.ceil(spec.n * spec.oh * spec.ow / t.bm) * math.ceil(spec.c / t.bn), 1, 1)
         else:
             from .templates.triton_conv import conv2d as fn
@@ -146,13 +141,7 @@ class TritonBackend(KernelBackend):
             # tl.dot multiplies.
             per_group = spec.k // spec.groups
             bn = max(16, min(t.bn, 1 << (per_group - 1).bit_length()))
-            consts = {"N": spec.n, "C": spec.c, "H": spec.h, "W": spec.w, "K": spec.k, "R": spec.r, "S": spec.s,
-                      "OH": spec.oh, "OW": spec.ow, "SH": spec.stride[0], "SW": spec.stride[1], "PH": spec.pad[0],
-                      "PW": spec.pad[1], "DH": spec.dilation[0], "DW": spec.dilation[1], "GROUPS": spec.groups,
-                      **dict(zip(("XN", "XC", "XH", "XW"), spec.x_strides)),
-                      **dict(zip(("WO", "WI", "WR", "WS"), spec.w_strides)),
-                      **dict(zip(("YN", "YC", "YH", "YW"), spec.y_strides)),
-                      **epilogue, "BM": t.bm, "BN": bn, "BK": t.bk(spec)}
+            consts = {**spec.template_constants(), **epilogue, "BM": t.bm, "BN": bn, "BK": t.bk(spec)}
             grid = (math.ceil(spec.n * spec.oh * spec.ow / t.bm) * math.ceil(per_group / bn), spec.groups, 1)
         return self._compile(fn, names, consts, spec, t, kernel_arch, grid)
 

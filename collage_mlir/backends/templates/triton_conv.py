@@ -68,13 +68,15 @@ def conv2d(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N: tl.constexpr, C: tl.conste
 
 @triton.jit
 def depthwise_conv2d(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, N: tl.constexpr, C: tl.constexpr, H: tl.constexpr,
-                     W: tl.constexpr, R: tl.constexpr, S: tl.constexpr, OH: tl.constexpr, OW: tl.constexpr,
-                     SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr,
-                     DW: tl.constexpr, XN: tl.constexpr, XC: tl.constexpr, XH: tl.constexpr, XW: tl.constexpr,
-                     WO: tl.constexpr, WR: tl.constexpr, WS: tl.constexpr,
+                     W: tl.constexpr, K: tl.constexpr, R: tl.constexpr, S: tl.constexpr, OH: tl.constexpr,
+                     OW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+                     DH: tl.constexpr, DW: tl.constexpr, GROUPS: tl.constexpr,
+                     XN: tl.constexpr, XC: tl.constexpr, XH: tl.constexpr, XW: tl.constexpr,
+                     WO: tl.constexpr, WI: tl.constexpr, WR: tl.constexpr, WS: tl.constexpr,
                      YN: tl.constexpr, YC: tl.constexpr, YH: tl.constexpr, YW: tl.constexpr,
-                     BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ACT: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr):
+                     BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr):
+    # The same constants as ``conv2d`` (K = GROUPS = C here; WI and PRECISION unused: no dot).
     M: tl.constexpr = N * OH * OW
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(C, BN)

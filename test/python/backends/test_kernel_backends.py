@@ -180,11 +180,12 @@ _CONV_INTERPRETED = textwrap.dedent("""
         if c["groups"] == c["c"] == c["k"]:  # depthwise: also the direct kernel, its own output
             y2 = torch.empty_like(y)
             depthwise_conv2d[(-(-(c["n"] * oh * ow) // BM) * -(-c["c"] // BN), 1)](
-                xs, ws, bias, rs, y2, N=c["n"], C=c["c"], H=c["h"], W=c["w"], R=c["r"], S=c["s"], OH=oh, OW=ow,
-                SH=c["stride"][0], SW=c["stride"][1], PH=c["pad"][0], PW=c["pad"][1], DH=c["dilation"][0],
-                DW=c["dilation"][1], XN=x_str[0], XC=x_str[1], XH=x_str[2], XW=x_str[3], WO=w_str[0], WR=w_str[2],
-                WS=w_str[3], YN=y_str[0], YC=y_str[1], YH=y_str[2], YW=y_str[3], BIAS=c["k"] if c["bias"] else 0,
-                RESIDUAL=c["residual"], ACT=c["act"], BM=BM, BN=BN)
+                xs, ws, bias, rs, y2, N=c["n"], C=c["c"], H=c["h"], W=c["w"], K=c["k"], R=c["r"], S=c["s"], OH=oh,
+                OW=ow, SH=c["stride"][0], SW=c["stride"][1], PH=c["pad"][0], PW=c["pad"][1], DH=c["dilation"][0],
+                DW=c["dilation"][1], GROUPS=c["groups"], XN=x_str[0], XC=x_str[1], XH=x_str[2], XW=x_str[3],
+                WO=w_str[0], WI=w_str[1], WR=w_str[2], WS=w_str[3], YN=y_str[0], YC=y_str[1], YH=y_str[2],
+                YW=y_str[3], BIAS=c["k"] if c["bias"] else 0, RESIDUAL=c["residual"], ACT=c["act"],
+                PRECISION="ieee", BM=BM, BN=BN)
             got2 = y2.permute(0, 3, 1, 2) if nhwc else y2
             worst = max(worst, float((got2.double() - ref).abs().max() / ref.abs().max()))
         conv2d[grid](xs, ws, bias, rs, y, N=c["n"], C=c["c"], H=c["h"], W=c["w"], K=c["k"], R=c["r"],
