@@ -28,6 +28,8 @@ from typing import Callable
 
 import numpy as np
 
+from collage_mlir.measure.validate import HALF_RTOL
+
 from .bundle import SITE, Bundle, ModelEntry, build_model
 from .results import Environment, ModelResult, PlanCheck, Results, TestRun, Timing
 
@@ -193,9 +195,11 @@ def torch_setup(device: str) -> None:
 
 
 def plan_tolerance(entry: ModelEntry, plan, tolerance: float) -> float:
-    """The error a plan may show against torch eager: ``tolerance`` in f32; 1e-2 where either side rounds
-    to f16 (an f16 model) or multiplies f32 as TF32 (a ``triton-tf32`` plan: 10-bit mantissas)."""
-    return max(tolerance, 1e-2) if entry.spec.dtype != "f32" or "tf32" in plan.plan else tolerance
+    """The error a plan (None: the rebuilt torch model) may show against its reference: ``tolerance`` in
+    f32; an f16 output at its own precision (``HALF_RTOL``, as collage's own checks), and a ``triton-tf32``
+    plan's 10-bit mantissas likewise."""
+    half = HALF_RTOL["float16"]
+    return max(tolerance, half) if entry.spec.dtype != "f32" or (plan and "tf32" in plan.plan) else tolerance
 
 
 def check_plan(program, plan, entry: ModelEntry, inputs, want, tolerance: float, load_s: float) -> PlanCheck:
@@ -349,7 +353,7 @@ def measure_model(entry: ModelEntry, bundle_dir: Path, device: str, args, deadli
     with torch.inference_mode():
         want = [t.detach().float().cpu().numpy() for t in as_list(model(*xs))]
     ref_err = max_error(want, expected)
-    ref_ok = ref_err <= (args.tolerance if entry.spec.dtype == "f32" else max(args.tolerance, 1e-2))
+    ref_ok = ref_err <= plan_tolerance(entry, None, args.tolerance)
     if not ref_ok:
         notes.append(f"torch eager on {device} differs from the bundle's CPU reference by {ref_err:.3g}: "
                      "the rebuilt model is not the one compiled (or the device's torch is wrong)")
