@@ -83,14 +83,32 @@ def backend_names(text: str) -> list[str]:
     return names
 
 
+#: How soon a Ctrl-C that arrived during an import is delivered again.
+INTERRUPT_RETRY_S = 0.05
+
+
+def importing(frame) -> bool:
+    """Whether ``frame`` runs inside an import. An exception raised there can land in a native extension's
+    module initialisation: jaxlib's crashed the process (SIGSEGV) when Ctrl-C hit it mid-import."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def run_tool(prog: str, body: Callable[[], int]) -> int:
     """Runs a tool's body; user errors become one ``prog: error: ...`` line and a non-zero exit, Ctrl-C
-    one ``prog: interrupted`` line and exit 130."""
+    one ``prog: interrupted`` line and exit 130. A Ctrl-C during an import is delivered once it is done
+    (sent again every ``INTERRUPT_RETRY_S``)."""
     interrupted = False
 
     def on_sigint(signum, frame):
         nonlocal interrupted
         interrupted = True
+        if importing(frame):
+            threading.Timer(INTERRUPT_RETRY_S, os.kill, (os.getpid(), signal.SIGINT)).start()
+            return
         raise KeyboardInterrupt
 
     # Remembered here because a KeyboardInterrupt raised inside an MLIR callback (an op walk) comes back

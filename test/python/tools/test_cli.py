@@ -154,6 +154,38 @@ def test_ctrl_c_that_a_binding_turns_into_another_error_still_exits_130():
     assert done.stderr.strip() == "collage: interrupted"
 
 
+CTRL_C_DURING_AN_IMPORT = """
+import signal, sys, time
+from collage_mlir.tools import run_tool
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+sys.path.insert(0, sys.argv[1])
+
+def body():
+    import slow_native_init  # Ctrl-C arrives while it initialises
+    print("imported whole", flush=True)
+    time.sleep(5)  # the held Ctrl-C is delivered here
+    return 0
+
+assert run_tool("collage", body) == 130
+print("ok")
+"""
+
+
+def test_ctrl_c_during_an_import_waits_for_the_import(tmp_path):
+    """A Ctrl-C that lands inside an import (a native engine's module initialising: jaxlib's crashed with
+    SIGSEGV when interrupted there) is delivered once the import is done: the module loads whole, the tool
+    says it was interrupted and exits 130."""
+    (tmp_path / "slow_native_init.py").write_text(
+        "import signal, time\nsignal.raise_signal(signal.SIGINT)\nfor _ in range(20):\n    time.sleep(0.01)\n")
+    done = subprocess.run([sys.executable, "-c", CTRL_C_DURING_AN_IMPORT, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["imported", "whole", "ok"]
+    assert done.stderr.strip() == "collage: interrupted"
+
+
 @pytest.mark.parametrize("plan", ["default", "random:1"])
 def test_a_model_without_ops_compiles_and_runs(plan, tmp_path):
     """A function that only returns its argument (ONNX's Dropout at inference imports to one) has no op to
