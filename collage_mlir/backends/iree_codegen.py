@@ -17,6 +17,7 @@ from typing import ClassVar, Sequence
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
+from ..dialects import stablehlo as sh
 from ..ir import ir
 from .base import BackendKind, OpSetBackend
 from .patterns import OpPattern
@@ -104,7 +105,7 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: Progr
         # The module declares its devices (collage-place-devices, or the target above); a target-backends
         # flag besides makes IREE 3.13 crash.
         kwargs["target_backends"] = []
-    data = module.operation.get_asm(binary=True)
+    data = _iree_input(module)
     extra = [*target.flags, *kwargs.pop("extra_args", []), *iree_args]
     try:
         vmfb, diagnostics = _compile_str(data, extra_args=extra, **kwargs)
@@ -113,6 +114,35 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: Progr
         raise CollageError("IREE compilation failed: " + (lines[0].strip() if lines else " ".join(str(exc).split())[:400]))
     _log_diagnostics(diagnostics, quiet)
     return vmfb
+
+
+def _iree_input(module: ir.Module) -> bytes:
+    """The module as iree-compile's input. Quantized ops are worked around where IREE 3.13 gets them wrong:
+    - a dequantized constant is folded to f32 (a per-axis quantize of a constant is left as an illegal
+      ``chlo.broadcast_divide``; IREE computes the pair in f32 anyway);
+    - unsigned quantized storage becomes signed (``u8`` → ``i8``, zero points 128 lower: the same values):
+      IREE lowers ``!quant.uniform<u8...>`` with ``i8``'s range, so ``uniform_quantize`` clamps stored
+      values to [-128, 127] and a u8 model's numbers come out wrong."""
+    if not _has_quant(module):
+        return module.operation.get_asm(binary=True)
+    copy = module.operation.clone()
+    sh.fold_constant_quantization(copy)
+    text = copy.get_asm(binary=False, large_elements_limit=None)
+    return sh.QUANT_TYPE_TEXT.sub(lambda m: sh.quant_type(m.group(0)).signed().spelled(), text).encode()
+
+
+def _has_quant(module: ir.Module) -> bool:
+    found = False
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal found
+        if op.name.startswith("stablehlo.uniform_"):
+            found = True
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
 
 
 def _compile_str(data: bytes, **options) -> tuple[bytes, str]:

@@ -25,8 +25,88 @@ class QuantType:
     axis: int | None = None
     storage_range: tuple[int, int] | None = None
 
+    def spelled(self) -> str:
+        """The type as MLIR spells it (``quant_type``'s inverse)."""
+        storage = self.storage if self.storage_range is None else f"{self.storage}<{self.storage_range[0]}:" \
+            f"{self.storage_range[1]}>"
+        params = [f"{s!r}:{z}" for s, z in zip(self.scales, self.zero_points)]
+        if self.axis is None:
+            return f"!quant.uniform<{storage}:{self.expressed}, {params[0]}>"
+        return f"!quant.uniform<{storage}:{self.expressed}:{self.axis}, {{{','.join(params)}}}>"
+
+    #: numpy dtype of each storage type.
+    NUMPY = {"i8": np.int8, "u8": np.uint8, "i16": np.int16, "u16": np.uint16, "i32": np.int32}
+
+    def _view(self, ndim: int) -> tuple[np.ndarray, np.ndarray]:
+        shape = [1] * ndim
+        if self.axis is not None:
+            shape[self.axis] = len(self.scales)
+        return (np.array(self.scales, np.float32).reshape(shape if self.axis is not None else ()),
+                np.array(self.zero_points, np.float32).reshape(shape if self.axis is not None else ()))
+
+    def quantize(self, value: np.ndarray) -> np.ndarray:
+        """``value`` quantized as ``uniform_quantize`` (and ONNX's ``QuantizeLinear``) does: divided by the
+        scale, rounded half to even, offset by the zero point, saturated to the storage range."""
+        scale, zero_point = self._view(value.ndim)
+        dtype = self.NUMPY[self.storage]
+        lo, hi = self.storage_range or (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        stored = np.rint(value.astype(np.float32) / scale).astype(np.float64) + zero_point
+        return np.clip(stored, lo, hi).astype(dtype)
+
+    def dequantize(self, stored: np.ndarray) -> np.ndarray:
+        """``uniform_dequantize``: ``scale * (stored - zero_point)`` in the expressed type (f32)."""
+        scale, zero_point = self._view(stored.ndim)
+        return ((stored.astype(np.float64) - zero_point) * scale).astype(np.float32)
+
+    def signed(self) -> "QuantType":
+        """The same values in signed storage: ``u8`` as ``i8`` with each zero point (and the range) 128 lower."""
+        if not self.storage.startswith("u"):
+            return self
+        bits = int(self.storage[1:])
+        shift = 1 << (bits - 1)
+        return QuantType(f"i{bits}", self.expressed, self.scales, tuple(z - shift for z in self.zero_points), self.axis,
+                         None if self.storage_range is None else tuple(r - shift for r in self.storage_range))
+
 
 _QUANT = re.compile(r"!quant\.uniform<([iu]\d+)(?:<(-?\d+):(-?\d+)>)?:(\w+)(?::(\d+))?,\s*(.*)>$")
+
+
+#: A ``!quant.uniform`` type in MLIR text (its storage type may carry a ``<lo:hi>`` range).
+QUANT_TYPE_TEXT = re.compile(r"!quant\.uniform<[^<>]*(?:<[^<>]*>)?[^<>]*>")
+
+
+def fold_constant_quantization(module: ir.Module | ir.Operation) -> int:
+    """Replaces each ``uniform_dequantize(uniform_quantize(c))`` of a constant expression ``c`` by the f32
+    constant it computes; returns how many. (For IREE 3.13, which leaves a per-axis quantize of a
+    constant as an illegal ``chlo.broadcast_divide``; it computes the pair in f32 anyway.)"""
+    pairs: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        op = op.operation
+        owner = op.operands[0].owner if op.name == "stablehlo.uniform_dequantize" else None
+        if isinstance(owner, (ir.Operation, ir.OpView)) and owner.operation.name == "stablehlo.uniform_quantize":
+            pairs.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    folded = 0
+    for dq in pairs:
+        quantize = dq.operands[0].owner.operation
+        value, tt = const_expr_value(quantize.operands[0]), tensor_type(quantize.results[0])
+        q = None if tt is None else quant_type(tt[1])
+        if value is None or q is None or q.expressed != "f32" or q.storage not in QuantType.NUMPY \
+                or tensor_type(dq.results[0]) is None or tensor_type(dq.results[0])[1] != "f32":
+            continue
+        real = np.ascontiguousarray(q.dequantize(q.quantize(np.asarray(value))))
+        with dq.context, dq.location, ir.InsertionPoint(dq):
+            const = ir.Operation.create("stablehlo.constant", results=[dq.results[0].type], attributes={
+                "value": ir.DenseElementsAttr.get(real, type=dq.results[0].type)})
+        dq.results[0].replace_all_uses_with(const.results[0])
+        dq.erase()
+        if not list(quantize.results[0].uses):
+            quantize.erase()
+        folded += 1
+    return folded
 
 
 def quant_type(element: str) -> QuantType | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..errors import CollageError
 from ..ir import ir, parse_module
 from ..processes import python_command
+from .onnx_qdq import normalize_quantized
 
 PIPELINE = ("builtin.module(func.func(convert-torch-onnx-to-torch),torch-lower-to-backend-contract,"
             "torch-backend-to-stablehlo-backend-pipeline)")
@@ -77,8 +78,15 @@ def _stablehlo_bytecode(path: str | Path, func_name: str) -> bytes:
     where = str(path)
     try:
         model = onnx.load(str(path))
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:  # noqa: BLE001  onnx raises DecodeError, ValidationError, OSError...
+        raise CollageError(f"cannot read the ONNX model: {' '.join(str(exc).split())[:300]}", where=where) from None
+    try:
+        normalize_quantized(model)
+    except CollageError as exc:
+        raise CollageError(str(exc), where=where) from None
+    try:
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as exc:  # noqa: BLE001  onnx raises ValidationError, InferenceError...
         raise CollageError(f"cannot read the ONNX model: {' '.join(str(exc).split())[:300]}", where=where) from None
     unsigned = _aborting_types(model)
     if unsigned:

@@ -46,8 +46,9 @@ from ..activations import PROBE, classify
 #: Ops whose inputs broadcast numpy-style (multidirectional broadcasting).
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where", "Equal", "Less",
                           "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor"})
-#: Not folded: ``Expand`` would turn a small constant into a big one; ``DequantizeLinear`` of an 8-bit
-#: weight is what the engines fuse into their int8 kernels (folded, the weight would be f32 again).
+#: Not folded: ``Expand`` would turn a small constant into a big one (``_through_expand`` moves ops past
+#: it instead); ``DequantizeLinear`` of an 8-bit weight is what the engines fuse into their int8 kernels
+#: (folded, the weight would be f32 again).
 NO_FOLD = frozenset({"Expand", "DequantizeLinear"})
 
 
@@ -434,6 +435,105 @@ def _fold_into_conv(g: _Graph) -> bool:
     return changed
 
 
+def _through_expand(g: _Graph) -> bool:
+    """An elementwise op on an ``Expand`` of a small constant (its other operands constants) → an ``Expand``
+    of the op's value on the small constant; a pooling of an ``Expand`` of one value → an ``Expand`` of
+    that value. (torch-mlir's average pooling divides by a count it computes at run time by pooling a
+    broadcast of ones: this folds it to a constant however large the batch.)"""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    changed = False
+    for n in list(g.nodes):
+        out = g.shapes.get(n.output[0])
+        if out is None or n.output[0] in g.outputs or len(n.output) != 1:
+            continue
+        expands = [(k, g.producer(x)) for k, x in enumerate(n.input) if x and x not in g.consts]
+        if len(expands) != 1 or expands[0][1] is None or expands[0][1].op_type != "Expand" or \
+                expands[0][1].input[0] not in g.consts:
+            continue
+        k, expand = expands[0]
+        small = g.consts[expand.input[0]]
+        if n.op_type in ("AveragePool", "MaxPool") and small.size == 1:
+            value = small.reshape(())
+        elif n.op_type in BROADCASTING or n.op_type in SINK_UNARY:
+            inputs = {x: (small if j == k else g.consts[x]) for j, x in enumerate(n.input) if x}
+            value = np.asarray(ReferenceEvaluator(n).run(None, inputs)[0])
+            if _broadcast_shape([value.shape, g.shapes.get(expand.output[0], ())]) != out:
+                continue
+        else:
+            continue
+        shape = g.fresh_const(np.array(out, np.int64), "shape")
+        g.nodes[g.nodes.index(n)] = helper.make_node("Expand", [g.fresh_const(value, "splat"), shape], list(n.output),
+                                                     name=n.name)
+        changed = True
+    return changed
+
+
+def _global_pool(g: _Graph) -> bool:
+    """An ``AveragePool``/``MaxPool`` whose window is the whole unpadded image → ``GlobalAveragePool``/
+    ``GlobalMaxPool`` (what frameworks export; OpenVINO's int8 pooling rounds the two forms differently)."""
+    changed = False
+    for n in g.nodes:
+        x = g.shapes.get(n.input[0]) if n.op_type in ("AveragePool", "MaxPool") else None
+        if x is None or len(n.output) != 1 or list(_attr(n, "kernel_shape", [])) != list(x[2:]) or \
+                any(_attr(n, "pads", [0])) or any(d != 1 for d in _attr(n, "dilations", [1])) or \
+                _attr(n, "auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
+            continue
+        n.op_type = "Global" + n.op_type
+        del n.attribute[:]
+        changed = True
+    return changed
+
+
+def _conv_bias(g: _Graph) -> bool:
+    """A bias-less ``Conv`` followed by the add of a computed per-channel vector reshaped to ``[1, C, 1...]``
+    → the ``Conv``'s bias (a QDQ model's bias is ``DequantizeLinear`` of int32: the engines fuse
+    ``DequantizeLinear → Conv → QuantizeLinear`` into an int8 convolution only when the bias is the
+    ``Conv``'s own input)."""
+    changed = False
+    for conv in list(g.nodes):
+        if conv.op_type != "Conv" or len(conv.input) > 2 and conv.input[2] or conv.output[0] in g.outputs:
+            continue
+        users = g.users(conv.output[0])
+        if len(users) != 1 or users[0].op_type != "Add":
+            continue
+        add = users[0]
+        other = add.input[1] if add.input[0] == conv.output[0] else add.input[0]
+        reshape = g.producer(other)
+        out = g.shapes.get(conv.output[0])
+        if reshape is None or reshape.op_type != "Reshape" or out is None or \
+                g.shapes.get(other) != (1, out[1]) + (1,) * (len(out) - 2) or g.shapes.get(reshape.input[0]) != (out[1],) \
+                or g.shapes.get(add.output[0]) != out:
+            continue
+        del conv.input[2:]
+        conv.input.append(reshape.input[0])
+        conv.output[0] = add.output[0]
+        g.nodes.remove(add)
+        changed = True
+    return changed
+
+
+def _scale_and_unscale(g: _Graph) -> bool:
+    """``(x * c) / c`` → ``x`` for a splat ``c`` (average pooling's sum translated back: the window's mean
+    times its size over the count, which is that size where nothing is padded)."""
+    changed = False
+    for div in list(g.nodes):
+        c = g.consts.get(div.input[1]) if div.op_type == "Div" else None
+        mul = g.producer(div.input[0]) if c is not None else None
+        if mul is None or mul.op_type != "Mul" or len(g.users(mul.output[0])) != 1 or c.size == 0 \
+                or c.dtype.kind != "f" or not np.all(c == c.reshape(-1)[0]):
+            continue
+        k = next((k for k in (0, 1) if _is_splat(g, mul.input[k], float(c.reshape(-1)[0]))), None)
+        x = None if k is None else mul.input[1 - k]
+        if x is None or g.shapes.get(x) is None or g.shapes.get(x) != g.shapes.get(div.output[0]):
+            continue
+        if _bypass(g, div, x):
+            g.nodes.remove(mul)
+            changed = True
+    return changed
+
+
 def _activations(g: _Graph) -> bool:
     from onnx import helper
 
@@ -500,12 +600,29 @@ def _gemm(g: _Graph) -> bool:
         add = users[0]
         bias = add.input[1] if add.input[0] == mm.output[0] else add.input[0]
         bshape = g.shapes.get(bias)
-        if bias not in g.consts or bshape is None or len(bshape) > 2 or \
+        if bshape is None or len(bshape) > 2 or \
                 _broadcast_shape([bshape, (a[0], b[1])]) != (a[0], b[1]) or g.shapes.get(add.output[0]) != (a[0], b[1]):
             continue
-        gemm = helper.make_node("Gemm", [mm.input[0], mm.input[1], bias], list(add.output), name=add.name)
+        if bias not in g.consts:  # a computed bias (a QDQ model's DequantizeLinear): a row vector only
+            reshape = g.producer(bias)
+            if bshape[-1] != b[1] or any(d != 1 for d in bshape[:-1]):
+                continue
+            if len(bshape) == 2 and reshape is not None and reshape.op_type == "Reshape" and \
+                    g.shapes.get(reshape.input[0]) == (b[1],):
+                bias = reshape.input[0]
+        # B transposed by a Transpose only this MatMul reads: Gemm's transB (a QDQ model's weight is then
+        # the DequantizeLinear the engines fuse, as their exporters write it).
+        transpose = g.producer(mm.input[1])
+        trans = transpose is not None and transpose.op_type == "Transpose" and \
+            list(_attr(transpose, "perm", [1, 0])) == [1, 0] and len(g.users(transpose.output[0])) == 1 and \
+            transpose.output[0] not in g.outputs
+        rhs = transpose.input[0] if trans else mm.input[1]
+        gemm = helper.make_node("Gemm", [mm.input[0], rhs, bias], list(add.output), name=add.name,
+                                **({"transB": 1} if trans else {}))
         g.nodes[g.nodes.index(mm)] = gemm
         g.nodes.remove(add)
+        if trans:
+            g.nodes.remove(transpose)
         changed = True
     return changed
 
@@ -754,4 +871,5 @@ def _prune(g: _Graph) -> bool:
 #: The rewrites, in the order they are tried. Pruning first: dead readers would break the single-user
 #: checks of the fusions.
 RULES = (_prune, _fold_constants, _drop_broadcasts, _hoist_casts, _sink_transposes, _drop_identities,
-         _fold_into_conv, _activations, _batched_matmul, _gemm, _mean, _softmax, _gelu, _layer_norm)
+         _fold_into_conv, _through_expand, _global_pool, _conv_bias,
+         _scale_and_unscale, _activations, _batched_matmul, _gemm, _mean, _softmax, _gelu, _layer_norm)

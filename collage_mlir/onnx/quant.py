@@ -1,6 +1,7 @@
 """Quantization: ``stablehlo.uniform_quantize`` (f32 → ``!quant.uniform``) as ONNX ``QuantizeLinear`` and
 ``stablehlo.uniform_dequantize`` as ``DequantizeLinear``, per tensor or per axis, 8-bit storage over f32
-(both round half to even and saturate to the storage type's range). ONNX Runtime and OpenVINO fuse the
+(both round half to even and saturate to the storage type's range); 32-bit storage (a QDQ model's
+biases) where ONNX takes it: a quantized constant, and a dequantize. ONNX Runtime and OpenVINO fuse the
 QuantizeLinear/DequantizeLinear pairs around a convolution or matmul into their int8 kernels. Quantized
 values stay inside a region: a boundary never carries them (``backends.base.crossing_type_problem``)."""
 
@@ -14,8 +15,9 @@ from .builder import _Builder
 from .registry import register
 from .values import _constant_of
 
-#: Storage types QuantizeLinear/DequantizeLinear take (numpy dtype of the zero point).
-STORAGE = {"i8": np.int8, "u8": np.uint8}
+#: Storage types QuantizeLinear/DequantizeLinear take (numpy dtype of the zero point); int32 only as
+#: DequantizeLinear's input (ONNX's QuantizeLinear has no int32 output).
+STORAGE = {"i8": np.int8, "u8": np.uint8, "i32": np.int32}
 
 
 def _quantized(op: ir.Operation) -> sh.QuantType | None:
@@ -25,8 +27,9 @@ def _quantized(op: ir.Operation) -> sh.QuantType | None:
     return None if tt is None else sh.quant_type(tt[1])
 
 
-def eight_bit_over_f32(op: ir.Operation) -> str | None:
-    """static shapes; f32 values in 8-bit storage (full range), per tensor or per axis"""
+def integer_over_f32(op: ir.Operation) -> str | None:
+    """static shapes; f32 values in 8-bit storage (full range), per tensor or per axis; 32-bit storage for a
+    dequantize or a quantized constant"""
     types = [sh.tensor_type(v) for v in (*op.operands, *op.results)]
     if any(t is None for t in types):
         return "needs static-shaped tensors"
@@ -34,7 +37,9 @@ def eight_bit_over_f32(op: ir.Operation) -> str | None:
     if q is None:
         return "needs one f32 side and one !quant.uniform side (no requantize)"
     if q.storage not in STORAGE or q.expressed != "f32" or q.storage_range is not None:
-        return f"needs i8/u8 storage (full range) of f32 values, got {q.storage} of {q.expressed}"
+        return f"needs i8/u8/i32 storage (full range) of f32 values, got {q.storage} of {q.expressed}"
+    if q.storage == "i32" and op.name == "stablehlo.uniform_quantize" and _constant_of(op.operands[0]) is None:
+        return "needs i8/u8 storage to quantize a computed value (ONNX's QuantizeLinear has no int32 output)"
     plain = op.operands[0] if op.name == "stablehlo.uniform_quantize" else op.results[0]
     if sh.tensor_type(plain)[1] != "f32":
         return "needs one f32 side and one !quant.uniform side (no requantize)"
@@ -49,31 +54,19 @@ def _scale_zero_point(b: _Builder, q: sh.QuantType) -> tuple[list[str], dict]:
     return [scale, zero_point], ({} if q.axis is None else {"axis": q.axis})
 
 
-def quantize_constant(value: np.ndarray, q: sh.QuantType) -> np.ndarray:
-    """``value`` quantized as ``uniform_quantize`` and ``QuantizeLinear`` do: divided by the scale, rounded half
-    to even, offset by the zero point, saturated to the storage type's range."""
-    shape = [1] * value.ndim
-    if q.axis is not None:
-        shape[q.axis] = len(q.scales)
-    scale = np.array(q.scales, np.float32).reshape(shape)
-    zero_point = np.array(q.zero_points, np.float32).reshape(shape)
-    info = np.iinfo(STORAGE[q.storage])
-    return np.clip(np.rint(value.astype(np.float32) / scale) + zero_point, info.min, info.max).astype(STORAGE[q.storage])
-
-
-@register("stablehlo.uniform_quantize", when=(eight_bit_over_f32,))
+@register("stablehlo.uniform_quantize", when=(integer_over_f32,))
 def _quantize(b: _Builder, op, ins):
     q = _quantized(op)
     value = _constant_of(op.operands[0])
     if value is not None:
         # A quantized weight is an 8-bit initializer: the engines fuse DequantizeLinear(initializer) into
         # their int8 kernels, where a QuantizeLinear of an f32 constant would be folded back to f32.
-        return [b.const(quantize_constant(np.asarray(value), q), "quantized")]
+        return [b.const(q.quantize(np.asarray(value)), "quantized")]
     params, attrs = _scale_zero_point(b, q)
     return [b.node("QuantizeLinear", [ins[0], *params], **attrs)]
 
 
-@register("stablehlo.uniform_dequantize", when=(eight_bit_over_f32,))
+@register("stablehlo.uniform_dequantize", when=(integer_over_f32,))
 def _dequantize(b: _Builder, op, ins):
     params, attrs = _scale_zero_point(b, _quantized(op))
     return [b.node("DequantizeLinear", [ins[0], *params], **attrs)]

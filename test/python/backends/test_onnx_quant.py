@@ -13,7 +13,6 @@ from collage_mlir.dialects.stablehlo import QuantType, quant_type
 from collage_mlir.graph import Graph, number_ops
 from collage_mlir.ir import new_context, parse_module
 from collage_mlir.iree import compile_module
-from collage_mlir.onnx.quant import quantize_constant
 from collage_mlir.search import resolve_plan
 
 W = np.round(np.random.default_rng(1).uniform(-1, 1, (8, 6)), 2).astype(np.float32)
@@ -45,10 +44,10 @@ def test_quant_types_read_per_tensor_per_axis_and_narrow():
 @pytest.mark.fast
 def test_constants_quantize_half_to_even_and_saturate():
     q = QuantType("i8", "f32", (0.5,), (1,))
-    assert quantize_constant(np.array([0.25, 0.75, -0.25, 100.0, -100.0], np.float32), q).tolist() == [
+    assert q.quantize(np.array([0.25, 0.75, -0.25, 100.0, -100.0], np.float32)).tolist() == [
         1, 3, 1, 127, -128]
     per_axis = QuantType("u8", "f32", (1.0, 0.5), (0, 10), axis=1)
-    assert quantize_constant(np.array([[2.0, 2.0], [-3.0, 300.0]], np.float32), per_axis).tolist() == [
+    assert per_axis.quantize(np.array([[2.0, 2.0], [-3.0, 300.0]], np.float32)).tolist() == [
         [2, 14], [0, 255]]
 
 
