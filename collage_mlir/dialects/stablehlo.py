@@ -109,6 +109,15 @@ def fold_constant_quantization(module: ir.Module | ir.Operation) -> int:
     return folded
 
 
+def element_bits(element: ir.Type) -> int:
+    """The bits one element of type ``element`` takes: a quantized type's storage bits; 0 where unknown."""
+    width = getattr(element, "width", None)
+    if width is not None:
+        return width
+    q = quant_type(str(element))
+    return int(q.storage[1:]) if q is not None else 0
+
+
 def quant_type(element: str) -> QuantType | None:
     """The ``!quant.uniform`` type an element type string spells (``sh.tensor_type``'s), else None."""
     m = _QUANT.match(element.strip())

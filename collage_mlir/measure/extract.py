@@ -34,7 +34,13 @@ HASHED_ELEMENTS = 64
 
 #: Version of ``structural_hash``'s rule: the DB's cache of (module, op set) -> hash is keyed by it, so
 #: bump it whenever a change would give a region another hash.
-HASH_VERSION = 1
+HASH_VERSION = 2
+
+QUANTIZE = "stablehlo.uniform_quantize"
+
+#: Why a region is not extracted alone when a quantized tensor flows in or out (a quantize op alone): it
+#: is measured only inside a region that also holds the ops on the tensor's other side.
+QUANTIZED_BOUNDARY = "a quantized tensor would cross its boundary: measured only with its neighbours"
 
 _COLLAGE_ATTRS = (collage.ID, collage.REGION, collage.BACKEND)
 
@@ -65,6 +71,8 @@ class ExtractedRegion:
     outputs: tuple[ValueRef, ...]
     #: ``@main``'s first ``const_ops`` ops are the cloned constant expressions; the region's ops follow.
     const_ops: int
+    #: Whether the region quantizes (holds a ``uniform_quantize``): validated with ``validate.QUANT_RTOL``.
+    quantized: bool = False
 
     def plan(self, backend: str, default_backend: str) -> Plan:
         """The plan that runs this module's region (all but the cloned constants) on ``backend``, in a program
@@ -100,6 +108,9 @@ def extract_region(graph: Graph, ids: frozenset[int]) -> ExtractedRegion:
     outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
     if not outputs:
         raise CollageError(f"region {sorted(ids)} has no result used after it (dead code): nothing to measure")
+    quantized = next((v for v in (*args, *outputs) if "!quant." in str(v.type)), None)
+    if quantized is not None:  # no program takes or returns one (``backends.base.crossing_type_problem``)
+        raise CollageError(f"{QUANTIZED_BOUNDARY} ({quantized.type}; region {sorted(ids)})")
 
     with ops[0].context, ir.Location.unknown():
         module = ir.Module.create()
@@ -130,7 +141,7 @@ def extract_region(graph: Graph, ids: frozenset[int]) -> ExtractedRegion:
     summary = ", ".join(f"{graph.nodes[i].name.removeprefix('stablehlo.')}" for i in sorted(ids, key=rank.__getitem__))
     return ExtractedRegion(frozenset(ids), bytecode, digest, summary,
                            tuple(value_ref(graph, v) for v in args), tuple(value_ref(graph, v) for v in outputs),
-                           n_const)
+                           n_const, any(graph.nodes[i].name == QUANTIZE for i in ids))
 
 
 _RESOURCE_USE = re.compile(r"dense_resource<([^>]+)>")

@@ -34,11 +34,12 @@ from ..ir import ir
 from .cluster import RayPool
 from .db import CostDB, Measurement
 from .device import device_fingerprint
-from .extract import HASH_VERSION, ExtractedRegion, ValueRef, extract_region
+from .extract import HASH_VERSION, QUANTIZED_BOUNDARY, ExtractedRegion, ValueRef, extract_region
 from .pool import Artifact, LocalPool, TaskPool, build_by
 from .reference import capture, model_inputs
 from .tasks import INPUT, REFERENCE
 from .timing import TimingOptions
+from .validate import QUANT_RTOL
 from .worker import Outcome
 
 
@@ -105,6 +106,11 @@ class NotPosed:
     @property
     def folded(self) -> bool:
         return self.why == FOLDED
+
+    @property
+    def with_neighbours(self) -> bool:
+        """Quantized tensors cross its boundary: it has a cost only with its neighbours (unknown alone)."""
+        return self.why.startswith(QUANTIZED_BOUNDARY)
 
 
 @dataclass
@@ -297,12 +303,12 @@ _CAPTURED: dict = {"key": None, "values": {}}
 
 def _every_value(graph: Graph) -> set[ValueRef]:
     """Every argument of a public function and every result of an op of ``graph`` that is not a constant
-    expression (weights included: extraction clones them into a region): what any region of it can take
-    or give."""
+    expression (weights included: extraction clones them into a region) nor quantized (``!quant.uniform``:
+    no region takes or gives one, and no program returns one): what any region of it can take or give."""
     args = {ValueRef(collage.symbol_name(f), None, k)
             for f in public_funcs(graph.module) for k in range(len(f.regions[0].blocks[0].arguments))}
     return args | {ValueRef(n.func, oid, k) for oid, n in graph.nodes.items() for k, r in enumerate(n.op.results)
-                   if sh.const_expr_ops(r, readable=False) is None}
+                   if sh.const_expr_ops(r, readable=False) is None and "!quant." not in str(r.type)}
 
 
 def _constant_values(graph: Graph, refs: set[ValueRef]) -> dict[ValueRef, np.ndarray]:
@@ -421,8 +427,9 @@ class _Session:
     def _time(self, job: _Job, artifact: Artifact) -> Outcome:
         try:
             tol = job.backend.tolerance
+            rtol = max(tol.rtol, QUANT_RTOL) if job.region.quantized else tol.rtol
             return self.pool.time(artifact, self.data.write(job.region), self.options.run_timeout_s,
-                                  timing=self.options.timing, rtol=tol.rtol, atol=tol.atol)
+                                  timing=self.options.timing, rtol=rtol, atol=tol.atol)
         finally:
             self.pool.discard(artifact)
 

@@ -26,6 +26,14 @@ class Check:
 HALF_RTOL = {"float16": 1e-2, "bfloat16": 5e-2}
 
 
+#: The least relative tolerance (of the output's scale) of a region or plan holding a ``uniform_quantize``:
+#: a value near a rounding boundary moves by one quantization step under another accumulation order, and
+#: steps compound through the layers. ResNet-50 int8 (QDQ, per-channel), against IREE's f32 arithmetic of
+#: the same model: ONNX Runtime's int8 kernels 7.7 % of the output's scale, OpenVINO's 16 %. A layout or
+#: indexing bug still misses by O(scale); the accuracy a user states is checked on held-out data besides.
+QUANT_RTOL = 0.25
+
+
 def compare(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], rtol: float, atol: float) -> Check:
     """Compares ``outputs`` with ``references`` elementwise under ``|out - ref| <= atol + rtol * scale``
     (``rtol`` at least ``HALF_RTOL`` for a half-precision reference),

@@ -13,6 +13,7 @@ import networkx as nx
 
 from ..backends import DEFAULT_BACKEND, Backend, Candidate, RegionKey
 from ..dialects import collage
+from ..dialects import stablehlo as sh
 from ..graph import Graph, external_operands, producer
 from ..ir import ir
 from .candidates import enumerate_candidates
@@ -102,7 +103,7 @@ def _result_bytes(op: ir.Operation) -> int:
         t = r.type
         if isinstance(t, ir.RankedTensorType):
             if t.has_static_shape:
-                total += math.prod(t.shape) * max(1, t.element_type.width // 8)
+                total += math.prod(t.shape) * max(1, sh.element_bits(t.element_type) // 8)
     return total
 
 

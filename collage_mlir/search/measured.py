@@ -22,6 +22,7 @@ from ..ir import ir
 from ..measure import HARNESS_VERSION
 from ..measure.db import KEY_FIELDS, CostDB, Measurement
 from ..measure.device import device_fingerprint
+from ..measure.extract import QUANTIZE
 from ..measure.harness import MeasureOptions, Progress, measure_regions
 from ..measure.plan_timing import PlanTimer
 from ..measure.pool import time_left
@@ -30,6 +31,7 @@ from ..measure.reference import model_inputs
 from ..measure.status import Status
 from ..measure.tasks import INPUT, REFERENCE, TASKS
 from ..measure.timing import timing_wall_s
+from ..measure.validate import QUANT_RTOL
 from ..measure.worker import Worker
 from ..measure.transitions import measure_transitions
 from ..plan import Plan, PlanKey
@@ -91,6 +93,8 @@ class MeasuredEstimator(CostEstimator):
                  deadline: float | None = None, on_progress: Callable[[str, Progress], None] | None = None):
         self.module = module
         self.backends = list(backends)
+        #: Whether the model quantizes: its plans are validated with ``QUANT_RTOL``.
+        self._quantizes = _quantizes(module)
         self.db = db
         self.work = Path(work_dir)
         self.examples = dict(examples or {})
@@ -160,6 +164,7 @@ class MeasuredEstimator(CostEstimator):
             for region, skip in summary.skipped.items():
                 # A region where only constants flow in is folded by the compiler: it costs nothing.
                 self._regions[region] = (Cost.known(0.0, "folded at compile time") if skip.folded
+                                         else Cost.unknown(skip.why) if skip.with_neighbours
                                          else Cost.invalid(skip.why))
             for key, m in summary.rows.items():
                 self._regions[key] = (Cost.known(m.median_s, spread=m.spread or 0.0) if m.usable
@@ -432,6 +437,8 @@ class MeasuredEstimator(CostEstimator):
             # A whole model through several backends: ten times the loosest tolerance, as the transition probe.
             rtol = 10 * max(b.tolerance.rtol for b in used)
             atol = 10 * max(b.tolerance.atol for b in used)
+            if self._quantizes:
+                rtol = max(rtol, QUANT_RTOL)
             # A search's plan (untagged) is not built past the deadline: a whole-model build started
             # just before it was a warm 10 s search's minute (a tagged plan, a seed or a finalist, is).
             # A plan far slower than the fastest one known is timed by its first call.
@@ -466,3 +473,15 @@ class MeasuredEstimator(CostEstimator):
         if self._timer is not None:
             self._timer.close()
             self._timer = None
+
+
+def _quantizes(module: ir.Module) -> bool:
+    found = False
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal found
+        found = op.name == QUANTIZE
+        return ir.WalkResult.INTERRUPT if found else ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found

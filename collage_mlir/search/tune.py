@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..backends import Backend, BackendKind, RegionKey, get_backend
+from ..backends.base import crossing_type_problem
 from ..errors import CollageError
 from ..graph import Graph, number_ops
 from ..ir import ir
@@ -79,7 +80,8 @@ def accepts_fn(graph: Graph, default_backend: str) -> Callable[[str, frozenset[i
     def accepts(backend: str, ops: frozenset[int]) -> bool:
         key = RegionKey(backend, ops)
         if key not in cache:
-            cache[key] = backend == default_backend or get_backend(backend).accepts(graph, ops) is None
+            cache[key] = backend == default_backend or (get_backend(backend).accepts(graph, ops) is None
+                                                        and crossing_type_problem(graph, ops) is None)
         return cache[key]
 
     return accepts

@@ -37,7 +37,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     # As `collage tune` reads it (a file, or a torch factory): an imported model computes what its source
     # computes, checked before anything is built.
     module, inputs = tune_cmd.load_model(args.model, new_context(), load_input_arrays(args.input),
-                                         check_import=not args.no_import_check)
+                                         check_import=not args.no_import_check, calibration=tune_cmd.calibration_of(args))
     plan = args.plan
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
     if (args.tune or plan == "tune") and args.device not in (None, Platform.CPU.value):
@@ -223,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(default: the GPU here, else sm_80)")
     c.add_argument("--input", action="append", default=[],
                    help="example input .npy for @main, once per argument, for the import check (default: generated)")
+    tune_cmd.add_precision_arguments(c)
     c.add_argument("--no-import-check", action="store_true",
                    help="do not check an imported model (.onnx) against its source on example inputs")
     r = sub.add_parser("run", help="run a compiled artifact on .npy inputs")

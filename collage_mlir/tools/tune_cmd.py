@@ -51,14 +51,56 @@ def parse_backends(text: str | None, platform: Platform = Platform.CPU) -> list:
     return found
 
 
-def load_model(spec: str, context, inputs: list, check_import: bool = False):
+def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--precision int8 --calibrate DATA [--calibration-method M] [--max-drop X]`` (an ONNX model)."""
+    from ..frontends.onnx_calibrate import CalibrationMethod
+
+    parser.add_argument("--precision", choices=["f32", "int8"], default="f32",
+                        help="int8: quantize an f32 ONNX model first (ONNX Runtime's quantizer, QDQ, per-channel "
+                             "weights) from --calibrate samples")
+    parser.add_argument("--calibrate", metavar="DATA", help="calibration samples: .npy (one input) or .npz (one "
+                        "array per input name), a whole number of the model's batches; the last quarter is held out")
+    parser.add_argument("--calibration-method", choices=[m.value for m in CalibrationMethod], default="minmax")
+    parser.add_argument("--max-drop", type=float, default=None, metavar="SHARE",
+                        help="refuse an int8 model whose top class differs from f32's on more than this share of "
+                             "the held-out samples (e.g. 0.01)")
+
+
+def calibration_of(args: argparse.Namespace):
+    """The ``Calibration`` the arguments ask for, or None (f32)."""
+    from ..frontends.onnx_calibrate import Calibration, CalibrationMethod
+
+    if args.precision != "int8":
+        if args.calibrate or args.max_drop is not None:
+            raise CollageError("--calibrate and --max-drop go with --precision int8", exit_code=2)
+        return None
+    if not args.calibrate:
+        raise CollageError("--precision int8 needs calibration samples: --calibrate DATA", exit_code=2)
+    if args.max_drop is not None and not 0 <= args.max_drop <= 1:
+        raise CollageError(f"--max-drop is a share of samples in [0, 1], got {args.max_drop}", exit_code=2)
+    return Calibration(Path(args.calibrate), CalibrationMethod(args.calibration_method), args.max_drop)
+
+
+def load_model(spec: str, context, inputs: list, check_import: bool = False, calibration=None):
     """(numbered module, example inputs for @main) from a StableHLO file, or from ``package.module:factory``
     where ``factory()`` returns ``(torch model, example inputs)``; ``check_import``: an ONNX file or a torch
-    model is checked against its source first (``measure.import_check``)."""
+    model is checked against its source first (``measure.import_check``); ``calibration``: an ONNX model is
+    quantized to int8 first (``frontends.onnx_calibrate``)."""
     from ..frontends import load_model as load_file
     from ..measure.import_check import check_import as check, check_model_file, torch_source
 
     path = Path(spec)
+    if calibration is not None:
+        if path.suffix != ".onnx":
+            raise CollageError("--precision int8 quantizes ONNX models (.onnx); quantize others before", where=spec,
+                               exit_code=2)
+        from rich.console import Console
+
+        from ..frontends.onnx_calibrate import quantize_onnx
+
+        quantized, agreement = quantize_onnx(path, calibration)
+        Console(stderr=True).print(agreement.line(), highlight=False)
+        spec = str(quantized)
     if path.suffix in (".mlir", ".mlirbc", ".onnx") or path.exists() or ":" not in spec:
         module = load_file(spec, context)
         if check_import:
@@ -103,6 +145,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("-o", "--output", required=True, help="plan JSON to write")
     t.add_argument("--no-import-check", action="store_true",
                    help="do not check an imported model (.onnx, torch factory) against its source")
+    add_precision_arguments(t)
     t.add_argument("--cluster", metavar="ADDRESS", default=None,
                    help="build and time on the Ray cluster at ADDRESS (host:port, ray://host:port, auto): its nodes "
                         "of this machine's kind (see docs/measurement.md); the cost DB and the search stay here")
@@ -151,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster:  # before any work: a missing Ray or an unreachable cluster is one line at once
         connect(args.cluster, platform)
     backends = parse_backends(args.backends, platform)
-    module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),
+    module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input), calibration=calibration_of(args),
                                 check_import=not args.no_import_check)
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,

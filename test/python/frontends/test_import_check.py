@@ -143,6 +143,34 @@ def test_compare_rules():
     assert not bad.ok and bad.max_error == float("inf") and "int16[3, 1], the source gives int16[3]" in bad.detail
     demoted = compare(0, "y", f32, f32.astype(np.float64))
     assert not demoted.ok and "float32[4], the source gives float64[4]" in demoted.detail
+    # A quantized model's spread (its engine's own two arithmetics differ by 0.1): twice that is allowed.
+    assert compare(0, "y", f32 + np.float32(0.15), f32, spread=0.1).ok
+    assert not compare(0, "y", f32 + np.float32(0.25), f32, spread=0.1).ok
+
+
+def test_a_quantized_source_reports_its_spread(tmp_path):
+    """ONNX Runtime runs a QDQ model twice, unfused and with its int8 kernels: the outputs' spread."""
+    from collage_mlir.measure.import_check import run_onnx
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.integers(-127, 127, (64, 64)).astype(np.int8), "w")
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+         helper.make_node("DequantizeLinear", ["w", "ws", "z"], ["dw"]), helper.make_node("MatMul", ["d", "dw"], ["m"]),
+         helper.make_node("QuantizeLinear", ["m", "ys", "z"], ["qy"]), helper.make_node("DequantizeLinear", ["qy", "ys", "z"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])],
+        [w, numpy_helper.from_array(np.array(0.02, np.float32), "s"), numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
+         numpy_helper.from_array(np.array(0.05, np.float32), "ys"), numpy_helper.from_array(np.array(0, np.int8), "z")])
+    path = tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    ran = run_onnx(str(path), [rng.standard_normal((8, 64)).astype(np.float32)])
+    assert ran.spread is not None and len(ran.spread) == 1 and 0.0 <= ran.spread[0] <= 0.05 * 2
+    plain = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    onnx.save(helper.make_model(plain, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    assert run_onnx(str(tmp_path / "f.onnx"), [np.ones(4, np.float32)]).spread is None
 
 
 def test_torch_import_checked_against_eager(torch, tmp_path, monkeypatch):

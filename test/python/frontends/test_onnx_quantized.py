@@ -163,3 +163,42 @@ def test_a_qoperator_op_without_a_qdq_form_is_one_error(tmp_path):
                                                       helper.make_opsetid("com.microsoft", 1)]), tmp_path / "m.onnx")
     with pytest.raises(CollageError, match="QLinearConcat node .* has no QDQ form"):
         load_model(tmp_path / "m.onnx", new_context())
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *args], capture_output=True, text=True)
+
+
+def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, tmp_path):
+    """`collage compile model.onnx --precision int8 --calibrate DATA`: the program is the int8 model (ONNX
+    Runtime's own quantizer, from the samples' first three quarters), its agreement with f32 on the last
+    quarter is reported; a --max-drop it exceeds (calibrated on blank images, held out on digits) is one line."""
+    root, x, labels, calibration = digits
+    np.save(tmp_path / "calib.npy", calibration)
+    r = _cli("compile", str(root / "f32.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "calib.npy"),
+             "--plan", "whole:ort", "-o", str(tmp_path / "int8"))
+    assert r.returncode == 0, r.stderr
+    assert "int8 against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
+    got = _run(tmp_path / "int8", x)
+    assert (got.argmax(1) == labels).mean() > 0.9
+    blank = calibration.copy()
+    blank[:192] = 0.0
+    np.save(tmp_path / "blank.npy", blank)
+    r = _cli("compile", str(root / "f32.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "blank.npy"),
+             "--max-drop", "0.05", "-o", str(tmp_path / "refused"))
+    assert r.returncode == 1 and not (tmp_path / "refused").exists()
+    assert r.stderr.strip().count("\n") == 0 and "above --max-drop 0.05; nothing was built" in r.stderr
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "int8"], "--precision int8 needs calibration samples"),
+    (["--calibrate", "x.npy"], "--calibrate and --max-drop go with --precision int8"),
+    (["--precision", "int8", "--calibrate", "x.npy", "--max-drop", "2"], "--max-drop is a share of samples"),
+])
+def test_precision_arguments_are_one_line(args, message, tmp_path):
+    r = _cli("compile", "model.onnx", "-o", str(tmp_path / "out"), *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

@@ -236,3 +236,48 @@ def test_tuned_cnn_plan_compiles_and_matches_iree_alone(tmp_path):
         (ref,) = p.invoke("main", x.numpy())
     tol = get_backend("onednn").tolerance
     np.testing.assert_allclose(y, ref, rtol=tol.rtol, atol=tol.atol)
+
+
+def test_a_quantized_model_tunes_with_its_quantized_chains_whole(tmp_path):
+    """A model with quantize/dequantize pairs: no region the search measures takes or gives a quantized
+    tensor (a quantize alone on IREE is priced only with its neighbours), every seed is timed and
+    validated, and the plan keeps each pair inside one region."""
+    from collage_mlir.backends import get_backend
+    from collage_mlir.graph import Graph, number_ops
+    from collage_mlir.ir import new_context, parse_module
+    from collage_mlir.measure import HARNESS_VERSION
+    from collage_mlir.measure.db import CostDB, Transition
+    from collage_mlir.measure.device import device_fingerprint
+    from collage_mlir.search.evolve import EvolveOptions
+    from collage_mlir.search.measured import PROBE_SIZES
+    from collage_mlir.search.tune import tune
+
+    quantized = """func.func @main(%x: tensor<32x32xf32>) -> tensor<32x32xf32> {
+  %w = stablehlo.constant dense<0.25> : tensor<32x32xf32>
+  %qx = stablehlo.uniform_quantize %x : (tensor<32x32xf32>) -> tensor<32x32x!quant.uniform<i8:f32, 0.05:3>>
+  %dx = stablehlo.uniform_dequantize %qx : (tensor<32x32x!quant.uniform<i8:f32, 0.05:3>>) -> tensor<32x32xf32>
+  %qw = stablehlo.uniform_quantize %w : (tensor<32x32xf32>) -> tensor<32x32x!quant.uniform<i8:f32:1, {%s}>>
+  %dw = stablehlo.uniform_dequantize %qw : (tensor<32x32x!quant.uniform<i8:f32:1, {%s}>>) -> tensor<32x32xf32>
+  %y = stablehlo.dot_general %dx, %dw, contracting_dims = [1] x [0] : (tensor<32x32xf32>, tensor<32x32xf32>) -> tensor<32x32xf32>
+  %t = stablehlo.tanh %y : tensor<32x32xf32>
+  return %t : tensor<32x32xf32>
+}
+""".replace("%s", ",".join(["0.01"] * 32))
+    db = tmp_path / "costs.sqlite"
+    device, _ = device_fingerprint()
+    with CostDB(db) as d:
+        for a, b in [("iree-cpu", "ort"), ("ort", "iree-cpu"), ("ort", "ort")]:
+            for n in PROBE_SIZES:
+                d.put_transition(Transition(a, b, get_backend(a).version(), get_backend(b).version(), device,
+                                            HARNESS_VERSION, n * n * 4, "ok", 20e-6 + 1e-10 * n * n * 4))
+        module = parse_module(quantized, new_context())
+        result = tune(module, [get_backend("iree-cpu"), get_backend("ort")], d, tmp_path / "work", budget_s=600,
+                      evolve_options=EvolveOptions(population=1))
+    tuning = result.tuned.to_json()["tuning"]
+    assert tuning["single_backend"]["ort"]["predicted_s"] is not None  # timed and validated whole
+    numbered = parse_module(quantized, new_context())
+    number_ops(numbered)
+    result.tuned.plan.validate(Graph(numbered))
+    with sqlite3.connect(db) as c:
+        statuses = {s for (s,) in c.execute("SELECT status FROM measurements")}
+    assert statuses <= {"ok"}, [r for r in sqlite3.connect(db).execute("SELECT backend, region, status, message FROM measurements WHERE status != 'ok'")]

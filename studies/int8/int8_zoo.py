@@ -1,0 +1,153 @@
+"""Int8 zoo: each model exported to ONNX, quantized by ONNX Runtime's ``quantize_static`` (QDQ, per-channel
+weights, int8 activations, calibrated on 8 seeded batches), then timed side by side, interleaved:
+
+- peers on the source files: ONNX Runtime f32 and int8, OpenVINO f32 and int8 (each engine alone, 2 threads);
+- collage programs of the int8 model: ``whole:ort``, ``whole:openvino``, IREE alone (``default``), and a
+  tuned plan where ``--plan`` names one.
+
+Writes ``int8_zoo.json`` and ``int8_zoo.md`` beside this file (or ``--out``). Run from the repository root:
+
+    python -m studies.int8.int8_zoo --models resnet50,mobilenet_v2 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+
+
+def isa() -> str:
+    flags = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    found = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8") if f in flags]
+    return "+".join(found) or platform.machine()
+
+
+def export(name: str, root: Path) -> tuple[Path, Path, np.ndarray]:
+    import torch
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from collage_mlir import zoo
+
+    model, inputs = zoo.build(name)
+    f32, int8 = root / f"{name}.onnx", root / f"{name}.int8.onnx"
+    torch.onnx.export(model, inputs, str(f32), dynamo=False, input_names=["x"], opset_version=17)
+    x = inputs[0].numpy()
+    rng = np.random.default_rng(0)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x": (x + 0.1 * rng.standard_normal(x.shape)).astype(np.float32)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(str(f32), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    return f32, int8, x
+
+
+def runners(f32: Path, int8: Path, x: np.ndarray, root: Path, plans: list[str]) -> dict:
+    import onnxruntime as ort
+    import openvino as ov
+
+    import collage_runtime
+    from collage_mlir.frontends import load_model
+    from collage_mlir.graph import Graph, number_ops
+    from collage_mlir.ir import new_context
+    from collage_mlir.iree import compile_module
+    from collage_mlir.search import resolve_plan
+
+    found = {}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    for label, path in (("ort f32", f32), ("ort int8", int8)):
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        found[label] = (lambda s: lambda: s.run(None, {"x": x}))(session)
+    core = ov.Core()
+    for label, path in (("openvino f32", f32), ("openvino int8", int8)):
+        compiled = core.compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": 2, "PERFORMANCE_HINT": "LATENCY"})
+        request = compiled.create_infer_request()
+        found[label] = (lambda r: lambda: r.infer([x]))(request)
+    for plan in plans:
+        module = load_model(int8, new_context())
+        number_ops(module)
+        out = root / plan.replace(":", "_").replace("/", "_")
+        try:
+            compile_module(module, resolve_plan(plan, Graph(module)), out)
+        except Exception as exc:  # noqa: BLE001  a plan that cannot build is reported, not fatal
+            print(f"collage {plan}: {' '.join(str(exc).split())[:200]}", file=sys.stderr)
+            continue
+        program = collage_runtime.load(out)
+        found[f"collage {plan}"] = (lambda p: lambda: p.invoke("main", x))(program)
+    return found
+
+
+def measure(found: dict, rounds: int, min_time: float = 0.3) -> dict[str, float]:
+    """Median per-call time (ms) of each runner, rounds interleaved across runners."""
+    for fn in found.values():
+        fn()
+        fn()
+    samples: dict[str, list[float]] = {k: [] for k in found}
+    for _ in range(rounds):
+        for label, fn in found.items():
+            n, start = 0, time.perf_counter()
+            while True:
+                fn()
+                n += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_time:
+                    break
+            samples[label].append(elapsed / n * 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,mobilenet_v2")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--plans", default="whole:ort,whole:openvino,default",
+                        help="collage plans of the int8 model (plan specs or plan JSON files)")
+    parser.add_argument("--out", type=Path, default=HERE)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
+        for name in args.models.split(","):
+            root = Path(tmp) / name
+            root.mkdir()
+            f32, int8, x = export(name, root)
+            found = runners(f32, int8, x, root, args.plans.split(","))
+            times = measure(found, args.rounds)
+            rows.append({"model": name, "ms": times})
+            print(name, {k: round(v, 2) for k, v in times.items()}, flush=True)
+    record = {"command": "python -m studies.int8.int8_zoo " + " ".join(argv or sys.argv[1:]), "isa": isa(),
+              "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "int8_zoo.json").write_text(json.dumps(record, indent=1))
+    labels = list(rows[0]["ms"]) if rows else []
+    lines = [f"ISA {record['isa']}, {record['date']}, `{record['command']}`; median ms per call, 2 threads", "",
+             "| model | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for row in rows:
+        lines.append(f"| {row['model']} | " + " | ".join(f"{row['ms'].get(k, float('nan')):.2f}" for k in labels) + " |")
+    (args.out / "int8_zoo.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
