@@ -7,6 +7,7 @@ torch / torch-mlir versions: importing a big model is slow, re-importing it is n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import warnings
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import CollageError
-from ..ir import ir, parse_module
+from ..ir import ir, new_context, parse_module
 from . import cache_dir, write_cache
 
 
@@ -53,6 +54,37 @@ def _persistent_buffers(model) -> Iterator[None]:
             sub._non_persistent_buffers_set.add(name)
 
 
+def pt2e_quantized(model) -> bool:
+    """Whether ``model`` is a PT2E-quantized graph (``convert_pt2e``'s: ``quantized_decomposed`` ops)."""
+    graph = getattr(model, "graph", None)
+    return graph is not None and any(
+        n.op == "call_function" and str(n.target).startswith("quantized_decomposed.") for n in graph.nodes)
+
+
+def _through_onnx(model, example_inputs: Sequence, func_name: str) -> bytes:
+    """A PT2E-quantized model as StableHLO bytecode through torch's ONNX exporter and the ONNX frontend:
+    torch-mlir's fx importer cannot legalize ``dequantize_per_channel``'s zero points (an int64
+    ``torch.vtensor.literal``), while torch.export's ONNX writes each quantize/dequantize as
+    ``QuantizeLinear``/``DequantizeLinear``, which the ONNX frontend keeps quantized (``onnx_qdq``)."""
+    import tempfile
+
+    import torch
+
+    from .onnx import import_onnx
+
+    with tempfile.TemporaryDirectory(prefix="collage-pt2e-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, tuple(example_inputs), str(path), dynamo=True)
+        except Exception as exc:  # noqa: BLE001  the exporter raises any type
+            raise CollageError(f"cannot export the PT2E-quantized model to ONNX: {' '.join(str(exc).split())[:300]}"
+                               ) from None
+        module = import_onnx(path, new_context(), func_name=func_name)
+        return module.operation.get_asm(binary=True)
+
+
 def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_name: str = "main",
                  cache: Path | None | bool = True) -> ir.Module:
     """Imports ``model`` (in eval mode) as StableHLO into ``context``; ``cache=False`` disables the cache."""
@@ -62,20 +94,26 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
     except ImportError as exc:
         raise CollageError(f"the torch frontend needs torch and torch-mlir ({exc}); "
                            "run `pip install torch==2.13.0 'collage-mlir[torch]'`") from None
-    model = model.eval()
+    try:
+        model = model.eval()
+    except NotImplementedError:  # an exported module (a PT2E-quantized one): traced in eval mode already
+        pass
     path = None
     if cache is not False:
         root = Path(cache) if isinstance(cache, (str, Path)) else cache_dir() / "torch"
         path = root / f"{model_key(model, example_inputs)}-{func_name}.mlirbc"
         if path.exists():
             return parse_module(path.read_bytes(), context, where=str(path))
-    with torch.no_grad(), _persistent_buffers(model), warnings.catch_warnings():
-        # torch.export (2.13) warns about its own use of a deprecated pytree class: nothing to act on.
-        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
-        imported = fx.export_and_import(model, *example_inputs, output_type="stablehlo", func_name=func_name)
-    buf = io.BytesIO()
-    imported.operation.write_bytecode(buf)
-    data = buf.getvalue()
+    if pt2e_quantized(model):
+        data = _through_onnx(model, example_inputs, func_name)
+    else:
+        with torch.no_grad(), _persistent_buffers(model), warnings.catch_warnings():
+            # torch.export (2.13) warns about its own use of a deprecated pytree class: nothing to act on.
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
+            imported = fx.export_and_import(model, *example_inputs, output_type="stablehlo", func_name=func_name)
+        buf = io.BytesIO()
+        imported.operation.write_bytecode(buf)
+        data = buf.getvalue()
     if path is not None:
         write_cache(path, data)
     return parse_module(data, context, where=f"torch:{type(model).__name__}")

@@ -43,6 +43,7 @@ from ..dialects import collage
 from ..errors import CollageError
 from ..frontends import cache_dir
 from ..frontends.onnx import import_onnx
+from ..frontends.torch import pt2e_quantized
 from ..graph import public_funcs
 from ..ir import ir, new_context
 from .reference import invoke_alone, model_inputs
@@ -418,11 +419,36 @@ def torch_source(model, example_inputs: Sequence, result=None) -> Source:
             result = model(*example_inputs)
     leaves = [(pytree.keystr(p), t) for p, t in pytree.tree_flatten_with_path(result)[0] if isinstance(t, torch.Tensor)]
 
+    spread = _quantized_spread(model, example_inputs, [t for _, t in leaves]) if pt2e_quantized(model) else None
+
     def run(inputs: Sequence[np.ndarray]) -> SourceRun:
         # The check runs on the example inputs (given inputs are used as they are): ``result`` is on them.
-        return SourceRun("torch eager", [_torch_to_numpy(t) for _, t in leaves])
+        return SourceRun("torch eager", [_torch_to_numpy(t) for _, t in leaves], spread)
 
     return Source("torch eager", run, tuple(name for name, _ in leaves), model_key(model, example_inputs))
+
+
+#: The relative nudges of a PT2E model's float inputs whose effect on its outputs is its spread.
+NUDGES = (1e-4, -1e-4)
+
+
+def _quantized_spread(model, example_inputs: Sequence, outputs: list) -> tuple[float, ...]:
+    """A PT2E-quantized model's spread (``Tolerance``): how far its outputs move when its float inputs are
+    nudged by 1e-4 of themselves. Values inside near a quantization boundary then move one step, as they
+    do under another engine's accumulation order or its ``x * (1/scale)`` for ``x / scale``; the nudge is
+    larger than those changes (1e-7), so that a small model's few boundary values are found too."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    spread = [0.0] * len(outputs)
+    with torch.no_grad():
+        for nudge in NUDGES:
+            moved = [x * (1 + nudge) if torch.is_floating_point(x) else x for x in example_inputs]
+            leaves = [t for t in pytree.tree_leaves(model(*moved)) if isinstance(t, torch.Tensor)]
+            for k, (a, b) in enumerate(zip(leaves, outputs)):
+                if torch.is_floating_point(b) and b.numel():
+                    spread[k] = max(spread[k], float((a.double() - b.double()).abs().max()))
+    return tuple(spread)
 
 
 def _torch_to_numpy(t) -> np.ndarray:

@@ -398,14 +398,18 @@ def _channel_column(conv, v: np.ndarray, grouped: tuple[int, ...]) -> np.ndarray
 def _fold_into_conv(g: _Graph) -> bool:
     changed = False
     for conv in list(g.nodes):
-        if conv.op_type not in ("Conv", "ConvTranspose") or conv.input[1] not in g.consts or \
-                conv.output[0] in g.outputs:
+        if conv.op_type not in ("Conv", "ConvTranspose") or conv.output[0] in g.outputs:
             continue
         users = g.users(conv.output[0])
         if len(users) != 1 or users[0].op_type not in ("Add", "Sub", "Mul", "Div"):
             continue
         user = users[0]
         k = list(user.input).index(conv.output[0])
+        # Weights computed at run time (a quantized model's DequantizeLinear): only a bias folds in.
+        if conv.input[1] not in g.consts:
+            if conv.op_type == "Conv" and (user.op_type == "Add" or user.op_type == "Sub" and k == 0):
+                changed = _fold_bias(g, conv, user, k) or changed
+            continue
         w = g.consts[conv.input[1]]
         channels, grouped = _out_channels(conv, w)
         bias = g.consts.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(channels, w.dtype)
@@ -532,6 +536,24 @@ def _scale_and_unscale(g: _Graph) -> bool:
             g.nodes.remove(mul)
             changed = True
     return changed
+
+
+def _fold_bias(g: _Graph, conv, user, k: int) -> bool:
+    """``Conv(x, w[, b]) + v`` (or ``- v``) for a constant per-channel ``v`` → ``Conv(x, w, b ± v)``, whatever
+    ``w`` is; False where ``v`` or ``b`` is not such a constant or the shapes are unknown."""
+    shape = g.shapes.get(conv.output[0])
+    if shape is None or len(shape) < 2:
+        return False
+    v = _channel_vector(g, user.input[1 - k], len(shape), shape[1])
+    bias = g.consts.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(shape[1], np.float32)
+    if v is None or bias is None or g.shapes.get(user.output[0]) != shape:
+        return False
+    name = g.fresh_const((bias + v if user.op_type == "Add" else bias - v).astype(bias.dtype), "b")
+    del conv.input[2:]
+    conv.input.append(name)
+    conv.output[0] = user.output[0]
+    g.nodes.remove(user)
+    return True
 
 
 def _activations(g: _Graph) -> bool:

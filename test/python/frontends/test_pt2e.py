@@ -1,0 +1,55 @@
+"""PyTorch PT2E models in: a CNN trained on scikit-learn's digits, quantized as torchao's X86 quantizer
+does it (``prepare_pt2e``/``convert_pt2e``: per-channel int8 weights, per-tensor activations), compiled
+by ``collage_mlir.torch.compile``. torch-mlir's fx importer cannot take its ``dequantize_per_channel``,
+so the frontend goes through torch's ONNX exporter and the quantized ONNX path; the import is checked
+against eager within the model's spread (its outputs' movement when the inputs are nudged by 1e-4), and
+the programs on IREE alone and ONNX Runtime agree with eager on the held-out digits' classes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchao")
+pytest.importorskip("sklearn")
+pytest.importorskip("onnxruntime")
+
+
+def test_a_pt2e_quantized_cnn_compiles_and_agrees_with_eager():
+    from sklearn.datasets import load_digits
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+
+    import collage_mlir.torch as ct
+    from collage_mlir.frontends.torch import pt2e_quantized
+
+    data = load_digits()
+    x = torch.tensor((data.images / 16.0).astype(np.float32)[:, None])
+    y = torch.tensor(data.target)
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1, stride=2),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    for _ in range(150):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[:1400]), y[:1400]).backward()
+        opt.step()
+    model.eval()
+    batch = x[1400:1464]
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(torch.export.export(model, (batch,)).module(), quantizer)
+    for i in range(0, 256, 64):
+        prepared(x[i:i + 64])
+    quantized = convert_pt2e(prepared)
+    assert pt2e_quantized(quantized) and not pt2e_quantized(model)
+    held = [x[k:k + 64] for k in range(1400, 1784, 64)]
+    with torch.no_grad():
+        want = torch.cat([quantized(b) for b in held])
+    assert (want.argmax(1) == y[1400:1784]).float().mean() > 0.9
+    for plan in ("default", "whole:ort"):
+        program = ct.compile(quantized, [batch], plan=plan)  # the import check runs here
+        got = torch.cat([program(b) for b in held])
+        assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max()), plan
+        assert (got.argmax(1) == want.argmax(1)).float().mean() >= 0.99, plan
