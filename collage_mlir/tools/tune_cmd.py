@@ -98,8 +98,9 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
 
         from ..frontends.onnx_calibrate import quantize_onnx
 
-        quantized, agreement = quantize_onnx(path, calibration)
-        Console(stderr=True).print(agreement.line(), highlight=False)
+        quantized, agreement, kept = quantize_onnx(path, calibration)
+        line = agreement.line() + (f" ({len(kept)} nodes kept in f32 for --max-drop: {', '.join(kept)})" if kept else "")
+        Console(stderr=True).print(line, highlight=False)
         spec = str(quantized)
     if path.suffix in (".mlir", ".mlirbc", ".onnx") or path.exists() or ":" not in spec:
         module = load_file(spec, context)

@@ -165,6 +165,10 @@ def test_a_qoperator_op_without_a_qdq_form_is_one_error(tmp_path):
         load_model(tmp_path / "m.onnx", new_context())
 
 
+#: How much the calibration images are dimmed in the --max-drop test: enough to change held-out classes.
+DIM = 0.85
+
+
 def _cli(*args: str):
     import subprocess
     import sys
@@ -191,6 +195,25 @@ def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, 
              "--max-drop", "0.05", "-o", str(tmp_path / "refused"))
     assert r.returncode == 1 and not (tmp_path / "refused").exists()
     assert r.stderr.strip().count("\n") == 0 and "above --max-drop 0.05; nothing was built" in r.stderr
+    assert "of its nodes in f32" in r.stderr  # the fallback tried, up to half the quantized nodes
+
+
+def test_max_drop_keeps_the_most_sensitive_nodes_in_f32(digits, tmp_path):
+    """Calibrated on dimmed images, the int8 model changes some held-out classes; with --max-drop 0 the
+    node whose fallback to f32 helps most is kept in f32 until no class changes."""
+    from collage_mlir.frontends.onnx_calibrate import Calibration, quantize_onnx
+
+    root, x, labels, calibration = digits
+    dim = calibration.copy()
+    dim[:192] *= DIM
+    np.save(tmp_path / "dim.npy", dim)
+    path, agreement, kept = quantize_onnx(root / "f32.onnx", Calibration(tmp_path / "dim.npy"))
+    assert agreement.top1_changed > 0 and not kept
+    path, agreement, kept = quantize_onnx(root / "f32.onnx", Calibration(tmp_path / "dim.npy", max_drop=0.0))
+    assert agreement.top1_changed == 0 and len(kept) >= 1
+    model = onnx.load(path)
+    float_nodes = {n.name for n in model.graph.node if n.name in kept}
+    assert float_nodes == set(kept)
 
 
 @pytest.mark.fast
