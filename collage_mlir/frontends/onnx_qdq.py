@@ -45,7 +45,7 @@ BIAS = {"QLinearConv": 8, "QGemm": 6}
 #: their dequantized values, then quantized again at the same scale, which is exact (torch-mlir cannot
 #: lower them on quantized tensors).
 MOVES = frozenset({"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity", "Slice",
-                   "Gather", "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth", "Resize"})
+                   "Gather", "Expand", "Tile", "DepthToSpace", "SpaceToDepth"})
 
 #: Attributes of ``com.microsoft`` QOperator ops that are not their float op's.
 _NOT_FLOAT_ATTRIBUTES = {"channels_last", "opset"}
@@ -59,17 +59,11 @@ def normalize_quantized(model) -> int:
     return changed
 
 
-def _initializers(graph) -> dict:
-    from onnx import numpy_helper
-
-    return {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-
-
 def _constant_values(graph) -> dict:
     """Initializers and ``Constant`` nodes' values, by name."""
     from onnx import numpy_helper
 
-    values = _initializers(graph)
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)

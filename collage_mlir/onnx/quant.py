@@ -15,9 +15,9 @@ from .builder import _Builder
 from .registry import register
 from .values import _constant_of
 
-#: Storage types QuantizeLinear/DequantizeLinear take (numpy dtype of the zero point); int32 only as
-#: DequantizeLinear's input (ONNX's QuantizeLinear has no int32 output).
-STORAGE = {"i8": np.int8, "u8": np.uint8, "i32": np.int32}
+#: Storage types QuantizeLinear/DequantizeLinear take (their numpy dtypes: ``QuantType.NUMPY``); int32
+#: only as DequantizeLinear's input (ONNX's QuantizeLinear has no int32 output).
+STORAGE = frozenset({"i8", "u8", "i32"})
 
 
 def _quantized(op: ir.Operation) -> sh.QuantType | None:
@@ -50,7 +50,7 @@ def _scale_zero_point(b: _Builder, q: sh.QuantType) -> tuple[list[str], dict]:
     """The scale and zero-point inputs (scalars per tensor, vectors per axis) and the ``axis`` attribute."""
     shape = () if q.axis is None else (len(q.scales),)
     scale = b.const(np.array(q.scales, np.float32).reshape(shape), "scale")
-    zero_point = b.const(np.array(q.zero_points, STORAGE[q.storage]).reshape(shape), "zero_point")
+    zero_point = b.const(np.array(q.zero_points, sh.QuantType.NUMPY[q.storage]).reshape(shape), "zero_point")
     return [scale, zero_point], ({} if q.axis is None else {"axis": q.axis})
 
 
