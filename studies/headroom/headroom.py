@@ -150,8 +150,13 @@ def time_cut(model_path: Path, inputs: list[str], outputs: list[str], work: Path
     feeds = {}
     for inp in graph.input:
         shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-        feeds[inp.name] = (rng.integers(0, 100, shape) if inp.type.tensor_type.elem_type == onnx.TensorProto.INT64
-                           else rng.standard_normal(shape).astype(np.float32))
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+        if dtype == np.int64:
+            feeds[inp.name] = rng.integers(0, 100, shape)
+        elif dtype.kind in "iu":  # a quantized activation: its whole storage range
+            feeds[inp.name] = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+        else:
+            feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
     engines = Engines(THREADS)
     session = ort.InferenceSession(str(cut), sess_options=engines.ort_session_options(),
                                    providers=["CPUExecutionProvider"])
@@ -245,7 +250,8 @@ def report(results: list[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(argv, study_fn, report_fn, default_name: str, script: str, extra_args=()) -> None:
+def run(argv, study_fn, report_fn, default_name: str, script: str, extra_args=(), package: str = "studies.headroom",
+        results_dir: Path = RESULTS) -> None:
     """The command line both headroom studies share: --models, --name (and ``extra_args``: (flag,
     kwargs) pairs passed on to ``study_fn`` by name); writes RESULTS/NAME.{json,md}."""
     parser = argparse.ArgumentParser()
@@ -260,16 +266,16 @@ def run(argv, study_fn, report_fn, default_name: str, script: str, extra_args=()
     import torch
 
     torch.set_num_threads(THREADS)
-    results = []
+    found = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             r = study_fn(name, Path(tmp), **options)
             print(f"{name}: whole {r['whole_ms']:.3f} ms, bound warm {r['bound_warm']:.3f}x, "
                   f"cold {r['bound_cold']:.3f}x", flush=True)
-            results.append(r)
-    command = f"python -m studies.headroom.{script.removesuffix('.py')} " + " ".join(argv if argv is not None else sys.argv[1:])
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / f"{args.name}.md").write_text(report_fn(results, command.strip()))
+            found.append(r)
+    command = f"python -m {package}.{script.removesuffix('.py')} " + " ".join(argv if argv is not None else sys.argv[1:])
+    (results_dir / f"{args.name}.json").write_text(json.dumps(found, indent=1))
+    (results_dir / f"{args.name}.md").write_text(report_fn(found, command.strip()))
 
 
 def main(argv=None) -> None:

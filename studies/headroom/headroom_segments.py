@@ -16,7 +16,6 @@ Writes studies/headroom/NAME.{json,md}.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import onnx
