@@ -607,6 +607,24 @@ def _batched_matmul(g: _Graph) -> bool:
     return changed
 
 
+def _unbatched_rhs(g: _Graph) -> bool:
+    """``MatMul(a, Reshape(w, [1, ..., K, N]))`` of a 2-D ``w`` → ``MatMul(a, w)``: ONNX's MatMul broadcasts
+    the leading dims itself (torch-mlir's batched ``dot_general`` reshapes the weight; a quantized weight's
+    ``DequantizeLinear`` must feed the ``MatMul`` for the engines to fuse it)."""
+    changed = False
+    for mm in g.nodes:
+        reshape = g.producer(mm.input[1]) if mm.op_type == "MatMul" else None
+        if reshape is None or reshape.op_type != "Reshape" or reshape.output[0] in g.outputs:
+            continue
+        w, out, a = g.shapes.get(reshape.input[0]), g.shapes.get(reshape.output[0]), g.shapes.get(mm.input[0])
+        if w is None or out is None or a is None or len(w) != 2 or out[-2:] != w or any(d != 1 for d in out[:-2]) \
+                or len(a) < len(out):
+            continue
+        mm.input[1] = reshape.input[0]
+        changed = True
+    return changed
+
+
 def _gemm(g: _Graph) -> bool:
     """MatMul of 2-D operands followed by the add of a row-broadcast bias → Gemm."""
     from onnx import helper
@@ -894,4 +912,4 @@ def _prune(g: _Graph) -> bool:
 #: checks of the fusions.
 RULES = (_prune, _fold_constants, _drop_broadcasts, _hoist_casts, _sink_transposes, _drop_identities,
          _fold_into_conv, _through_expand, _global_pool, _conv_bias,
-         _scale_and_unscale, _activations, _batched_matmul, _gemm, _mean, _softmax, _gelu, _layer_norm)
+         _scale_and_unscale, _activations, _batched_matmul, _unbatched_rhs, _gemm, _mean, _softmax, _gelu, _layer_norm)

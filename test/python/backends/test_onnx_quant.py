@@ -93,3 +93,35 @@ def test_onnx_runtime_fuses_the_quantized_matmul(tmp_path):
     options.log_severity_level = 3
     ort.InferenceSession(str(tmp_path / "ort" / entry.artifact), options, providers=["CPUExecutionProvider"])
     assert "QLinearMatMul" in [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+
+
+BATCHED = f"""
+func.func @main(%x: tensor<1x4x8xf32>) -> tensor<1x4x6xf32> {{
+  %w = stablehlo.constant dense<{W.tolist()}> : tensor<8x6xf32>
+  %qx = stablehlo.uniform_quantize %x : (tensor<1x4x8xf32>) -> tensor<1x4x8x!quant.uniform<i8:f32, 0.05:3>>
+  %dx = stablehlo.uniform_dequantize %qx : (tensor<1x4x8x!quant.uniform<i8:f32, 0.05:3>>) -> tensor<1x4x8xf32>
+  %qw = stablehlo.uniform_quantize %w : (tensor<8x6xf32>) -> tensor<8x6x{PER_AXIS}>
+  %dw = stablehlo.uniform_dequantize %qw : (tensor<8x6x{PER_AXIS}>) -> tensor<8x6xf32>
+  %rw = stablehlo.reshape %dw : (tensor<8x6xf32>) -> tensor<1x8x6xf32>
+  %y = stablehlo.dot_general %dx, %rw, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<1x4x8xf32>, tensor<1x8x6xf32>) -> tensor<1x4x6xf32>
+  %qy = stablehlo.uniform_quantize %y : (tensor<1x4x6xf32>) -> tensor<1x4x6x!quant.uniform<i8:f32, 0.1:-2>>
+  %dy = stablehlo.uniform_dequantize %qy : (tensor<1x4x6x!quant.uniform<i8:f32, 0.1:-2>>) -> tensor<1x4x6xf32>
+  return %dy : tensor<1x4x6xf32>
+}}
+"""
+
+
+def test_a_batched_quantized_matmul_is_fused_too(tmp_path):
+    """torch-mlir's batched dot_general reshapes the dequantized weight to [1, K, N]: the translation hands
+    the MatMul the dequantized weight itself (ONNX's MatMul broadcasts), so ONNX Runtime still fuses it."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    module = parse_module(BATCHED, new_context())
+    number_ops(module)
+    result = compile_module(module, resolve_plan("whole:ort", Graph(module)), tmp_path / "ort")
+    (entry,) = result.manifest.regions
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(tmp_path / "ort" / entry.artifact), options, providers=["CPUExecutionProvider"])
+    assert "QLinearMatMul" in [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
