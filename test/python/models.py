@@ -194,3 +194,25 @@ def negate_matmul_tanh_add(n: int) -> str:
             f"  %1 = stablehlo.tanh %0 : {t}\n"
             f"  %2 = stablehlo.add %1, %a : {t}\n"
             f"  return %2 : {t}\n}}\n")
+
+
+def digits_cnn():
+    """(CNN in eval mode, images, labels): a small CNN trained (150 full-batch Adam steps, seed 0) on the
+    first 1400 of scikit-learn's 1797 digits, images as float32 N x 1 x 8 x 8 in [0, 1]; the rest held out."""
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.images / 16.0).astype(np.float32)[:, None]
+    y = data.target
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1, stride=2),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    for _ in range(150):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(torch.tensor(x[:1400])), torch.tensor(y[:1400])).backward()
+        opt.step()
+    return model.eval(), x, y

@@ -27,6 +27,8 @@ from collage_mlir.ir import new_context  # noqa: E402
 from collage_mlir.iree import compile_module  # noqa: E402
 from collage_mlir.search import resolve_plan  # noqa: E402
 
+from models import digits_cnn  # noqa: E402
+
 FORMS = {
     "qdq": dict(quant_format="QDQ"),
     "qdq-per-channel": dict(quant_format="QDQ", per_channel=True),
@@ -37,24 +39,11 @@ FORMS = {
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    """(directory with ``f32.onnx``, held-out images, labels): a small CNN trained on 1400 digits."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.images / 16.0).astype(np.float32)[:, None]
-    y = data.target
-    torch.manual_seed(0)
-    nn = torch.nn
-    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1, stride=2),
-                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-    opt = torch.optim.Adam(model.parameters(), 1e-2)
-    for _ in range(150):
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(torch.tensor(x[:1400])), torch.tensor(y[:1400])).backward()
-        opt.step()
+    """(directory with ``f32.onnx``, held-out images, labels, calibration images): ``models.digits_cnn``."""
+    model, x, y = digits_cnn()
     root = tmp_path_factory.mktemp("digits")
     held_x, held_y = x[1400:1784], y[1400:1784]  # 384 images, batch 64
-    torch.onnx.export(model.eval(), torch.tensor(x[:64]), str(root / "f32.onnx"), dynamo=False, input_names=["x"],
+    torch.onnx.export(model, torch.tensor(x[:64]), str(root / "f32.onnx"), dynamo=False, input_names=["x"],
                       opset_version=17)
     return root, held_x, held_y, x[:256]
 

@@ -7,7 +7,6 @@ the programs on IREE alone and ONNX Runtime agree with eager on the held-out dig
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,28 +14,18 @@ pytest.importorskip("torchao")
 pytest.importorskip("sklearn")
 pytest.importorskip("onnxruntime")
 
+from models import digits_cnn  # noqa: E402
+
 
 def test_a_pt2e_quantized_cnn_compiles_and_agrees_with_eager():
-    from sklearn.datasets import load_digits
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
 
     import collage_mlir.torch as ct
     from collage_mlir.frontends.torch import pt2e_quantized
 
-    data = load_digits()
-    x = torch.tensor((data.images / 16.0).astype(np.float32)[:, None])
-    y = torch.tensor(data.target)
-    torch.manual_seed(0)
-    nn = torch.nn
-    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1, stride=2),
-                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-    opt = torch.optim.Adam(model.parameters(), 1e-2)
-    for _ in range(150):
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x[:1400]), y[:1400]).backward()
-        opt.step()
-    model.eval()
+    model, images, labels = digits_cnn()
+    x, y = torch.tensor(images), torch.tensor(labels)
     batch = x[1400:1464]
     quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
     prepared = prepare_pt2e(torch.export.export(model, (batch,)).module(), quantizer)
