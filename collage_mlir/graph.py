@@ -117,6 +117,25 @@ def producer(value: ir.Value) -> ir.Operation | None:
     return None if isinstance(owner, ir.Block) else owner.operation
 
 
+#: The ops whose operands' precision is a region's (``region_precision``).
+COMPUTE_OPS = frozenset({"stablehlo.dot_general", "stablehlo.convolution"})
+
+
+def region_precision(graph: "Graph", ids) -> str:
+    """The precision a region computes in: ``int8`` where a matmul or convolution in it reads a dequantized
+    (``!quant.uniform``) value, else its matmuls' and convolutions' result element type (``f32``,
+    ``f16``...); ``-`` where it has none."""
+    ops = [graph.nodes[i].op for i in sorted(ids) if i in graph.nodes and graph.nodes[i].name in COMPUTE_OPS]
+    if not ops:
+        return "-"
+    for op in ops:
+        for v in op.operands:
+            p = producer(v)
+            if p is not None and p.name == "stablehlo.uniform_dequantize":
+                return "int8" if "<i8" in str(p.operands[0].type) or "<u8" in str(p.operands[0].type) else "quantized"
+    return str(ir.RankedTensorType(ops[0].results[0].type).element_type)
+
+
 @dataclass(frozen=True)
 class Boundary:
     """What crosses the edge of a region: its top-level ops (in id order), every op inside them (nested

@@ -68,7 +68,7 @@ class Plan:
     def from_json(cls, data: object, source: str = "<plan>") -> "Plan":
         """Parses the JSON document; shape errors raise one CollageError line naming ``source``."""
         def bad(msg: str) -> CollageError:
-            return CollageError(msg + "; see `collage plan --help` for the format", where=source)
+            return CollageError(msg + "; the format is in the README (plan files)", where=source)
 
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise bad(f"not a collage plan (expected \"format\": \"{FORMAT}\")")

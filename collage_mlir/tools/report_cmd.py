@@ -23,6 +23,7 @@ from collage_runtime.profile import Breakdown, profile
 from collage_runtime.program import InputError
 
 from ..errors import CollageError
+from ..graph import region_precision
 from ..plan import Plan
 from ..search.record import TunedPlan
 
@@ -166,7 +167,7 @@ def render(tuned: TunedPlan | dict, manifest: Manifest | None, graph, db_path, b
         parts.append("<h2>Graph</h2>" + _graph_svg(graph, owner, colours))
     costs = _region_costs(graph, regions, db_path) if graph is not None else {}
     backends = sorted({b for c in costs.values() for b in c})
-    parts.append("<h2>Regions</h2><table><tr><th>region</th><th>backend</th><th>ops</th><th>cost</th>"
+    parts.append("<h2>Regions</h2><table><tr><th>region</th><th>backend</th><th>precision</th><th>ops</th><th>cost</th>"
                  "<th>runner-up</th><th>why</th>" + "".join(f"<th>DB: {e(b)}</th>" for b in backends) + "</tr>")
     for r in regions:
         ops = ", ".join(f"{i} {graph.nodes[i].name}" if graph is not None and i in graph.nodes else str(i)
@@ -174,7 +175,8 @@ def render(tuned: TunedPlan | dict, manifest: Manifest | None, graph, db_path, b
         c = choices.get(r.name)
         runner = f"{e(str(c.runner_up))} ({_ms(c.runner_up_cost_s)})" if c and c.runner_up else "—"
         parts.append(f"<tr><td>{e(r.name)}</td><td><span class='sw' style='background:{colours[r.backend]}'>"
-                     f"</span>{e(r.backend)}</td><td>{e(ops)}</td><td>{_ms(c.cost_s if c else None)}</td><td>{runner}</td>"
+                     f"</span>{e(r.backend)}</td><td>{e(region_precision(graph, r.ops) if graph is not None else '—')}"
+                     f"</td><td>{e(ops)}</td><td>{_ms(c.cost_s if c else None)}</td><td>{runner}</td>"
                      f"<td>{e(c.why if c else '—')}</td>"
                      + "".join(f"<td>{e(costs.get(r.name, {}).get(b, '—'))}</td>" for b in backends) + "</tr>")
     parts.append("</table>")

@@ -100,3 +100,31 @@ def test_report_of_an_artifact_breaks_a_run_down_and_states_provenance(tmp_path)
     assert prov["tuning seed"] == "3" and prov["tuning budget (s)"] == "5.0"
     assert prov["tuning backends"] == "iree-cpu, onednn" and prov["plan"].endswith("tuned.json")
     assert prov["version collage-mlir"] and prov["artifact source"].endswith("mlp.mlir")
+
+
+def test_report_states_each_regions_precision(tmp_path):
+    """A region whose matmul reads dequantized int8 values is int8; an f32 one is f32."""
+    from collage_mlir.graph import number_ops, region_precision
+    from collage_mlir.plan import Plan, Region
+
+    text = """func.func @main(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<4x8xf32> {
+  %q = stablehlo.uniform_quantize %x : (tensor<4x8xf32>) -> tensor<4x8x!quant.uniform<i8:f32, 0.05:3>>
+  %d = stablehlo.uniform_dequantize %q : (tensor<4x8x!quant.uniform<i8:f32, 0.05:3>>) -> tensor<4x8xf32>
+  %y = stablehlo.dot_general %d, %w, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %z = stablehlo.dot_general %y, %w, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  return %z : tensor<4x8xf32>
+}"""
+    module = parse_module(text, new_context())
+    number_ops(module)
+    graph = Graph(module)
+    assert [region_precision(graph, {i}) for i in sorted(graph.nodes)] == ["-", "-", "int8", "f32"]
+    model = tmp_path / "q.mlir"
+    model.write_text(text)
+    Plan([Region("q", "ort", frozenset({0, 1, 2})), Region("f", "ort", frozenset({3}))]).save(tmp_path / "plan.json")
+    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(tmp_path / "plan.json"),
+                        "--model", str(model), "--db", str(tmp_path / "costs.sqlite"), "-o", str(tmp_path / "r.html")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    page = _Page()
+    page.feed((tmp_path / "r.html").read_text())
+    assert page.cells[page.cells.index("q") + 2] == "int8" and page.cells[page.cells.index("f") + 2] == "f32"
