@@ -26,7 +26,13 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
   ``Softmax``, and any elementwise subgraph that computes GELU (torch-mlir writes ~30 ops of an erf
   approximation; recognised by evaluation, ``epilogue.classify``) → the erf form both engines fuse,
   and any subgraph that evaluates to a layer norm over the last axis (plus its scale and shift)
-  → ``LayerNormalization``.
+  → ``LayerNormalization``; an erf polynomial alone (a quantized GELU, split by a ``QuantizeLinear``)
+  → ``Erf``;
+- the forms the engines fuse into int8 kernels around ``DequantizeLinear``: a computed per-channel
+  bias added after a ``Conv`` → its bias input, a ``MatMul`` rhs reshaped to ``[1, K, N]`` → the 2-D
+  value, ``Gemm`` with ``transB`` on a transposed (dequantized) weight and a computed bias, an
+  ``Expand`` of a constant moved past elementwise and pooling ops, ``(x * c) / c`` → ``x``, and a pool
+  over the whole unpadded image → ``GlobalAveragePool``/``GlobalMaxPool``.
 
 Every rewrite keeps each surviving value's name and shape, so the graph's outputs never change.
 
@@ -37,6 +43,7 @@ pruned, renamed away or fused into something else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -744,6 +751,8 @@ def _softmax(g: _Graph) -> bool:
 #: Elementwise ONNX ops an activation subgraph may hold (single input plus scalar constants).
 ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Clip", "Tanh", "Erf", "Sigmoid",
                          "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal"})
+#: erf on ``PROBE``: what an erf approximation evaluates to.
+ERF = np.vectorize(math.erf)(PROBE)
 #: How many nodes past a value the GELU search looks (torch-mlir's erf approximation is ~30).
 WINDOW = 48
 
@@ -805,12 +814,20 @@ def _gelu(g: _Graph) -> bool:
         x = start.output[0]
         if not any(u.op_type in ELEMENTWISE for u in users.get(x, [])) or not _present(g, start):
             continue
-        best = None
+        best = erf = None
         for taken in _subgraphs(g, g.nodes.index(start), ELEMENTWISE, users, lambda c: c.size == 1):
             f = _evaluate(g, taken, x, PROBE, scalars=True) if len(taken) > 5 else None
             act = classify(f) if f is not None else None
             if act is not None and act.name == "gelu" and act.algorithm == "none":
                 best = taken
+            elif best is None and f is not None and np.all(np.abs(f - ERF) <= 2e-6):
+                erf = taken
+        if best is None and erf is not None:
+            # An erf approximation alone (a quantized GELU: a QuantizeLinear splits it after the erf) → Erf.
+            _replace(g, erf, [helper.make_node("Erf", [x], [erf[-1].output[0]], name=erf[-1].output[0])])
+            users = _users_index(g)
+            changed = True
+            continue
         if best is None:
             continue
         dtype = next(g.consts[i].dtype for n in best for i in n.input if i in g.consts)

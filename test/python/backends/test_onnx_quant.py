@@ -125,3 +125,34 @@ def test_a_batched_quantized_matmul_is_fused_too(tmp_path):
     options.log_severity_level = 3
     ort.InferenceSession(str(tmp_path / "ort" / entry.artifact), options, providers=["CPUExecutionProvider"])
     assert "QLinearMatMul" in [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+
+
+def test_an_erf_between_quantize_pairs_is_one_erf_again(tmp_path):
+    """torch-mlir spells ONNX's Erf as a ~30-op polynomial; in a quantized GELU a QuantizeLinear follows
+    the erf, so no GELU is there to recognise: the polynomial alone becomes one Erf again (ORT's own op)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from collage_mlir.frontends import load_model
+
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", 0.05), ("r", 1.4142135))]
+    consts.append(numpy_helper.from_array(np.array(0, np.int8), "z"))
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+         helper.make_node("Div", ["d", "r"], ["h"]), helper.make_node("Erf", ["h"], ["e"]),
+         helper.make_node("QuantizeLinear", ["e", "s", "z"], ["qe"]), helper.make_node("DequantizeLinear", ["qe", "s", "z"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], consts)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    module = load_model(tmp_path / "m.onnx", new_context())
+    number_ops(module)
+    result = compile_module(module, resolve_plan("whole:ort", Graph(module)), tmp_path / "ort")
+    (entry,) = result.manifest.regions
+    kinds = [n.op_type for n in onnx.load(tmp_path / "ort" / entry.artifact).graph.node]
+    assert kinds.count("Erf") == 1 and "Mul" not in kinds, kinds
+    x = np.random.default_rng(0).uniform(-3, 3, (4, 16)).astype(np.float32)
+    ort = pytest.importorskip("onnxruntime")
+    (want,) = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with collage_runtime.load(tmp_path / "ort") as p:
+        (got,) = p.invoke("main", x)
+    np.testing.assert_array_equal(got, want)
