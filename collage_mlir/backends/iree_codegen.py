@@ -123,26 +123,13 @@ def _iree_input(module: ir.Module) -> bytes:
     - unsigned quantized storage becomes signed (``u8`` → ``i8``, zero points 128 lower: the same values):
       IREE lowers ``!quant.uniform<u8...>`` with ``i8``'s range, so ``uniform_quantize`` clamps stored
       values to [-128, 127] and a u8 model's numbers come out wrong."""
-    if not _has_quant(module):
+    if not sh.quantizes(module):
         return module.operation.get_asm(binary=True)
     copy = module.operation.clone()
     sh.fold_constant_quantization(copy)
     text = copy.get_asm(binary=False, large_elements_limit=None)
     return sh.QUANT_TYPE_TEXT.sub(lambda m: sh.quant_type(m.group(0)).signed().spelled(), text).encode()
 
-
-def _has_quant(module: ir.Module) -> bool:
-    found = False
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        nonlocal found
-        if op.name.startswith("stablehlo.uniform_"):
-            found = True
-            return ir.WalkResult.INTERRUPT
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
 
 
 def _compile_str(data: bytes, **options) -> tuple[bytes, str]:

@@ -75,6 +75,19 @@ _QUANT = re.compile(r"!quant\.uniform<([iu]\d+)(?:<(-?\d+):(-?\d+)>)?:(\w+)(?::(
 QUANT_TYPE_TEXT = re.compile(r"!quant\.uniform<[^<>]*(?:<[^<>]*>)?[^<>]*>")
 
 
+def quantizes(module: ir.Module | ir.Operation) -> bool:
+    """Whether the module holds a ``uniform_quantize`` or ``uniform_dequantize``."""
+    found = False
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal found
+        found = op.name in ("stablehlo.uniform_quantize", "stablehlo.uniform_dequantize")
+        return ir.WalkResult.INTERRUPT if found else ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
 def fold_constant_quantization(module: ir.Module | ir.Operation) -> int:
     """Replaces each ``uniform_dequantize(uniform_quantize(c))`` of a constant expression ``c`` by the f32
     constant it computes; returns how many. (For IREE 3.13, which leaves a per-axis quantize of a

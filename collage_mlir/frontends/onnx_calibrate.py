@@ -29,9 +29,15 @@ from . import cache_dir, write_cache
 
 
 class CalibrationMethod(Enum):
+    """A range method: its value is the CLI's name, ``ort`` ONNX Runtime's ``CalibrationMethod`` member."""
+
     MINMAX = "minmax"
     PERCENTILE = "percentile"
     ENTROPY = "entropy"
+
+    @property
+    def ort(self) -> str:
+        return {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}[self.value]
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,7 @@ def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kep
         with contextlib.redirect_stdout(io.StringIO()):
             q.quantize_static(str(path), str(tmp), Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
                               activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
-                              calibrate_method=_ORT_METHOD[method](q), nodes_to_exclude=list(kept))
+                              calibrate_method=q.CalibrationMethod[method.ort], nodes_to_exclude=list(kept))
     except Exception as exc:  # noqa: BLE001  the quantizer raises any type
         raise CollageError(f"ONNX Runtime's quantizer failed: {' '.join(str(exc).split())[:300]}",
                            where=str(path)) from None
@@ -173,10 +179,6 @@ def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kep
     tmp.unlink()
     return out
 
-
-_ORT_METHOD = {CalibrationMethod.MINMAX: lambda q: q.CalibrationMethod.MinMax,
-               CalibrationMethod.PERCENTILE: lambda q: q.CalibrationMethod.Percentile,
-               CalibrationMethod.ENTROPY: lambda q: q.CalibrationMethod.Entropy}
 
 
 def _quantized_nodes(int8: Path) -> list:

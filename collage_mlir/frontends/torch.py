@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import tempfile
 import warnings
 from contextlib import contextmanager
 from importlib.metadata import version
@@ -19,6 +20,7 @@ from typing import Iterator, Sequence
 from ..errors import CollageError
 from ..ir import ir, new_context, parse_module
 from . import cache_dir, write_cache
+from .onnx import import_onnx
 
 
 def model_key(model, example_inputs: Sequence) -> str:
@@ -66,11 +68,7 @@ def _through_onnx(model, example_inputs: Sequence, func_name: str) -> bytes:
     torch-mlir's fx importer cannot legalize ``dequantize_per_channel``'s zero points (an int64
     ``torch.vtensor.literal``), while torch.export's ONNX writes each quantize/dequantize as
     ``QuantizeLinear``/``DequantizeLinear``, which the ONNX frontend keeps quantized (``onnx_qdq``)."""
-    import tempfile
-
     import torch
-
-    from .onnx import import_onnx
 
     with tempfile.TemporaryDirectory(prefix="collage-pt2e-") as tmp:
         path = Path(tmp) / "model.onnx"

@@ -311,14 +311,16 @@ def onnx_source(path: str | Path) -> Source:
     constants = {t.name for t in model.graph.initializer}
     inputs = tuple((i.name, onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
                    for i in model.graph.input if i.name not in constants)
-    return Source("onnxruntime", lambda arrays: run_onnx(str(path), arrays), names, f"{digest} {engines}",
+    quantized = _quantized(model)
+    return Source("onnxruntime", lambda arrays: run_onnx(str(path), arrays, quantized), names, f"{digest} {engines}",
                   lambda arrays: first_differing_node(path, arrays), inputs)
 
 
-def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray]) -> SourceRun:
+def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray], quantized: bool | None = None) -> SourceRun:
     """The outputs of the ONNX model (a path or serialized bytes) on ``inputs`` (its graph inputs that are
     not initializers, in order): ONNX Runtime with graph optimizations off, so no fused kernel stands in
-    for the model's ops; where it cannot load the model, ONNX's reference evaluator."""
+    for the model's ops; where it cannot load the model, ONNX's reference evaluator. A ``quantized`` model
+    (None: read off the model) is run fused too, for its spread (``Tolerance``)."""
     import onnx
     import onnxruntime as ort
 
@@ -344,7 +346,7 @@ def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray]) -> SourceRun:
     try:
         outputs = [np.asarray(o) for o in session.run(None, feeds)]
         spread = None
-        if _quantized(model):
+        if quantized if quantized is not None else _quantized(_proto(model)):
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             fused = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]).run(None, feeds)
             spread = tuple(float(np.abs(np.asarray(f, np.float64) - o).max()) if o.dtype.kind == "f" and o.size else 0.0
@@ -358,10 +360,14 @@ def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray]) -> SourceRun:
 QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm"})
 
 
-def _quantized(model: "str | bytes") -> bool:
+def _proto(model: "str | bytes"):
     import onnx
 
-    proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else onnx.load_from_string(model)
+    return onnx.load(model, load_external_data=False) if isinstance(model, str) else onnx.load_from_string(model)
+
+
+def _quantized(proto) -> bool:
+    """Whether the ``onnx.ModelProto`` quantizes (QDQ or QOperator nodes)."""
     return any(n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear") for n in proto.graph.node)
 
 
@@ -388,7 +394,7 @@ def first_differing_node(path: Path, inputs: Sequence[np.ndarray]) -> str | None
             probe = Path(work) / "probe.onnx"
             onnx.save(model, str(probe))
             (got,) = invoke_alone(import_onnx(probe, new_context()), {"main": list(inputs)}).values()
-            want = run_onnx(str(probe), inputs).outputs
+            want = run_onnx(str(probe), inputs, quantized=False).outputs  # the outputs only: no spread
     except (CollageError, ValueError, RuntimeError, onnx.checker.ValidationError):
         return None
     if len(got) != len(outputs) or len(want) != len(outputs):

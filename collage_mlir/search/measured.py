@@ -17,12 +17,12 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..backends import PLATFORM_DEFAULTS, Backend, Platform, RegionKey, get_backend
+from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..ir import ir
 from ..measure import HARNESS_VERSION
 from ..measure.db import KEY_FIELDS, CostDB, Measurement
 from ..measure.device import device_fingerprint
-from ..measure.extract import QUANTIZE
 from ..measure.harness import MeasureOptions, Progress, measure_regions
 from ..measure.plan_timing import PlanTimer
 from ..measure.pool import time_left
@@ -94,7 +94,7 @@ class MeasuredEstimator(CostEstimator):
         self.module = module
         self.backends = list(backends)
         #: Whether the model quantizes: its plans are validated with ``QUANT_RTOL``.
-        self._quantizes = _quantizes(module)
+        self._quantizes = sh.quantizes(module)
         self.db = db
         self.work = Path(work_dir)
         self.examples = dict(examples or {})
@@ -473,15 +473,3 @@ class MeasuredEstimator(CostEstimator):
         if self._timer is not None:
             self._timer.close()
             self._timer = None
-
-
-def _quantizes(module: ir.Module) -> bool:
-    found = False
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        nonlocal found
-        found = op.name == QUANTIZE
-        return ir.WalkResult.INTERRUPT if found else ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found

@@ -14,6 +14,7 @@ from pathlib import Path
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
+from ..frontends.onnx_calibrate import Calibration, CalibrationMethod, quantize_onnx
 from . import backend_names, load_input_arrays, positive_int
 
 DEFAULT_BUDGET = "10m"
@@ -53,8 +54,6 @@ def parse_backends(text: str | None, platform: Platform = Platform.CPU) -> list:
 
 def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
     """``--precision int8 --calibrate DATA [--calibration-method M] [--max-drop X]`` (an ONNX model)."""
-    from ..frontends.onnx_calibrate import CalibrationMethod
-
     parser.add_argument("--precision", choices=["f32", "int8"], default="f32",
                         help="int8: quantize an f32 ONNX model first (ONNX Runtime's quantizer, QDQ, per-channel "
                              "weights) from --calibrate samples")
@@ -68,8 +67,6 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
 
 def calibration_of(args: argparse.Namespace):
     """The ``Calibration`` the arguments ask for, or None (f32)."""
-    from ..frontends.onnx_calibrate import Calibration, CalibrationMethod
-
     if args.precision != "int8":
         if args.calibrate or args.max_drop is not None:
             raise CollageError("--calibrate and --max-drop go with --precision int8", exit_code=2)
@@ -95,8 +92,6 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
             raise CollageError("--precision int8 quantizes ONNX models (.onnx); quantize others before", where=spec,
                                exit_code=2)
         from rich.console import Console
-
-        from ..frontends.onnx_calibrate import quantize_onnx
 
         quantized, agreement, kept = quantize_onnx(path, calibration)
         line = agreement.line() + (f" ({len(kept)} nodes kept in f32 for --max-drop: {', '.join(kept)})" if kept else "")

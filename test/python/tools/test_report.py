@@ -38,6 +38,13 @@ class _Page(HTMLParser):
             self.cells.append(data.strip())
 
 
+def _report(plan, model, tmp_path) -> subprocess.CompletedProcess:
+    """``collage report PLAN --model MODEL`` with the DB and page in ``tmp_path``."""
+    return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(plan), "--model", str(model),
+                           "--db", str(tmp_path / "costs.sqlite"), "-o", str(tmp_path / "r.html")],
+                          capture_output=True, text=True)
+
+
 def test_report_of_a_plan_with_db_costs(tmp_path):
     model = LIT_INPUTS / "mlp.mlir"
     module = parse_module(model.read_text(), new_context())
@@ -47,9 +54,7 @@ def test_report_of_a_plan_with_db_costs(tmp_path):
         for backend, median in (("onednn", 12e-6), ("ort", 30e-6)):
             db.put(Measurement(region_hash, backend, "v", device_fingerprint()[0], HARNESS_VERSION, "ok",
                                median_s=median, min_s=median))
-    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(LIT_INPUTS / "mlp-plan.json"),
-                        "--model", str(model), "--db", str(tmp_path / "costs.sqlite"), "-o", str(tmp_path / "r.html")],
-                       capture_output=True, text=True)
+    r = _report(LIT_INPUTS / "mlp-plan.json", model, tmp_path)
     assert r.returncode == 0, r.stderr
     page = _Page()
     page.feed((tmp_path / "r.html").read_text())
@@ -121,9 +126,7 @@ def test_report_states_each_regions_precision(tmp_path):
     model = tmp_path / "q.mlir"
     model.write_text(text)
     Plan([Region("q", "ort", frozenset({0, 1, 2})), Region("f", "ort", frozenset({3}))]).save(tmp_path / "plan.json")
-    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "report", str(tmp_path / "plan.json"),
-                        "--model", str(model), "--db", str(tmp_path / "costs.sqlite"), "-o", str(tmp_path / "r.html")],
-                       capture_output=True, text=True)
+    r = _report(tmp_path / "plan.json", model, tmp_path)
     assert r.returncode == 0, r.stderr
     page = _Page()
     page.feed((tmp_path / "r.html").read_text())
