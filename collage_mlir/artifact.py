@@ -17,6 +17,7 @@ from typing import Sequence
 from collage_runtime.manifest import MANIFEST, DeviceEntry, Manifest, RegionEntry, sha256_file, write_manifest
 from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
 from collage_runtime.package import pack
+from collage_runtime.shapes import SHAPES
 
 from . import __version__
 from .backends import get_backend, program_default
@@ -108,7 +109,7 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
             pack(stage, out)
             shutil.rmtree(stage, ignore_errors=True)
         else:
-            _replace_dir(stage, out)
+            replace_dir(stage, out)
     except OSError as exc:
         shutil.rmtree(stage, ignore_errors=True)
         raise CollageError(f"cannot write the artifact: {exc.strerror} ({exc.filename})", where=str(out)) from None
@@ -118,7 +119,7 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
     return CompileResult(out, parts.plan, manifest)
 
 
-def _replace_dir(new: Path, out: Path) -> None:
+def replace_dir(new: Path, out: Path) -> None:
     """Puts the complete directory ``new`` at ``out``, moving an earlier artifact there out of the way."""
     if not out.exists():
         new.rename(out)
@@ -140,6 +141,6 @@ def check_artifact_dir(out_dir: str | Path) -> None:
         return
     if out.exists() and not out.is_dir():
         raise CollageError("output path exists and is not a directory", where=str(out))
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file() and not (out / SHAPES).is_file():
         raise CollageError("output directory is not empty and holds no collage artifact; compiling replaces "
                            "the directory, so choose a new or empty one", where=str(out))

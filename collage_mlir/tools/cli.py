@@ -22,7 +22,7 @@ from collage_runtime.types import Platform
 
 from ..errors import CollageError
 from ..processes import python_command
-from . import (OneLineParser, bench_cmd, db_cmd, exit_quietly, load_input_arrays, measure_cmd, positive_int,
+from . import (OneLineParser, bench_cmd, db_cmd, dims_args, exit_quietly, load_input_arrays, measure_cmd, positive_int,
                report_cmd, run_tool, tune_cmd)
 
 
@@ -34,6 +34,9 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     from ..measure.db import default_db_path
 
     check_artifact_dir(args.output)
+    dim_plan = dims_args.dim_plan_of(args)
+    if dim_plan is not None:
+        return _compile_buckets(args, passthrough, dim_plan)
     # As `collage tune` reads it (a file, or a torch factory): an imported model computes what its source
     # computes, checked before anything is built.
     module, inputs = tune_cmd.load_model(args.model, new_context(), load_input_arrays(args.input),
@@ -59,6 +62,60 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     regions = result.manifest.regions
     _print_placement(result.plan)
     print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")
+    return 0
+
+
+def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan) -> int:
+    """``collage compile --dim ...``: one artifact of shape buckets, each compiled (and tuned, with --tune) for
+    its shape (``collage_mlir.shaped``)."""
+    from rich.console import Console
+
+    from ..entry import plan_provenance
+    from ..graph import Graph
+    from ..ir import new_context
+    from ..measure.db import default_db_path
+    from ..search import resolve_plan
+    from ..shaped import BucketModel, compile_shaped
+
+    if args.input:
+        raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
+                           exit_code=2)
+    tuning = args.tune or args.plan == "tune"
+    if tuning and args.device not in (None, Platform.CPU.value):
+        raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
+                           "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
+    spec = tune_cmd.quantized_spec(args.model, tune_cmd.calibration_of(args))
+    axes, fallback = dims_args.model_axes(spec, dim_plan)
+    platform = args.device and Platform(args.device)
+    buckets = dim_plan.grid()
+    console = Console(stderr=True)
+
+    def bucket_model(values: dict[str, int]) -> BucketModel:
+        label = ",".join(f"{k}={v}" for k, v in values.items())
+        module, inputs = tune_cmd.load_model(spec, new_context(), [], check_import=not args.no_import_check,
+                                             dims=values)
+        if tuning:  # the default budget shared by the buckets; the cost DB's rows shared between them
+            budget = tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET) / len(buckets)
+            tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.parse_backends(None),
+                                        budget, 0, None)
+            tune_cmd.print_summary(tuned, f"(tuned for {label})")
+            return BucketModel(module, tuned.plan, plan_provenance("tune", tuned.tuned.record, default_db_path()))
+        return BucketModel(module, resolve_plan(args.plan, Graph(module), platform), plan_provenance(args.plan))
+
+    def compiled(values: dict[str, int], result) -> None:
+        label = ",".join(f"{k}={v}" for k, v in values.items())
+        console.print(f"bucket {label}: {len(result.plan.regions)} plan regions", highlight=False)
+
+    if args.cuda_target:
+        passthrough = [*passthrough, f"--iree-cuda-target={args.cuda_target}"]
+    with console.status(f"compiling {args.model} for {len(buckets)} shape buckets"):
+        result = compile_shaped(dim_plan, axes, bucket_model, args.output, fallback_model=fallback,
+                                source=str(args.model), on_bucket=compiled, iree_args=passthrough)
+    rest = ("padding to the next bucket along " + ", ".join(dim_plan.pad)) if dim_plan.pad else ""
+    if fallback is not None:
+        rest = (rest + "; else " if rest else "") + f"{result.table.fallback.value} on the model with dynamic dims"
+    ranges = ", ".join(f"{d.name} {d.min}..{d.max}" for d in dim_plan.dims)
+    print(f"wrote {result.out_dir} ({len(buckets)} buckets for {ranges}" + (f"; between them: {rest})" if rest else ")"))
     return 0
 
 
@@ -224,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--input", action="append", default=[],
                    help="example input .npy for @main, once per argument, for the import check (default: generated)")
     tune_cmd.add_precision_arguments(c)
+    dims_args.add_dim_arguments(c)
     c.add_argument("--no-import-check", action="store_true",
                    help="do not check an imported model (.onnx) against its source on example inputs")
     r = sub.add_parser("run", help="run a compiled artifact on .npy inputs")

@@ -9,11 +9,15 @@ import argparse
 import json
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from collage_runtime.shapes import Axes, DimRange
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
+from ..frontends.dims import (dynamic_dims, input_values, onnx_axes, resized, specialise_onnx, torch_axes,
+                              undeclared_line, workdir)
 from ..frontends.onnx_calibrate import Calibration, CalibrationMethod, quantize_onnx
 from . import backend_names, load_input_arrays, positive_int
 
@@ -78,26 +82,36 @@ def calibration_of(args: argparse.Namespace):
     return Calibration(Path(args.calibrate), CalibrationMethod(args.calibration_method), args.max_drop)
 
 
-def load_model(spec: str, context, inputs: list, check_import: bool = False, calibration=None):
+def load_model(spec: str, context, inputs: list, check_import: bool = False, calibration=None,
+               dims: Mapping[str, int] | None = None):
     """(numbered module, example inputs for @main) from a StableHLO file, or from ``package.module:factory``
     where ``factory()`` returns ``(torch model, example inputs)``; ``check_import``: an ONNX file or a torch
     model is checked against its source first (``measure.import_check``); ``calibration``: an ONNX model is
-    quantized to int8 first (``frontends.onnx_calibrate``)."""
+    quantized to int8 first (``frontends.onnx_calibrate``); ``dims``: the value of each dynamic dim
+    (``frontends.dims``: one shape bucket; else an ONNX model's dynamic dims take the ``inputs``' shape, or
+    are one CollageError naming them)."""
     from ..frontends import load_model as load_file
-    from ..measure.import_check import check_import as check, check_model_file, torch_source
+    from ..measure.import_check import check_import as check, check_model_file, onnx_source, torch_source
 
     path = Path(spec)
-    if calibration is not None:
-        if path.suffix != ".onnx":
-            raise CollageError("--precision int8 quantizes ONNX models (.onnx); quantize others before", where=spec,
-                               exit_code=2)
-        from rich.console import Console
-
-        quantized, agreement, kept = quantize_onnx(path, calibration)
-        line = agreement.line() + (f" ({len(kept)} nodes kept in f32 for --max-drop: {', '.join(kept)})" if kept else "")
-        Console(stderr=True).print(line, highlight=False)
-        spec = str(quantized)
+    spec = quantized_spec(spec, calibration)
+    if path.suffix == ".onnx":
+        axes, names = onnx_input_axes(spec)
+        if dims is None and dynamic_dims(axes):
+            if not inputs:
+                raise CollageError(undeclared_line(axes, names), where=str(path), exit_code=2)
+            dims = input_values(axes, inputs)
+        if dims:
+            with workdir() as tmp:
+                static = specialise_onnx(spec, dims, tmp)
+                module = load_file(static, context)
+                if check_import:
+                    check(module, onnx_source(static), inputs, where=f"{path} at {_label(dims)}")
+                return module, inputs
     if path.suffix in (".mlir", ".mlirbc", ".onnx") or path.exists() or ":" not in spec:
+        if dims:
+            raise CollageError("--dim takes ONNX models and torch factories; give a StableHLO module its static "
+                               "shapes", where=spec, exit_code=2)
         module = load_file(spec, context)
         if check_import:
             check_model_file(module, spec, inputs)
@@ -113,10 +127,45 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
         raise CollageError(f"cannot load the model factory: {exc}", where=spec, exit_code=2) from None
     model, example = factory()
     example = list(example)
+    if dims:
+        example = resized(example, torch_axes(example, [DimRange(n, v, v, v) for n, v in dims.items()]), dims)
+        inputs = []
     module = import_torch(model, example, context)
     if check_import:
         check(module, torch_source(model, example), [t.detach().numpy() for t in example], where=spec)
     return module, inputs or [t.detach().numpy() for t in example]
+
+
+def quantized_spec(spec: str, calibration) -> str:
+    """The model to import: ``spec``, or with a ``calibration``, the int8 ONNX model quantized from it (its
+    agreement with f32 on held-out samples printed)."""
+    if calibration is None:
+        return spec
+    if Path(spec).suffix != ".onnx":
+        raise CollageError("--precision int8 quantizes ONNX models (.onnx); quantize others before", where=spec,
+                           exit_code=2)
+    from rich.console import Console
+
+    quantized, agreement, kept = quantize_onnx(Path(spec), calibration)
+    line = agreement.line() + (f" ({len(kept)} nodes kept in f32 for --max-drop: {', '.join(kept)})" if kept else "")
+    Console(stderr=True).print(line, highlight=False)
+    return str(quantized)
+
+
+def onnx_input_axes(spec: str) -> tuple[Axes, list[str]]:
+    """The input axes of the ONNX model at ``spec`` (``frontends.dims.onnx_axes``) and its inputs' names."""
+    import onnx
+
+    try:
+        model = onnx.load(spec, load_external_data=False)
+    except Exception as exc:  # noqa: BLE001  onnx raises DecodeError, OSError...: the import says it in full
+        raise CollageError(f"cannot read the ONNX model: {' '.join(str(exc).split())[:300]}", where=spec) from None
+    constants = {t.name for t in model.graph.initializer}
+    return onnx_axes(model)[0], [i.name for i in model.graph.input if i.name not in constants]
+
+
+def _label(values: Mapping[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in values.items())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

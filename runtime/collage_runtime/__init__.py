@@ -13,6 +13,8 @@ from .telemetry import disable_engine_telemetry
 
 disable_engine_telemetry()
 
-from .program import Program, load  # noqa: E402  (after telemetry is off)
+from .program import Program  # noqa: E402  (after telemetry is off)
+from .shaped import ShapedProgram  # noqa: E402
+from .loader import load  # noqa: E402
 
-__all__ = ["Program", "load"]
+__all__ = ["Program", "ShapedProgram", "load"]

@@ -393,8 +393,3 @@ def _to_host(value, spec: TensorSpec | None, raw: np.ndarray | None = None) -> n
         raw = raw.astype(np.int16)
         raw = np.where(raw >= 1 << (bits - 1), raw - (1 << bits), raw)
     return raw.astype(spec.dtype).reshape(shape)
-
-
-def load(root: str | Path, **kwargs) -> Program:
-    """Loads the artifact directory ``root`` written by ``collage compile``."""
-    return Program(root, **kwargs)

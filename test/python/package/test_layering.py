@@ -15,7 +15,7 @@ pytestmark = pytest.mark.fast  # no compiler, engine or worker process: `pytest 
 
 #: The stages in import order; a module may import its own stage and the ones before it.
 STAGES = ["__init__", "errors", "processes", "ir", "dialects", "frontends", "graph", "activations", "onnx", "backends",
-          "plan", "measure", "search", "passes", "artifact", "iree", "entry", "torch", "jax", "zoo", "bench", "tools"]
+          "plan", "measure", "search", "passes", "artifact", "shaped", "iree", "entry", "torch", "jax", "zoo", "bench", "tools"]
 
 
 def imports(path: Path, package: str) -> list[tuple[int, str]]:

@@ -1,0 +1,201 @@
+"""Dynamic dimensions: declared ranges, the buckets they give, and a model specialised to one bucket.
+
+A dimension is named as its source names it: an ONNX input's ``dim_param`` (``batch``), or
+``INPUT.AXIS`` for an axis with no name (an ONNX input's name, or a torch factory's argument position:
+``0.0`` is argument 0's axis 0). ``--dim NAME=MIN:OPT:MAX`` declares a range (``NAME=V`` pins the dim to
+one value); ``--bucket NAME=V1,V2,...`` lists the values compiled for it (default: MIN, OPT and MAX).
+Buckets are the grid of every dim's values. Each bucket is the model with its dynamic dims made static,
+before any importer sees it: torch-mlir's dynamic lowering leaves ``tensor.from_elements`` shape
+arithmetic that IREE refuses, and every backend and the static pipeline then apply unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from collage_runtime.shapes import Axes, DimRange
+
+from ..errors import CollageError
+
+_RANGE = re.compile(r"^\s*([^=\s]+)\s*=\s*(\d+)(?:\s*:\s*(\d+)\s*:\s*(\d+))?\s*$")
+_VALUES = re.compile(r"^\s*([^=\s]+)\s*=\s*(\d+(?:\s*,\s*\d+)*)\s*$")
+
+
+def parse_dim(text: str) -> DimRange:
+    """``NAME=MIN:OPT:MAX`` or ``NAME=V``; anything else is a CollageError (exit 2)."""
+    m = _RANGE.match(text)
+    if not m:
+        raise CollageError(f"expected NAME=MIN:OPT:MAX (or NAME=VALUE), got '{text}'", where="--dim", exit_code=2)
+    lo = int(m.group(2))
+    opt, hi = (int(m.group(3)), int(m.group(4))) if m.group(3) else (lo, lo)
+    try:
+        return DimRange(m.group(1), lo, opt, hi)
+    except ValueError as exc:
+        raise CollageError(str(exc), where="--dim", exit_code=2) from None
+
+
+def parse_bucket(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=V1,V2,...``: the values compiled for a dim."""
+    m = _VALUES.match(text)
+    if not m:
+        raise CollageError(f"expected NAME=V1,V2,..., got '{text}'", where="--bucket", exit_code=2)
+    return m.group(1), tuple(sorted({int(v) for v in m.group(2).split(",")}))
+
+
+@dataclass(frozen=True)
+class DimPlan:
+    """The declared dims, the values compiled for each, and the dims declared paddable."""
+
+    dims: tuple[DimRange, ...]
+    values: Mapping[str, tuple[int, ...]]
+    pad: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, dims: Sequence[DimRange], buckets: Mapping[str, Sequence[int]] = {},
+           pad: Sequence[str] = ()) -> "DimPlan":
+        names = [d.name for d in dims]
+        if len(set(names)) != len(names):
+            raise CollageError("a dim is declared twice", where="--dim", exit_code=2)
+        for name in [*buckets, *pad]:
+            if name not in names:
+                raise CollageError(f"'{name}' is not a declared dim (declared: {', '.join(names) or 'none'})",
+                                   where="--bucket/--pad", exit_code=2)
+        values = {}
+        for d in dims:
+            chosen = tuple(sorted(set(buckets.get(d.name, (d.min, d.opt, d.max)))))
+            outside = [v for v in chosen if v not in d]
+            if outside:
+                raise CollageError(f"bucket value {outside[0]} of '{d.name}' is outside its range {d.min}..{d.max}",
+                                   where="--bucket", exit_code=2)
+            values[d.name] = chosen
+        return cls(tuple(dims), values, tuple(pad))
+
+    def grid(self) -> list[dict[str, int]]:
+        """Every bucket: one value of each dim."""
+        names = [d.name for d in self.dims]
+        return [dict(zip(names, combo)) for combo in itertools.product(*(self.values[n] for n in names))]
+
+    def unserved(self, fallback: bool) -> str | None:
+        """A shape in range that no bucket, padding or fallback serves (as ``dim=value``), or None."""
+        if fallback:
+            return None
+        for d in self.dims:
+            values = self.values[d.name]
+            if d.name in self.pad:
+                if values[-1] != d.max:
+                    return f"{d.name}={d.max}"
+                continue
+            missing = next((v for v in range(d.min, d.max + 1) if v not in values), None)
+            if missing is not None:
+                return f"{d.name}={missing}"
+        return None
+
+
+# --- ONNX -----------------------------------------------------------------------------------------------------
+
+
+def onnx_axes(model) -> tuple[Axes, Axes]:
+    """(input axes, output axes) of an ONNX ``ModelProto``: per graph input (not initializers) and output,
+    per axis, the dim's name where it is not a fixed size (``dim_param``, else ``INPUT.AXIS``)."""
+    constants = {t.name for t in model.graph.initializer}
+
+    def axes(values) -> Axes:
+        out = []
+        for v in values:
+            dims = v.type.tensor_type.shape.dim if v.type.tensor_type.HasField("shape") else ()
+            out.append(tuple(None if d.HasField("dim_value") and d.dim_value > 0
+                             else (d.dim_param or f"{v.name}.{k}") for k, d in enumerate(dims)))
+        return tuple(out)
+
+    return axes([i for i in model.graph.input if i.name not in constants]), axes(model.graph.output)
+
+
+def dynamic_dims(axes: Axes) -> list[str]:
+    """The dim names in ``axes``, first use first."""
+    return list(dict.fromkeys(n for a in axes for n in a if n is not None))
+
+
+def specialise_onnx(path: str | Path, values: Mapping[str, int], out_dir: str | Path) -> Path:
+    """A copy of the ONNX model at ``path`` with each dynamic input dim fixed to ``values`` (and output dims
+    of the same names), written into ``out_dir``; the shapes in between are inferred again at import."""
+    import onnx
+
+    model = onnx.load(str(path))
+    inputs, outputs = onnx_axes(model)
+    constants = {t.name for t in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in constants]
+    for tensors, axes in ((graph_inputs, inputs), (model.graph.output, outputs)):
+        for tensor, names in zip(tensors, axes):
+            for d, name in zip(tensor.type.tensor_type.shape.dim, names):
+                if name in values:
+                    d.dim_value = values[name]
+    del model.graph.value_info[:]  # inferred again for the static shapes
+    out = Path(out_dir) / f"{Path(path).stem}.{'_'.join(f'{v}' for v in values.values()) or 'static'}.onnx"
+    onnx.save(model, str(out))
+    return out
+
+
+def input_values(axes: Axes, arrays: Sequence[np.ndarray]) -> dict[str, int]:
+    """The value of each dynamic dim in example ``arrays`` (a CollageError where they disagree)."""
+    values: dict[str, int] = {}
+    for k, (names, array) in enumerate(zip(axes, arrays)):
+        shape = np.shape(array)
+        if len(shape) != len(names):
+            raise CollageError(f"example input {k} has shape {list(shape)}, the model's input {k} has rank "
+                               f"{len(names)}", where="--input", exit_code=2)
+        for axis, name in enumerate(names):
+            if name is not None and values.setdefault(name, shape[axis]) != shape[axis]:
+                raise CollageError(f"example input {k} gives dim '{name}' = {shape[axis]}, another input "
+                                   f"{values[name]}", where="--input", exit_code=2)
+    return values
+
+
+def undeclared_line(axes: Axes, input_names: Sequence[str]) -> str:
+    """The one line for a model with dynamic dims and neither ``--dim`` nor ``--input``."""
+    uses = [f"{name} ({input_names[k]} axis {axis})" for k, a in enumerate(axes) for axis, name in enumerate(a)
+            if name is not None]
+    first = dynamic_dims(axes)[0]
+    return (f"the model has dynamic dims: {', '.join(uses)}; declare each one's range with --dim NAME=MIN:OPT:MAX "
+            f"(e.g. --dim {first}=1:8:32), or give --input arrays to compile for their shape")
+
+
+# --- torch factories ------------------------------------------------------------------------------------------
+
+
+def torch_axes(examples: Sequence, dims: Sequence[DimRange]) -> Axes:
+    """The input axes of a torch factory's example inputs that ``dims`` name (``ARG.AXIS``)."""
+    named = {}
+    for d in dims:
+        arg, _, axis = d.name.partition(".")
+        if not (arg.isdigit() and axis.isdigit() and int(arg) < len(examples)
+                and int(axis) < len(examples[int(arg)].shape)):
+            raise CollageError(f"dim '{d.name}': a torch model's dims are named ARGUMENT.AXIS (e.g. 0.0 for "
+                               f"argument 0's axis 0) within its {len(examples)} example input(s)",
+                               where="--dim", exit_code=2)
+        named[(int(arg), int(axis))] = d.name
+    return tuple(tuple(named.get((k, a)) for a in range(len(e.shape))) for k, e in enumerate(examples))
+
+
+def resized(examples: Sequence, axes: Axes, values: Mapping[str, int]) -> list:
+    """The example tensors at a bucket's shape (repeated or cut along each dynamic axis)."""
+    out = []
+    for tensor, names in zip(examples, axes):
+        for axis, name in enumerate(names):
+            if name is not None:
+                n = values[name]
+                reps = -(-n // tensor.shape[axis])
+                tensor = tensor.repeat_interleave(reps, dim=axis).narrow(axis, 0, n)
+        out.append(tensor)
+    return out
+
+
+def workdir() -> tempfile.TemporaryDirectory:
+    """Where specialised model files are written while they are imported."""
+    return tempfile.TemporaryDirectory(prefix="collage-dims-")

@@ -1,0 +1,147 @@
+"""Compile driver for a model with dynamic dims: one artifact per shape bucket, under one ``shapes.json``.
+
+    for each bucket (a value of every declared dim):
+        the model specialised to it → its plan (given, or tuned for that shape) → artifact.compile_module
+    + the fallback model (an engine that takes dynamic dims) + shapes.json (collage_runtime.shapes)
+
+Every bucket goes through the static pipeline unchanged, so a bucket runs exactly as a static compile of
+that shape would. Tuning the buckets shares the cost DB: a region whose shape does not depend on the dims
+(the weights' side of a network, a static head) is measured once for all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from collage_runtime.manifest import sha256_file
+from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
+from collage_runtime.package import pack
+from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, write_shape_table
+
+from .artifact import CompileResult, check_artifact_dir, compile_module, replace_dir
+from .errors import CollageError
+from .frontends.dims import DimPlan
+from .graph import public_funcs
+from .ir import ir
+from .dialects import collage
+from .plan import Plan
+
+BUCKETS = "buckets"
+
+
+@dataclass(frozen=True)
+class BucketModel:
+    """One bucket's model, ready to compile: the specialised module and the plan chosen for it."""
+
+    module: ir.Module
+    plan: Plan
+    provenance: Mapping | None = None
+
+
+@dataclass(frozen=True)
+class ShapedResult:
+    out_dir: Path
+    table: ShapeTable
+    buckets: tuple[CompileResult, ...]
+
+
+def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict[str, int]], BucketModel],
+                   out_dir: str | Path, *, fallback_model: Path | None = None, source: str = "<module>",
+                   on_bucket: Callable[[dict[str, int], CompileResult], None] | None = None,
+                   **compile_kwargs) -> ShapedResult:
+    """Compiles every bucket of ``dim_plan`` (``bucket_model(values)`` gives its module and plan) into
+    ``out_dir`` (a directory, or one ``.collage`` file), with ``fallback_model`` (an ONNX model with
+    dynamic inputs) run by ONNX Runtime for shapes no bucket or padding serves. ``inputs``: which input
+    axes carry which dim. Refused before anything is built: a range some shape of which nothing serves."""
+    fallback = Fallback.ORT if fallback_model is not None else Fallback.NONE
+    gap = dim_plan.unserved(fallback is not Fallback.NONE)
+    if gap is not None:
+        raise CollageError(f"nothing would serve {gap}: it is between buckets and the model has no fallback engine; "
+                           "list it with --bucket, or declare the dim paddable with --pad (rows independent along "
+                           "it, as a batch)", where="--dim")
+    out = Path(out_dir)
+    check_artifact_dir(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        results, buckets, shapes = [], [], []
+        for values in dim_plan.grid():
+            model = bucket_model(values)
+            shapes.append(_result_shapes(model.module))
+            path = f"{BUCKETS}/{_digest(values)}"
+            result = compile_module(model.module, model.plan, stage / path, source=source,
+                                    provenance=dict(model.provenance or {}) | {"bucket": values}, **compile_kwargs)
+            results.append(result)
+            buckets.append(Bucket(values, path))
+            if on_bucket is not None:
+                on_bucket(values, result)
+        outputs = output_axes(dim_plan, [b.values for b in buckets], shapes)
+        fallback_sha = None
+        if fallback_model is not None:
+            target = stage / fallback.file
+            target.parent.mkdir(parents=True)
+            shutil.copyfile(fallback_model, target)
+            fallback_sha = sha256_file(target)
+        table = ShapeTable(dim_plan.dims, inputs, outputs, tuple(buckets), dim_plan.pad, fallback, fallback_sha)
+        write_shape_table(stage, table)
+        if out.suffix == PACKAGE_SUFFIX:
+            pack(stage, out)
+            shutil.rmtree(stage, ignore_errors=True)
+        else:
+            replace_dir(stage, out)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise CollageError(f"cannot write the artifact: {exc.strerror} ({exc.filename})", where=str(out)) from None
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return ShapedResult(out, table, tuple(results))
+
+
+def output_axes(dim_plan: DimPlan, buckets: list[Mapping[str, int]], shapes: list[list[tuple[int, ...]]]) -> Axes:
+    """Which output axes carry which dim, read from the buckets' static result shapes: an axis is dim ``d``
+    where its size changes between buckets and equals ``d``'s value in every one (and no other dim's). A
+    padded dim must be read from at least two of its values, and between two buckets that differ in it
+    alone, only the axes that carry it may change (an axis of size 2*batch could not be sliced back):
+    else one CollageError."""
+    names = [d.name for d in dim_plan.dims]
+    out = []
+    for k, first in enumerate(shapes[0]):
+        axes = []
+        for axis in range(len(first)):
+            sizes = [s[k][axis] for s in shapes]
+            match = [n for n in names if all(b[n] == size for b, size in zip(buckets, sizes))]
+            axes.append(match[0] if len(match) == 1 and len(set(sizes)) > 1 else None)
+        out.append(tuple(axes))
+    for name in dim_plan.pad:
+        if len(dim_plan.values[name]) < 2:
+            raise CollageError(f"--pad {name} needs at least two bucket values of '{name}' (to read which output "
+                               "axes carry it)", where="--pad")
+        for i, j in itertools.combinations(range(len(buckets)), 2):
+            if [n for n in names if buckets[i][n] != buckets[j][n]] != [name]:
+                continue
+            for k, axes in enumerate(out):
+                for axis, carried in enumerate(axes):
+                    if carried != name and shapes[i][k][axis] != shapes[j][k][axis]:
+                        raise CollageError(f"output {k} axis {axis} changes with '{name}' but is not '{name}' "
+                                           f"(sizes {shapes[i][k][axis]}, {shapes[j][k][axis]}): padding cannot be "
+                                           "undone there; drop --pad", where="--pad")
+    return tuple(out)
+
+
+def _result_shapes(module: ir.Module) -> list[tuple[int, ...]]:
+    func = next(f for f in public_funcs(module) if collage.symbol_name(f) == "main")
+    results = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results
+    return [tuple(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else () for t in results]
+
+
+def _digest(values: Mapping[str, int]) -> str:
+    """A bucket's directory name: its values (a dim name may hold any character, so hashed past a few)."""
+    plain = "_".join(str(v) for v in values.values())
+    return f"{plain}-{hashlib.sha256(repr(sorted(values.items())).encode()).hexdigest()[:8]}"

@@ -1,0 +1,63 @@
+"""``--dim``, ``--bucket`` and ``--pad`` of ``collage compile``: a model with dynamic dims compiled into one
+artifact of shape buckets (``collage_mlir.shaped``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from collage_runtime.shapes import Axes
+
+from ..errors import CollageError
+from ..frontends.dims import DimPlan, dynamic_dims, parse_bucket, parse_dim, torch_axes
+from . import tune_cmd
+
+
+def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=MIN:OPT:MAX",
+                        help="a dynamic dim's range (an ONNX dim_param such as batch, or ARG.AXIS of a torch "
+                             "factory's inputs); the artifact takes any shape in range. Once per dim")
+    parser.add_argument("--bucket", action="append", default=[], metavar="NAME=V1,V2,...",
+                        help="the values of a dim compiled for (default: its MIN, OPT and MAX)")
+    parser.add_argument("--pad", action="append", default=[], metavar="NAME",
+                        help="a dim along which rows are independent (a batch): a shape between buckets is "
+                             "zero-padded to the next bucket and its outputs cut back")
+
+
+def dim_plan_of(args: argparse.Namespace) -> DimPlan | None:
+    """The declared dims and their buckets, or None when no ``--dim`` is given."""
+    if not args.dim:
+        if args.bucket or args.pad:
+            raise CollageError("--bucket and --pad go with --dim", exit_code=2)
+        return None
+    return DimPlan.of([parse_dim(t) for t in args.dim], dict(parse_bucket(t) for t in args.bucket), args.pad)
+
+
+def model_axes(spec: str, dim_plan: DimPlan) -> tuple[Axes, Path | None]:
+    """Which input axes carry the declared dims, and the model an engine that takes dynamic dims runs
+    between buckets (an ONNX model itself; None for a torch factory). Every dynamic dim of an ONNX model
+    must be declared, and every declared dim must be one of them."""
+    declared = [d.name for d in dim_plan.dims]
+    if Path(spec).suffix == ".onnx":
+        axes, _ = tune_cmd.onnx_input_axes(spec)
+        dynamic = dynamic_dims(axes)
+        unknown = [n for n in declared if n not in dynamic]
+        if unknown:
+            raise CollageError(f"'{unknown[0]}' is not a dynamic dim of the model (it has: "
+                               f"{', '.join(dynamic) or 'none'})", where="--dim", exit_code=2)
+        missing = [n for n in dynamic if n not in declared]
+        if missing:
+            raise CollageError(f"dynamic dim '{missing[0]}' has no range: give --dim {missing[0]}=MIN:OPT:MAX "
+                               "(or --dim NAME=VALUE to fix it)", where="--dim", exit_code=2)
+        return axes, Path(spec)
+    if Path(spec).suffix in (".mlir", ".mlirbc") or ":" not in spec:
+        raise CollageError("--dim takes ONNX models and torch factories; give a StableHLO module its static shapes",
+                           where=spec, exit_code=2)
+    import importlib
+
+    mod_name, _, attr = spec.partition(":")
+    try:
+        _, example = getattr(importlib.import_module(mod_name), attr)()
+    except (ImportError, AttributeError) as exc:
+        raise CollageError(f"cannot load the model factory: {exc}", where=spec, exit_code=2) from None
+    return torch_axes(list(example), dim_plan.dims), None

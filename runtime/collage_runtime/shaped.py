@@ -1,0 +1,143 @@
+"""ShapedProgram: an artifact of shape buckets (``shapes.json``) loaded as one program that takes any
+shape in its declared ranges. Each call picks what serves the inputs' shape: the bucket compiled for it;
+else, where every dim that differs is declared paddable, the smallest bucket that holds the shape (inputs
+zero-padded, outputs sliced back); else the fallback engine on the source model. Nothing compiles at
+request time: every bucket is loaded with the program."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .engines import Engines, usable_cores
+from .package import is_package, unpack
+from .program import InputError, Program
+from .shapes import Bucket, Fallback, ShapeTable, load_shape_table
+
+
+class ShapedProgram:
+    """The buckets of a shaped artifact, one ``Program`` each, behind ``Program``'s ``invoke``.
+
+    ``served(*arrays)`` says what would serve a call ("bucket batch=8", "padded to batch=8", "ort
+    fallback"), for tests and ``collage report``."""
+
+    def __init__(self, root: str | Path, *, threads: int | None = None, **kwargs):
+        self.root = Path(root)
+        if is_package(self.root):
+            self.root = unpack(self.root)
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
+        self.table: ShapeTable = load_shape_table(self.root)
+        self._programs: dict[str, Program] = {}
+        try:
+            for b in self.table.buckets:
+                self._programs[b.path] = Program(self.root / b.path, threads=threads, **kwargs)
+        except BaseException:
+            self.close()
+            raise
+        self._fallback = None
+        if self.table.fallback is Fallback.ORT:
+            import onnxruntime as ort
+
+            options = Engines(usable_cores() if threads is None else threads).ort_session_options()
+            self._fallback = ort.InferenceSession(str(self.root / self.table.fallback.file), sess_options=options,
+                                                  providers=["CPUExecutionProvider"])
+        self._lock = threading.Lock()
+
+    @property
+    def functions(self) -> list[str]:
+        return [self.table.function]
+
+    def dims_of(self, arrays: Sequence) -> dict[str, int]:
+        """The value of every declared dim in ``arrays`` (InputError: a count, rank or consistency mismatch,
+        or a value outside its range: one line naming the dim, the value and the range)."""
+        fn, table = self.table.function, self.table
+        if len(arrays) != len(table.inputs):
+            raise InputError(f"{fn}: takes {len(table.inputs)} input(s), got {len(arrays)}")
+        values: dict[str, int] = {}
+        for k, (axes, array) in enumerate(zip(table.inputs, arrays)):
+            shape = np.shape(array)
+            if len(shape) != len(axes):
+                raise InputError(f"{fn}: input {k}: expected rank {len(axes)}, got shape {list(shape)}", k)
+            for axis, name in enumerate(axes):
+                if name is None:
+                    continue
+                value = shape[axis]
+                if value not in table.dim(name):
+                    d = table.dim(name)
+                    raise InputError(f"{fn}: input {k} axis {axis} (dim '{name}') is {value}, outside the declared "
+                                     f"range {d.min}..{d.max}", k)
+                if values.setdefault(name, value) != value:
+                    raise InputError(f"{fn}: input {k} axis {axis} (dim '{name}') is {value}, but another input "
+                                     f"gives '{name}' = {values[name]}", k)
+        return values
+
+    def _route(self, values: dict[str, int]) -> tuple[str, Bucket | None]:
+        exact = next((b for b in self.table.buckets if dict(b.values) == values), None)
+        if exact is not None:
+            return "bucket", exact
+        padded = [b for b in self.table.buckets
+                  if all(b.values[n] == v or (n in self.table.pad and b.values[n] >= v) for n, v in values.items())]
+        if padded:
+            return "padded", min(padded, key=lambda b: np.prod([b.values[n] for n in values], dtype=np.int64))
+        if self._fallback is not None:
+            return "fallback", None
+        served = "; ".join(b.label for b in self.table.buckets)
+        raise InputError(f"{self.table.function}: no bucket serves {_label(values)} and the artifact has no fallback "
+                         f"(buckets: {served})")
+
+    def served(self, *arrays) -> str:
+        """What serves a call on ``arrays``: ``bucket L``, ``padded to L`` or ``ort fallback``."""
+        how, bucket = self._route(self.dims_of(arrays))
+        return {"bucket": f"bucket {bucket.label}" if bucket else "",
+                "padded": f"padded to {bucket.label}" if bucket else "",
+                "fallback": f"{self.table.fallback.value} fallback"}[how]
+
+    def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        if name != self.table.function:
+            raise InputError(f"'{name}' is not a function of this artifact (it has '{self.table.function}')")
+        values = self.dims_of(arrays)
+        how, bucket = self._route(values)
+        if how == "bucket":
+            return self._programs[bucket.path].invoke(name, *arrays)
+        if how == "padded":
+            grown = [self._pad(a, axes, bucket) for a, axes in zip(arrays, self.table.inputs)]
+            outs = self._programs[bucket.path].invoke(name, *grown)
+            return tuple(self._slice(o, axes, values) for o, axes in zip(outs, self.table.outputs))
+        with self._lock:  # one call at a time, as a Program's
+            session = self._fallback
+            feeds = {i.name: np.asarray(a) for i, a in zip(session.get_inputs(), arrays)}
+            return tuple(session.run(None, feeds))
+
+    @staticmethod
+    def _pad(array: np.ndarray, axes: tuple[str | None, ...], bucket: Bucket) -> np.ndarray:
+        widths = [(0, bucket.values[n] - array.shape[k]) if n is not None else (0, 0) for k, n in enumerate(axes)]
+        return np.pad(array, widths) if any(w for _, w in widths) else array
+
+    @staticmethod
+    def _slice(array: np.ndarray, axes: tuple[str | None, ...], values: dict[str, int]) -> np.ndarray:
+        if len(axes) != array.ndim:
+            return array
+        return array[tuple(slice(0, values[n]) if n is not None else slice(None) for n in axes)]
+
+    def close(self) -> None:
+        for p in self._programs.values():
+            p.close()
+        self._fallback = None
+        cleanup = getattr(self, "_cleanup", None)
+        if cleanup is not None:
+            cleanup()
+
+    def __enter__(self) -> "ShapedProgram":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _label(values: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in values.items())
