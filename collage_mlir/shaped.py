@@ -64,7 +64,7 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
     if gap is not None:
         raise CollageError(f"nothing would serve {gap}: it is between buckets and the model has no fallback engine; "
                            "list it with --bucket, or declare the dim paddable with --pad (rows independent along "
-                           "it, as a batch)", where="--dim")
+                           "it, as a batch)", where="--dim", exit_code=2)
     out = Path(out_dir)
     check_artifact_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)

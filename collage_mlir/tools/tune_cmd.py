@@ -118,6 +118,8 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
         return module, inputs
     import importlib
 
+    from torch import no_grad as torch_no_grad
+
     from ..frontends.torch import import_torch
 
     mod_name, _, attr = spec.partition(":")
@@ -130,6 +132,13 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
     if dims:
         example = resized(example, torch_axes(example, [DimRange(n, v, v, v) for n, v in dims.items()]), dims)
         inputs = []
+        try:
+            with torch_no_grad():
+                model(*example)
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # the model's own shape checks
+            first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            raise CollageError(f"the model does not run at {_label(dims)}: {first[:200]}", where=spec,
+                               exit_code=2) from None
     module = import_torch(model, example, context)
     if check_import:
         check(module, torch_source(model, example), [t.detach().numpy() for t in example], where=spec)

@@ -77,9 +77,9 @@ def two_blocks():
     return module, graph, [frozenset({d, t}) for d, t in zip(dots, tanhs)]
 
 
-def onnx_cnn(path) -> None:
+def onnx_cnn(path, batch: int | str = 2) -> None:
     """Writes a small ONNX CNN (conv, relu, global average pool, flatten, gemm; input ``x``: 2x3x8x8 f32,
-    output ``y``: 2x5) to ``path``."""
+    output ``y``: 2x5) to ``path``; ``batch``: the first axis's size, or its ``dim_param`` (dynamic)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -92,8 +92,8 @@ def onnx_cnn(path) -> None:
              helper.make_node("GlobalAveragePool", ["r"], ["p"]),
              helper.make_node("Flatten", ["p"], ["f"]),
              helper.make_node("Gemm", ["f", "fc", "fb"], ["y"])]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], inits)
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 5])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10
     onnx.save(model, str(path))
@@ -216,3 +216,13 @@ def digits_cnn():
         nn.functional.cross_entropy(model(torch.tensor(x[:1400])), torch.tensor(y[:1400])).backward()
         opt.step()
     return model.eval(), x, y
+
+
+def torch_mlp():
+    """A torch factory, as ``collage compile package.module:factory`` takes: ``(model, example inputs)``
+    (the zoo's tiny MLP on a 2x32 batch)."""
+    import torch
+
+    from collage_mlir.zoo.tiny import mlp
+
+    return mlp(), (torch.randn(2, 32, generator=torch.Generator().manual_seed(0)),)

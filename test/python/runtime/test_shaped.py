@@ -1,0 +1,107 @@
+"""One artifact for a range of shapes (``collage compile --dim``): each bucket's shape runs its own static
+program, a shape between buckets is padded (a declared batch) or runs on ONNX Runtime's dynamic model, a
+shape outside the range is one error line, and every result equals the source model's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import collage_runtime
+from collage_mlir.tools.cli import main as collage
+from collage_runtime.manifest import ArtifactError
+
+from models import onnx_cnn, torch_mlp
+
+RTOL = ATOL = 1e-5  # f32, the same kernels per bucket: within rounding
+
+
+@pytest.fixture(scope="module")
+def dynamic_cnn(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dyn") / "cnn.onnx"
+    onnx_cnn(path, batch="batch")
+    return path
+
+
+def reference(path, x):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path):
+    padded, dynamic = tmp_path / "padded.collage", tmp_path / "dynamic"
+    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:2:6", "--bucket", "batch=1,4,6", "--pad", "batch",
+                    "-o", str(padded)]) == 0
+    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:2:6", "--bucket", "batch=1,4,6",
+                    "--plan", "prefer:ort", "-o", str(dynamic)]) == 0
+    rng = np.random.default_rng(0)
+    want = {"padded": {1: "bucket batch=1", 3: "padded to batch=4", 4: "bucket batch=4", 5: "padded to batch=6"},
+            "dynamic": {1: "bucket batch=1", 3: "ort fallback", 4: "bucket batch=4", 5: "ort fallback"}}
+    for name, art in (("padded", padded), ("dynamic", dynamic)):
+        with collage_runtime.load(art) as program:
+            assert isinstance(program, collage_runtime.ShapedProgram)
+            for batch, served in want[name].items():
+                x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
+                before = x.copy()
+                (y,) = program.invoke("main", x)
+                assert program.served(x) == served
+                np.testing.assert_allclose(y, reference(dynamic_cnn, x), rtol=RTOL, atol=ATOL)
+                assert np.array_equal(x, before)  # padding copies; the caller's data stays untouched
+            with pytest.raises(collage_runtime.program.InputError,
+                               match=r"input 0 axis 0 \(dim 'batch'\) is 7, outside the declared range 1..6"):
+                program.invoke("main", np.zeros((7, 3, 8, 8), np.float32))
+    # The ORT buckets place every region on ORT; the shape table names the fallback's model.
+    table = collage_runtime.load(dynamic).table
+    assert table.fallback.value == "ort" and table.outputs == (("batch", None),)
+
+
+def test_cli_run_refuses_a_shape_out_of_range_in_one_line(dynamic_cnn, tmp_path):
+    art = tmp_path / "art"
+    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=2", "-o", str(art)]) == 0
+    np.save(tmp_path / "x.npy", np.zeros((3, 3, 8, 8), np.float32))
+    run = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "run", str(art), "--input",
+                          str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "dim 'batch') is 3, outside the declared range 2..2" in run.stderr
+    # The fallback model is checked like every file of an artifact.
+    (art / "fallback" / "model.onnx").write_bytes(b"not the model")
+    with pytest.raises(ArtifactError, match="fallback model does not match its SHA-256"):
+        collage_runtime.load(art)
+
+
+def test_dynamic_onnx_needs_its_dims_declared_or_an_input(dynamic_cnn, tmp_path, capsys):
+    assert collage(["compile", str(dynamic_cnn), "-o", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dynamic dims: batch (x axis 0)" in err and "--dim batch=" in err
+    assert collage(["compile", str(dynamic_cnn), "--dim", "seq=1:2:4", "-o", str(tmp_path / "a")]) == 2
+    assert "'seq' is not a dynamic dim of the model (it has: batch)" in capsys.readouterr().err
+    # Example inputs fix the shape: a static artifact for it.
+    x = np.random.default_rng(1).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert collage(["compile", str(dynamic_cnn), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "s")]) == 0
+    with collage_runtime.load(tmp_path / "s") as program:
+        np.testing.assert_allclose(program.invoke("main", x)[0], reference(dynamic_cnn, x), rtol=RTOL, atol=ATOL)
+
+
+def test_torch_factory_axes_named_by_argument_and_axis(tmp_path, capsys):
+    art = tmp_path / "mlp"
+    assert collage(["compile", "models:torch_mlp", "--dim", "0.0=1:2:8", "--bucket", "0.0=2,8", "--pad", "0.0",
+                    "-o", str(art)]) == 0
+    model, _ = torch_mlp()
+    import torch
+
+    x = np.random.default_rng(2).standard_normal((5, 32)).astype(np.float32)
+    with collage_runtime.load(art) as program, torch.no_grad():
+        assert program.served(x) == "padded to 0.0=8"
+        np.testing.assert_allclose(program.invoke("main", x)[0], model(torch.from_numpy(x)).numpy(), rtol=1e-5,
+                                   atol=1e-5)
+    # Without padding, nothing serves batch 3: refused before anything is built.
+    assert collage(["compile", "models:torch_mlp", "--dim", "0.0=1:2:8", "-o", str(tmp_path / "b")]) == 2
+    assert "nothing would serve 0.0=3" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+    # An axis the model cannot vary is the model's own error, in one line.
+    assert collage(["compile", "models:torch_mlp", "--dim", "0.1=16", "-o", str(tmp_path / "c")]) == 2
+    assert "does not run at 0.1=16" in capsys.readouterr().err
