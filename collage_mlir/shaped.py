@@ -15,13 +15,17 @@ import hashlib
 import itertools
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from collage_runtime.manifest import sha256_file
 from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
 from collage_runtime.package import pack
+from collage_runtime.engines import Engines, usable_cores
+from collage_runtime.shaped import dynamic_runner
 from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, write_shape_table
 
 from .artifact import CompileResult, check_artifact_dir, compile_module, replace_dir
@@ -52,14 +56,16 @@ class ShapedResult:
 
 
 def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict[str, int]], BucketModel],
-                   out_dir: str | Path, *, fallback_model: Path | None = None, source: str = "<module>",
-                   on_bucket: Callable[[dict[str, int], CompileResult], None] | None = None,
+                   out_dir: str | Path, *, fallback_model: Path | None = None, fallback: Fallback = Fallback.NONE,
+                   source: str = "<module>", on_bucket: Callable[[dict[str, int], CompileResult], None] | None = None,
                    **compile_kwargs) -> ShapedResult:
     """Compiles every bucket of ``dim_plan`` (``bucket_model(values)`` gives its module and plan) into
     ``out_dir`` (a directory, or one ``.collage`` file), with ``fallback_model`` (an ONNX model with
-    dynamic inputs) run by ONNX Runtime for shapes no bucket or padding serves. ``inputs``: which input
-    axes carry which dim. Refused before anything is built: a range some shape of which nothing serves."""
-    fallback = Fallback.ORT if fallback_model is not None else Fallback.NONE
+    dynamic inputs) run by the ``fallback`` engine for shapes no bucket or padding serves. ``inputs``:
+    which input axes carry which dim. Refused before anything is built: a range some shape of which nothing
+    serves."""
+    if (fallback is Fallback.NONE) != (fallback_model is None):
+        raise ValueError("a fallback engine goes with a fallback model")
     gap = dim_plan.unserved(fallback is not Fallback.NONE)
     if gap is not None:
         raise CollageError(f"nothing would serve {gap}: it is between buckets and the model has no fallback engine; "
@@ -133,6 +139,53 @@ def output_axes(dim_plan: DimPlan, buckets: list[Mapping[str, int]], shapes: lis
                                            f"(sizes {shapes[i][k][axis]}, {shapes[j][k][axis]}): padding cannot be "
                                            "undone there; drop --pad", where="--pad")
     return tuple(out)
+
+
+def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequence[Fallback],
+                    repeats: int = 5) -> tuple[Fallback, dict[Fallback, float]]:
+    """The engine of ``kinds`` that runs the ONNX ``model`` (dynamic dims kept) fastest, timed at a shape
+    between buckets (each dim at the middle of its widest gap, or its OPT value where there is none):
+    (the fastest, seconds per call of each that ran). An engine that fails to load or run is left out; a
+    CollageError when none runs."""
+    import onnx
+
+    values = {d.name: _between(d, dim_plan.values[d.name]) for d in dim_plan.dims}
+    proto = onnx.load(str(model), load_external_data=False)
+    constants = {t.name for t in proto.graph.initializer}
+    graph_inputs = [i for i in proto.graph.input if i.name not in constants]
+    rng = np.random.default_rng(0)
+    arrays = []
+    for tensor, axes in zip(graph_inputs, inputs):
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.type.tensor_type.elem_type)
+        shape = [values[n] if n is not None else d.dim_value
+                 for n, d in zip(axes, tensor.type.tensor_type.shape.dim)]
+        # Integer inputs are often indices (token ids, masks): zeros are valid for any of them.
+        arrays.append(rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype))
+    engines = Engines(usable_cores())
+    times, problems = {}, []
+    for kind in kinds:
+        try:
+            run = dynamic_runner(kind, model, Engines(engines.threads, sole=kind.value))
+            run(arrays)
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run(arrays)
+                samples.append(time.perf_counter() - start)
+            times[kind] = float(np.median(samples))
+        except Exception as exc:  # noqa: BLE001  an engine that cannot run the dynamic model is not a fallback
+            problems.append(f"{kind.value}: {' '.join(str(exc).split())[:120]}")
+    if not times:
+        raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
+                           "list every value with --bucket, or declare --pad", where=str(model))
+    return min(times, key=times.get), times
+
+
+def _between(dim, buckets: Sequence[int]) -> int:
+    """A value of ``dim`` between buckets: the middle of the widest gap, else its OPT value."""
+    edges = sorted({dim.min - 1, *buckets, dim.max + 1})
+    width, lo = max((b - a, a) for a, b in zip(edges, edges[1:]))
+    return lo + width // 2 if width > 1 else dim.opt
 
 
 def _result_shapes(module: ir.Module) -> list[tuple[int, ...]]:

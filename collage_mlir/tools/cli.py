@@ -76,6 +76,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     from ..measure.db import default_db_path
     from ..search import resolve_plan
     from ..shaped import BucketModel, compile_shaped
+    from collage_runtime.shapes import Fallback
 
     if args.input:
         raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
@@ -85,7 +86,8 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
         raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
                            "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
     spec = tune_cmd.quantized_spec(args.model, tune_cmd.calibration_of(args))
-    axes, fallback = dims_args.model_axes(spec, dim_plan)
+    axes, dynamic_model = dims_args.model_axes(spec, dim_plan)
+    fallback = dims_args.fallback_of(args, dynamic_model, dim_plan, axes)
     platform = args.device and Platform(args.device)
     buckets = dim_plan.grid()
     console = Console(stderr=True)
@@ -109,11 +111,12 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     if args.cuda_target:
         passthrough = [*passthrough, f"--iree-cuda-target={args.cuda_target}"]
     with console.status(f"compiling {args.model} for {len(buckets)} shape buckets"):
-        result = compile_shaped(dim_plan, axes, bucket_model, args.output, fallback_model=fallback,
+        result = compile_shaped(dim_plan, axes, bucket_model, args.output, fallback=fallback,
+                                fallback_model=dynamic_model if fallback is not Fallback.NONE else None,
                                 source=str(args.model), on_bucket=compiled, iree_args=passthrough)
     rest = ("padding to the next bucket along " + ", ".join(dim_plan.pad)) if dim_plan.pad else ""
-    if fallback is not None:
-        rest = (rest + "; else " if rest else "") + f"{result.table.fallback.value} on the model with dynamic dims"
+    if fallback is not Fallback.NONE:
+        rest = (rest + "; else " if rest else "") + f"{fallback.value} on the model with dynamic dims"
     ranges = ", ".join(f"{d.name} {d.min}..{d.max}" for d in dim_plan.dims)
     print(f"wrote {result.out_dir} ({len(buckets)} buckets for {ranges}" + (f"; between them: {rest})" if rest else ")"))
     return 0

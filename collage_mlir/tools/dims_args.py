@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from collage_runtime.shapes import Axes
+from collage_runtime.shapes import Axes, Fallback
 
 from ..errors import CollageError
 from ..frontends.dims import DimPlan, dynamic_dims, parse_bucket, parse_dim, torch_axes
+from ..shaped import choose_fallback
 from . import tune_cmd
 
 
@@ -22,6 +23,25 @@ def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pad", action="append", default=[], metavar="NAME",
                         help="a dim along which rows are independent (a batch): a shape between buckets is "
                              "zero-padded to the next bucket and its outputs cut back")
+    parser.add_argument("--fallback", choices=["auto", *(f.value for f in Fallback)], default="auto",
+                        help="the engine that runs an ONNX model's shapes between buckets with its dynamic dims "
+                             "(default auto: the faster of ort and openvino, timed here; none: refuse such shapes)")
+
+
+def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan, axes: Axes) -> Fallback:
+    """The engine that serves shapes between buckets: none where buckets and padding serve every shape or
+    the model is not ONNX; else the one named, or (auto) the faster, timed on the model."""
+    from rich.console import Console
+
+    if model is None or args.fallback == Fallback.NONE.value or dim_plan.unserved(fallback=False) is None:
+        return Fallback.NONE
+    if args.fallback != "auto":
+        return Fallback(args.fallback)
+    with Console(stderr=True).status("timing the fallback engines on the model with dynamic dims"):
+        chosen, times = choose_fallback(model, dim_plan, axes, [Fallback.ORT, Fallback.OPENVINO])
+    Console(stderr=True).print("between buckets: " + ", ".join(f"{k.value} {v * 1e3:.2f} ms" for k, v in times.items())
+                               + f" → {chosen.value}", highlight=False)
+    return chosen
 
 
 def dim_plan_of(args: argparse.Namespace) -> DimPlan | None:

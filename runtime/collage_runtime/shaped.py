@@ -1,7 +1,8 @@
 """ShapedProgram: an artifact of shape buckets (``shapes.json``) loaded as one program that takes any
 shape in its declared ranges. Each call picks what serves the inputs' shape: the bucket compiled for it;
 else, where every dim that differs is declared paddable, the smallest bucket that holds the shape (inputs
-zero-padded, outputs sliced back); else the fallback engine on the source model. Nothing compiles at
+zero-padded, outputs sliced back); else the fallback engine (ONNX Runtime or OpenVINO) on the source
+model with its dynamic dims. Nothing compiles at
 request time: every bucket is loaded with the program."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import shutil
 import threading
 import weakref
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -40,12 +41,9 @@ class ShapedProgram:
             self.close()
             raise
         self._fallback = None
-        if self.table.fallback is Fallback.ORT:
-            import onnxruntime as ort
-
-            options = Engines(usable_cores() if threads is None else threads).ort_session_options()
-            self._fallback = ort.InferenceSession(str(self.root / self.table.fallback.file), sess_options=options,
-                                                  providers=["CPUExecutionProvider"])
+        if self.table.fallback is not Fallback.NONE:
+            engines = Engines(usable_cores() if threads is None else threads, sole=self.table.fallback.value)
+            self._fallback = dynamic_runner(self.table.fallback, self.root / self.table.fallback.file, engines)
         self._lock = threading.Lock()
 
     @property
@@ -95,7 +93,7 @@ class ShapedProgram:
         how, bucket = self._route(self.dims_of(arrays))
         return {"bucket": f"bucket {bucket.label}" if bucket else "",
                 "padded": f"padded to {bucket.label}" if bucket else "",
-                "fallback": f"{self.table.fallback.value} fallback"}[how]
+                        "fallback": f"{self.table.fallback.value} fallback"}[how]
 
     def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         if name != self.table.function:
@@ -109,9 +107,7 @@ class ShapedProgram:
             outs = self._programs[bucket.path].invoke(name, *grown)
             return tuple(self._slice(o, axes, values) for o, axes in zip(outs, self.table.outputs))
         with self._lock:  # one call at a time, as a Program's
-            session = self._fallback
-            feeds = {i.name: np.asarray(a) for i, a in zip(session.get_inputs(), arrays)}
-            return tuple(session.run(None, feeds))
+            return self._fallback(arrays)
 
     @staticmethod
     def _pad(array: np.ndarray, axes: tuple[str | None, ...], bucket: Bucket) -> np.ndarray:
@@ -137,6 +133,28 @@ class ShapedProgram:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[Sequence[np.ndarray]], tuple]:
+    """A callable running the ONNX ``model`` (dynamic dims kept) on ``kind``'s engine: arrays in, arrays out."""
+    if kind is Fallback.ORT:
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(model), sess_options=engines.ort_session_options(),
+                                       providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return lambda arrays: tuple(session.run(None, {n: np.asarray(a) for n, a in zip(names, arrays)}))
+    if kind is Fallback.OPENVINO:
+        compiled = engines.openvino_core().compile_model(str(model), "CPU", engines.openvino_config())
+        request = compiled.create_infer_request()
+        count = len(compiled.outputs)
+
+        def run(arrays: Sequence[np.ndarray]) -> tuple:
+            results = request.infer([np.ascontiguousarray(a) for a in arrays])
+            return tuple(np.array(results[k]) for k in range(count))
+
+        return run
+    raise ValueError(f"no dynamic runner for {kind}")
 
 
 def _label(values: dict[str, int]) -> str:

@@ -8,8 +8,9 @@ dimension, the declared ranges, the buckets, and what serves a shape between buc
 
 - ``pad``: the dims the user declared paddable (rows independent along them, such as a batch): the
   inputs are zero-padded up to the smallest bucket that holds them and the outputs sliced back;
-- ``fallback``: an engine that takes dynamic dims runs the source model (``Fallback.ORT``: ONNX
-  Runtime on ``fallback/model.onnx``);
+- ``fallback``: an engine that takes dynamic dims runs the source model, ``fallback/model.onnx``
+  (``Fallback.ORT``: ONNX Runtime; ``Fallback.OPENVINO``: OpenVINO, the model compiled once with its
+  dynamic dims);
 - nothing: a shape between buckets is refused (the compiler refuses to build such an artifact unless
   every value in range is a bucket).
 
@@ -70,12 +71,13 @@ class Fallback(str, Enum):
     """What runs a shape no bucket matches and padding cannot serve."""
 
     NONE = "none"
-    ORT = "ort"  # ONNX Runtime on the source ONNX model, whose inputs keep their dynamic dims
+    ORT = "ort"            # ONNX Runtime on the source ONNX model, whose inputs keep their dynamic dims
+    OPENVINO = "openvino"  # OpenVINO's CPU plugin on the same model, compiled with dynamic dims
 
     @property
     def file(self) -> str | None:
         """The fallback's model file inside the artifact."""
-        return "fallback/model.onnx" if self is Fallback.ORT else None
+        return None if self is Fallback.NONE else "fallback/model.onnx"
 
 
 #: Per input (or output), per axis: the dimension's name, or None for a static axis.

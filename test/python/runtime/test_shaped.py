@@ -13,7 +13,10 @@ import pytest
 
 import collage_runtime
 from collage_mlir.tools.cli import main as collage
+from collage_mlir.frontends.dims import DimPlan, parse_dim
+from collage_mlir.shaped import choose_fallback
 from collage_runtime.manifest import ArtifactError
+from collage_runtime.shapes import Fallback
 
 from models import onnx_cnn, torch_mlp
 
@@ -36,10 +39,10 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path):
     assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:2:6", "--bucket", "batch=1,4,6", "--pad", "batch",
                     "-o", str(padded)]) == 0
     assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:2:6", "--bucket", "batch=1,4,6",
-                    "--plan", "prefer:ort", "-o", str(dynamic)]) == 0
+                    "--plan", "prefer:ort", "--fallback", "openvino", "-o", str(dynamic)]) == 0
     rng = np.random.default_rng(0)
     want = {"padded": {1: "bucket batch=1", 3: "padded to batch=4", 4: "bucket batch=4", 5: "padded to batch=6"},
-            "dynamic": {1: "bucket batch=1", 3: "ort fallback", 4: "bucket batch=4", 5: "ort fallback"}}
+            "dynamic": {1: "bucket batch=1", 3: "openvino fallback", 4: "bucket batch=4", 5: "openvino fallback"}}
     for name, art in (("padded", padded), ("dynamic", dynamic)):
         with collage_runtime.load(art) as program:
             assert isinstance(program, collage_runtime.ShapedProgram)
@@ -53,19 +56,25 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path):
             with pytest.raises(collage_runtime.program.InputError,
                                match=r"input 0 axis 0 \(dim 'batch'\) is 7, outside the declared range 1..6"):
                 program.invoke("main", np.zeros((7, 3, 8, 8), np.float32))
-    # The ORT buckets place every region on ORT; the shape table names the fallback's model.
     table = collage_runtime.load(dynamic).table
-    assert table.fallback.value == "ort" and table.outputs == (("batch", None),)
+    assert table.fallback is Fallback.OPENVINO and table.outputs == (("batch", None),)
+
+
+def test_the_fallback_is_the_faster_engine_on_the_dynamic_model(dynamic_cnn):
+    plan = DimPlan.of([parse_dim("batch=1:2:16")], {"batch": (1, 16)})
+    chosen, times = choose_fallback(dynamic_cnn, plan, (("batch", None, None, None),), [Fallback.ORT, Fallback.OPENVINO])
+    assert set(times) == {Fallback.ORT, Fallback.OPENVINO} and times[chosen] == min(times.values())
 
 
 def test_cli_run_refuses_a_shape_out_of_range_in_one_line(dynamic_cnn, tmp_path):
     art = tmp_path / "art"
-    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=2", "-o", str(art)]) == 0
-    np.save(tmp_path / "x.npy", np.zeros((3, 3, 8, 8), np.float32))
+    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=2:2:3", "--bucket", "batch=2", "--fallback", "ort",
+                    "-o", str(art)]) == 0
+    np.save(tmp_path / "x.npy", np.zeros((4, 3, 8, 8), np.float32))
     run = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "run", str(art), "--input",
                           str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stderr.count("\n") == 1
-    assert "dim 'batch') is 3, outside the declared range 2..2" in run.stderr
+    assert "dim 'batch') is 4, outside the declared range 2..3" in run.stderr
     # The fallback model is checked like every file of an artifact.
     (art / "fallback" / "model.onnx").write_bytes(b"not the model")
     with pytest.raises(ArtifactError, match="fallback model does not match its SHA-256"):
