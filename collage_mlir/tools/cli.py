@@ -71,7 +71,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     from rich.console import Console
 
     from ..entry import plan_provenance
-    from ..graph import Graph
+    from ..graph import Graph, number_ops
     from ..ir import new_context
     from ..measure.db import default_db_path
     from ..search import resolve_plan
@@ -102,6 +102,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
                                         budget, 0, None)
             tune_cmd.print_summary(tuned, f"(tuned for {label})")
             return BucketModel(module, tuned.plan, plan_provenance("tune", tuned.tuned.record, default_db_path()))
+        number_ops(module)
         return BucketModel(module, resolve_plan(args.plan, Graph(module), platform), plan_provenance(args.plan))
 
     def compiled(values: dict[str, int], result) -> None:

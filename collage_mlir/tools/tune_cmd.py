@@ -102,11 +102,15 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
                 raise CollageError(undeclared_line(axes, names), where=str(path), exit_code=2)
             dims = input_values(axes, inputs)
         if dims:
+            where = f"{path} at {_label(dims)}"
             with workdir() as tmp:
                 static = specialise_onnx(spec, dims, tmp)
-                module = load_file(static, context)
+                try:
+                    module = load_file(static, context)
+                except CollageError as exc:  # named by the user's model, not the temporary copy
+                    raise CollageError(str(exc).replace(f"{static}: ", ""), where=where) from None
                 if check_import:
-                    check(module, onnx_source(static), inputs, where=f"{path} at {_label(dims)}")
+                    check(module, onnx_source(static), inputs, where=where)
                 return module, inputs
     if path.suffix in (".mlir", ".mlirbc", ".onnx") or path.exists() or ":" not in spec:
         if dims:

@@ -46,6 +46,10 @@ class ShapedProgram:
             self._fallback = dynamic_runner(self.table.fallback, self.root / self.table.fallback.file, engines)
         self._lock = threading.Lock()
 
+    def program(self, bucket: Bucket) -> Program:
+        """The program compiled for ``bucket`` (one of ``table.buckets``)."""
+        return self._programs[bucket.path]
+
     @property
     def functions(self) -> list[str]:
         return [self.table.function]

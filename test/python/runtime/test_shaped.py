@@ -56,8 +56,11 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path):
             with pytest.raises(collage_runtime.program.InputError,
                                match=r"input 0 axis 0 \(dim 'batch'\) is 7, outside the declared range 1..6"):
                 program.invoke("main", np.zeros((7, 3, 8, 8), np.float32))
-    table = collage_runtime.load(dynamic).table
-    assert table.fallback is Fallback.OPENVINO and table.outputs == (("batch", None),)
+    with collage_runtime.load(dynamic) as program:
+        table = program.table
+        assert table.fallback is Fallback.OPENVINO and table.outputs == (("batch", None),)
+        # Each bucket is placed by the plan given: prefer:ort puts every region on ONNX Runtime.
+        assert all({r.backend for r in program.program(b).manifest.regions} == {"ort"} for b in table.buckets)
 
 
 def test_the_fallback_is_the_faster_engine_on_the_dynamic_model(dynamic_cnn):

@@ -1,0 +1,209 @@
+"""Dynamic zoo: models exported to ONNX with dynamic axes, served over a range of shapes.
+
+For each model, one collage artifact of shape buckets (``collage compile --dim ... --plan PLAN``, the
+fallback engine chosen by timing) against the peers that take the dynamic model as it is:
+
+- per shape (every bucket, and shapes between buckets): collage; the static best (a collage artifact
+  compiled for exactly that shape with the same plan); ONNX Runtime and OpenVINO on the dynamic model;
+  OpenVINO compiled for that shape (``reshape``);
+- a seeded request trace: total time of collage (nothing compiles), ORT and OpenVINO dynamic, and
+  OpenVINO reshaped per new shape with its compile time counted;
+- collage's compile time and artifact size.
+
+Times are medians of interleaved rounds, 2 threads each. Writes ``dynamic_zoo.json``/``.md`` beside this
+file (or ``--out``). Run from the repository root:
+
+    python -m studies.dynamic.dynamic_zoo --models resnet50,bert --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from studies.common.report import header, write_report
+
+HERE = Path(__file__).parent
+THREADS = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model, its dynamic axes, the collage flags that declare them, and the shapes measured."""
+
+    name: str
+    dims: tuple[str, ...]     # --dim
+    buckets: tuple[str, ...]  # --bucket
+    pad: tuple[str, ...]      # --pad
+    shapes: tuple[dict, ...]  # the dims' values measured one by one
+    trace: tuple[dict, ...]   # the request trace's dims values
+
+    def flags(self) -> list[str]:
+        return [*(a for d in self.dims for a in ("--dim", d)), *(a for b in self.buckets for a in ("--bucket", b)),
+                *(a for p in self.pad for a in ("--pad", p))]
+
+
+def _trace(rng: np.random.Generator, n: int, **choices) -> tuple[dict, ...]:
+    return tuple({k: int(rng.choice(v)) for k, v in choices.items()} for _ in range(n))
+
+
+def cases(n_trace: int) -> dict[str, Case]:
+    rng = np.random.default_rng(0)
+    return {
+        "resnet50": Case("resnet50", ("batch=1:4:8",), ("batch=1,2,4,8",), (),
+                         tuple({"batch": b} for b in (1, 3, 4, 6, 8)), _trace(rng, n_trace, batch=range(1, 9))),
+        "bert": Case("bert", ("batch=1:1:4", "seq=8:64:128"), ("batch=1,4", "seq=16,64,128"), (),
+                     tuple({"batch": b, "seq": s} for b, s in ((1, 16), (1, 64), (1, 40), (4, 128), (2, 100))),
+                     _trace(rng, n_trace, batch=(1, 1, 1, 2, 4), seq=range(8, 129))),
+    }
+
+
+def export(name: str, root: Path) -> Path:
+    """The zoo model as ONNX with its first axis (and a token model's second) dynamic."""
+    import torch
+
+    from collage_mlir import zoo
+
+    model, inputs = zoo.build(name if name != "bert" else "bert_base")
+    path = root / f"{name}.onnx"
+    axes = {0: "batch"} if inputs[0].dtype.is_floating_point else {0: "batch", 1: "seq"}
+    torch.onnx.export(model, inputs, str(path), dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": axes, "y": {0: "batch"}}, opset_version=17)
+    return path
+
+
+def example(name: str, values: dict, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if name == "bert":
+        return rng.integers(0, 30000, (values["batch"], values["seq"]), dtype=np.int64)
+    return rng.standard_normal((values["batch"], 3, 224, 224)).astype(np.float32)
+
+
+def measure(runners: dict, rounds: int, min_time: float = 0.2) -> dict[str, float]:
+    """Median ms per call of each runner, rounds interleaved across runners."""
+    for fn in runners.values():
+        fn()
+    samples: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(rounds):
+        for label, fn in runners.items():
+            n, start = 0, time.perf_counter()
+            while True:
+                fn()
+                n += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_time:
+                    break
+            samples[label].append(elapsed / n * 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def run_case(case: Case, root: Path, plan: str, rounds: int) -> dict:
+    import onnxruntime as ort
+    import openvino as ov
+
+    import collage_runtime
+    from collage_mlir.tools.cli import main as collage
+
+    model = export(case.name, root)
+    art = root / "art"
+    start = time.perf_counter()
+    if collage(["compile", str(model), *case.flags(), "--plan", plan, "-o", str(art)]) != 0:
+        raise SystemExit(f"{case.name}: collage compile failed")
+    compile_s = time.perf_counter() - start
+    size = sum(p.stat().st_size for p in art.rglob("*") if p.is_file())
+    program = collage_runtime.load(art, threads=THREADS)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    core = ov.Core()
+    config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    ov_dynamic = core.compile_model(str(model), "CPU", config).create_infer_request()
+    ov_static: dict[tuple, object] = {}
+
+    def ov_for(x: np.ndarray):
+        """OpenVINO compiled for x's shape (reshaped), compiled on first use; (request, compile seconds)."""
+        if x.shape not in ov_static:
+            t = time.perf_counter()
+            m = core.read_model(str(model))
+            m.reshape({"x": list(x.shape)})
+            ov_static[x.shape] = (core.compile_model(m, "CPU", config).create_infer_request(), time.perf_counter() - t)
+        return ov_static[x.shape]
+
+    rows = []
+    for values in case.shapes:
+        x = example(case.name, values)
+        static = root / f"static-{'-'.join(map(str, values.values()))}"
+        np.save(root / "x.npy", x)
+        if collage(["compile", str(model), "--input", str(root / "x.npy"), "--plan", plan, "-o", str(static)]) != 0:
+            raise SystemExit(f"{case.name} at {values}: static compile failed")
+        static_program = collage_runtime.load(static, threads=THREADS)
+        request, _ = ov_for(x)
+        runners = {"collage": lambda: program.invoke("main", x), "static best": lambda: static_program.invoke("main", x),
+                   "ort dynamic": lambda: session.run(None, {"x": x}), "openvino dynamic": lambda: ov_dynamic.infer([x]),
+                   "openvino static": lambda r=request: r.infer([x])}
+        ms = measure(runners, rounds)
+        rows.append({"dims": values, "served": program.served(x), "ms": ms})
+        print(case.name, values, program.served(x), {k: round(v, 2) for k, v in ms.items()}, flush=True)
+        static_program.close()
+    # The trace: every request once, in order; OpenVINO reshaped compiles each new shape (counted).
+    requests = [example(case.name, v, seed=k) for k, v in enumerate(case.trace)]
+    ov_static.clear()
+    totals = {}
+    for label, call in (("collage", lambda x: program.invoke("main", x)),
+                        ("ort dynamic", lambda x: session.run(None, {"x": x})),
+                        ("openvino dynamic", lambda x: ov_dynamic.infer([x])),
+                        ("openvino reshaped per shape", lambda x: ov_for(x)[0].infer([x]))):
+        t = time.perf_counter()
+        for x in requests:
+            call(x)
+        totals[label] = time.perf_counter() - t
+    print(case.name, "trace s", {k: round(v, 2) for k, v in totals.items()}, flush=True)
+    program.close()
+    return {"model": case.name, "plan": plan, "flags": case.flags(), "compile_s": compile_s, "artifact_bytes": size,
+            "fallback": program.table.fallback.value, "shapes": rows, "trace_s": totals, "trace": list(case.trace)}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"{result['device']}, {result['date']}, `{result['command']}`; median ms per call, {THREADS} threads", ""]
+    for r in result["rows"]:
+        lines += [f"### {r['model']} (`{' '.join(r['flags'])} --plan {r['plan']}`; fallback {r['fallback']}; "
+                  f"compile {r['compile_s']:.0f} s, artifact {r['artifact_bytes'] / 2**20:.1f} MiB)", ""]
+        labels = list(r["shapes"][0]["ms"])
+        lines += ["| dims | served | " + " | ".join(labels) + " | collage / static |", "|---|---|" + "---|" * (len(labels) + 1)]
+        for s in r["shapes"]:
+            dims = ", ".join(f"{k}={v}" for k, v in s["dims"].items())
+            lines.append(f"| {dims} | {s['served']} | " + " | ".join(f"{s['ms'][k]:.2f}" for k in labels)
+                         + f" | {s['ms']['collage'] / s['ms']['static best']:.2f} |")
+        best_peer = min(v for k, v in r["trace_s"].items() if k != "collage")
+        lines += ["", f"Trace of {len(r['trace'])} requests, total s: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r["trace_s"].items())
+                  + f"; collage's throughput {best_peer / r['trace_s']['collage']:.2f}x the best peer's", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,bert")
+    parser.add_argument("--plan", default="whole:openvino", help="the plan of every bucket and static artifact")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trace", type=int, default=40, help="requests in the trace")
+    parser.add_argument("--out", type=Path, default=HERE)
+    args = parser.parse_args(argv)
+    all_cases = cases(args.trace)
+    result = header("dynamic_zoo") | {"date": time.strftime("%Y-%m-%d"), "rows": []}
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"collage-dyn-{name}-") as tmp:
+            result["rows"].append(run_case(all_cases[name], Path(tmp), args.plan, args.rounds))
+    write_report(args.out, "dynamic_zoo", result, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
