@@ -9,18 +9,22 @@ since library regions live beside the module; the function returns its manifest.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from collage_runtime.manifest import Manifest
+from collage_runtime.shapes import DimRange, ShapeTable
 from collage_runtime.types import Platform
 
 from . import artifact
 from .graph import Graph, number_ops
 from .frontends import load_model, stablehlo
+from .frontends.dims import DimPlan
 from .ir import ir, new_context
 from .measure.import_check import check_model_file
 from .plan import Plan
 from .search import resolve_plan
+from .shaped import compile_onnx_shaped
 
 
 def compile_module(module: ir.Module, plan: "str | Plan", output_dir: str | Path, *,
@@ -33,10 +37,22 @@ def compile_module(module: ir.Module, plan: "str | Plan", output_dir: str | Path
 
 
 def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str | Plan" = "default",
-                 check_import: bool = True, **iree_kwargs) -> Manifest:
+                 check_import: bool = True, dims: Mapping[str, "int | tuple[int, int, int]"] | None = None,
+                 buckets: Mapping[str, Sequence[int]] | None = None, pad: Sequence[str] = (),
+                 **iree_kwargs) -> "Manifest | ShapeTable":
     """Compiles a StableHLO (or ONNX) file with ``plan``; ``iree_kwargs`` go to
     ``iree.compiler.tools.compile_str`` (``extra_args``, ``target_backends``, ...). Returns the artifact
-    manifest. ``check_import``: an ONNX model must match ONNX Runtime on generated inputs first."""
+    manifest. ``check_import``: an ONNX model must match ONNX Runtime on generated inputs first.
+
+    ``dims``: an ONNX model's dynamic dims, each ``(MIN, OPT, MAX)`` or one value, as ``collage compile
+    --dim``; ``buckets`` and ``pad`` as ``--bucket`` and ``--pad``. The artifact then holds a program per
+    shape bucket (``collage_mlir.shaped``), ``collage_runtime.load`` takes any shape in range, and the
+    result is its ``ShapeTable``."""
+    if dims is not None:
+        ranges = [DimRange(n, *((v, v, v) if isinstance(v, int) else v)) for n, v in dims.items()]
+        dim_plan = DimPlan.of(ranges, dict(buckets or {}), pad)
+        return compile_onnx_shaped(input_file, dim_plan, plan, output_dir, check_import=check_import,
+                                   **iree_kwargs).table
     module = load_model(input_file, new_context())
     if check_import:
         check_model_file(module, input_file)

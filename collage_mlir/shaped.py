@@ -30,9 +30,12 @@ from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, write_sha
 
 from .artifact import CompileResult, check_artifact_dir, compile_module, replace_dir
 from .errors import CollageError
-from .frontends.dims import DimPlan
-from .graph import public_funcs
-from .ir import ir
+from .frontends import load_model
+from .frontends.dims import DimPlan, dynamic_dims, read_onnx_axes, specialise_onnx, workdir
+from .graph import Graph, number_ops, public_funcs
+from .ir import ir, new_context
+from .measure.import_check import check_import as check, onnx_source
+from .search import resolve_plan
 from .dialects import collage
 from .plan import Plan
 
@@ -108,6 +111,45 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return ShapedResult(out, table, tuple(results))
+
+
+def load_onnx_bucket(path: str | Path, values: Mapping[str, int], context, *, check_import: bool = True,
+                     inputs: Sequence[np.ndarray] = ()) -> ir.Module:
+    """The ONNX model at ``path`` specialised to ``values`` (``frontends.dims``), imported and numbered;
+    ``check_import``: checked against ONNX Runtime on ``inputs`` (default: generated) at that shape."""
+    where = f"{path} at {','.join(f'{k}={v}' for k, v in values.items())}"
+    with workdir() as tmp:
+        static = specialise_onnx(path, values, tmp)
+        try:
+            module = load_model(static, context)
+        except CollageError as exc:  # named by the user's model, not the temporary copy
+            raise CollageError(str(exc).replace(f"{static}: ", ""), where=where) from None
+        if check_import:
+            check(module, onnx_source(static), list(inputs) or None, where=where)
+    number_ops(module)
+    return module
+
+
+def compile_onnx_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan", out_dir: str | Path, *,
+                        fallback: Fallback | None = None, check_import: bool = True, **compile_kwargs) -> ShapedResult:
+    """An ONNX model with dynamic dims compiled into one artifact of shape buckets, every bucket placed by
+    ``plan`` (a plan spec such as ``whole:openvino``, or a ``Plan``); ``fallback``: the engine for shapes
+    between buckets (None: the faster of ORT and OpenVINO, timed, where buckets and padding leave a gap)."""
+    axes, _ = read_onnx_axes(path)
+    declared, dynamic = [d.name for d in dim_plan.dims], dynamic_dims(axes)
+    if sorted(declared) != sorted(dynamic):
+        raise CollageError(f"the model's dynamic dims are {', '.join(dynamic) or 'none'}; declared: "
+                           f"{', '.join(declared) or 'none'}", where=str(path), exit_code=2)
+    if fallback is None:
+        fallback = Fallback.NONE if dim_plan.unserved(fallback=False) is None else \
+            choose_fallback(Path(path), dim_plan, axes, [Fallback.ORT, Fallback.OPENVINO])[0]
+
+    def bucket(values: dict[str, int]) -> BucketModel:
+        module = load_onnx_bucket(path, values, new_context(), check_import=check_import)
+        return BucketModel(module, resolve_plan(plan, Graph(module)), {"plan": getattr(plan, "source", plan)})
+
+    return compile_shaped(dim_plan, axes, bucket, out_dir, fallback=fallback, source=str(path),
+                          fallback_model=None if fallback is Fallback.NONE else Path(path), **compile_kwargs)
 
 
 def output_axes(dim_plan: DimPlan, buckets: list[Mapping[str, int]], shapes: list[list[tuple[int, ...]]]) -> Axes:

@@ -21,8 +21,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from collage_runtime.shapes import DimRange
+
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
+from .frontends.dims import input_values, torch_axes
 from .frontends.torch import import_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
@@ -92,11 +95,18 @@ def dynamo_backend(gm, example_inputs: Sequence, options: dict | None = None) ->
     with one warning where collage cannot. The graph is compiled with the module's weights frozen in as
     constants (``DynamoGraph``), so it imports to the module ``compile(model, ...)`` imports and finds the
     plan tuned for the model."""
+    import torch
+
     try:
-        unknown = sorted(set(options or {}) - set(DYNAMO_OPTIONS))
+        unknown = sorted(set(options or {}) - set(DYNAMO_OPTIONS) - {"dims", "pad"})
         if unknown:
-            raise CollageError(f"unknown collage option(s) {', '.join(unknown)} (known: {', '.join(DYNAMO_OPTIONS)})")
-        compiled = DynamoGraph(gm, example_inputs, options or {})
+            raise CollageError(f"unknown collage option(s) {', '.join(unknown)} (known: "
+                               f"{', '.join([*DYNAMO_OPTIONS, 'dims', 'pad'])})")
+        options = dict(options or {})
+        dims, pad = options.pop("dims", None), options.pop("pad", ())
+        symbolic = any(not isinstance(e, torch.Tensor) for e in example_inputs)
+        compiled = DynamicGraph(gm, example_inputs, options, dims, pad) if symbolic or dims \
+            else DynamoGraph(gm, example_inputs, options)
     except (CollageError, Exception) as exc:  # noqa: BLE001  any failure falls back, as torch backends do
         why = " ".join(str(exc).split())[:200] or type(exc).__name__
         warnings.warn(f"collage: running this graph eagerly: {why}", RuntimeWarning, stacklevel=2)
@@ -134,6 +144,154 @@ class DynamoGraph:
         if [_identity(args[k]) for k in self._weights] != self._seen:
             self._compile(args)
         return self.compiled(*self._real(args))
+
+
+class DynamicGraph:
+    """A graph dynamo captured with dynamic shapes (``torch.compile(..., dynamic=True)``, or a second
+    shape): its size arguments (SymInts) and tensor axes take a new value on each call. Each shape is
+    compiled as a static graph (``DynamoGraph`` of the graph with the sizes bound), once: programs are
+    kept per shape, and ``compile_cached`` keeps artifacts across processes.
+
+    ``dims`` (option ``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the graph's tensor inputs) declares
+    ranges: every bucket (MIN, OPT and MAX of each dim) is compiled at the first call, a shape outside a
+    range is a CollageError, and with ``pad`` (the dims rows are independent along, such as a batch) a
+    shape between buckets runs on the next bucket up, zero-padded, its outputs cut back: nothing compiles
+    at request time. Without ``pad``, a shape between buckets is compiled on first use."""
+
+    def __init__(self, gm, example_inputs: Sequence, options: dict, dims: dict | None, pad: Sequence[str]):
+        import torch
+
+        from .frontends.dims import DimPlan
+
+        self._gm, self._options = gm, options
+        holders = _placeholders(gm)
+        self._weights = {k for k, node in enumerate(holders) if _is_weight(node, example_inputs[k])}
+        self._sizes = [k for k, e in enumerate(example_inputs) if not isinstance(e, torch.Tensor)]
+        self._tensors = [k for k in range(len(holders)) if k not in self._weights and k not in self._sizes]
+        # Each size argument is the size of some tensor input's axis: its symbol names it.
+        self._size_axes = {k: _axis_of(holders[k], [holders[t] for t in self._tensors]) for k in self._sizes}
+        self._programs: dict[tuple, DynamoGraph] = {}
+        self._plan = None
+        if dims:
+            ranges = [DimRange(name, *((v, v, v) if isinstance(v, int) else v)) for name, v in dims.items()]
+            self._plan = DimPlan.of(ranges, pad=list(pad))
+            self._axes = torch_axes([example_inputs[t] for t in self._tensors], self._plan.dims)
+            self._outputs = None
+        elif pad:
+            raise CollageError("the 'pad' option goes with 'dims'")
+
+    def _shape_key(self, tensors: Sequence) -> tuple:
+        return tuple(tuple(t.shape) for t in tensors)
+
+    def _program(self, args: Sequence) -> "DynamoGraph":
+        tensors = [args[t] for t in self._tensors]
+        key = self._shape_key(tensors)
+        if key not in self._programs:
+            sizes = {k: args[k] for k in self._sizes}
+            self._programs[key] = DynamoGraph(_BoundSizes(self._gm, sizes), [a for k, a in enumerate(args)
+                                                                             if k not in self._sizes], self._options)
+        return self._programs[key]
+
+    def __call__(self, *args):
+        if self._plan is None:
+            return self._program(args)(*[a for k, a in enumerate(args) if k not in self._sizes])
+        if self._outputs is None:
+            self._compile_buckets(args)
+        values = input_values(self._axes, [args[t] for t in self._tensors])
+        for d in self._plan.dims:
+            if values[d.name] not in d:
+                raise CollageError(f"dim '{d.name}' is {values[d.name]}, outside the declared range {d.min}..{d.max}")
+        target = self._bucket_for(values)
+        if target is None or target == values:
+            return self._program(args)(*[a for k, a in enumerate(args) if k not in self._sizes])
+        grown = self._resized(args, target)
+        outs = self._program(grown)(*[a for k, a in enumerate(grown) if k not in self._sizes])
+        return _cut(outs, self._outputs, values)
+
+    def _bucket_for(self, values: dict) -> dict | None:
+        """The bucket serving ``values``: itself, else the smallest bucket padding reaches, else None."""
+        grid = self._plan.grid()
+        if values in grid:
+            return values
+        fits = [b for b in grid if all(b[n] == v or (n in self._plan.pad and b[n] >= v) for n, v in values.items())]
+        return min(fits, key=lambda b: sum(b.values())) if fits else None
+
+    def _resized(self, args: Sequence, values: dict) -> list:
+        """``args`` at the bucket ``values``: tensors zero-padded (or repeated, for a bucket compiled from
+        an example) along the dims, size arguments set to the new sizes."""
+        import torch
+
+        out = list(args)
+        for t, names in zip(self._tensors, self._axes):
+            tensor = args[t]
+            for axis, name in enumerate(names):
+                if name is not None and tensor.shape[axis] < values[name]:
+                    shape = list(tensor.shape)
+                    shape[axis] = values[name] - tensor.shape[axis]
+                    tensor = torch.cat([tensor, tensor.new_zeros(shape)], dim=axis)
+                elif name is not None:
+                    tensor = tensor.narrow(axis, 0, values[name])
+            out[t] = tensor
+        for k, (position, axis) in self._size_axes.items():
+            out[k] = out[self._tensors[position]].shape[axis]
+        return out
+
+    def _compile_buckets(self, args: Sequence) -> None:
+        """Every bucket compiled, and which output axes carry the dims read from their results."""
+        from torch.utils import _pytree as pytree
+
+        from .shaped import output_axes
+
+        grid, shapes = self._plan.grid(), []
+        for values in grid:
+            grown = self._resized(args, values)
+            outs = self._program(grown)(*[a for k, a in enumerate(grown) if k not in self._sizes])
+            shapes.append([tuple(o.shape) for o in pytree.tree_leaves(outs)])
+        self._outputs = output_axes(self._plan, grid, shapes)
+
+
+class _BoundSizes:
+    """A dynamo graph with its size arguments bound to values: a graph on tensors alone."""
+
+    def __new__(cls, gm, sizes: dict):
+        import torch
+
+        graph = torch.fx.Graph()
+        graph.output(graph.graph_copy(gm.graph, {}))
+        bound = torch.fx.GraphModule(gm, graph)
+        for k, node in enumerate(_placeholders(bound)):
+            if k in sizes:
+                for user in list(node.users):
+                    user.args = tuple(sizes[k] if a is node else a for a in user.args)
+                    user.kwargs = {n: sizes[k] if a is node else a for n, a in user.kwargs.items()}
+                graph.erase_node(node)
+        bound.recompile()
+        return bound
+
+
+def _axis_of(holder, tensor_holders: list) -> tuple[int, int]:
+    """(tensor input position, axis) whose size is the symbol of size placeholder ``holder``."""
+    symbol = str(holder.meta.get("example_value"))
+    for position, node in enumerate(tensor_holders):
+        value = node.meta.get("example_value")
+        for axis, size in enumerate(getattr(value, "shape", ())):
+            if str(size) == symbol:
+                return position, axis
+    raise CollageError(f"size argument {holder.name} is not the size of any input's axis")
+
+
+def _cut(outs, axes, values: dict):
+    """The results of a padded call cut back to ``values`` along the axes that carry the dims."""
+    from torch.utils import _pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(outs)
+    cut = []
+    for leaf, names in zip(leaves, axes):
+        for axis, name in enumerate(names):
+            if name is not None:
+                leaf = leaf.narrow(axis, 0, values[name])
+        cut.append(leaf)
+    return pytree.tree_unflatten(cut, spec)
 
 
 def freeze_weights(gm, weights: dict):

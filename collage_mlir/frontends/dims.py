@@ -117,6 +117,18 @@ def onnx_axes(model) -> tuple[Axes, Axes]:
     return axes([i for i in model.graph.input if i.name not in constants]), axes(model.graph.output)
 
 
+def read_onnx_axes(path: str | Path) -> tuple[Axes, list[str]]:
+    """The input axes of the ONNX model at ``path`` (``onnx_axes``) and its inputs' names."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001  onnx raises DecodeError, OSError...: the import says it in full
+        raise CollageError(f"cannot read the ONNX model: {' '.join(str(exc).split())[:300]}", where=str(path)) from None
+    constants = {t.name for t in model.graph.initializer}
+    return onnx_axes(model)[0], [i.name for i in model.graph.input if i.name not in constants]
+
+
 def dynamic_dims(axes: Axes) -> list[str]:
     """The dim names in ``axes``, first use first."""
     return list(dict.fromkeys(n for a in axes for n in a if n is not None))
@@ -162,11 +174,12 @@ def fold_shapes(path: Path) -> Path:
     return folded if folded.is_file() else path
 
 
-def input_values(axes: Axes, arrays: Sequence[np.ndarray]) -> dict[str, int]:
-    """The value of each dynamic dim in example ``arrays`` (a CollageError where they disagree)."""
+def input_values(axes: Axes, arrays: Sequence) -> dict[str, int]:
+    """The value of each dynamic dim in example ``arrays`` (numpy arrays or tensors; a CollageError where
+    they disagree)."""
     values: dict[str, int] = {}
     for k, (names, array) in enumerate(zip(axes, arrays)):
-        shape = np.shape(array)
+        shape = tuple(array.shape) if hasattr(array, "shape") else np.shape(array)
         if len(shape) != len(names):
             raise CollageError(f"example input {k} has shape {list(shape)}, the model's input {k} has rank "
                                f"{len(names)}", where="--input", exit_code=2)

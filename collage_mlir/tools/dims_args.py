@@ -9,9 +9,8 @@ from pathlib import Path
 from collage_runtime.shapes import Axes, Fallback
 
 from ..errors import CollageError
-from ..frontends.dims import DimPlan, dynamic_dims, parse_bucket, parse_dim, torch_axes
+from ..frontends.dims import DimPlan, dynamic_dims, parse_bucket, parse_dim, read_onnx_axes, torch_axes
 from ..shaped import choose_fallback
-from . import tune_cmd
 
 
 def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +58,7 @@ def model_axes(spec: str, dim_plan: DimPlan) -> tuple[Axes, Path | None]:
     must be declared, and every declared dim must be one of them."""
     declared = [d.name for d in dim_plan.dims]
     if Path(spec).suffix == ".onnx":
-        axes, _ = tune_cmd.onnx_input_axes(spec)
+        axes, _ = read_onnx_axes(spec)
         dynamic = dynamic_dims(axes)
         unknown = [n for n in declared if n not in dynamic]
         if unknown:

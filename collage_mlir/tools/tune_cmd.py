@@ -12,12 +12,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from collage_runtime.shapes import Axes, DimRange
+from collage_runtime.shapes import DimRange
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
-from ..frontends.dims import (dynamic_dims, input_values, onnx_axes, resized, specialise_onnx, torch_axes,
-                              undeclared_line, workdir)
+from ..frontends.dims import dynamic_dims, input_values, read_onnx_axes, resized, torch_axes, undeclared_line
 from ..frontends.onnx_calibrate import Calibration, CalibrationMethod, quantize_onnx
 from . import backend_names, load_input_arrays, positive_int
 
@@ -91,27 +90,19 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
     (``frontends.dims``: one shape bucket; else an ONNX model's dynamic dims take the ``inputs``' shape, or
     are one CollageError naming them)."""
     from ..frontends import load_model as load_file
-    from ..measure.import_check import check_import as check, check_model_file, onnx_source, torch_source
+    from ..measure.import_check import check_import as check, check_model_file, torch_source
+    from ..shaped import load_onnx_bucket
 
     path = Path(spec)
     spec = quantized_spec(spec, calibration)
     if path.suffix == ".onnx":
-        axes, names = onnx_input_axes(spec)
+        axes, names = read_onnx_axes(spec)
         if dims is None and dynamic_dims(axes):
             if not inputs:
                 raise CollageError(undeclared_line(axes, names), where=str(path), exit_code=2)
             dims = input_values(axes, inputs)
         if dims:
-            where = f"{path} at {_label(dims)}"
-            with workdir() as tmp:
-                static = specialise_onnx(spec, dims, tmp)
-                try:
-                    module = load_file(static, context)
-                except CollageError as exc:  # named by the user's model, not the temporary copy
-                    raise CollageError(str(exc).replace(f"{static}: ", ""), where=where) from None
-                if check_import:
-                    check(module, onnx_source(static), inputs, where=where)
-                return module, inputs
+            return load_onnx_bucket(spec, dims, context, check_import=check_import, inputs=inputs), inputs
     if path.suffix in (".mlir", ".mlirbc", ".onnx") or path.exists() or ":" not in spec:
         if dims:
             raise CollageError("--dim takes ONNX models and torch factories; give a StableHLO module its static "
@@ -163,18 +154,6 @@ def quantized_spec(spec: str, calibration) -> str:
     line = agreement.line() + (f" ({len(kept)} nodes kept in f32 for --max-drop: {', '.join(kept)})" if kept else "")
     Console(stderr=True).print(line, highlight=False)
     return str(quantized)
-
-
-def onnx_input_axes(spec: str) -> tuple[Axes, list[str]]:
-    """The input axes of the ONNX model at ``spec`` (``frontends.dims.onnx_axes``) and its inputs' names."""
-    import onnx
-
-    try:
-        model = onnx.load(spec, load_external_data=False)
-    except Exception as exc:  # noqa: BLE001  onnx raises DecodeError, OSError...: the import says it in full
-        raise CollageError(f"cannot read the ONNX model: {' '.join(str(exc).split())[:300]}", where=spec) from None
-    constants = {t.name for t in model.graph.initializer}
-    return onnx_axes(model)[0], [i.name for i in model.graph.input if i.name not in constants]
 
 
 def _label(values: Mapping[str, int]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import shutil
 import threading
@@ -36,6 +37,17 @@ class InputError(ValueError):
 
 class ProgramClosed(RuntimeError):
     """A call of a program after its ``close``."""
+
+
+#: Every program not closed yet: closed at exit, before the interpreter tears modules down (a context
+#: still alive then, say one a torch.compile cache holds, is reported by nanobind as leaked).
+_OPEN: "weakref.WeakSet[Program]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_programs() -> None:
+    for program in list(_OPEN):
+        program.close()
 
 
 class Program:
@@ -107,6 +119,7 @@ class Program:
             f: parse_declaration(self._main.lookup_function(f).reflection.get("iree.abi.declaration", ""))
             for f in self._main.function_names if not f.startswith("__")}
         self._direct_calls: dict[str, DirectCall | None] = {}
+        _OPEN.add(self)
 
     @property
     def vm_module(self) -> rt.VmModule:
@@ -261,6 +274,7 @@ class Program:
 
     def to_device(self, array: np.ndarray) -> rt.DeviceArray:
         """A copy of ``array`` on the program's device."""
+        self._live()
         return rt.asdevicearray(self.config.device, np.require(array, requirements="C"))
 
     def close(self) -> None:
@@ -268,10 +282,11 @@ class Program:
         another thread finishes first; later calls raise ProgramClosed."""
         with self._lock:
             self._direct_calls.clear()  # they hold the context
-            for attr in ("_functions", "_context", "_main", "_modules"):
+            for attr in ("_functions", "_context", "_main", "_modules", "config"):
                 if hasattr(self, attr):
                     delattr(self, attr)
             gc.collect()
+        _OPEN.discard(self)
         if hasattr(self, "_cleanup"):
             self._cleanup()
 
