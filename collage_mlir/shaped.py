@@ -189,9 +189,36 @@ def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequenc
     between buckets (each dim at the middle of its widest gap, or its OPT value where there is none):
     (the fastest, seconds per call of each that ran). An engine that fails to load or run is left out; a
     CollageError when none runs."""
+    values = {d.name: _between(d, dim_plan.values[d.name]) for d in dim_plan.dims}
+    times, problems = _engine_times(model, inputs, values, kinds, repeats)
+    if not times:
+        raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
+                           "list every value with --bucket, or declare --pad", where=str(model))
+    return min(times, key=times.get), times
+
+
+def dynamic_ratio(model: Path, dim_plan: DimPlan, inputs: Axes, fallback: Fallback, repeats: int = 5) -> float:
+    """How much slower the ``fallback`` engine runs the dynamic ``model`` than a static program would, at
+    each dim's OPT value: its time over the faster of ONNX Runtime and OpenVINO on the model specialised to
+    that shape (the engines a bucket's plan places; infinite without a fallback)."""
+    if fallback is Fallback.NONE:
+        return float("inf")
+    values = {d.name: d.opt for d in dim_plan.dims}
+    dynamic, _ = _engine_times(model, inputs, values, [fallback], repeats)
+    with workdir() as tmp:
+        static, _ = _engine_times(specialise_onnx(model, values, tmp), inputs, values,
+                                  [Fallback.ORT, Fallback.OPENVINO], repeats)
+    if not dynamic or not static:
+        raise CollageError("cannot time the model at its OPT shape to choose buckets", where=str(model))
+    return dynamic[fallback] / min(static.values())
+
+
+def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback],
+                  repeats: int) -> tuple[dict[Fallback, float], list[str]]:
+    """Median seconds per call of each engine of ``kinds`` on ``model`` at the dims ``values`` (inputs
+    generated), and what went wrong with those that did not run."""
     import onnx
 
-    values = {d.name: _between(d, dim_plan.values[d.name]) for d in dim_plan.dims}
     proto = onnx.load(str(model), load_external_data=False)
     constants = {t.name for t in proto.graph.initializer}
     graph_inputs = [i for i in proto.graph.input if i.name not in constants]
@@ -203,11 +230,11 @@ def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequenc
                  for n, d in zip(axes, tensor.type.tensor_type.shape.dim)]
         # Integer inputs are often indices (token ids, masks): zeros are valid for any of them.
         arrays.append(rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype))
-    engines = Engines(usable_cores())
+    threads = usable_cores()
     times, problems = {}, []
     for kind in kinds:
         try:
-            run = dynamic_runner(kind, model, Engines(engines.threads, sole=kind.value))
+            run = dynamic_runner(kind, model, Engines(threads, sole=kind.value))
             run(arrays)
             samples = []
             for _ in range(repeats):
@@ -215,12 +242,9 @@ def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequenc
                 run(arrays)
                 samples.append(time.perf_counter() - start)
             times[kind] = float(np.median(samples))
-        except Exception as exc:  # noqa: BLE001  an engine that cannot run the dynamic model is not a fallback
+        except Exception as exc:  # noqa: BLE001  an engine that cannot run the model is left out
             problems.append(f"{kind.value}: {' '.join(str(exc).split())[:120]}")
-    if not times:
-        raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
-                           "list every value with --bucket, or declare --pad", where=str(model))
-    return min(times, key=times.get), times
+    return times, problems
 
 
 def _between(dim, buckets: Sequence[int]) -> int:

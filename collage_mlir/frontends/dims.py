@@ -12,6 +12,7 @@ arithmetic that IREE refuses, and every backend and the static pipeline then app
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -51,11 +52,18 @@ def parse_bucket(text: str) -> tuple[str, tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class DimPlan:
-    """The declared dims, the values compiled for each, and the dims declared paddable."""
+    """The declared dims, the values compiled for each, and the dims declared paddable; ``buckets``, where
+    given, the buckets themselves (chosen from a trace: ``choose_buckets``) instead of the values' grid."""
 
     dims: tuple[DimRange, ...]
     values: Mapping[str, tuple[int, ...]]
     pad: tuple[str, ...] = ()
+    buckets: tuple[Mapping[str, int], ...] | None = None
+
+    def with_buckets(self, buckets: Sequence[Mapping[str, int]]) -> "DimPlan":
+        """These buckets (each a value of every dim), the values as they give them."""
+        values = {d.name: tuple(sorted({b[d.name] for b in buckets})) for d in self.dims}
+        return DimPlan(self.dims, values, self.pad, tuple(dict(b) for b in buckets))
 
     @classmethod
     def of(cls, dims: Sequence[DimRange], buckets: Mapping[str, Sequence[int]] = {},
@@ -79,6 +87,8 @@ class DimPlan:
 
     def grid(self) -> list[dict[str, int]]:
         """Every bucket: one value of each dim."""
+        if self.buckets is not None:
+            return [dict(b) for b in self.buckets]
         names = [d.name for d in self.dims]
         return [dict(zip(names, combo)) for combo in itertools.product(*(self.values[n] for n in names))]
 
@@ -86,6 +96,13 @@ class DimPlan:
         """A shape in range that no bucket, padding or fallback serves (as ``dim=value``), or None."""
         if fallback:
             return None
+        if self.buckets is not None:  # chosen buckets: padding must reach every shape from the top one
+            for d in self.dims:
+                missing = next((v for v in range(d.min, d.max + 1) if v not in self.values[d.name]), None)
+                if d.name not in self.pad and missing is not None:
+                    return f"{d.name}={missing}"
+            top = {d.name: d.max for d in self.dims}
+            return None if top in self.grid() else ",".join(f"{k}={v}" for k, v in top.items())
         for d in self.dims:
             values = self.values[d.name]
             if d.name in self.pad:
@@ -96,6 +113,82 @@ class DimPlan:
             if missing is not None:
                 return f"{d.name}={missing}"
         return None
+
+
+@dataclass(frozen=True)
+class ShapeTrace:
+    """``--shapes trace.json``: the shapes requests bring, as a JSON list of ``{dim: value}`` objects (one
+    per request, repeats counting), which buckets are chosen for."""
+
+    requests: tuple[Mapping[str, int], ...]
+
+    def to_json(self) -> list:
+        return [dict(r) for r in self.requests]
+
+    @classmethod
+    def from_json(cls, data, dims: Sequence[DimRange], where: str) -> "ShapeTrace":
+        names = {d.name for d in dims}
+        if not isinstance(data, list) or not data:
+            raise CollageError("a shape trace is a non-empty JSON list of {dim: value} objects", where=where,
+                               exit_code=2)
+        for k, r in enumerate(data):
+            if not (isinstance(r, dict) and set(r) == names and all(isinstance(v, int) for v in r.values())):
+                raise CollageError(f"request {k}: expected a value of each of {', '.join(sorted(names))}, got "
+                                   f"{json.dumps(r)[:80]}", where=where, exit_code=2)
+            outside = next((d for d in dims if r[d.name] not in d), None)
+            if outside is not None:
+                raise CollageError(f"request {k}: {outside.name}={r[outside.name]} is outside its range "
+                                   f"{outside.min}..{outside.max}", where=where, exit_code=2)
+        return cls(tuple(dict(r) for r in data))
+
+    @classmethod
+    def load(cls, path: str | Path, dims: Sequence[DimRange]) -> "ShapeTrace":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise CollageError(f"cannot read the shape trace: {exc}", where=str(path), exit_code=2) from None
+        return cls.from_json(data, dims, str(path))
+
+
+def serves(bucket: Mapping[str, int], shape: Mapping[str, int], pad: Sequence[str]) -> bool:
+    """Whether ``bucket`` serves ``shape``: the same, or larger along padded dims only."""
+    return all(bucket[n] == v or (n in pad and bucket[n] > v) for n, v in shape.items())
+
+
+def choose_buckets(plan: DimPlan, trace: ShapeTrace, ratio: float, max_buckets: int,
+                   min_gain: float = 0.01) -> list[dict[str, int]]:
+    """The buckets to compile for ``trace``: greedily, the one that cuts the trace's modelled time most,
+    until ``max_buckets`` or a cut below ``min_gain`` of the time left. A request's time is proportional
+    to its shape's size (the product of its dims): on a bucket that serves it, its bucket's size (padding
+    included); else ``ratio`` times its own (the fallback engine on the dynamic model, ``ratio`` its time
+    over a static program's, measured). Without a fallback (``ratio`` infinite) the top bucket (every
+    dim at MAX) comes first, as padding needs it."""
+    def size(shape: Mapping[str, int]) -> float:
+        return float(np.prod([shape[d.name] for d in plan.dims]))
+
+    def cost(chosen: list[dict]) -> float:
+        total = 0.0
+        for r in trace.requests:
+            on = [size(b) for b in chosen if serves(b, r, plan.pad)]
+            total += min(on) if on else ratio * size(r)
+        return total
+
+    chosen: list[dict[str, int]] = []
+    if not np.isfinite(ratio):
+        chosen.append({d.name: d.max for d in plan.dims})
+    candidates = [dict(c) for c in {tuple(sorted(r.items())) for r in trace.requests}]
+    candidates.sort(key=lambda c: [c[d.name] for d in plan.dims])
+    now = cost(chosen)
+    while len(chosen) < max_buckets:
+        options = [(cost(chosen + [c]), k) for k, c in enumerate(candidates) if c not in chosen]
+        if not options:
+            break
+        best, k = min(options)
+        if np.isfinite(now) and now - best < min_gain * now:
+            break
+        chosen.append(candidates[k])
+        now = best
+    return sorted(chosen, key=lambda b: [b[d.name] for d in plan.dims])
 
 
 # --- ONNX -----------------------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ from pathlib import Path
 from collage_runtime.shapes import Axes, Fallback
 
 from ..errors import CollageError
-from ..frontends.dims import DimPlan, dynamic_dims, parse_bucket, parse_dim, read_onnx_axes, torch_axes
-from ..shaped import choose_fallback
+from ..frontends.dims import (DimPlan, ShapeTrace, choose_buckets, dynamic_dims, parse_bucket, parse_dim,
+                              read_onnx_axes, torch_axes)
+from ..shaped import choose_fallback, dynamic_ratio
+from . import positive_int
 
 
 def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +24,10 @@ def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pad", action="append", default=[], metavar="NAME",
                         help="a dim along which rows are independent (a batch): a shape between buckets is "
                              "zero-padded to the next bucket and its outputs cut back")
+    parser.add_argument("--shapes", metavar="TRACE.json",
+                        help="choose the buckets for these request shapes (a JSON list of {dim: value}) by a cost "
+                             "model measured on the model, instead of --bucket's grid")
+    parser.add_argument("--max-buckets", type=positive_int, default=8, help="with --shapes: at most this many buckets")
     parser.add_argument("--fallback", choices=["auto", *(f.value for f in Fallback)], default="auto",
                         help="the engine that runs an ONNX model's shapes between buckets with its dynamic dims "
                              "(default auto: the faster of ort and openvino, timed here; none: refuse such shapes)")
@@ -46,10 +52,34 @@ def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
 def dim_plan_of(args: argparse.Namespace) -> DimPlan | None:
     """The declared dims and their buckets, or None when no ``--dim`` is given."""
     if not args.dim:
-        if args.bucket or args.pad:
-            raise CollageError("--bucket and --pad go with --dim", exit_code=2)
+        if args.bucket or args.pad or args.shapes:
+            raise CollageError("--bucket, --pad and --shapes go with --dim", exit_code=2)
         return None
+    if args.shapes and args.bucket:
+        raise CollageError("--shapes chooses the buckets; drop --bucket", exit_code=2)
     return DimPlan.of([parse_dim(t) for t in args.dim], dict(parse_bucket(t) for t in args.bucket), args.pad)
+
+
+def traced_plan(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan, axes: Axes,
+                fallback: Fallback) -> DimPlan:
+    """With ``--shapes``: the buckets chosen for the trace (``frontends.dims.choose_buckets``) with the
+    fallback's slowdown measured on the model; else ``dim_plan`` as it is."""
+    from rich.console import Console
+
+    if not args.shapes:
+        return dim_plan
+    trace = ShapeTrace.load(args.shapes, dim_plan.dims)
+    if model is not None and fallback is not Fallback.NONE:
+        with Console(stderr=True).status("timing the model static and dynamic at its OPT shape"):
+            ratio = dynamic_ratio(model, dim_plan, axes, fallback)
+    else:
+        ratio = float("inf")
+    chosen = dim_plan.with_buckets(choose_buckets(dim_plan, trace, ratio, args.max_buckets))
+    Console(stderr=True).print(f"{len(trace.requests)} requests; {fallback.value} on the dynamic model "
+                               f"{ratio:.2f}x a static program; buckets: "
+                               + "; ".join(",".join(f"{k}={v}" for k, v in b.items()) for b in chosen.grid()),
+                               highlight=False)
+    return chosen
 
 
 def model_axes(spec: str, dim_plan: DimPlan) -> tuple[Axes, Path | None]:

@@ -56,6 +56,11 @@ def _plan_document(source: Path) -> tuple[TunedPlan, Manifest | None]:
 
     try:
         with collage_runtime.load(source) as prog:
+            if isinstance(prog, collage_runtime.ShapedProgram):  # one program (and plan) per shape bucket
+                where = ", ".join(f"{source / b.path} ({b.label})" for b in prog.table.buckets) if source.is_dir() \
+                    else "compile to a directory (-o DIR) to report each bucket"
+                raise CollageError(f"a shape-bucket artifact holds one program per bucket; report a bucket: {where}",
+                                   where=str(source), exit_code=2)
             manifest = prog.manifest
     except ArtifactError as exc:
         raise CollageError(str(exc)) from None

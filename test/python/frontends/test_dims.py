@@ -8,7 +8,8 @@ import onnx
 import pytest
 
 from collage_mlir.errors import CollageError
-from collage_mlir.frontends.dims import DimPlan, onnx_axes, parse_bucket, parse_dim, specialise_onnx, undeclared_line
+from collage_mlir.frontends.dims import (DimPlan, ShapeTrace, choose_buckets, onnx_axes, parse_bucket, parse_dim,
+                                       specialise_onnx, undeclared_line)
 from collage_mlir.shaped import output_axes
 from collage_runtime.manifest import ArtifactError
 from collage_runtime.shapes import Bucket, DimRange, Fallback, ShapeTable
@@ -83,3 +84,27 @@ def test_shape_table_json_round_trip_and_checks():
         with pytest.raises(ArtifactError):
             ShapeTable.from_json(table.to_json() | broken, "t")
     assert np.int64(3) in DimRange("b", 1, 2, 4)
+
+
+def test_buckets_chosen_for_a_trace():
+    plan = DimPlan.of([parse_dim("batch=1:1:4"), parse_dim("seq=8:64:128")])
+    requests = [{"batch": 1, "seq": 64}] * 10 + [{"batch": 1, "seq": 32}] * 3 + [{"batch": 4, "seq": 100}]
+    trace = ShapeTrace.from_json(requests, plan.dims, "t")
+    # The fallback 10 % slower than a static program: buckets by their share of the trace's work.
+    assert choose_buckets(plan, trace, 1.1, 1) == [{"batch": 1, "seq": 64}]
+    # seq 32 would cut 0.8 % of what is left: below min_gain (1 %), not worth a compile.
+    assert choose_buckets(plan, trace, 1.1, 8) == [{"batch": 1, "seq": 64}, {"batch": 4, "seq": 100}]
+    assert len(choose_buckets(plan, trace, 1.1, 8, min_gain=0.001)) == 3
+    # No gain, no bucket: the fallback as fast as a static program.
+    assert choose_buckets(plan, trace, 1.0, 8) == []
+    # Padding along seq: one bucket at seq 64 serves seq 32 too, where padding costs less than the fallback.
+    padded = DimPlan.of(plan.dims, pad=["seq"])
+    assert {"batch": 1, "seq": 32} not in choose_buckets(padded, trace, 3.0, 2)
+    # No fallback: the top bucket first (padding reaches every shape from it).
+    both = DimPlan.of(plan.dims, pad=["batch", "seq"])
+    chosen = choose_buckets(both, trace, float("inf"), 2)
+    assert {"batch": 4, "seq": 128} in chosen and both.with_buckets(chosen).unserved(fallback=False) is None
+    assert plan.with_buckets(chosen).unserved(fallback=False) is not None  # seq not paddable: gaps
+    for bad in ([], [{"batch": 1}], [{"batch": 9, "seq": 8}], {"batch": 1}):
+        with pytest.raises(CollageError):
+            ShapeTrace.from_json(bad, plan.dims, "t")

@@ -4,6 +4,7 @@ shape outside the range is one error line, and every result equals the source mo
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -34,7 +35,7 @@ def reference(path, x):
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
-def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path):
+def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path, capsys):
     padded, dynamic = tmp_path / "padded.collage", tmp_path / "dynamic"
     assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:2:6", "--bucket", "batch=1,4,6", "--pad", "batch",
                     "-o", str(padded)]) == 0
@@ -61,6 +62,9 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path):
         assert table.fallback is Fallback.OPENVINO and table.outputs == (("batch", None),)
         # Each bucket is placed by the plan given: prefer:ort puts every region on ONNX Runtime.
         assert all({r.backend for r in program.program(b).manifest.regions} == {"ort"} for b in table.buckets)
+    # `collage report` reports one program: it names the buckets' directories.
+    assert collage(["report", str(dynamic), "--no-run", "-o", str(tmp_path / "r.html")]) == 2
+    assert f"report a bucket: {dynamic / table.buckets[0].path} (batch=1)" in capsys.readouterr().err
 
 
 def test_the_fallback_is_the_faster_engine_on_the_dynamic_model(dynamic_cnn):
@@ -117,3 +121,22 @@ def test_torch_factory_axes_named_by_argument_and_axis(tmp_path, capsys):
     # An axis the model cannot vary is the model's own error, in one line.
     assert collage(["compile", "models:torch_mlp", "--dim", "0.1=16", "-o", str(tmp_path / "c")]) == 2
     assert "does not run at 0.1=16" in capsys.readouterr().err
+
+
+def test_buckets_chosen_for_a_request_trace(dynamic_cnn, tmp_path, capsys):
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps([{"batch": 3}] * 5 + [{"batch": 7}]))
+    art = tmp_path / "art"
+    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:3:8", "--shapes", str(trace), "--pad", "batch",
+                    "-o", str(art)]) == 0
+    err = capsys.readouterr().err
+    assert "6 requests;" in err and "a static program; buckets:" in err
+    with collage_runtime.load(art) as program:
+        values = [b.values["batch"] for b in program.table.buckets]
+        # No fallback where padding serves every shape: the top bucket, then what the trace is worth.
+        assert 8 in values and program.table.fallback is Fallback.NONE
+        x = np.random.default_rng(3).standard_normal((3, 3, 8, 8)).astype(np.float32)
+        np.testing.assert_allclose(program.invoke("main", x)[0], reference(dynamic_cnn, x), rtol=RTOL, atol=ATOL)
+    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:3:8", "--shapes", str(trace), "--bucket",
+                    "batch=1", "-o", str(tmp_path / "b")]) == 2
+    assert "--shapes chooses the buckets" in capsys.readouterr().err
