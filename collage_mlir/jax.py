@@ -12,15 +12,21 @@ directory.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from collage_runtime.shapes import DimRange, bucket_for, cut_to, pad_to
+
 from .entry import PlanChoice, choose_plan, compile_cached
+from .errors import CollageError
+from .frontends.dims import DimPlan, input_values, argument_axes
 from .frontends.jax import import_jax
 from .ir import new_context
 from .measure.import_check import check_import as check, jax_source
+from .shaped import output_axes
 
 
 class CompiledFunction:
@@ -61,17 +67,61 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
     return CompiledFunction(collage_runtime.load(out, threads=threads), out_tree, choice)
 
 
-def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True) -> Callable[..., Any]:
-    """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature."""
+def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
+        dims: Mapping[str, "int | tuple[int, int, int]"] | None = None, pad: Sequence[str] = ()) -> Callable[..., Any]:
+    """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature.
+
+    ``dims`` (``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the flattened array arguments) declares
+    ranges: a call out of range is a CollageError, every bucket (each dim's MIN, OPT and MAX) is compiled
+    at the first call, and with ``pad`` (dims rows are independent along, such as a batch) a shape between
+    buckets runs on the next bucket up, zero-padded, its results cut back: no compile per shape in range.
+    Without ``pad`` a shape between buckets is compiled on first use, as ``jax.jit`` does."""
     import jax
 
     compiled: dict[tuple, CompiledFunction] = {}
+    plan_of_dims = None
+    if dims:
+        ranges = [DimRange(n, *((v, v, v) if isinstance(v, int) else v)) for n, v in dims.items()]
+        plan_of_dims = DimPlan.of(ranges, pad=list(pad))
+    state: dict[str, Any] = {}
+
+    def signature_call(leaves: list, tree):
+        key = (tree, tuple((np.shape(a), np.asarray(a).dtype.str) for a in leaves))
+        if key not in compiled:
+            compiled[key] = compile(fn, *jax.tree_util.tree_unflatten(tree, leaves), plan=plan,
+                                    check_import=check_import)
+        return compiled[key](*jax.tree_util.tree_unflatten(tree, leaves))
 
     def call(*args):
         leaves, tree = jax.tree_util.tree_flatten(args)
-        key = (tree, tuple((np.shape(a), np.asarray(a).dtype.str) for a in leaves))
-        if key not in compiled:
-            compiled[key] = compile(fn, *args, plan=plan, check_import=check_import)
-        return compiled[key](*args)
+        if plan_of_dims is None:
+            return signature_call(leaves, tree)
+        leaves = [np.asarray(a) for a in leaves]
+        if "axes" not in state:
+            state["axes"] = argument_axes(leaves, plan_of_dims.dims)
+        axes = state["axes"]
+        values = input_values(axes, leaves)
+        for d in plan_of_dims.dims:
+            if values[d.name] not in d:
+                raise CollageError(f"dim '{d.name}' is {values[d.name]}, outside the declared range {d.min}..{d.max}")
+        if "outputs" not in state:  # every bucket compiled at once; which result axes carry the dims
+            shapes = []
+            for bucket in plan_of_dims.grid():
+                grown = [_resize(a, names, bucket) for a, names in zip(leaves, axes)]
+                shapes.append([np.shape(o) for o in jax.tree_util.tree_leaves(signature_call(grown, tree))])
+            state["outputs"] = output_axes(plan_of_dims, plan_of_dims.grid(), shapes)
+        target = bucket_for(plan_of_dims.grid(), values, plan_of_dims.pad)
+        if target is None or dict(target) == values:
+            return signature_call(leaves, tree)
+        result = signature_call([pad_to(a, names, target) for a, names in zip(leaves, axes)], tree)
+        results, out_tree = jax.tree_util.tree_flatten(result)
+        return jax.tree_util.tree_unflatten(out_tree, [cut_to(np.asarray(r), names, values)
+                                                       for r, names in zip(results, state["outputs"])])
 
     return call
+
+
+def _resize(array: np.ndarray, axes: tuple, values: Mapping[str, int]) -> np.ndarray:
+    """``array`` at a bucket's shape: zero-padded or cut along each axis that carries a dim."""
+    grown = pad_to(array, axes, {n: max(values[n], array.shape[k]) for k, n in enumerate(axes) if n is not None})
+    return cut_to(grown, axes, values)

@@ -21,11 +21,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from collage_runtime.shapes import DimRange
+from collage_runtime.shapes import DimRange, bucket_for
 
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
-from .frontends.dims import input_values, torch_axes
+from .frontends.dims import input_values, argument_axes
 from .frontends.torch import import_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
@@ -175,7 +175,7 @@ class DynamicGraph:
         if dims:
             ranges = [DimRange(name, *((v, v, v) if isinstance(v, int) else v)) for name, v in dims.items()]
             self._plan = DimPlan.of(ranges, pad=list(pad))
-            self._axes = torch_axes([example_inputs[t] for t in self._tensors], self._plan.dims)
+            self._axes = argument_axes([example_inputs[t] for t in self._tensors], self._plan.dims)
             self._outputs = None
         elif pad:
             raise CollageError("the 'pad' option goes with 'dims'")
@@ -209,12 +209,8 @@ class DynamicGraph:
         return _cut(outs, self._outputs, values)
 
     def _bucket_for(self, values: dict) -> dict | None:
-        """The bucket serving ``values``: itself, else the smallest bucket padding reaches, else None."""
-        grid = self._plan.grid()
-        if values in grid:
-            return values
-        fits = [b for b in grid if all(b[n] == v or (n in self._plan.pad and b[n] >= v) for n, v in values.items())]
-        return min(fits, key=lambda b: sum(b.values())) if fits else None
+        """The bucket serving ``values`` (``collage_runtime.shapes.bucket_for``), or None."""
+        return bucket_for(self._plan.grid(), values, self._plan.pad)
 
     def _resized(self, args: Sequence, values: dict) -> list:
         """``args`` at the bucket ``values``: tensors zero-padded (or repeated, for a bucket compiled from

@@ -191,7 +191,7 @@ def choose_buckets(plan: DimPlan, trace: ShapeTrace, ratio: float, max_buckets: 
     return sorted(chosen, key=lambda b: [b[d.name] for d in plan.dims])
 
 
-# --- ONNX -----------------------------------------------------------------------------------------------------
+# --- ONNX ---------------------------------------------------------------------------------------------------
 
 
 def onnx_axes(model) -> tuple[Axes, Axes]:
@@ -292,17 +292,18 @@ def undeclared_line(axes: Axes, input_names: Sequence[str]) -> str:
             f"(e.g. --dim {first}=1:8:32), or give --input arrays to compile for their shape")
 
 
-# --- torch factories ------------------------------------------------------------------------------------------
+# --- torch and JAX (positional inputs) ----------------------------------------------------------------------
 
 
-def torch_axes(examples: Sequence, dims: Sequence[DimRange]) -> Axes:
-    """The input axes of a torch factory's example inputs that ``dims`` name (``ARG.AXIS``)."""
+def argument_axes(examples: Sequence, dims: Sequence[DimRange]) -> Axes:
+    """The axes of positional example inputs (a torch factory's tensors, a JAX function's flattened
+    arrays) that ``dims`` name (``ARG.AXIS``)."""
     named = {}
     for d in dims:
         arg, _, axis = d.name.partition(".")
         if not (arg.isdigit() and axis.isdigit() and int(arg) < len(examples)
                 and int(axis) < len(examples[int(arg)].shape)):
-            raise CollageError(f"dim '{d.name}': a torch model's dims are named ARGUMENT.AXIS (e.g. 0.0 for "
+            raise CollageError(f"dim '{d.name}': a torch or JAX model's dims are named ARGUMENT.AXIS (e.g. 0.0 for "
                                f"argument 0's axis 0) within its {len(examples)} example input(s)",
                                where="--dim", exit_code=2)
         named[(int(arg), int(axis))] = d.name

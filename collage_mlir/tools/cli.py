@@ -120,7 +120,8 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     if fallback is not Fallback.NONE:
         rest = (rest + "; else " if rest else "") + f"{fallback.value} on the model with dynamic dims"
     ranges = ", ".join(f"{d.name} {d.min}..{d.max}" for d in dim_plan.dims)
-    print(f"wrote {result.out_dir} ({len(buckets)} buckets for {ranges}" + (f"; between them: {rest})" if rest else ")"))
+    between = f"; between them: {rest}" if rest else ""
+    print(f"wrote {result.out_dir} ({len(result.table.buckets)} buckets for {ranges}{between})")
     return 0
 
 

@@ -10,7 +10,7 @@ from collage_runtime.shapes import Axes, Fallback
 
 from ..errors import CollageError
 from ..frontends.dims import (DimPlan, ShapeTrace, choose_buckets, dynamic_dims, parse_bucket, parse_dim,
-                              read_onnx_axes, torch_axes)
+                              read_onnx_axes, argument_axes)
 from ..shaped import choose_fallback, dynamic_ratio
 from . import positive_int
 
@@ -109,4 +109,4 @@ def model_axes(spec: str, dim_plan: DimPlan) -> tuple[Axes, Path | None]:
         _, example = getattr(importlib.import_module(mod_name), attr)()
     except (ImportError, AttributeError) as exc:
         raise CollageError(f"cannot load the model factory: {exc}", where=spec, exit_code=2) from None
-    return torch_axes(list(example), dim_plan.dims), None
+    return argument_axes(list(example), dim_plan.dims), None

@@ -16,7 +16,7 @@ from collage_runtime.shapes import DimRange
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
-from ..frontends.dims import dynamic_dims, input_values, read_onnx_axes, resized, torch_axes, undeclared_line
+from ..frontends.dims import dynamic_dims, input_values, read_onnx_axes, resized, argument_axes, undeclared_line
 from ..frontends.onnx_calibrate import Calibration, CalibrationMethod, quantize_onnx
 from . import backend_names, load_input_arrays, positive_int
 
@@ -125,7 +125,7 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
     model, example = factory()
     example = list(example)
     if dims:
-        example = resized(example, torch_axes(example, [DimRange(n, v, v, v) for n, v in dims.items()]), dims)
+        example = resized(example, argument_axes(example, [DimRange(n, v, v, v) for n, v in dims.items()]), dims)
         inputs = []
         try:
             with torch_no_grad():

@@ -18,7 +18,7 @@ import numpy as np
 from .engines import Engines, usable_cores
 from .package import is_package, unpack
 from .program import InputError, Program
-from .shapes import Bucket, Fallback, ShapeTable, load_shape_table
+from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, load_shape_table, pad_to
 
 
 class ShapedProgram:
@@ -79,13 +79,10 @@ class ShapedProgram:
         return values
 
     def _route(self, values: dict[str, int]) -> tuple[str, Bucket | None]:
-        exact = next((b for b in self.table.buckets if dict(b.values) == values), None)
-        if exact is not None:
-            return "bucket", exact
-        padded = [b for b in self.table.buckets
-                  if all(b.values[n] == v or (n in self.table.pad and b.values[n] >= v) for n, v in values.items())]
-        if padded:
-            return "padded", min(padded, key=lambda b: np.prod([b.values[n] for n in values], dtype=np.int64))
+        chosen = bucket_for([b.values for b in self.table.buckets], values, self.table.pad)
+        if chosen is not None:
+            bucket = next(b for b in self.table.buckets if b.values is chosen)
+            return ("bucket" if dict(chosen) == values else "padded"), bucket
         if self._fallback is not None:
             return "fallback", None
         served = "; ".join(b.label for b in self.table.buckets)
@@ -107,22 +104,11 @@ class ShapedProgram:
         if how == "bucket":
             return self._programs[bucket.path].invoke(name, *arrays)
         if how == "padded":
-            grown = [self._pad(a, axes, bucket) for a, axes in zip(arrays, self.table.inputs)]
+            grown = [pad_to(np.asarray(a), axes, bucket.values) for a, axes in zip(arrays, self.table.inputs)]
             outs = self._programs[bucket.path].invoke(name, *grown)
-            return tuple(self._slice(o, axes, values) for o, axes in zip(outs, self.table.outputs))
+            return tuple(cut_to(o, axes, values) for o, axes in zip(outs, self.table.outputs))
         with self._lock:  # one call at a time, as a Program's
             return self._fallback(arrays)
-
-    @staticmethod
-    def _pad(array: np.ndarray, axes: tuple[str | None, ...], bucket: Bucket) -> np.ndarray:
-        widths = [(0, bucket.values[n] - array.shape[k]) if n is not None else (0, 0) for k, n in enumerate(axes)]
-        return np.pad(array, widths) if any(w for _, w in widths) else array
-
-    @staticmethod
-    def _slice(array: np.ndarray, axes: tuple[str | None, ...], values: dict[str, int]) -> np.ndarray:
-        if len(axes) != array.ndim:
-            return array
-        return array[tuple(slice(0, values[n]) if n is not None else slice(None) for n in axes)]
 
     def close(self) -> None:
         for p in self._programs.values():

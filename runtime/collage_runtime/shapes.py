@@ -20,10 +20,11 @@ A shape outside a declared range is one error line naming the dimension, the val
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .manifest import ArtifactError, confined, verified_file
 
@@ -158,6 +159,32 @@ class ShapeTable:
         if not buckets:
             raise ArtifactError(f"{where}: buckets: at least one bucket")
         return cls(dims, axes("inputs"), axes("outputs"), tuple(buckets), tuple(pad), fallback, sha, function)
+
+
+def bucket_for(buckets: Sequence[Mapping[str, int]], values: Mapping[str, int],
+               pad: Sequence[str]) -> Mapping[str, int] | None:
+    """The bucket that serves a shape of dim ``values``: the same shape, else the smallest (by size, the
+    product of its dims) that is larger only along dims in ``pad``; None when none does."""
+    if dict(values) in [dict(b) for b in buckets]:
+        return next(b for b in buckets if dict(b) == dict(values))
+    fits = [b for b in buckets if all(b[n] == v or (n in pad and b[n] > v) for n, v in values.items())]
+    return min(fits, key=lambda b: math.prod(b.values())) if fits else None
+
+
+def pad_to(array, axes: tuple[str | None, ...], values: Mapping[str, int]):
+    """``array`` zero-padded at the end of each axis that carries a dim, up to its value in ``values``."""
+    import numpy as np
+
+    widths = [(0, values[n] - array.shape[k]) if n is not None else (0, 0) for k, n in enumerate(axes)]
+    return np.pad(array, widths) if any(w for _, w in widths) else array
+
+
+def cut_to(array, axes: tuple[str | None, ...], values: Mapping[str, int]):
+    """``array`` cut back to ``values`` along each axis that carries a dim (undoes ``pad_to``'s effect on a
+    result)."""
+    if len(axes) != array.ndim:
+        return array
+    return array[tuple(slice(0, values[n]) if n is not None else slice(None) for n in axes)]
 
 
 def _list(data: dict, key: str, where: str) -> list:

@@ -127,7 +127,7 @@ def measure(runners: dict, rounds: int, min_time: float = 0.2) -> dict[str, floa
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def run_case(label: str, case: Case, root: Path, plan: str, rounds: int) -> dict:
+def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict:
     import onnxruntime as ort
     import openvino as ov
 
@@ -203,7 +203,7 @@ def run_case(label: str, case: Case, root: Path, plan: str, rounds: int) -> dict
           flush=True)
     program.close()
     shown = [f if f != str(root / "trace.json") else "trace.json" for f in flags]
-    return {"model": label, "plan": plan, "flags": shown, "buckets": [dict(b.values) for b in program.table.buckets], "compile_s": compile_s, "artifact_bytes": size,
+    return {"model": title, "plan": plan, "flags": shown, "buckets": [dict(b.values) for b in program.table.buckets], "compile_s": compile_s, "artifact_bytes": size,
             "fallback": program.table.fallback.value, "shapes": rows, "trace_first_s": {k: t[0] for k, t in totals.items()},
             "trace_s": {k: t[1] for k, t in totals.items()}, "trace": list(case.trace)}
 

@@ -66,3 +66,24 @@ def test_compile_file_with_dims(tmp_path):
     with collage_runtime.load(tmp_path / "art") as program:
         assert program.served(x) == "padded to batch=4"
         np.testing.assert_allclose(program.invoke("main", x)[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_jax_jit_declared_range_pads_between_buckets():
+    import jax.numpy as jnp
+
+    import collage_mlir.jax
+    from collage_mlir.errors import CollageError
+
+    w = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+
+    def f(x, w):
+        return {"y": jnp.tanh(x @ w), "total": jnp.sum(w)}
+
+    run = collage_mlir.jax.jit(f, dims={"0.0": (1, 2, 4)}, pad=["0.0"])
+    for batch in (3, 1, 4):
+        x = np.random.default_rng(batch).standard_normal((batch, 8)).astype(np.float32)
+        got, want = run(x, w), f(x, w)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got["total"], want["total"], rtol=1e-4, atol=1e-5)
+    with pytest.raises(CollageError, match=r"dim '0.0' is 5, outside the declared range 1..4"):
+        run(np.zeros((5, 8), np.float32), w)

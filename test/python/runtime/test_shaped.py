@@ -69,7 +69,8 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path, capsys):
 
 def test_the_fallback_is_the_faster_engine_on_the_dynamic_model(dynamic_cnn):
     plan = DimPlan.of([parse_dim("batch=1:2:16")], {"batch": (1, 16)})
-    chosen, times = choose_fallback(dynamic_cnn, plan, (("batch", None, None, None),), [Fallback.ORT, Fallback.OPENVINO])
+    chosen, times = choose_fallback(dynamic_cnn, plan, (("batch", None, None, None),),
+                                    [Fallback.ORT, Fallback.OPENVINO])
     assert set(times) == {Fallback.ORT, Fallback.OPENVINO} and times[chosen] == min(times.values())
 
 
