@@ -18,7 +18,10 @@ its largest error and, for ONNX, the first node whose output differs (found only
 Inputs: the example inputs where given, else generated ones from the signature (``reference.model_inputs``:
 unit-normal floats with a fixed seed, small non-negative integers so index inputs stay in range, random
 booleans), except that a generated integer 0 becomes 1: an integer division by zero is undefined (ONNX
-Runtime's integer ``Div`` dies of SIGFPE) and an import need not agree with its source on it.
+Runtime's integer ``Div`` dies of SIGFPE) and an import need not agree with its source on it. A signed
+integer input that only ever meets elementwise arithmetic (``data_arguments``: never an index, a shape or
+a slice bound) gets both signs, so that a lowering wrong on negative values (``Mod`` of mixed signs) fails
+the check instead of passing on non-negative data.
 
 A verdict that passed is cached on disk (``cache_dir()/import-check``) under a hash of the source, the
 imported module, the inputs and the engines' versions, so compiling the same model again does not pay
@@ -203,7 +206,49 @@ def check_inputs(module: ir.Module, examples: Sequence[np.ndarray] | None, seed:
     arrays = model_inputs(module, {"main": given} if given else {}, seed)["main"]
     if given:
         return arrays
-    return [np.where(a == 0, np.ones((), a.dtype), a) if a.dtype.kind in "iu" else a for a in arrays]
+    data = data_arguments(module)
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for k, a in enumerate(arrays):
+        if a.dtype.kind in "iu":
+            a = np.where(a == 0, np.ones((), a.dtype), a)
+            if a.dtype.kind == "i" and k in data:  # both signs, never zero
+                a = (a * rng.choice(np.array([-1, 1], a.dtype), size=a.shape)).astype(a.dtype)
+        out.append(a)
+    return out
+
+
+#: Ops through which an integer input stays plain data: elementwise arithmetic, comparisons, selects,
+#: conversions and layout changes. Any other use (a gather's indices, a slice bound, a shape, an iota
+#: compared against it) may need non-negative values.
+_DATA_OPS = frozenset(f"stablehlo.{n}" for n in (
+    "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "negate", "abs", "sign",
+    "compare", "select", "convert", "and", "or", "xor", "not", "shift_left", "shift_right_arithmetic",
+    "shift_right_logical", "power", "clamp", "broadcast_in_dim", "reshape", "transpose"))
+
+
+def data_arguments(module: ir.Module) -> set[int]:
+    """The positions of @main's arguments whose every use, followed through ``_DATA_OPS``, is one of those
+    ops or the function's return."""
+    func = next(f for f in public_funcs(module) if collage.symbol_name(f) == "main")
+    out = set()
+    for k, arg in enumerate(func.regions[0].blocks[0].arguments):
+        todo, seen, data = [arg], set(), True
+        while todo and data:
+            for use in todo.pop().uses:
+                op = use.owner
+                if op.name == "func.return":
+                    continue
+                if op.name not in _DATA_OPS:
+                    data = False
+                    break
+                for result in op.results:
+                    if result not in seen:
+                        seen.add(result)
+                        todo.append(result)
+        if data:
+            out.add(k)
+    return out
 
 
 def check_import(module: ir.Module, source: Source, examples: Sequence[np.ndarray] | None = None, *,

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from collage_mlir.errors import CollageError  # noqa: E402
 from collage_mlir.frontends import load_model  # noqa: E402
 from collage_mlir.ir import new_context  # noqa: E402
-from collage_mlir.measure.import_check import check_model_file, compare  # noqa: E402
+from collage_mlir.measure.import_check import check_inputs, check_model_file, compare, data_arguments  # noqa: E402
 from collage_mlir.tools import cli  # noqa: E402
 
 from helpers import CONFORMANCE
@@ -240,3 +240,22 @@ def test_unsigned_compares_run_on_xla(tmp_path):
         assert [r.backend for r in prog.manifest.regions] == ["xla-cpu"]
         (z,) = prog.invoke("main", x, y)
     np.testing.assert_array_equal(z, x >= y)
+
+
+def test_generated_integers_take_both_signs_where_they_are_data(tmp_path):
+    """No example inputs: a signed integer that only meets arithmetic gets negative values too, so the
+    wrong mixed-sign Mod fails the check; a gather's indices stay non-negative."""
+    i16 = lambda n: helper.make_tensor_value_info(n, TensorProto.INT16, [16])  # noqa: E731
+    path = _onnx_model(tmp_path / "mod.onnx", [helper.make_node("Mod", ["x", "y"], ["z"], name="mod")],
+                       [i16("x"), i16("y")], [i16("z")])
+    with pytest.raises(CollageError, match=r"first differing node: 'mod' \(Mod\)"):
+        check_model_file(load_model(path, new_context(), isolated=False), path, cache=False)
+    gather = _onnx_model(tmp_path / "gather.onnx", [helper.make_node("Gather", ["t", "i"], ["g"])],
+                         [helper.make_tensor_value_info("t", TensorProto.FLOAT, [5, 3]),
+                          helper.make_tensor_value_info("i", TensorProto.INT64, [4])],
+                         [helper.make_tensor_value_info("g", TensorProto.FLOAT, [4, 3])])
+    module = load_model(gather, new_context(), isolated=False)
+    assert data_arguments(module) == set()
+    (_, indices) = check_inputs(module, None)
+    assert indices.min() >= 0
+    check_model_file(module, gather, cache=False)
