@@ -43,6 +43,8 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
                                          check_import=not args.no_import_check, calibration=tune_cmd.calibration_of(args))
     plan = args.plan
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
+    if plan == "tuned":  # the plan `collage tune` recorded for this module, else the default
+        plan, provenance = _tuned_or_default(module)
     if (args.tune or plan == "tune") and args.device not in (None, Platform.CPU.value):
         raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
                            "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
@@ -104,6 +106,8 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
             tune_cmd.print_summary(tuned, f"(tuned for {label})")
             return BucketModel(module, tuned.plan, plan_provenance("tune", tuned.tuned.record, default_db_path()))
         number_ops(module)
+        if args.plan == "tuned":
+            return BucketModel(module, *_tuned_or_default(module))
         return BucketModel(module, resolve_plan(args.plan, Graph(module), platform), plan_provenance(args.plan))
 
     def compiled(values: dict[str, int], result) -> None:
@@ -123,6 +127,20 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     between = f"; between them: {rest}" if rest else ""
     print(f"wrote {result.out_dir} ({len(result.table.buckets)} buckets for {ranges}{between})")
     return 0
+
+
+def _tuned_or_default(module):
+    """(plan, provenance): the plan tuned before for ``module`` on this device (the cost DB, by structural
+    hash, as the entry points find it), else the default, said in one line."""
+    from rich.console import Console
+
+    from ..entry import choose_plan
+
+    choice = choose_plan(module)
+    if choice.how != "tuned before":
+        Console(stderr=True).print("no tuned plan for this model in the cost DB (`collage tune` first): the default plan",
+                                   highlight=False)
+    return choice.plan, choice.provenance
 
 
 def _print_placement(plan) -> None:

@@ -51,13 +51,14 @@ def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
 
 def dim_plan_of(args: argparse.Namespace) -> DimPlan | None:
     """The declared dims and their buckets, or None when no ``--dim`` is given."""
+    pad, shapes = getattr(args, "pad", []), getattr(args, "shapes", None)  # `collage tune` has neither
     if not args.dim:
-        if args.bucket or args.pad or args.shapes:
+        if args.bucket or pad or shapes:
             raise CollageError("--bucket, --pad and --shapes go with --dim", exit_code=2)
         return None
-    if args.shapes and args.bucket:
+    if shapes and args.bucket:
         raise CollageError("--shapes chooses the buckets; drop --bucket", exit_code=2)
-    return DimPlan.of([parse_dim(t) for t in args.dim], dict(parse_bucket(t) for t in args.bucket), args.pad)
+    return DimPlan.of([parse_dim(t) for t in args.dim], dict(parse_bucket(t) for t in args.bucket), pad)
 
 
 def traced_plan(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan, axes: Axes,

@@ -1,7 +1,9 @@
 """`collage tune MODEL --backends B1,B2,... [--budget 10m] [--seed N] [--db PATH] -o PLAN.json`: finds the
 placement with the lowest measured end-to-end time and writes it as a plan, with progress (stage,
 measured/total, cache hits, best plan so far). Every finished measurement is in the cost DB at once, so
-an interrupted tune loses nothing: run it again and it goes on from the DB."""
+an interrupted tune loses nothing: run it again and it goes on from the DB. With ``--dim`` (a model with
+dynamic dims), each shape bucket is tuned in turn within a share of the budget, its plan written to
+``OUTPUT/<bucket>.json`` and recorded, where ``collage compile --dim ... --plan tuned`` finds it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ..errors import CollageError
 from ..frontends.dims import dynamic_dims, input_values, read_onnx_axes, resized, argument_axes, undeclared_line
 from ..frontends.onnx_calibrate import Calibration, CalibrationMethod, quantize_onnx
 from . import backend_names, load_input_arrays, positive_int
+from .dims_args import dim_plan_of
 
 DEFAULT_BUDGET = "10m"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
@@ -179,7 +182,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="search even where a finished tune with the same model, inputs, backends, seed and budget is "
                         "in the DB (by default its plan is returned at once); the DB's rows are still used")
     t.add_argument("--jobs", type=positive_int, default=None, help="parallel candidate builds (default: CPU count)")
-    t.add_argument("-o", "--output", required=True, help="plan JSON to write")
+    t.add_argument("-o", "--output", required=True, help="plan JSON to write (with --dim: a directory, a plan per "
+                                                          "bucket)")
+    t.add_argument("--dim", action="append", default=[], metavar="NAME=MIN:OPT:MAX",
+                   help="a dynamic dim's range, as `collage compile --dim` takes it: each bucket is tuned")
+    t.add_argument("--bucket", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="the values of a dim tuned for (default: its MIN, OPT and MAX)")
     t.add_argument("--no-import-check", action="store_true",
                    help="do not check an imported model (.onnx, torch factory) against its source")
     add_precision_arguments(t)
@@ -220,8 +228,6 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..entry import module_key, record_tuned_plan
-    from ..graph import Graph
     from ..ir import new_context
     from ..measure.cluster import connect
 
@@ -231,25 +237,56 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster:  # before any work: a missing Ray or an unreachable cluster is one line at once
         connect(args.cluster, platform)
     backends = parse_backends(args.backends, platform)
-    module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input), calibration=calibration_of(args),
-                                check_import=not args.no_import_check)
+    dim_plan = dim_plan_of(args)
+    if dim_plan is None:
+        module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),
+                                    calibration=calibration_of(args), check_import=not args.no_import_check)
+        return _tune_one(args, module, inputs, backends, budget, started, Path(args.output))
+    # Each bucket tuned for its shape, the budget shared; each plan recorded in the cost DB under its module,
+    # where `collage compile --dim ... --plan tuned` finds it, and written to OUTPUT/<bucket>.json.
+    if args.input:
+        raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
+                           exit_code=2)
+    spec = quantized_spec(args.model, calibration_of(args))
+    out = Path(args.output)
+    if out.suffix == ".json":
+        raise CollageError("with --dim, -o names a directory: one plan per bucket", where="-o", exit_code=2)
+    out.mkdir(parents=True, exist_ok=True)
+    buckets = dim_plan.grid()
+    for k, values in enumerate(buckets):
+        share = (budget - (time.monotonic() - started)) / (len(buckets) - k)
+        module, inputs = load_model(spec, new_context(), [], check_import=not args.no_import_check, dims=values)
+        code = _tune_one(args, module, inputs, backends, max(share, 1.0), time.monotonic(),
+                         out / f"{_label(values)}.json")
+        if code:
+            return code
+    return 0
+
+
+def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, budget: float, started: float,
+              output: Path) -> int:
+    """Tunes one module, writes its plan (and the report beside it) and records it in the cost DB."""
+    from ..entry import module_key, record_tuned_plan
+    from ..graph import Graph
+
+    platform = Platform(args.device)
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
                         reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started)
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")
-    Path(args.output).write_text(json.dumps(result.tuned.to_json(), indent=1) + "\n")
+    output.write_text(json.dumps(result.tuned.to_json(), indent=1) + "\n")
     if result.interrupted:  # not a finished tune: not the plan entry points take as tuned
-        print(f"interrupted: wrote {args.output}, {result.tuned.record.why}; run the same command again to go on "
+        print(f"interrupted: wrote {output}, {result.tuned.record.why}; run the same command again to go on "
               "(every measurement so far is in the cost DB)")
         return 130
     record_tuned_plan(args.db, key, result.tuned)
-    print_summary(result, args.output)
+    print_summary(result, str(output))
     # The placement to look at, beside the plan (plan.json -> plan.html), on the module as tuned (numbered).
     from . import report_cmd
 
-    report = Path(args.output).with_suffix(".html")
+    report = output.with_suffix(".html")
     report.write_text(report_cmd.render(result.tuned, None, Graph(module), args.db))
     print(f"wrote {report}")
     return 0

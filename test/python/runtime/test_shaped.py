@@ -141,3 +141,24 @@ def test_buckets_chosen_for_a_request_trace(dynamic_cnn, tmp_path, capsys):
     assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:3:8", "--shapes", str(trace), "--bucket",
                     "batch=1", "-o", str(tmp_path / "b")]) == 2
     assert "--shapes chooses the buckets" in capsys.readouterr().err
+
+
+def test_each_bucket_tuned_and_its_plan_compiled(dynamic_cnn, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLLAGE_DB", str(tmp_path / "costs.sqlite"))
+    flags = ["--dim", "batch=1:4:4", "--bucket", "batch=1,4"]
+    assert collage(["tune", str(dynamic_cnn), *flags, "--budget", "40s", "--backends", "ort", "-o",
+                    str(tmp_path / "plans")]) == 0
+    plans = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "plans").glob("*.json")}
+    assert set(plans) == {"batch=1", "batch=4"}
+    assert collage(["compile", str(dynamic_cnn), *flags, "--plan", "tuned", "-o", str(tmp_path / "art")]) == 0
+    assert "no tuned plan" not in capsys.readouterr().err
+    x = np.random.default_rng(4).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    with collage_runtime.load(tmp_path / "art") as program:
+        for bucket in program.table.buckets:  # each bucket compiled with the plan tuned for its shape
+            tuned = plans[bucket.label]
+            built = program.program(bucket).manifest
+            placed = lambda regions: [(r["backend"], r["ops"]) for r in regions]  # noqa: E731
+            assert placed(built.plan["regions"]) == placed(tuned["regions"]) and built.provenance["plan"] == "tuned"
+        np.testing.assert_allclose(program.invoke("main", x)[0], reference(dynamic_cnn, x), rtol=RTOL, atol=ATOL)
+    # With -o a .json file, a tune of several buckets is refused in one line.
+    assert collage(["tune", str(dynamic_cnn), *flags, "-o", str(tmp_path / "plan.json")]) == 2
