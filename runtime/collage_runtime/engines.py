@@ -31,7 +31,6 @@ Engine objects are created on first use, so a program without OpenVINO regions n
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 from dataclasses import dataclass, field
@@ -56,9 +55,6 @@ SMALL_REGION_MACS = 4_000_000
 #: IREE task workers per driver, as asked by the first program of this process (see ``iree_device``).
 IREE_POOLS: dict[str, int] = {}
 _DEVICES: dict[str, rt.HalDevice] = {}
-# Released before the interpreter tears modules down: a device still held then is reported by nanobind as
-# leaked (60 lines at exit, depending on the order modules happen to be cleared in).
-atexit.register(_DEVICES.clear)
 
 #: Drivers whose devices get IREE's caching allocator. Not vulkan: with it every program fails in its first
 #: ``hal.device.queue.alloca`` ("allocator cannot allocate a Vulkan buffer with the given parameters;

@@ -87,3 +87,33 @@ def test_jax_jit_declared_range_pads_between_buckets():
         np.testing.assert_allclose(got["total"], want["total"], rtol=1e-4, atol=1e-5)
     with pytest.raises(CollageError, match=r"dim '0.0' is 5, outside the declared range 1..4"):
         run(np.zeros((5, 8), np.float32), w)
+
+
+EXIT = """
+import numpy as np, onnxruntime, torch, collage_runtime
+import collage_mlir.torch
+from collage_mlir.iree import compile_file
+model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+for batch in (2, 3):
+    y = torch.compile(model, backend="collage", dynamic=True)(torch.randn(batch, 8))
+compile_file({mlir!r}, output_dir={out!r})
+program = collage_runtime.load({out!r})
+(kept,) = program.invoke("main", *[np.ones(s, np.float32) for s in ((2, 8), (8, 16), (16,), (16, 4))])
+print("done", flush=True)
+"""
+
+
+def test_exit_is_quiet_with_programs_and_results_alive(tmp_path):
+    """A process that exits holding a program, a result array over its buffer and torch.compile's cached
+    graphs exits with status 0 and without nanobind's leak report (closing devices at exit crashed with
+    a result still alive; the import order of collage_mlir.iree decided whether nanobind reported the
+    cached device)."""
+    import subprocess
+    import sys
+
+    from helpers import LIT_INPUTS
+
+    code = EXIT.format(mlir=str(LIT_INPUTS / "mlp.mlir"), out=str(tmp_path / "art"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-2000:]
+    assert "leaked" not in done.stderr, done.stderr[-2000:]
