@@ -48,8 +48,9 @@ def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str |
     shape bucket (``collage_mlir.shaped``), ``collage_runtime.load`` takes any shape in range, and the
     result is its ``ShapeTable``."""
     if dims is not None:
-        from .shaped import compile_onnx_shaped  # imported when used: its imports at module load made nanobind report the cached
-        # device as leaked at exit (test_exit_is_quiet_with_programs_and_results_alive)
+        # Imported when used: at module load, its imports changed the interpreter's teardown order so that
+        # nanobind reported the cached device as leaked at exit (test_exit_is_quiet_with_programs_...).
+        from .shaped import compile_onnx_shaped
 
         ranges = [DimRange(n, *((v, v, v) if isinstance(v, int) else v)) for n, v in dims.items()]
         dim_plan = DimPlan.of(ranges, dict(buckets or {}), pad)
