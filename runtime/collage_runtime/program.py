@@ -132,6 +132,10 @@ class Program:
         """Public functions of the compiled module (also after ``close``)."""
         return list(self._signatures)
 
+    def signature(self, name: str) -> Signature | None:
+        """Function ``name``'s declared signature (None where IREE's reflection gives none)."""
+        return self._signatures.get(name)
+
     def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """Runs function ``name`` on host arrays; returns its results as host arrays. IREE copies each
         input into a buffer of its own; a result is a view of the result's buffer where IREE can map it

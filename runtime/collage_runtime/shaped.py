@@ -55,18 +55,29 @@ class ShapedProgram:
         return [self.table.function]
 
     def dims_of(self, arrays: Sequence) -> dict[str, int]:
-        """The value of every declared dim in ``arrays`` (InputError: a count, rank or consistency mismatch,
-        or a value outside its range: one line naming the dim, the value and the range)."""
+        """The value of every declared dim in ``arrays`` (InputError: a count, dtype, rank, static size or
+        consistency mismatch, or a value outside its range: one line naming the dim, the value and the
+        range). Checked before any engine sees the arrays: the fallback engine's own errors are not ours
+        to pass on."""
         fn, table = self.table.function, self.table
         if len(arrays) != len(table.inputs):
             raise InputError(f"{fn}: takes {len(table.inputs)} input(s), got {len(arrays)}")
+        first = self._programs[table.buckets[0].path].signature(fn)
+        specs = first.inputs if first is not None else (None,) * len(arrays)
         values: dict[str, int] = {}
-        for k, (axes, array) in enumerate(zip(table.inputs, arrays)):
+        for k, (axes, array, spec) in enumerate(zip(table.inputs, arrays, specs)):
+            if not isinstance(array, (np.ndarray, np.generic)):
+                raise InputError(f"{fn}: input {k}: expected a numpy array, got {type(array).__name__}", k)
             shape = np.shape(array)
             if len(shape) != len(axes):
                 raise InputError(f"{fn}: input {k}: expected rank {len(axes)}, got shape {list(shape)}", k)
+            if spec is not None and spec.dtype is not None and np.asarray(array).dtype != spec.dtype:
+                raise InputError(f"{fn}: input {k}: expected {spec.dtype}, got {np.asarray(array).dtype}", k)
             for axis, name in enumerate(axes):
                 if name is None:
+                    if spec is not None and spec.shape[axis] is not None and shape[axis] != spec.shape[axis]:
+                        raise InputError(f"{fn}: input {k} axis {axis} is {shape[axis]}, the model's is "
+                                         f"{spec.shape[axis]}", k)
                     continue
                 value = shape[axis]
                 if value not in table.dim(name):

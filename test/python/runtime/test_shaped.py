@@ -57,6 +57,11 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path, capsys):
             with pytest.raises(collage_runtime.program.InputError,
                                match=r"input 0 axis 0 \(dim 'batch'\) is 7, outside the declared range 1..6"):
                 program.invoke("main", np.zeros((7, 3, 8, 8), np.float32))
+            # Checked before any engine sees them, the fallback's included: one line, not ORT's exception.
+            with pytest.raises(collage_runtime.program.InputError, match="input 0: expected float32, got float64"):
+                program.invoke("main", np.zeros((3, 3, 8, 8)))
+            with pytest.raises(collage_runtime.program.InputError, match="input 0 axis 2 is 7, the model's is 8"):
+                program.invoke("main", np.zeros((3, 3, 7, 8), np.float32))
     with collage_runtime.load(dynamic) as program:
         table = program.table
         assert table.fallback is Fallback.OPENVINO and table.outputs == (("batch", None),)
