@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
+from ..errors import CollageError
 from ..ir import ir
 from . import stablehlo
+from .onnx import fold_shapes, import_onnx
 
 
 def load_model(path: str | Path, context: ir.Context, *, isolated: bool = True) -> ir.Module:
@@ -14,10 +17,25 @@ def load_model(path: str | Path, context: ir.Context, *, isolated: bool = True) 
     ``isolated``: see ``frontends.onnx``), ``.mlir``/``.mlirbc`` with their function calls inlined
     (``frontends.stablehlo``)."""
     if Path(path).suffix == ".onnx":
-        from .onnx import import_onnx
-
-        return stablehlo.normalize(import_onnx(path, context, isolated=isolated), where=str(path))
+        return stablehlo.normalize(_import_onnx_folding(Path(path), context, isolated), where=str(path))
     return stablehlo.load(path, context)
+
+
+def _import_onnx_folding(path: Path, context: ir.Context, isolated: bool) -> ir.Module:
+    """The ONNX model imported as it is, else with its constant subgraphs folded first (``fold_shapes``:
+    a TorchScript export's shape arithmetic, such as BERT's position ids, is a run-time assert torch-mlir
+    leaves for IREE); the first attempt's error where folding changes nothing or does not help."""
+    try:
+        return import_onnx(path, context, isolated=isolated)
+    except CollageError as first:
+        with tempfile.TemporaryDirectory(prefix="collage-fold-") as tmp:
+            folded = fold_shapes(path, Path(tmp))
+            if folded == path:
+                raise
+            try:
+                return import_onnx(folded, context, isolated=isolated)
+            except CollageError:
+                raise first from None
 
 
 def cache_dir() -> Path:

@@ -24,6 +24,7 @@ import numpy as np
 from collage_runtime.shapes import Axes, DimRange
 
 from ..errors import CollageError
+from .onnx import fold_shapes
 
 _RANGE = re.compile(r"^\s*([^=\s]+)\s*=\s*(\d+)(?:\s*:\s*(\d+)\s*:\s*(\d+))?\s*$")
 _VALUES = re.compile(r"^\s*([^=\s]+)\s*=\s*(\d+(?:\s*,\s*\d+)*)\s*$")
@@ -244,27 +245,7 @@ def specialise_onnx(path: str | Path, values: Mapping[str, int], out_dir: str | 
     del model.graph.value_info[:]  # inferred again for the static shapes
     out = Path(out_dir) / f"{Path(path).stem}.{'_'.join(f'{v}' for v in values.values()) or 'static'}.onnx"
     onnx.save(model, str(out))
-    return fold_shapes(out)
-
-
-def fold_shapes(path: Path) -> Path:
-    """The model at ``path`` with its constant subgraphs folded (ONNX Runtime's basic graph optimizations,
-    saved as ONNX; dequantizations of constants kept), beside it; ``path`` itself where ONNX Runtime cannot
-    load it. An export's shape arithmetic (``Shape`` → ``Gather`` → ``Concat`` → ``Expand``) is constant once
-    the inputs are static, but torch-mlir lowers what it computes as dynamic (BERT's position ids: a run-time
-    assert IREE cannot legalize)."""
-    import onnxruntime as ort
-
-    folded = path.with_suffix(".folded.onnx")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.optimized_model_filepath = str(folded)
-    options.log_severity_level = 4
-    try:
-        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception:  # noqa: BLE001  (ORT refuses some models torch-mlir imports: the import says what it can)
-        return path
-    return folded if folded.is_file() else path
+    return fold_shapes(out, Path(out_dir))
 
 
 def input_values(axes: Axes, arrays: Sequence) -> dict[str, int]:

@@ -64,6 +64,26 @@ def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main
                        where=str(path))
 
 
+def fold_shapes(path: Path, out_dir: Path) -> Path:
+    """The model at ``path`` with its constant subgraphs folded (ONNX Runtime's basic graph optimizations,
+    saved as ONNX into ``out_dir``; dequantizations of constants kept); ``path`` itself where ONNX Runtime
+    cannot load it. An export's shape arithmetic (``Shape`` → ``Gather`` → ``Concat`` → ``Expand``) is constant once
+    the inputs are static, but torch-mlir lowers what it computes as dynamic (BERT's position ids: a run-time
+    assert IREE cannot legalize)."""
+    import onnxruntime as ort
+
+    folded = Path(out_dir) / f"{Path(path).stem}.folded.onnx"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(folded)
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001  (ORT refuses some models torch-mlir imports: the import says what it can)
+        return path
+    return folded if folded.is_file() else path
+
+
 def _stablehlo_bytecode(path: str | Path, func_name: str) -> bytes:
     """The ONNX model at ``path`` as StableHLO bytecode of torch-mlir's build, its graph ``@func_name``."""
     try:

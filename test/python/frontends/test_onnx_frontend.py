@@ -63,3 +63,23 @@ def test_a_model_that_crashes_the_importer_is_one_line(tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "cannot import the ONNX model: torch-mlir's importer died of SIGSEGV" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_constant_shape_arithmetic_is_folded_when_the_import_refuses_it(tmp_path):
+    """TorchScript's export of a BERT computes its position ids' Expand shape from Shape ops; torch-mlir
+    leaves a run-time assert IREE refuses. The import then tries the model with its constant subgraphs
+    folded (ONNX Runtime's basic optimizations) and checks it against the original file."""
+    import torch
+
+    from collage_mlir import zoo
+    from collage_mlir.frontends import load_model
+    from collage_mlir.ir import new_context
+    from collage_mlir.measure.import_check import check_model_file
+
+    model, inputs = zoo.build("bert_base", small=True)
+    path = tmp_path / "bert.onnx"
+    torch.onnx.export(model, inputs, str(path), dynamo=False, input_names=["x"], opset_version=17)
+    assert "Expand" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    module = load_model(path, new_context())
+    assert check_model_file(module, path, cache=False).ok
+    assert not list(tmp_path.glob("*.folded.onnx"))  # folded in a temporary directory, not beside the model
