@@ -6,7 +6,9 @@
 The StableHLO is handed to IREE's context as bytecode (two MLIR builds, as for the torch frontend). The
 model's graph becomes ``@main``. What it cannot import: ONNX ops torch-mlir has no conversion for, graphs
 whose shapes ONNX's shape inference cannot resolve statically, and external-data models whose data files
-are missing; each is one CollageError naming the cause.
+are missing; each is one CollageError naming the cause. A model refused as it is gets a second try with
+its constant subgraphs folded (``fold_shapes``, called by ``frontends.load_model``): an export's shape
+arithmetic on static shapes is constant, but torch-mlir lowers it as dynamic.
 
 torch-mlir's importer and lowering crash the process on some models (a segfault on six of ONNX's node
 tests, aborts on unsigned types): by default the import runs in a child process (``python -m
