@@ -15,7 +15,7 @@ import pytest
 import collage_runtime
 from collage_mlir.tools.cli import main as collage
 from collage_mlir.frontends.dims import DimPlan, parse_dim
-from collage_mlir.shaped import choose_fallback
+from collage_mlir.shaped import choose_fallback, dynamic_ratio
 from collage_runtime.manifest import ArtifactError
 from collage_runtime.shapes import Fallback
 
@@ -77,6 +77,9 @@ def test_the_fallback_is_the_faster_engine_on_the_dynamic_model(dynamic_cnn):
     chosen, times = choose_fallback(dynamic_cnn, plan, (("batch", None, None, None),),
                                     [Fallback.ORT, Fallback.OPENVINO])
     assert set(times) == {Fallback.ORT, Fallback.OPENVINO} and times[chosen] == min(times.values())
+    # The fallback's slowdown against a static program, as --shapes weighs buckets by it.
+    ratio = dynamic_ratio(dynamic_cnn, plan, (("batch", None, None, None),), chosen)
+    assert 0.2 < ratio < 5 and dynamic_ratio(dynamic_cnn, plan, (), Fallback.NONE) == float("inf")
 
 
 def test_cli_run_refuses_a_shape_out_of_range_in_one_line(dynamic_cnn, tmp_path):
