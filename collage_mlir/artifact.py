@@ -10,6 +10,8 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -83,13 +85,7 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
     The artifact is built in a new directory beside ``out_dir`` and renamed into place once complete, so a
     failed or interrupted compile leaves the previous artifact as it was (or nothing), never a mix."""
     out = Path(out_dir)
-    check_artifact_dir(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    except OSError as exc:
-        raise CollageError(f"cannot write the artifact here: {exc.strerror}", where=str(out)) from None
-    try:
+    with staged(out) as stage:
         source_hash = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()
         parts = partition(module, plan, stage, iree_args)
         # A second logical device (a codegen backend with its own configuration) needs program-wide flags.
@@ -105,21 +101,36 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
                             tuple(replace(r, sha256=sha256_file(stage / r.artifact)) for r in parts.regions),
                             provenance or None, parts.target.platform)
         write_manifest(stage, manifest)
+    return CompileResult(out, parts.plan, manifest)
+
+
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A new directory beside ``out`` to build an artifact in; when the block ends it becomes ``out`` (a
+    directory, or one packed ``.collage`` file), whole; a failure or an interrupt leaves ``out`` as it was.
+    A file system error is one CollageError."""
+    check_artifact_dir(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as exc:
+        raise CollageError(f"cannot write the artifact here: {exc.strerror}", where=str(out)) from None
+    try:
+        yield stage
         if out.suffix == PACKAGE_SUFFIX:  # one deployable file
             pack(stage, out)
             shutil.rmtree(stage, ignore_errors=True)
         else:
-            replace_dir(stage, out)
+            _replace_dir(stage, out)
     except OSError as exc:
         shutil.rmtree(stage, ignore_errors=True)
         raise CollageError(f"cannot write the artifact: {exc.strerror} ({exc.filename})", where=str(out)) from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return CompileResult(out, parts.plan, manifest)
 
 
-def replace_dir(new: Path, out: Path) -> None:
+def _replace_dir(new: Path, out: Path) -> None:
     """Puts the complete directory ``new`` at ``out``, moving an earlier artifact there out of the way."""
     if not out.exists():
         new.rename(out)

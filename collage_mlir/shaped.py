@@ -14,30 +14,28 @@ from __future__ import annotations
 import hashlib
 import itertools
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from collage_runtime.manifest import sha256_file
-from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
-from collage_runtime.package import pack
+
 from collage_runtime.engines import Engines, usable_cores
+from collage_runtime.manifest import sha256_file
 from collage_runtime.shaped import dynamic_runner
 from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, write_shape_table
 
-from .artifact import CompileResult, check_artifact_dir, compile_module, replace_dir
+from .artifact import CompileResult, compile_module, staged
+from .dialects import collage
 from .errors import CollageError
 from .frontends import load_model
 from .frontends.dims import DimPlan, dynamic_dims, read_onnx_axes, specialise_onnx, workdir
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, new_context
 from .measure.import_check import check_import as check, onnx_source
-from .search import resolve_plan
-from .dialects import collage
 from .plan import Plan
+from .search import resolve_plan
 
 BUCKETS = "buckets"
 
@@ -75,10 +73,7 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
                            "list it with --bucket, or declare the dim paddable with --pad (rows independent along "
                            "it, as a batch)", where="--dim", exit_code=2)
     out = Path(out_dir)
-    check_artifact_dir(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
+    with staged(out) as stage:
         results, buckets, shapes = [], [], []
         for values in dim_plan.grid():
             model = bucket_model(values)
@@ -99,17 +94,6 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
             fallback_sha = sha256_file(target)
         table = ShapeTable(dim_plan.dims, inputs, outputs, tuple(buckets), dim_plan.pad, fallback, fallback_sha)
         write_shape_table(stage, table)
-        if out.suffix == PACKAGE_SUFFIX:
-            pack(stage, out)
-            shutil.rmtree(stage, ignore_errors=True)
-        else:
-            replace_dir(stage, out)
-    except OSError as exc:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise CollageError(f"cannot write the artifact: {exc.strerror} ({exc.filename})", where=str(out)) from None
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return ShapedResult(out, table, tuple(results))
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from studies.common.report import header, write_report
+from studies.common.timing import interleaved_ms
 
 HERE = Path(__file__).parent
 THREADS = 2
@@ -109,24 +109,6 @@ def example(name: str, values: dict, seed: int = 0) -> np.ndarray:
     return rng.standard_normal((values["batch"], 3, 224, 224)).astype(np.float32)
 
 
-def measure(runners: dict, rounds: int, min_time: float = 0.2) -> dict[str, float]:
-    """Median ms per call of each runner, rounds interleaved across runners."""
-    for fn in runners.values():
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(rounds):
-        for label, fn in runners.items():
-            n, start = 0, time.perf_counter()
-            while True:
-                fn()
-                n += 1
-                elapsed = time.perf_counter() - start
-                if elapsed >= min_time:
-                    break
-            samples[label].append(elapsed / n * 1e3)
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
 def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict:
     import onnxruntime as ort
     import openvino as ov
@@ -180,7 +162,7 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict
         runners = {"collage": lambda: program.invoke("main", x), "static best": lambda: static_program.invoke("main", x),
                    "ort dynamic": lambda: session.run(None, {"x": x}), "openvino dynamic": lambda: ov_dynamic.infer([x]),
                    "openvino static": lambda r=request: r.infer([x])}
-        ms = measure(runners, rounds)
+        ms = interleaved_ms(runners, rounds)
         rows.append({"dims": values, "served": program.served(x), "ms": ms})
         print(case.name, values, program.served(x), {k: round(v, 2) for k, v in ms.items()}, flush=True)
         static_program.close()

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from studies.common.timing import interleaved_ms
 
 HERE = Path(__file__).parent
 
@@ -109,25 +110,6 @@ def runners(f32: Path, int8: Path, x: np.ndarray, root: Path, plans: list[str]) 
     return found
 
 
-def measure(found: dict, rounds: int, min_time: float = 0.3) -> dict[str, float]:
-    """Median per-call time (ms) of each runner, rounds interleaved across runners."""
-    for fn in found.values():
-        fn()
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in found}
-    for _ in range(rounds):
-        for label, fn in found.items():
-            n, start = 0, time.perf_counter()
-            while True:
-                fn()
-                n += 1
-                elapsed = time.perf_counter() - start
-                if elapsed >= min_time:
-                    break
-            samples[label].append(elapsed / n * 1e3)
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet50,mobilenet_v2")
@@ -146,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             root.mkdir()
             f32, int8, x = export(name, root, args.exporter)
             found = runners(f32, int8, x, root, args.plans.split(","))
-            times = measure(found, args.rounds)
+            times = interleaved_ms(found, args.rounds, min_time=0.3, warmup=2)
             rows.append({"model": name, "ms": times})
             print(name, {k: round(v, 2) for k, v in times.items()}, flush=True)
     record = {"command": "python -m studies.int8.int8_zoo " + " ".join(argv or sys.argv[1:]), "isa": isa(),

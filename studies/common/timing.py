@@ -1,0 +1,29 @@
+"""Interleaved timing for the studies: each runner called in turn, round after round, so that a machine's
+drift (another tenant, clock changes) falls on every runner alike."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+
+
+def interleaved_ms(runners: Mapping[str, Callable[[], object]], rounds: int, min_time: float = 0.2,
+                   warmup: int = 1) -> dict[str, float]:
+    """Median ms per call of each runner over ``rounds`` rounds, interleaved across runners; a round calls a
+    runner until ``min_time`` seconds have passed. ``warmup`` untimed calls each first."""
+    for fn in runners.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(rounds):
+        for label, fn in runners.items():
+            n, start = 0, time.perf_counter()
+            while True:
+                fn()
+                n += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_time:
+                    break
+            samples[label].append(elapsed / n * 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
