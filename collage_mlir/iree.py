@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from collage_runtime.manifest import Manifest
-from collage_runtime.shapes import DimRange, ShapeTable
+from collage_runtime.shapes import ShapeTable
 from collage_runtime.types import Platform
 
 from . import artifact
@@ -52,8 +52,7 @@ def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str |
         # nanobind reported the cached device as leaked at exit (test_exit_is_quiet_with_programs_...).
         from .shaped import compile_onnx_shaped
 
-        ranges = [DimRange(n, *((v, v, v) if isinstance(v, int) else v)) for n, v in dims.items()]
-        dim_plan = DimPlan.of(ranges, dict(buckets or {}), pad)
+        dim_plan = DimPlan.declared(dims, dict(buckets or {}), pad)
         return compile_onnx_shaped(input_file, dim_plan, plan, output_dir, check_import=check_import,
                                    **iree_kwargs).table
     module = load_model(input_file, new_context())

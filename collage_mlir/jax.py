@@ -18,10 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collage_runtime.shapes import DimRange, bucket_for, cut_to, pad_to
+from collage_runtime.shapes import bucket_for, cut_to, pad_to
 
 from .entry import PlanChoice, choose_plan, compile_cached
-from .errors import CollageError
 from .frontends.dims import DimPlan, input_values, argument_axes
 from .frontends.jax import import_jax
 from .ir import new_context
@@ -79,10 +78,7 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
     import jax
 
     compiled: dict[tuple, CompiledFunction] = {}
-    plan_of_dims = None
-    if dims:
-        ranges = [DimRange(n, *((v, v, v) if isinstance(v, int) else v)) for n, v in dims.items()]
-        plan_of_dims = DimPlan.of(ranges, pad=list(pad))
+    plan_of_dims = DimPlan.declared(dims, pad=pad) if dims else None
     state: dict[str, Any] = {}
 
     def signature_call(leaves: list, tree):
@@ -101,9 +97,7 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
             state["axes"] = argument_axes(leaves, plan_of_dims.dims)
         axes = state["axes"]
         values = input_values(axes, leaves)
-        for d in plan_of_dims.dims:
-            if values[d.name] not in d:
-                raise CollageError(f"dim '{d.name}' is {values[d.name]}, outside the declared range {d.min}..{d.max}")
+        plan_of_dims.check(values)
         if "outputs" not in state:  # every bucket compiled at once; which result axes carry the dims
             shapes = []
             for bucket in plan_of_dims.grid():

@@ -24,13 +24,13 @@ import numpy as np
 from collage_runtime.engines import Engines, usable_cores
 from collage_runtime.manifest import sha256_file
 from collage_runtime.shaped import dynamic_runner
-from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, write_shape_table
+from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, dims_label, write_shape_table
 
 from .artifact import CompileResult, compile_module, staged
 from .dialects import collage
 from .errors import CollageError
 from .frontends import load_model
-from .frontends.dims import DimPlan, dynamic_dims, read_onnx_axes, specialise_onnx, workdir
+from .frontends.dims import DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, new_context
 from .measure.import_check import check_import as check, onnx_source
@@ -101,7 +101,7 @@ def load_onnx_bucket(path: str | Path, values: Mapping[str, int], context, *, ch
                      inputs: Sequence[np.ndarray] = ()) -> ir.Module:
     """The ONNX model at ``path`` specialised to ``values`` (``frontends.dims``), imported and numbered;
     ``check_import``: checked against ONNX Runtime on ``inputs`` (default: generated) at that shape."""
-    where = f"{path} at {','.join(f'{k}={v}' for k, v in values.items())}"
+    where = f"{path} at {dims_label(values)}"
     with workdir() as tmp:
         static = specialise_onnx(path, values, tmp)
         try:
@@ -120,10 +120,7 @@ def compile_onnx_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan",
     ``plan`` (a plan spec such as ``whole:openvino``, or a ``Plan``); ``fallback``: the engine for shapes
     between buckets (None: the faster of ORT and OpenVINO, timed, where buckets and padding leave a gap)."""
     axes, _ = read_onnx_axes(path)
-    declared, dynamic = [d.name for d in dim_plan.dims], dynamic_dims(axes)
-    if sorted(declared) != sorted(dynamic):
-        raise CollageError(f"the model's dynamic dims are {', '.join(dynamic) or 'none'}; declared: "
-                           f"{', '.join(declared) or 'none'}", where=str(path), exit_code=2)
+    check_declared(axes, dim_plan.dims)
     if fallback is None:
         fallback = Fallback.NONE if dim_plan.unserved(fallback=False) is None else \
             choose_fallback(Path(path), dim_plan, axes, [Fallback.ORT, Fallback.OPENVINO])[0]

@@ -21,11 +21,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from collage_runtime.shapes import DimRange, bucket_for
+from collage_runtime.shapes import bucket_for
 
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
-from .frontends.dims import input_values, argument_axes
+from .frontends.dims import DimPlan, argument_axes, input_values
 from .frontends.torch import import_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
@@ -161,8 +161,6 @@ class DynamicGraph:
     def __init__(self, gm, example_inputs: Sequence, options: dict, dims: dict | None, pad: Sequence[str]):
         import torch
 
-        from .frontends.dims import DimPlan
-
         self._gm, self._options = gm, options
         holders = _placeholders(gm)
         self._weights = {k for k, node in enumerate(holders) if _is_weight(node, example_inputs[k])}
@@ -173,19 +171,14 @@ class DynamicGraph:
         self._programs: dict[tuple, DynamoGraph] = {}
         self._plan = None
         if dims:
-            ranges = [DimRange(name, *((v, v, v) if isinstance(v, int) else v)) for name, v in dims.items()]
-            self._plan = DimPlan.of(ranges, pad=list(pad))
+            self._plan = DimPlan.declared(dims, pad=pad)
             self._axes = argument_axes([example_inputs[t] for t in self._tensors], self._plan.dims)
             self._outputs = None
         elif pad:
             raise CollageError("the 'pad' option goes with 'dims'")
 
-    def _shape_key(self, tensors: Sequence) -> tuple:
-        return tuple(tuple(t.shape) for t in tensors)
-
     def _program(self, args: Sequence) -> "DynamoGraph":
-        tensors = [args[t] for t in self._tensors]
-        key = self._shape_key(tensors)
+        key = tuple(tuple(args[t].shape) for t in self._tensors)
         if key not in self._programs:
             sizes = {k: args[k] for k in self._sizes}
             self._programs[key] = DynamoGraph(_BoundSizes(self._gm, sizes), [a for k, a in enumerate(args)
@@ -198,23 +191,17 @@ class DynamicGraph:
         if self._outputs is None:
             self._compile_buckets(args)
         values = input_values(self._axes, [args[t] for t in self._tensors])
-        for d in self._plan.dims:
-            if values[d.name] not in d:
-                raise CollageError(f"dim '{d.name}' is {values[d.name]}, outside the declared range {d.min}..{d.max}")
-        target = self._bucket_for(values)
+        self._plan.check(values)
+        target = bucket_for(self._plan.grid(), values, self._plan.pad)
         if target is None or target == values:
             return self._program(args)(*[a for k, a in enumerate(args) if k not in self._sizes])
         grown = self._resized(args, target)
         outs = self._program(grown)(*[a for k, a in enumerate(grown) if k not in self._sizes])
         return _cut(outs, self._outputs, values)
 
-    def _bucket_for(self, values: dict) -> dict | None:
-        """The bucket serving ``values`` (``collage_runtime.shapes.bucket_for``), or None."""
-        return bucket_for(self._plan.grid(), values, self._plan.pad)
-
     def _resized(self, args: Sequence, values: dict) -> list:
-        """``args`` at the bucket ``values``: tensors zero-padded (or repeated, for a bucket compiled from
-        an example) along the dims, size arguments set to the new sizes."""
+        """``args`` at the bucket ``values``: tensors zero-padded or cut along the dims, size arguments set to
+        the new sizes."""
         import torch
 
         out = list(args)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collage_runtime.shapes import Axes, DimRange
+from collage_runtime.shapes import Axes, DimRange, dims_label, serves
 
 from ..errors import CollageError
 from .onnx import fold_shapes
@@ -86,6 +86,18 @@ class DimPlan:
             values[d.name] = chosen
         return cls(tuple(dims), values, tuple(pad))
 
+    @classmethod
+    def declared(cls, dims: Mapping[str, "int | tuple[int, int, int]"], buckets: Mapping[str, Sequence[int]] = {},
+                 pad: Sequence[str] = ()) -> "DimPlan":
+        """From Python's form: each dim's ``(MIN, OPT, MAX)`` or one value (``dims={"batch": (1, 8, 32)}``)."""
+        return cls.of([DimRange(n, *((v, v, v) if isinstance(v, int) else v)) for n, v in dims.items()], buckets, pad)
+
+    def check(self, values: Mapping[str, int]) -> None:
+        """A CollageError naming the first dim whose value lies outside its declared range."""
+        for d in self.dims:
+            if values[d.name] not in d:
+                raise CollageError(f"dim '{d.name}' is {values[d.name]}, outside the declared range {d.min}..{d.max}")
+
     def grid(self) -> list[dict[str, int]]:
         """Every bucket: one value of each dim."""
         if self.buckets is not None:
@@ -94,26 +106,17 @@ class DimPlan:
         return [dict(zip(names, combo)) for combo in itertools.product(*(self.values[n] for n in names))]
 
     def unserved(self, fallback: bool) -> str | None:
-        """A shape in range that no bucket, padding or fallback serves (as ``dim=value``), or None."""
+        """A shape in range that no bucket, padding or fallback serves (as ``dim=value``), or None: without a
+        fallback, every value of a dim that is not paddable must be a bucket's, and the top bucket (every dim
+        at MAX) must be there for padding to reach the rest."""
         if fallback:
             return None
-        if self.buckets is not None:  # chosen buckets: padding must reach every shape from the top one
-            for d in self.dims:
-                missing = next((v for v in range(d.min, d.max + 1) if v not in self.values[d.name]), None)
-                if d.name not in self.pad and missing is not None:
-                    return f"{d.name}={missing}"
-            top = {d.name: d.max for d in self.dims}
-            return None if top in self.grid() else ",".join(f"{k}={v}" for k, v in top.items())
         for d in self.dims:
-            values = self.values[d.name]
-            if d.name in self.pad:
-                if values[-1] != d.max:
-                    return f"{d.name}={d.max}"
-                continue
-            missing = next((v for v in range(d.min, d.max + 1) if v not in values), None)
-            if missing is not None:
+            missing = next((v for v in range(d.min, d.max + 1) if v not in self.values[d.name]), None)
+            if d.name not in self.pad and missing is not None:
                 return f"{d.name}={missing}"
-        return None
+        top = {d.name: d.max for d in self.dims}
+        return None if top in self.grid() else dims_label(top)
 
 
 @dataclass(frozen=True)
@@ -149,11 +152,6 @@ class ShapeTrace:
         except (OSError, ValueError) as exc:
             raise CollageError(f"cannot read the shape trace: {exc}", where=str(path), exit_code=2) from None
         return cls.from_json(data, dims, str(path))
-
-
-def serves(bucket: Mapping[str, int], shape: Mapping[str, int], pad: Sequence[str]) -> bool:
-    """Whether ``bucket`` serves ``shape``: the same, or larger along padded dims only."""
-    return all(bucket[n] == v or (n in pad and bucket[n] > v) for n, v in shape.items())
 
 
 def choose_buckets(plan: DimPlan, trace: ShapeTrace, ratio: float, max_buckets: int,
@@ -226,6 +224,19 @@ def read_onnx_axes(path: str | Path) -> tuple[Axes, list[str]]:
 def dynamic_dims(axes: Axes) -> list[str]:
     """The dim names in ``axes``, first use first."""
     return list(dict.fromkeys(n for a in axes for n in a if n is not None))
+
+
+def check_declared(axes: Axes, dims: Sequence[DimRange]) -> None:
+    """Every dynamic dim of an ONNX model declared, and every declared dim one of them (else one line)."""
+    declared, dynamic = [d.name for d in dims], dynamic_dims(axes)
+    unknown = [n for n in declared if n not in dynamic]
+    if unknown:
+        raise CollageError(f"'{unknown[0]}' is not a dynamic dim of the model (it has: {', '.join(dynamic) or 'none'})",
+                           where="--dim", exit_code=2)
+    missing = [n for n in dynamic if n not in declared]
+    if missing:
+        raise CollageError(f"dynamic dim '{missing[0]}' has no range: give --dim {missing[0]}=MIN:OPT:MAX "
+                           "(or --dim NAME=VALUE to fix it)", where="--dim", exit_code=2)
 
 
 def specialise_onnx(path: str | Path, values: Mapping[str, int], out_dir: str | Path) -> Path:

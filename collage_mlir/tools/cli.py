@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from collage_runtime.shapes import Fallback, dims_label
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
@@ -78,7 +79,6 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     from ..measure.db import default_db_path
     from ..search import resolve_plan
     from ..shaped import BucketModel, compile_shaped
-    from collage_runtime.shapes import Fallback
 
     if args.input:
         raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
@@ -96,7 +96,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     console = Console(stderr=True)
 
     def bucket_model(values: dict[str, int]) -> BucketModel:
-        label = ",".join(f"{k}={v}" for k, v in values.items())
+        label = dims_label(values)
         module, inputs = tune_cmd.load_model(spec, new_context(), [], check_import=not args.no_import_check,
                                              dims=values)
         if tuning:  # the default budget shared by the buckets; the cost DB's rows shared between them
@@ -111,7 +111,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
         return BucketModel(module, resolve_plan(args.plan, Graph(module), platform), plan_provenance(args.plan))
 
     def compiled(values: dict[str, int], result) -> None:
-        label = ",".join(f"{k}={v}" for k, v in values.items())
+        label = dims_label(values)
         console.print(f"bucket {label}: {len(result.plan.regions)} plan regions", highlight=False)
 
     if args.cuda_target:
@@ -138,8 +138,8 @@ def _tuned_or_default(module):
 
     choice = choose_plan(module)
     if choice.how != "tuned before":
-        Console(stderr=True).print("no tuned plan for this model in the cost DB (`collage tune` first): the default plan",
-                                   highlight=False)
+        Console(stderr=True).print("no tuned plan for this model in the cost DB (`collage tune` first): the "
+                                   "default plan", highlight=False)
     return choice.plan, choice.provenance
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from collage_runtime.shapes import Axes, Fallback
+from collage_runtime.shapes import Axes, Fallback, dims_label
 
 from ..errors import CollageError
-from ..frontends.dims import (DimPlan, ShapeTrace, choose_buckets, dynamic_dims, parse_bucket, parse_dim,
-                              read_onnx_axes, argument_axes)
+from ..frontends.dims import (DimPlan, ShapeTrace, argument_axes, check_declared, choose_buckets, parse_bucket,
+                              parse_dim, read_onnx_axes)
 from ..shaped import choose_fallback, dynamic_ratio
 from . import positive_int
 
@@ -78,7 +78,7 @@ def traced_plan(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
     chosen = dim_plan.with_buckets(choose_buckets(dim_plan, trace, ratio, args.max_buckets))
     Console(stderr=True).print(f"{len(trace.requests)} requests; {fallback.value} on the dynamic model "
                                f"{ratio:.2f}x a static program; buckets: "
-                               + "; ".join(",".join(f"{k}={v}" for k, v in b.items()) for b in chosen.grid()),
+                               + "; ".join(dims_label(b) for b in chosen.grid()),
                                highlight=False)
     return chosen
 
@@ -87,18 +87,9 @@ def model_axes(spec: str, dim_plan: DimPlan) -> tuple[Axes, Path | None]:
     """Which input axes carry the declared dims, and the model an engine that takes dynamic dims runs
     between buckets (an ONNX model itself; None for a torch factory). Every dynamic dim of an ONNX model
     must be declared, and every declared dim must be one of them."""
-    declared = [d.name for d in dim_plan.dims]
     if Path(spec).suffix == ".onnx":
         axes, _ = read_onnx_axes(spec)
-        dynamic = dynamic_dims(axes)
-        unknown = [n for n in declared if n not in dynamic]
-        if unknown:
-            raise CollageError(f"'{unknown[0]}' is not a dynamic dim of the model (it has: "
-                               f"{', '.join(dynamic) or 'none'})", where="--dim", exit_code=2)
-        missing = [n for n in dynamic if n not in declared]
-        if missing:
-            raise CollageError(f"dynamic dim '{missing[0]}' has no range: give --dim {missing[0]}=MIN:OPT:MAX "
-                               "(or --dim NAME=VALUE to fix it)", where="--dim", exit_code=2)
+        check_declared(axes, dim_plan.dims)
         return axes, Path(spec)
     if Path(spec).suffix in (".mlir", ".mlirbc") or ":" not in spec:
         raise CollageError("--dim takes ONNX models and torch factories; give a StableHLO module its static shapes",

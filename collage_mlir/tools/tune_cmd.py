@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from collage_runtime.shapes import DimRange
+from collage_runtime.shapes import DimRange, dims_label
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
@@ -135,7 +135,7 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
                 model(*example)
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # the model's own shape checks
             first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-            raise CollageError(f"the model does not run at {_label(dims)}: {first[:200]}", where=spec,
+            raise CollageError(f"the model does not run at {dims_label(dims)}: {first[:200]}", where=spec,
                                exit_code=2) from None
     module = import_torch(model, example, context)
     if check_import:
@@ -157,10 +157,6 @@ def quantized_spec(spec: str, calibration) -> str:
     line = agreement.line() + (f" ({len(kept)} nodes kept in f32 for --max-drop: {', '.join(kept)})" if kept else "")
     Console(stderr=True).print(line, highlight=False)
     return str(quantized)
-
-
-def _label(values: Mapping[str, int]) -> str:
-    return ",".join(f"{k}={v}" for k, v in values.items())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -257,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         share = (budget - (time.monotonic() - started)) / (len(buckets) - k)
         module, inputs = load_model(spec, new_context(), [], check_import=not args.no_import_check, dims=values)
         code = _tune_one(args, module, inputs, backends, max(share, 1.0), time.monotonic(),
-                         out / f"{_label(values)}.json")
+                         out / f"{dims_label(values)}.json")
         if code:
             return code
     return 0

@@ -2,8 +2,7 @@
 shape in its declared ranges. Each call picks what serves the inputs' shape: the bucket compiled for it;
 else, where every dim that differs is declared paddable, the smallest bucket that holds the shape (inputs
 zero-padded, outputs sliced back); else the fallback engine (ONNX Runtime or OpenVINO) on the source
-model with its dynamic dims. Nothing compiles at
-request time: every bucket is loaded with the program."""
+model with its dynamic dims. Nothing compiles at request time: every bucket is loaded with the program."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import numpy as np
 from .engines import Engines, usable_cores
 from .package import is_package, unpack
 from .program import InputError, Program
-from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, load_shape_table, pad_to
+from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, dims_label, load_shape_table, pad_to
 
 
 class ShapedProgram:
@@ -97,15 +96,15 @@ class ShapedProgram:
         if self._fallback is not None:
             return "fallback", None
         served = "; ".join(b.label for b in self.table.buckets)
-        raise InputError(f"{self.table.function}: no bucket serves {_label(values)} and the artifact has no fallback "
-                         f"(buckets: {served})")
+        raise InputError(f"{self.table.function}: no bucket serves {dims_label(values)} and the artifact has no "
+                         f"fallback (buckets: {served})")
 
     def served(self, *arrays) -> str:
         """What serves a call on ``arrays``: ``bucket L``, ``padded to L`` or ``ort fallback``."""
         how, bucket = self._route(self.dims_of(arrays))
-        return {"bucket": f"bucket {bucket.label}" if bucket else "",
-                "padded": f"padded to {bucket.label}" if bucket else "",
-                        "fallback": f"{self.table.fallback.value} fallback"}[how]
+        if how == "fallback":
+            return f"{self.table.fallback.value} fallback"
+        return f"bucket {bucket.label}" if how == "bucket" else f"padded to {bucket.label}"
 
     def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         if name != self.table.function:
@@ -157,6 +156,3 @@ def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[S
         return run
     raise ValueError(f"no dynamic runner for {kind}")
 
-
-def _label(values: dict[str, int]) -> str:
-    return ",".join(f"{k}={v}" for k, v in values.items())

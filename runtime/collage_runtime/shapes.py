@@ -94,7 +94,7 @@ class Bucket:
 
     @property
     def label(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.values.items())
+        return dims_label(self.values)
 
 
 @dataclass(frozen=True)
@@ -161,13 +161,21 @@ class ShapeTable:
         return cls(dims, axes("inputs"), axes("outputs"), tuple(buckets), tuple(pad), fallback, sha, function)
 
 
+def dims_label(values: Mapping[str, int]) -> str:
+    """``batch=8,seq=128``: a shape by its dims' values, as messages and file names show it."""
+    return ",".join(f"{k}={v}" for k, v in values.items())
+
+
+def serves(bucket: Mapping[str, int], values: Mapping[str, int], pad: Sequence[str]) -> bool:
+    """Whether ``bucket`` serves a shape of dim ``values``: the same, or larger along dims in ``pad`` only."""
+    return all(bucket[n] == v or (n in pad and bucket[n] > v) for n, v in values.items())
+
+
 def bucket_for(buckets: Sequence[Mapping[str, int]], values: Mapping[str, int],
                pad: Sequence[str]) -> Mapping[str, int] | None:
     """The bucket that serves a shape of dim ``values``: the same shape, else the smallest (by size, the
     product of its dims) that is larger only along dims in ``pad``; None when none does."""
-    if dict(values) in [dict(b) for b in buckets]:
-        return next(b for b in buckets if dict(b) == dict(values))
-    fits = [b for b in buckets if all(b[n] == v or (n in pad and b[n] > v) for n, v in values.items())]
+    fits = [b for b in buckets if serves(b, values, pad)]  # the exact one is the smallest
     return min(fits, key=lambda b: math.prod(b.values())) if fits else None
 
 

@@ -114,13 +114,14 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict
     import openvino as ov
 
     import collage_runtime
+    from collage_mlir.frontends.dims import ShapeTrace
     from collage_mlir.tools.cli import main as collage
 
     model = export(case.name, root)
     art = root / "art"
     flags = case.flags()
     if not case.buckets:  # chosen for the trace
-        (root / "trace.json").write_text(json.dumps(list(case.trace)))
+        (root / "trace.json").write_text(json.dumps(ShapeTrace(case.trace).to_json()))
         flags += ["--shapes", str(root / "trace.json"), "--max-buckets", "6"]
     start = time.perf_counter()
     if collage(["compile", str(model), *flags, "--plan", plan, "-o", str(art)]) != 0:
