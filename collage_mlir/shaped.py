@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,11 +89,24 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         if fallback_model is not None:
             target = stage / fallback.file
             target.parent.mkdir(parents=True)
-            shutil.copyfile(fallback_model, target)
+            _write_self_contained(fallback_model, target)
             fallback_sha = sha256_file(target)
         table = ShapeTable(dim_plan.dims, inputs, outputs, tuple(buckets), dim_plan.pad, fallback, fallback_sha)
         write_shape_table(stage, table)
     return ShapedResult(out, table, tuple(results))
+
+
+def _write_self_contained(model: Path, target: Path) -> None:
+    """The ONNX model at ``model`` written to ``target`` as one file, its external data (torch's dynamo
+    exporter writes ``model.onnx.data`` beside it) inside: the artifact's SHA-256 covers one file."""
+    import onnx
+
+    proto = onnx.load(str(model))  # reads the external data from beside the model
+    if proto.ByteSize() >= 2 ** 31 - 1:
+        raise CollageError("the model is 2 GB or more, too large for one ONNX file: it cannot be the fallback; "
+                           "declare --pad or --fallback none with --bucket listing every value", where=str(model),
+                           exit_code=2)
+    onnx.save(proto, str(target))
 
 
 def load_onnx_bucket(path: str | Path, values: Mapping[str, int], context, *, check_import: bool = True,

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .engines import Engines, usable_cores
+from .manifest import ArtifactError
 from .package import is_package, unpack
 from .program import InputError, Program
 from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, dims_label, load_shape_table, pad_to
@@ -42,7 +43,12 @@ class ShapedProgram:
         self._fallback = None
         if self.table.fallback is not Fallback.NONE:
             engines = Engines(usable_cores() if threads is None else threads, sole=self.table.fallback.value)
-            self._fallback = dynamic_runner(self.table.fallback, self.root / self.table.fallback.file, engines)
+            try:
+                self._fallback = dynamic_runner(self.table.fallback, self.root / self.table.fallback.file, engines)
+            except Exception as exc:  # noqa: BLE001  ORT and OpenVINO raise their own types
+                self.close()
+                raise ArtifactError(f"{self.root / self.table.fallback.file}: {self.table.fallback.value} cannot load "
+                                    f"the fallback model ({' '.join(str(exc).split())[:200]})") from None
         self._lock = threading.Lock()
 
     def program(self, bucket: Bucket) -> Program:

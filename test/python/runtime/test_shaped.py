@@ -170,3 +170,23 @@ def test_each_bucket_tuned_and_its_plan_compiled(dynamic_cnn, tmp_path, monkeypa
         np.testing.assert_allclose(program.invoke("main", x)[0], reference(dynamic_cnn, x), rtol=RTOL, atol=ATOL)
     # With -o a .json file, a tune of several buckets is refused in one line.
     assert collage(["tune", str(dynamic_cnn), *flags, "-o", str(tmp_path / "plan.json")]) == 2
+
+
+def test_a_model_with_external_data_gets_a_self_contained_fallback(tmp_path):
+    """torch's dynamo exporter writes the weights beside the model (model.onnx.data): the artifact's
+    fallback is one file with them inside, and runs."""
+    import onnx
+
+    onnx_cnn(tmp_path / "plain.onnx", batch="batch")
+    onnx.save(onnx.load(str(tmp_path / "plain.onnx")), str(tmp_path / "m.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="m.onnx.data", size_threshold=0)
+    assert (tmp_path / "m.onnx.data").is_file()
+    art = tmp_path / "art"
+    assert collage(["compile", str(tmp_path / "m.onnx"), "--dim", "batch=1:2:4", "--bucket", "batch=2", "--fallback",
+                    "ort", "-o", str(art)]) == 0
+    assert sorted(p.name for p in (art / "fallback").iterdir()) == ["model.onnx"]
+    x = np.random.default_rng(5).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    with collage_runtime.load(art) as program:
+        assert program.served(x) == "ort fallback"
+        np.testing.assert_allclose(program.invoke("main", x)[0], reference(tmp_path / "plain.onnx", x), rtol=RTOL,
+                                   atol=ATOL)
