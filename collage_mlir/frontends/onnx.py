@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import CollageError
 from ..ir import ir, parse_module
 from ..processes import python_command
+from .onnx_functions import expand_functions
 from .onnx_qdq import normalize_quantized
 
 PIPELINE = ("builtin.module(func.func(convert-torch-onnx-to-torch),torch-lower-to-backend-contract,"
@@ -71,19 +72,33 @@ def fold_shapes(path: Path, out_dir: Path) -> Path:
     saved as ONNX into ``out_dir``; dequantizations of constants kept); ``path`` itself where ONNX Runtime
     cannot load it. An export's shape arithmetic (``Shape`` → ``Gather`` → ``Concat`` → ``Expand``) is constant once
     the inputs are static, but torch-mlir lowers what it computes as dynamic (BERT's position ids: a run-time
-    assert IREE cannot legalize)."""
+    assert IREE cannot legalize). Function ops torch-mlir cannot lower are expanded first (``expand_functions``):
+    their bodies compute axes and shapes from the inputs' shapes, constant here too."""
+    import onnx
     import onnxruntime as ort
 
+    source = Path(path)
+    try:
+        model = onnx.load(str(path))
+    except Exception:  # noqa: BLE001  (the import reports an unreadable model)
+        return path
+    if expand_functions(model):
+        source = Path(out_dir) / f"{Path(path).stem}.expanded.onnx"
+        onnx.save(model, str(source), save_as_external_data=model.ByteSize() > _PROTOBUF_LIMIT)
     folded = Path(out_dir) / f"{Path(path).stem}.folded.onnx"
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(folded)
     options.log_severity_level = 4
     try:
-        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
     except Exception:  # noqa: BLE001  (ORT refuses some models torch-mlir imports: the import says what it can)
-        return path
-    return folded if folded.is_file() else path
+        return path if source == Path(path) else source
+    return folded if folded.is_file() else source
+
+
+#: Protobuf's 2 GiB message limit, less a margin: a larger model is saved with its weights beside it.
+_PROTOBUF_LIMIT = 1_800_000_000
 
 
 def _stablehlo_bytecode(path: str | Path, func_name: str) -> bytes:
@@ -106,6 +121,7 @@ def _stablehlo_bytecode(path: str | Path, func_name: str) -> bytes:
         normalize_quantized(model)
     except CollageError as exc:
         raise CollageError(str(exc), where=where) from None
+    expand_functions(model)
     try:
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:  # noqa: BLE001  onnx raises ValidationError, InferenceError...

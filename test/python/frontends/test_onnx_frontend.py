@@ -83,3 +83,59 @@ def test_constant_shape_arithmetic_is_folded_when_the_import_refuses_it(tmp_path
     module = load_model(path, new_context())
     assert check_model_file(module, path, cache=False).ok
     assert not list(tmp_path.glob("*.folded.onnx"))  # folded in a temporary directory, not beside the model
+
+
+def _opset23_block(path) -> None:
+    """A modern transformer block as an opset-23 export writes it: RMSNormalization, then the one-node
+    Attention (4 heads, causal), then ReduceSumSquare over the last axis: function ops torch-mlir's importer
+    has no lowering for."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    scale = numpy_helper.from_array(rng.uniform(0.5, 1.5, 32).astype(np.float32), "scale")
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    nodes = [helper.make_node("RMSNormalization", ["x", "scale"], ["n"], axis=-1, epsilon=1e-5),
+             helper.make_node("Attention", ["n", "n", "n"], ["a"], q_num_heads=4, kv_num_heads=4, is_causal=1),
+             helper.make_node("ReduceSumSquare", ["a", "axes"], ["y"], keepdims=1)]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6, 1])],
+                              initializer=[scale, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("plan", ["default", "prefer:ort"])
+def test_function_ops_the_importer_lacks_are_expanded(plan, tmp_path):
+    """RMSNormalization, Attention and ReduceSumSquare are refused by torch-mlir; each is replaced by the
+    body its ONNX schema defines it by, and the program equals ONNX's reference evaluator on the file."""
+    from onnx.reference import ReferenceEvaluator
+
+    _opset23_block(tmp_path / "block.onnx")
+    x = np.random.default_rng(1).standard_normal((2, 6, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = collage("compile", str(tmp_path / "block.onnx"), "--plan", plan, "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    (want,) = ReferenceEvaluator(str(tmp_path / "block.onnx")).run(None, {"x": x})
+    np.testing.assert_allclose(np.load(tmp_path / "o" / "out_0.npy"), want, rtol=1e-4, atol=1e-5)
+
+
+def test_expand_functions_keeps_what_the_importer_lowers():
+    """Only the ops of EXPANDED are expanded (LayerNormalization, which torch-mlir lowers whole, stays);
+    a model without them is left as it is."""
+    from collage_mlir.frontends.onnx_functions import expand_functions
+
+    nodes = [helper.make_node("LayerNormalization", ["x", "s"], ["n"]),
+             helper.make_node("Mish", ["n"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                                           helper.make_tensor_value_info("s", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    assert expand_functions(model) == 1
+    ops = [n.op_type for n in model.graph.node]
+    assert ops[0] == "LayerNormalization" and "Mish" not in ops and {"Softplus", "Tanh", "Mul"} <= set(ops), ops
+    assert {o.domain for o in model.opset_import} == {""}
+    onnx.checker.check_model(model, full_check=True)
+    assert expand_functions(model) == 0
