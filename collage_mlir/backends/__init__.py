@@ -9,18 +9,28 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib.metadata import entry_points
 
+from ..dialects import collage
 from ..errors import CollageError
+from ..ir import ir
 from .base import Backend, BackendInfo, BackendKind, Candidate, Platform, RegionArtifact, RegionKey, Tolerance
 from .iree_codegen import IreeCodegenBackend
 
 __all__ = ["Backend", "BackendInfo", "BackendKind", "Candidate", "RegionArtifact", "RegionKey", "Tolerance", "registry",
            "expand_names",
-           "get_backend", "DEFAULT_BACKEND", "PLATFORM_DEFAULTS", "program_default", "Platform"]
+           "get_backend", "pinned_backend", "DEFAULT_BACKEND", "PLATFORM_DEFAULTS", "program_default", "Platform"]
 
 GROUP = "collage_mlir.backends"
 DEFAULT_BACKEND = "iree-cpu"
 #: The default backend of a program on each platform (ops outside every region run on it).
 PLATFORM_DEFAULTS = {Platform.CPU: "iree-cpu", Platform.CUDA: "iree-cuda", Platform.VULKAN: "iree-vulkan"}
+#: The engine that runs an ONNX node kept as ONNX wherever a plan leaves it on the default backend.
+ONNX_NODE_BACKEND = "ort"
+
+
+def pinned_backend(op: ir.Operation) -> str | None:
+    """The backend ``op`` runs on whatever a plan says (``ONNX_NODE_BACKEND`` for an ONNX node kept as ONNX,
+    which no codegen backend runs), or None."""
+    return ONNX_NODE_BACKEND if collage.is_onnx_node(op) else None
 
 
 @lru_cache(maxsize=1)

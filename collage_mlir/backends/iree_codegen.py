@@ -17,6 +17,7 @@ from typing import ClassVar, Sequence
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
+from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..ir import ir
 from .base import BackendKind, OpSetBackend
@@ -35,6 +36,8 @@ def is_compute_op(op: ir.Operation) -> str | None:
         return f"{op.name} is not a tensor compute op"
     if not op.results:
         return f"{op.name} has no results"
+    if collage.is_onnx_node(op):
+        return "an ONNX node kept as ONNX runs on an ONNX engine"
     return None
 
 

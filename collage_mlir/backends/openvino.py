@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..dialects import collage
 from ..dialects.stablehlo import const_expr_value, sunk_chain, tensor_type
 from ..errors import CollageError
 from ..graph import Graph, body_ops, nested_ops, producer
@@ -106,6 +107,11 @@ def no_scalar_dot(op: ir.Operation) -> str | None:
     return None
 
 
+def no_kept_node(op: ir.Operation) -> str | None:
+    """not an ONNX node kept as ONNX (those run on ONNX Runtime, which runs every ONNX op)"""
+    return "an ONNX node kept as ONNX runs on ONNX Runtime" if collage.is_onnx_node(op) else None
+
+
 def short_tie_breaks(op: ir.Operation) -> str | None:
     """top_k and sort along at most 46340 elements (the tie-breaking key must fit OpenVINO's 32-bit i64)"""
     # Probed (test_onnx_control.py::test_topk_tie_order_per_engine): OpenVINO 2026.4's TopK puts equal values
@@ -148,7 +154,7 @@ class OpenVinoBackend(OnnxGraphBackend):
     requires = ("onnx", "openvino")
     suffix = ".openvino.onnx"
     executor = "collage_runtime.executors.openvino_model"
-    patterns = engine_patterns(exact_types, no_scalar_dot, short_tie_breaks)
+    patterns = engine_patterns(exact_types, no_scalar_dot, no_kept_node, short_tie_breaks)
     install_hint = "pip install 'collage-mlir[openvino]'"
     topk_ties_by_index = False
     # Measured vs IREE llvm-cpu on test/python/backends/test_onnx_backends.py's unit-normal inputs: max abs error

@@ -8,9 +8,15 @@
 - ``collage.devices`` (array of dictionaries on the module): the program's IREE devices, set by
   ``collage-place-devices`` (name, ordinal, backends, executable target).
 - ``collage.iree_flags`` (array of strings on the module): IREE flags the program needs (a second device).
+
+One op form is collage's own: ``stablehlo.custom_call @collage.onnx_node`` is an ONNX node kept as ONNX (an
+op the ONNX importer cannot lower), its ``backend_config`` the node as a one-node ONNX model (inputs
+``in0..``, outputs ``out0..``; base64). Only an ONNX engine runs it (``backends.pinned_backend``).
 """
 
 from __future__ import annotations
+
+import base64
 
 from ..ir import ir
 
@@ -21,6 +27,9 @@ ARTIFACT = "collage.artifact"
 EXECUTOR = "collage.executor"
 DEVICES = "collage.devices"
 IREE_FLAGS = "collage.iree_flags"
+
+#: ``call_target_name`` of an ONNX node kept as ONNX.
+ONNX_NODE = "collage.onnx_node"
 
 #: Symbol prefix of imports served by the runtime's `collage_rt` VM module.
 RT_MODULE = "collage_rt"
@@ -36,6 +45,24 @@ def op_id(op: ir.Operation) -> int | None:
 
 def set_op_id(op: ir.Operation, value: int) -> None:
     op.operation.attributes[ID] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+
+
+def is_onnx_node(op: ir.Operation) -> bool:
+    """Whether ``op`` is an ONNX node kept as ONNX (``stablehlo.custom_call @collage.onnx_node``)."""
+    op = op.operation
+    return op.name == "stablehlo.custom_call" and str_attr(op, "call_target_name") == ONNX_NODE
+
+
+def onnx_node_model(op: ir.Operation) -> bytes | None:
+    """The one-node ONNX model an ``@collage.onnx_node`` custom call holds; None for any other op."""
+    return base64.b64decode(str_attr(op, "backend_config") or "") if is_onnx_node(op) else None
+
+
+def onnx_node_attributes(model: bytes) -> dict[str, ir.Attribute]:
+    """The attributes of an ``@collage.onnx_node`` custom call holding ``model``."""
+    return {"call_target_name": ir.StringAttr.get(ONNX_NODE),
+            "backend_config": ir.StringAttr.get(base64.b64encode(model).decode("ascii")),
+            "has_side_effect": ir.BoolAttr.get(False)}
 
 
 def str_attr(op: ir.Operation, name: str) -> str | None:

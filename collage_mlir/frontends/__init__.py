@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import CollageError
 from ..ir import ir
-from . import stablehlo
+from . import onnx_kept, stablehlo
 from .onnx import fold_shapes, import_onnx
 
 
@@ -24,18 +24,29 @@ def load_model(path: str | Path, context: ir.Context, *, isolated: bool = True) 
 def _import_onnx_folding(path: Path, context: ir.Context, isolated: bool) -> ir.Module:
     """The ONNX model imported as it is, else with its constant subgraphs folded first (``fold_shapes``:
     a TorchScript export's shape arithmetic, such as BERT's position ids, is a run-time assert torch-mlir
-    leaves for IREE); the first attempt's error where folding changes nothing or does not help."""
+    leaves for IREE), else with the nodes torch-mlir cannot lower kept as ONNX (``onnx_kept``); the first
+    attempt's error where nothing helps."""
     try:
         return import_onnx(path, context, isolated=isolated)
     except CollageError as first:
         with tempfile.TemporaryDirectory(prefix="collage-fold-") as tmp:
             folded = fold_shapes(path, Path(tmp))
-            if folded == path:
-                raise
+            if folded != path:
+                try:
+                    return import_onnx(folded, context, isolated=isolated)
+                except CollageError:
+                    pass
+            refused = onnx_kept.refused_nodes(folded)
+            if not refused:
+                raise first from None
+            cut = Path(tmp) / "cut.onnx"
+            kept = onnx_kept.cut(folded, refused, cut)
             try:
-                return import_onnx(folded, context, isolated=isolated)
+                module = import_onnx(cut, context, isolated=isolated)
             except CollageError:
                 raise first from None
+            onnx_kept.stitch(module, kept)
+            return module
 
 
 def cache_dir() -> Path:

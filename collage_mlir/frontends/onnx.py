@@ -43,7 +43,7 @@ def import_onnx(path: str | Path, context: ir.Context, *, func_name: str = "main
     """Imports the ONNX model at ``path`` as StableHLO into ``context`` (its graph as ``@func_name``);
     ``isolated``: in a child process, so that a crash of torch-mlir's importer is a CollageError."""
     if not isolated:
-        imported = parse_module(_stablehlo_bytecode(path, func_name), context, where=str(path))
+        imported = parse_module(stablehlo_bytecode(path, func_name), context, where=str(path))
         unsigned_compares(imported)
         return imported
     with tempfile.TemporaryDirectory(prefix="collage-onnx-") as tmp:
@@ -101,7 +101,7 @@ def fold_shapes(path: Path, out_dir: Path) -> Path:
 _PROTOBUF_LIMIT = 1_800_000_000
 
 
-def _stablehlo_bytecode(path: str | Path, func_name: str) -> bytes:
+def stablehlo_bytecode(path: str | Path, func_name: str) -> bytes:
     """The ONNX model at ``path`` as StableHLO bytecode of torch-mlir's build, its graph ``@func_name``."""
     try:
         import onnx
@@ -197,7 +197,7 @@ def _child(argv: list[str]) -> int:
     prints the CollageError's line and exits ``_REFUSED``."""
     path, out, func_name = argv
     try:
-        Path(out).write_bytes(_stablehlo_bytecode(path, func_name))
+        Path(out).write_bytes(stablehlo_bytecode(path, func_name))
     except CollageError as exc:
         print(" ".join(str(exc).split()), file=sys.stderr)
         return _REFUSED

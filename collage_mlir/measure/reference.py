@@ -9,6 +9,8 @@ The model's own example inputs are used where given; other arguments get generat
 from __future__ import annotations
 
 import gc
+import tempfile
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -18,9 +20,11 @@ from collage_runtime.types import byte_dtype
 from ..backends.iree_codegen import iree_compile
 from ..dialects import collage
 from ..errors import CollageError
-from ..graph import public_funcs
+from ..graph import body_ops, public_funcs
 from ..ir import ir, new_context, parse_module
+from ..plan import Plan
 from .extract import ValueRef
+from .tasks import plan_builder
 
 
 #: Generated integers lie in [0, INT_RANGE): small enough to be valid indices into most dimensions.
@@ -125,8 +129,13 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
 def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -> dict[str, list[np.ndarray]]:
     """Compiles ``module`` with IREE alone and calls each function of ``calls`` on its arguments: every
     result, as arrays that own their data. The compile's diagnostics go to the log only: the module is
-    collage's (the capture's returns every value, and IREE warns of each f64 result it demotes)."""
+    collage's (the capture's returns every value, and IREE warns of each f64 result it demotes). A module
+    with ONNX nodes kept as ONNX, which IREE cannot run, is built by the compile driver under the empty
+    plan instead: IREE alone but for those nodes, each on the engine it is pinned to."""
     import iree.runtime as rt
+
+    if _has_onnx_nodes(module):
+        return _invoke_built(module, calls)
 
     try:
         vmfb = iree_compile(module, quiet=True)
@@ -147,3 +156,21 @@ def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -
     del functions, ctx, vm_module, config
     gc.collect()
     return out
+
+
+def _has_onnx_nodes(module: ir.Module) -> bool:
+    return any(collage.is_onnx_node(op) for func in public_funcs(module) for op in body_ops(func))
+
+
+def _invoke_built(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    import collage_runtime
+
+    copy = parse_module(module.operation.get_asm(binary=True), new_context())
+    with tempfile.TemporaryDirectory(prefix="collage-reference-") as tmp:
+        try:
+            plan_builder()(copy, Plan(), Path(tmp) / "a", source="reference")
+        except CollageError as exc:
+            raise CollageError(f"the reference run (IREE alone, kept ONNX nodes on their engine) failed to "
+                               f"compile: {exc}") from None
+        with collage_runtime.load(Path(tmp) / "a") as program:
+            return {name: [np.array(r, copy=True) for r in program.invoke(name, *args)] for name, args in calls.items()}

@@ -17,7 +17,8 @@ Modules: ``registry`` (the op table, ``register``, the constraints rules share),
 under construction, the walk over a block's ops), ``values`` (element types, readers of values); the rules
 by op family: ``elementwise``, ``constants``, ``gather``, ``movement``, ``loops`` (with ``loop_form``, and
 ``recurrent`` for LSTM/GRU layers), ``cond``, ``sort``, ``reduce``, ``conv`` (with pooling), ``matmul``,
-``quant`` (uniform quantize/dequantize); ``op_ids``; ``optimize`` (the simplification); ``export`` (``translate``).
+``quant`` (uniform quantize/dequantize), ``kept`` (an ONNX node kept as ONNX, back into the graph);
+``op_ids``; ``optimize`` (the simplification); ``export`` (``translate``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from . import reduce  # noqa: F401
 from . import conv  # noqa: F401
 from . import matmul  # noqa: F401
 from . import quant  # noqa: F401
+from . import kept  # noqa: F401
 from .export import IR_VERSION, OPSET, translate
 from .op_ids import OP_IDS_DOC, op_ids
 from .registry import OPS, NestedOps, OnnxOp, register

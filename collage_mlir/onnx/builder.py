@@ -32,6 +32,10 @@ class _Builder:
         self.ties_by_index = ties_by_index
         #: The ``collage.id`` of the op being translated (a nested op's: its numbered ancestor's).
         self.op_id: int | None = None
+        #: The default-domain opset and IR version the graph needs at least (a kept ONNX node's; 0: the
+        #: translator's own).
+        self.opset = 0
+        self.ir_version = 0
 
     def fresh(self, hint: str = "t") -> str:
         self.count += 1

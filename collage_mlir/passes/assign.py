@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backends import pinned_backend
 from ..dialects import collage
 from ..errors import CollageError
 from ..graph import Graph, body_ops, public_funcs
@@ -37,7 +38,7 @@ class AssignPass(ModulePass):
             # (A module whose functions hold no op, returning their arguments, has nothing to number.)
             raise CollageError("no op has a collage.id; run --collage-number-ops before --collage-assign")
         plan.validate(graph)
-        placement = plan.backend_of()
+        placement = _pinned(plan.backend_of(), graph, plan)
         if not placement:
             return
 
@@ -68,6 +69,27 @@ class AssignPass(ModulePass):
         if isinstance(data, dict):  # the attribute is the plan itself: its format is implied
             data.setdefault("format", FORMAT)
         return Plan.from_json(data, source=f"{location_text(module.location)}: {PLAN_ATTR}")
+
+
+def _pinned(placement: dict[int, tuple[str, str]], graph: Graph, plan: Plan) -> dict[int, tuple[str, str]]:
+    """``placement`` with each op that only one backend runs (``backends.pinned_backend``) in a region of
+    its own on it where the plan leaves it to the default backend; a plan that gives it to another
+    backend is one error line."""
+    names = {r.name for r in plan.regions}
+    for oid, node in graph.nodes.items():
+        backend = pinned_backend(node.op)
+        if backend is None:
+            continue
+        if oid in placement and placement[oid][1] != backend:
+            region, other = placement[oid]
+            raise CollageError(f"region '{region}' puts op {oid} on '{other}', but it is an ONNX "
+                               f"node kept as ONNX, which only '{backend}' runs", where=plan.source)
+        if oid not in placement:
+            name = f"onnx_node_{oid}"
+            while name in names:
+                name += "_"
+            placement[oid] = (name, backend)
+    return placement
 
 
 #: Module attribute holding a plan, read when --collage-assign has no plan option.

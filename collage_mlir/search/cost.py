@@ -11,7 +11,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..backends import DEFAULT_BACKEND, RegionKey
 from ..plan import Plan
@@ -117,14 +117,16 @@ class CostEstimator(ABC):
 
 
 def plan_cost(plan: Plan, order: Sequence[int], producers: dict[int, Sequence[int]], out_bytes: dict[int, int],
-              estimator: CostEstimator, constant: frozenset[int] = frozenset()) -> float:
-    """The additive cost of ``plan``: its regions, every other op alone on the default backend, and one
-    transition per (producer op, consuming region) crossing a boundary (as the DP counts them); inf when
-    a region or boundary is invalid."""
+              estimator: CostEstimator, constant: frozenset[int] = frozenset(),
+              pinned: Mapping[int, str] | None = None) -> float:
+    """The additive cost of ``plan``: its regions, every other op alone on the default backend (a
+    ``pinned`` op on its backend, as ``collage-assign`` places it), and one transition per (producer op,
+    consuming region) crossing a boundary (as the DP counts them); inf when a region or boundary is invalid."""
 
     regions = [r.key for r in plan.regions]
     covered = {i for r in regions for i in r.ops}
-    regions += [RegionKey(estimator.default_backend, frozenset({i})) for i in order if i not in covered]
+    regions += [RegionKey((pinned or {}).get(i, estimator.default_backend), frozenset({i}))
+                for i in order if i not in covered]
     label = {i: r.backend for r in regions for i in r.ops}
     total = 0.0
     for cost in estimator.region_costs(regions):

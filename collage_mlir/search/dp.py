@@ -116,7 +116,7 @@ def optimize(index: CandidateIndex, estimator: CostEstimator, *, exact: bool | N
                 rc = costs.get(c.key, not_posed)
                 if rc.usable:
                     total = base + rc.seconds
-                elif rc.kind is CostKind.UNKNOWN and c.backend == index.default_backend and len(c.ops) == 1:
+                elif rc.kind is CostKind.UNKNOWN and index.is_alone(c):
                     total = base  # not measured (budget spent): an op left where it is, at no predicted cost
                 else:
                     continue

@@ -11,7 +11,7 @@ from typing import Iterable, Mapping, Sequence
 
 import networkx as nx
 
-from ..backends import DEFAULT_BACKEND, Backend, Candidate, RegionKey
+from ..backends import DEFAULT_BACKEND, Backend, Candidate, RegionKey, pinned_backend
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..graph import Graph, external_operands, producer
@@ -30,6 +30,9 @@ class SearchGraph:
     #: Constant expressions (no function argument flows in): a region they feed gets its own copy, so
     #: no boundary is paid for them and the DP needs no backend for them.
     constant: frozenset[int] = frozenset()
+    #: Ops only one backend runs (``backends.pinned_backend``: an ONNX node kept as ONNX), alone on it
+    #: rather than on the default backend.
+    pinned: Mapping[int, str] = field(default_factory=dict)
     users: dict[int, tuple[int, ...]] = field(init=False)
     pos: dict[int, int] = field(init=False)
 
@@ -55,8 +58,9 @@ class SearchGraph:
             if all(producer(v) is not None and collage.op_id(producer(v)) in constant
                    for v in external_operands([node.op])):
                 constant.add(op)
+        pinned = {i: b for i, n in graph.nodes.items() if (b := pinned_backend(n.op)) is not None}
         return cls(late[::-1], {i: tuple(graph.producers(i)) for i in graph.nodes},
-                   {i: _result_bytes(n.op) for i, n in graph.nodes.items()}, frozenset(constant))
+                   {i: _result_bytes(n.op) for i, n in graph.nodes.items()}, frozenset(constant), pinned)
 
     def mask(self, ops: Iterable[int]) -> int:
         m = 0
@@ -139,7 +143,8 @@ class SearchCandidate:
 
 
 class CandidateIndex:
-    """Candidates by the ops they contain and by their first op: every op alone on the default backend,
+    """Candidates by the ops they contain and by their first op: every op alone on the default backend (a
+    pinned op on its own),
     then ``candidates``, then each backend's ``maximal`` regions (a region found twice is kept once, as
     found first)."""
 
@@ -149,7 +154,7 @@ class CandidateIndex:
         self.graph = graph
         self.default_backend = default_backend
         seen: dict[RegionKey, SearchCandidate] = {}
-        singles = [(Candidate(default_backend, ALONE, frozenset({op})), False) for op in graph.order]
+        singles = [(self._alone_candidate(op), False) for op in graph.order]
         grown = [(Candidate(b, MAXIMAL, ops), True) for b, regions in (maximal or {}).items() for ops in regions]
         for c, is_maximal in (*singles, *((c, False) for c in candidates), *grown):
             if c.key in seen:
@@ -173,6 +178,18 @@ class CandidateIndex:
 
     def starting_at(self, op: int) -> list[SearchCandidate]:
         return self._start[op]
+
+    def _alone_candidate(self, op: int) -> Candidate:
+        return Candidate(self.graph.pinned.get(op, self.default_backend), ALONE, frozenset({op}))
+
+    def is_alone(self, c: SearchCandidate) -> bool:
+        """Whether ``c`` is its op alone on the backend every plan may leave it to (``alone``)."""
+        return len(c.ops) == 1 and c.backend == self.graph.pinned.get(c.first, self.default_backend)
+
+    def alone(self, op: int) -> SearchCandidate:
+        """``op`` alone on the default backend (a pinned op on its own backend): what every plan may fall back to."""
+        key = self._alone_candidate(op).key
+        return next(c for c in self._start[op] if c.key == key)
 
     def __len__(self) -> int:
         return len(self.candidates)

@@ -162,7 +162,7 @@ def _region_seconds(index: CandidateIndex, c: SearchCandidate, costs: Mapping[Re
     cost = costs.get(c.key, _NOT_POSED)
     if cost.usable:
         return cost.seconds
-    if cost.kind is CostKind.UNKNOWN and c.backend == index.default_backend and len(c.ops) == 1:
+    if cost.kind is CostKind.UNKNOWN and index.is_alone(c):
         return 0.0  # not measured: an op left where it is, at no predicted cost (as the DP)
     return None
 
@@ -236,8 +236,7 @@ class _Window:
         upper = np.r_[np.ones(n_x), np.full(len(w_cost), np.inf)]
         upper[barred] = 0.0
         bounds = Bounds(np.zeros(n_x + len(w_cost)), upper)
-        singles = [next(c for c in index.starting_at(op) if c.backend == index.default_backend and len(c.ops) == 1)
-                   for op in free]
+        singles = [index.alone(op) for op in free]
         solves, cuts, optimal = 0, 0, True
         while True:
             left = deadline - time.monotonic()

@@ -417,7 +417,7 @@ def _tuned_plan(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: di
     plan = evolved.plan
 
     def predicted(p: Plan) -> float | None:
-        t = plan_cost(p, sg.order, sg.producers, sg.out_bytes, est, sg.constant)
+        t = plan_cost(p, sg.order, sg.producers, sg.out_bytes, est, sg.constant, sg.pinned)
         return t if math.isfinite(t) else None
 
     def measured_s(p: Plan) -> float | None:

@@ -1,0 +1,300 @@
+"""ONNX nodes torch-mlir cannot lower, kept as ONNX: the rest of the model imports, and each such node runs
+on an ONNX engine inside the program.
+
+    model ──(probe: each distinct node imported alone, in a child)──► the nodes that do not import
+      ──► cut: each such node removed; its inputs become extra graph outputs, its outputs extra graph inputs
+      ──► torch-mlir import of the rest ──► stitch: each node back as ``stablehlo.custom_call @collage.onnx_node``
+          between the values it reads and the values it gives (its one-node ONNX model in ``backend_config``)
+
+This is how ``torch.compile``'s graph breaks and ONNX Runtime's execution-provider fallback work: what one
+engine cannot take runs on another inside one program. A kept node needs static shapes for its inputs and
+outputs (ONNX's shape inference; a node whose output shape depends on its data, ``NonZero`` or
+``NonMaxSuppression``, cannot be kept) and no subgraph attribute (``If``, ``Loop``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..dialects import collage
+from ..errors import CollageError
+from ..ir import ir
+from ..processes import python_command
+from .onnx import stablehlo_bytecode
+
+
+@dataclass(frozen=True)
+class KeptNode:
+    """A node kept as ONNX: its one-node model (inputs ``in0..``, outputs ``out0..``), which graph values
+    feed those inputs (constants it reads are inside the model) and which values its outputs are."""
+
+    label: str
+    model: bytes
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def _graph_facts(model) -> tuple[dict, dict]:
+    """(static type of every main-graph value shape inference can tell, constant value of each initializer
+    and ``Constant`` node output as a TensorProto)."""
+    import onnx
+    import onnx.reference
+    from onnx import numpy_helper
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001  (no types: no node can be kept)
+        inferred = model
+    graph = inferred.graph
+    types = {}
+    for v in [*graph.input, *graph.value_info, *graph.output]:
+        tt = v.type.tensor_type
+        if v.type.HasField("tensor_type") and tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            types[v.name] = v.type
+    consts = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
+            try:
+                value = onnx.reference.ReferenceEvaluator(
+                    onnx.helper.make_model(onnx.helper.make_graph([node], "c", [], [
+                        onnx.helper.make_value_info(node.output[0], onnx.TypeProto())]),
+                        opset_imports=model.opset_import)).run(None, {})[0]
+            except Exception:  # noqa: BLE001  (kept out of the probe: the node is then not kept)
+                continue
+            consts[node.output[0]] = numpy_helper.from_array(value, node.output[0])
+    for name, tensor in consts.items():
+        types.setdefault(name, onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims)))
+    return types, consts
+
+
+def node_model(model, node, types: dict, consts: dict):
+    """``node`` alone as a model (non-constant inputs ``in0..`` in order, outputs ``out0..``; the constants
+    it reads as initializers ``c0..``) and the graph values feeding its inputs; None where a value's type is
+    not static or the node holds a subgraph."""
+    import onnx
+    from onnx import helper
+
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return None
+    inputs, initializers, names, feeds = [], [], [], []
+    for name in node.input:
+        if not name:
+            names.append("")
+        elif name in consts:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(consts[name])
+            tensor.name = f"c{len(initializers)}"
+            initializers.append(tensor)
+            names.append(tensor.name)
+        elif name in types:
+            names.append(f"in{len(inputs)}")
+            inputs.append(helper.make_value_info(names[-1], types[name]))
+            feeds.append(name)
+        else:
+            return None
+    if not all(out in types for out in node.output if out):
+        return None
+    outputs = [helper.make_value_info(f"out{k}", types[out]) for k, out in enumerate(node.output)]
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    del copy.input[:], copy.output[:]
+    copy.input.extend(names)
+    copy.output.extend(f"out{k}" for k in range(len(node.output)))
+    copy.name = copy.name or node.op_type
+    one = helper.make_model(helper.make_graph([copy], node.op_type, inputs, outputs, initializer=initializers),
+                            opset_imports=model.opset_import)
+    one.ir_version = model.ir_version
+    return one, tuple(feeds)
+
+
+def refused_nodes(path: Path) -> list[int]:
+    """Indices of the main-graph nodes of the model at ``path`` that torch-mlir's importer refuses alone
+    (each distinct node imported once, in a child process; a node that crashes the child is refused)."""
+    refused: list[int] = []
+    start = 0
+    while True:
+        with tempfile.TemporaryDirectory(prefix="collage-probe-") as tmp:
+            log = Path(tmp) / "probe.log"
+            proc = subprocess.run(python_command(__name__, str(path), str(start), str(log)), stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True)
+            lines = log.read_text().split() if log.is_file() else []
+        for word in lines:
+            if word.startswith("-"):
+                refused.append(int(word[1:]))
+        if proc.returncode == 0:
+            return refused
+        started = [int(w[1:]) for w in lines if w.startswith("?")]
+        if not started:  # died before probing anything: no verdict
+            raise CollageError("cannot probe the ONNX model's nodes: the probe "
+                               f"{' '.join(proc.stderr.split())[-200:] or 'died'}", where=str(path))
+        refused.append(started[-1])  # the node it died on
+        start = started[-1] + 1
+
+
+def _probe(path: str, start: int, log: str) -> int:
+    """The child: imports each main-graph node from ``start`` alone, logging ``?i`` before node i and
+    ``-i`` when it is refused (a distinct node once: its one-node model's digest)."""
+    import onnx
+
+    model = onnx.load(path)
+    types, consts = _graph_facts(model)
+    verdicts: dict[str, bool] = {}
+    with open(log, "a") as out, tempfile.TemporaryDirectory(prefix="collage-probe-") as tmp:
+        for i, node in enumerate(model.graph.node):
+            if i < start or node.op_type == "Constant":
+                continue
+            built = node_model(model, node, types, consts)
+            if built is None:
+                continue
+            data = built[0].SerializeToString()
+            digest = hashlib.sha256(data).hexdigest()
+            if digest not in verdicts:
+                out.write(f"?{i}\n")
+                out.flush()
+                one = Path(tmp) / "node.onnx"
+                one.write_bytes(data)
+                try:
+                    stablehlo_bytecode(one, "main")
+                    verdicts[digest] = True
+                except CollageError:
+                    verdicts[digest] = False
+            if not verdicts[digest]:
+                out.write(f"-{i}\n")
+                out.flush()
+    return 0
+
+
+def cut(path: Path, refused: list[int], out: Path) -> list[KeptNode]:
+    """Writes to ``out`` the model at ``path`` without its ``refused`` nodes: each one's non-constant inputs
+    become extra graph outputs (through an ``Identity``, after the model's own), its outputs extra graph inputs
+    (after the model's own); returns the kept nodes in graph order. CollageError where a refused node cannot
+    be kept (a value of no static type, a subgraph)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    types, consts = _graph_facts(model)
+    kept: list[KeptNode] = []
+    extra_in, extra_out, nodes = [], [], []
+    for i, node in enumerate(graph.node):
+        if i not in refused:
+            nodes.append(node)
+            continue
+        label = f"{node.op_type}" + (f" ('{node.name}')" if node.name else "")
+        built = node_model(model, node, types, consts)
+        if built is None:
+            raise CollageError(f"cannot import the ONNX model: torch-mlir cannot lower {label}, and it cannot run "
+                               "on an ONNX engine inside the program (its shapes are not static, or it holds a "
+                               "subgraph)", where=str(path))
+        one, feeds = built
+        for k, name in enumerate(feeds):
+            alias = f"collage_kept{len(kept)}_in{k}"
+            nodes.append(helper.make_node("Identity", [name], [alias], name=alias))
+            extra_out.append(helper.make_value_info(alias, types[name]))
+        extra_in += [helper.make_value_info(o, types[o]) for o in node.output]
+        kept.append(KeptNode(label, one.SerializeToString(), feeds, tuple(node.output)))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.input.extend(extra_in)
+    graph.output.extend(extra_out)
+    # Values that were a kept node's outputs are graph inputs now: their inferred types must not repeat.
+    stale = {o for k in kept for o in k.outputs}
+    keep_info = [v for v in graph.value_info if v.name not in stale]
+    del graph.value_info[:]
+    graph.value_info.extend(keep_info)
+    onnx.save(model, str(out))
+    return kept
+
+
+def stitch(module: ir.Module, kept: list[KeptNode], func_name: str = "main") -> None:
+    """Puts each kept node back into ``@func_name`` of the imported cut model: a ``@collage.onnx_node``
+    custom call of the values the cut returned for its inputs, whose results replace the arguments that
+    stood for its outputs; the extra arguments and results go, and the body is put in dataflow order."""
+    func = next(op.operation for op in module.body.operations
+                if op.operation.name == "func.func" and collage.symbol_name(op) == func_name)
+    block = func.regions[0].blocks[0]
+    ret = block.operations[len(block.operations) - 1]
+    returned = list(ret.operands)
+    n_in = sum(len(k.inputs) for k in kept)
+    n_out = sum(len(k.outputs) for k in kept)
+    first_arg, first_res = len(block.arguments) - n_out, len(returned) - n_in
+    with module.context, ir.Location.unknown():
+        a, r = first_arg, first_res
+        for node in kept:
+            args = [block.arguments[a + j] for j in range(len(node.outputs))]
+            with ir.InsertionPoint(ret):
+                call = ir.Operation.create("stablehlo.custom_call", results=[v.type for v in args],
+                                           operands=returned[r:r + len(node.inputs)],
+                                           attributes=collage.onnx_node_attributes(node.model))
+            for arg, result in zip(args, call.results):
+                arg.replace_all_uses_with(result)
+            a, r = a + len(node.outputs), r + len(node.inputs)
+        with ir.InsertionPoint(ret):
+            ir.Operation.create("func.return", operands=returned[:first_res])
+        ret.erase()
+        for index in reversed(range(first_arg, len(block.arguments))):
+            block.erase_argument(index)
+        ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+        func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [a.type for a in block.arguments], ftype.results[:first_res]))
+        for name, count in (("arg_attrs", first_arg), ("res_attrs", first_res)):
+            if name in func.attributes:
+                func.attributes[name] = ir.ArrayAttr.get(list(ir.ArrayAttr(func.attributes[name]))[:count])
+    _dataflow_order(block)
+
+
+def _dataflow_order(block: ir.Block) -> None:
+    """Moves the block's ops (its terminator last) into an order where each follows what it reads, keeping
+    the given order wherever it already does (Kahn's algorithm, earliest first)."""
+    import heapq
+
+    ops = [op.operation for op in block.operations]
+    body, ret = ops[:-1], ops[-1]
+    index = {op: k for k, op in enumerate(body)}
+    readers: dict[int, list[int]] = {k: [] for k in range(len(body))}
+    waits = [0] * len(body)
+    for k, op in enumerate(body):
+        for p in sorted(_producers(op, index) - {k}):
+            readers[p].append(k)
+            waits[k] += 1
+    ready = [k for k in range(len(body)) if not waits[k]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for user in readers[k]:
+            waits[user] -= 1
+            if not waits[user]:
+                heapq.heappush(ready, user)
+    if order == list(range(len(body))):
+        return
+    for k in order:
+        body[k].move_before(ret)
+
+
+def _producers(op: ir.Operation, index: dict) -> set[int]:
+    """Positions (in ``index``) of the block ops whose results ``op`` or an op nested in it reads."""
+    found: set[int] = set()
+
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        for v in inner.operands:
+            owner = v.owner
+            if not isinstance(owner, ir.Block):
+                k = index.get(owner.operation)
+                if k is not None:
+                    found.add(k)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(_probe(sys.argv[1], int(sys.argv[2]), sys.argv[3]))

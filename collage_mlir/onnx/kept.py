@@ -1,0 +1,50 @@
+"""An ONNX node kept as ONNX (``stablehlo.custom_call @collage.onnx_node``: an op the importer could not
+lower) back into the graph: its one-node model's node and constants, renamed into the region's graph.
+
+Its definition is the one of the source model's opset. Where the op's definition changed after the
+translator's opset (``OPSET``), the region's model takes the newer opset (``_Builder.opset``): ONNX's later
+opsets keep what earlier ones define for the ops the translator writes, adding types and options."""
+
+from __future__ import annotations
+
+from ..dialects import collage
+from ..ir import ir
+from .builder import _Builder
+from .op_ids import _ids_doc
+from .registry import register
+
+
+def onnx_node(op: ir.Operation) -> str | None:
+    """an ONNX node kept as ONNX (@collage.onnx_node)"""
+    return None if collage.onnx_node_model(op) is not None else "a custom call other than @collage.onnx_node"
+
+
+@register("stablehlo.custom_call", when=(onnx_node,))
+def _kept_node(b: _Builder, op, ins):
+    import onnx
+    from onnx import defs
+
+    model = onnx.ModelProto.FromString(collage.onnx_node_model(op))
+    names = {f"in{k}": name for k, name in enumerate(ins)}
+    for init in model.graph.initializer:
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(init)
+        tensor.name = names[init.name] = b.fresh("kept")
+        b.initializers.append(tensor)
+    outs = []
+    for node in model.graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        del copy.input[:], copy.output[:]
+        copy.input.extend(names.get(name, name) if name else "" for name in node.input)
+        for name in node.output:
+            names[name] = b.fresh(node.op_type.lower())
+        copy.output.extend(names[name] for name in node.output)
+        copy.name = names[node.output[0]]
+        copy.doc_string = _ids_doc(() if b.op_id is None else (b.op_id,))
+        b.nodes.append(copy)
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if node.domain in ("", "ai.onnx") and opset:
+            b.opset = max(b.opset, defs.get_schema(node.op_type, opset, "").since_version)
+    b.ir_version = max(b.ir_version, model.ir_version)
+    return [names[o.name] for o in model.graph.output]
