@@ -40,8 +40,8 @@ def _import_onnx_folding(path: Path, context: ir.Context, isolated: bool) -> ir.
             if not refused:
                 raise first from None
             cut = Path(tmp) / "cut.onnx"
-            kept = onnx_kept.cut(folded, refused, cut)
-            try:
+            try:  # a node no engine here runs, or that cannot be kept: the importer's own word on it
+                kept = onnx_kept.cut(folded, refused, cut)
                 module = import_onnx(cut, context, isolated=isolated)
             except CollageError:
                 raise first from None

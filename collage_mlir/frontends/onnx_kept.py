@@ -193,6 +193,10 @@ def cut(path: Path, refused: list[int], out: Path) -> list[KeptNode]:
                                "on an ONNX engine inside the program (its shapes are not static, or it holds a "
                                "subgraph)", where=str(path))
         one, feeds = built
+        why = _onnxruntime_refuses(one)
+        if why:
+            raise CollageError(f"cannot import the ONNX model: torch-mlir cannot lower {label}, and ONNX Runtime "
+                               f"cannot run it either ({why})", where=str(path))
         for k, name in enumerate(feeds):
             alias = f"collage_kept{len(kept)}_in{k}"
             nodes.append(helper.make_node("Identity", [name], [alias], name=alias))
@@ -212,6 +216,19 @@ def cut(path: Path, refused: list[int], out: Path) -> list[KeptNode]:
     return kept
 
 
+def _onnxruntime_refuses(one) -> str | None:
+    """Why ONNX Runtime cannot load the one-node model ``one`` (None where it can)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(one.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001  (ORT raises its own exception types)
+        return " ".join(str(exc).split())[:200]
+    return None
+
+
 def stitch(module: ir.Module, kept: list[KeptNode], func_name: str = "main") -> None:
     """Puts each kept node back into ``@func_name`` of the imported cut model: a ``@collage.onnx_node``
     custom call of the values the cut returned for its inputs, whose results replace the arguments that
@@ -228,6 +245,7 @@ def stitch(module: ir.Module, kept: list[KeptNode], func_name: str = "main") -> 
         a, r = first_arg, first_res
         for node in kept:
             args = [block.arguments[a + j] for j in range(len(node.outputs))]
+            returned = list(ret.operands)  # read again: an earlier node's results replaced arguments in it
             with ir.InsertionPoint(ret):
                 call = ir.Operation.create("stablehlo.custom_call", results=[v.type for v in args],
                                            operands=returned[r:r + len(node.inputs)],
@@ -236,7 +254,7 @@ def stitch(module: ir.Module, kept: list[KeptNode], func_name: str = "main") -> 
                 arg.replace_all_uses_with(result)
             a, r = a + len(node.outputs), r + len(node.inputs)
         with ir.InsertionPoint(ret):
-            ir.Operation.create("func.return", operands=returned[:first_res])
+            ir.Operation.create("func.return", operands=list(ret.operands)[:first_res])
         ret.erase()
         for index in reversed(range(first_arg, len(block.arguments))):
             block.erase_argument(index)

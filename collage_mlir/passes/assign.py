@@ -72,19 +72,13 @@ class AssignPass(ModulePass):
 
 
 def _pinned(placement: dict[int, tuple[str, str]], graph: Graph, plan: Plan) -> dict[int, tuple[str, str]]:
-    """``placement`` with each op that only one backend runs (``backends.pinned_backend``) in a region of
-    its own on it where the plan leaves it to the default backend; a plan that gives it to another
-    backend is one error line."""
+    """``placement`` with each op that only one backend runs (``backends.pinned_backend``: an ONNX node kept
+    as ONNX) in a region of its own on that backend where the plan leaves it to the default backend (a plan
+    region on a backend that cannot run it failed ``Plan.validate`` already)."""
     names = {r.name for r in plan.regions}
     for oid, node in graph.nodes.items():
         backend = pinned_backend(node.op)
-        if backend is None:
-            continue
-        if oid in placement and placement[oid][1] != backend:
-            region, other = placement[oid]
-            raise CollageError(f"region '{region}' puts op {oid} on '{other}', but it is an ONNX "
-                               f"node kept as ONNX, which only '{backend}' runs", where=plan.source)
-        if oid not in placement:
+        if backend is not None and oid not in placement:
             name = f"onnx_node_{oid}"
             while name in names:
                 name += "_"

@@ -1,0 +1,90 @@
+"""ONNX nodes torch-mlir cannot lower are kept as ONNX: the rest imports, each such node runs on ONNX Runtime
+inside the program, and every plan's program equals ONNX Runtime on the file (rtol 1e-4, atol 1e-5)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+
+def collage(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *args], capture_output=True, text=True)
+
+
+def _model(path, nodes, inputs, outputs, initializers=(), opset=22) -> None:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+                              initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+def two_kept(path) -> None:
+    """MatMul → CumProd (kept) → Relu → Det (kept, its output a model output) and a second output reading
+    the model input: two kept nodes, one of them fed by another's neighbour, one at the end."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 4)) * 0.5).astype(np.float32), "w")
+    axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("CumProd", ["h", "axis"], ["c"], reverse=1),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Det", ["r"], ["d"]),
+             helper.make_node("Tanh", ["x"], ["t"])]
+    _model(path, nodes, [("x", [3, 4, 4])], [("d", [3]), ("t", [3, 4, 4])], [w, axis], opset=26)
+
+
+def test_kept_nodes_are_custom_calls_between_their_neighbours(tmp_path):
+    from collage_mlir.dialects import collage as vocab
+    from collage_mlir.frontends import load_model
+    from collage_mlir.graph import body_ops, public_funcs
+    from collage_mlir.ir import new_context
+
+    two_kept(tmp_path / "m.onnx")
+    module = load_model(tmp_path / "m.onnx", new_context())
+    (main,) = public_funcs(module)
+    ops = list(body_ops(main))
+    kept = [op for op in ops if vocab.is_onnx_node(op)]
+    assert [onnx.ModelProto.FromString(vocab.onnx_node_model(op)).graph.node[0].op_type for op in kept] == \
+        ["CumProd", "Det"]
+    assert len(main.regions[0].blocks[0].arguments) == 1  # the cut's extra arguments are gone
+    assert module.operation.verify()
+    det = onnx.ModelProto.FromString(vocab.onnx_node_model(kept[1]))
+    assert [i.name for i in det.graph.input] == ["in0"] and [o.name for o in det.graph.output] == ["out0"]
+    assert base64.b64decode(vocab.str_attr(kept[0], "backend_config"))  # the model is stored as base64 text
+
+
+@pytest.mark.parametrize("plan", ["default", "prefer:openvino"])
+def test_kept_nodes_run_on_onnxruntime_under_every_plan(plan, tmp_path):
+    two_kept(tmp_path / "m.onnx")
+    x = np.random.default_rng(1).standard_normal((3, 4, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = collage("compile", str(tmp_path / "m.onnx"), "--plan", plan, "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    regions = json.loads((tmp_path / "a" / "manifest.json").read_text())["regions"]
+    assert sum(r["backend"] == "ort" for r in regions) >= 1
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    want = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for k, w in enumerate(want):
+        np.testing.assert_allclose(np.load(tmp_path / "o" / f"out_{k}.npy"), w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_node_with_a_data_dependent_shape_cannot_be_kept(tmp_path):
+    """NonZero's output shape depends on its input's values: it cannot be a static region, one line."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["nz"]),
+             helper.make_node("Cast", ["nz"], ["y"], to=TensorProto.FLOAT)]
+    _model(tmp_path / "nz.onnx", nodes, [("x", [2, 3])], [("y", [2, None])])
+    r = collage("compile", str(tmp_path / "nz.onnx"), "-o", str(tmp_path / "a"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot import the ONNX model" in r.stderr, r.stderr
