@@ -14,6 +14,8 @@ then for each plan compile, load with ``collage_runtime`` and run. Each (case, p
               rtol/atol, 1e-3/1e-7 unless the case states otherwise; NaN where NaN is expected)
     refused   one error line (stage: import gap, check mismatch, compile/backend refusal, run error)
     wrong     exit 0 and other numbers than expected
+    engine    exit 0, other numbers than expected, but ONNX Runtime alone gives them too (its own failure:
+              ``test_dft``'s float32 sums), and collage equals it
     crashed   the child died (a signal) or hung past the timeout
 
 A child that crashes costs the (case, plan) it was in; the rest go on in a new child. The rule
@@ -32,7 +34,8 @@ import tempfile
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -41,7 +44,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 EXPECTED = HERE / "onnx_nodes_expected.json"
 PLANS = ("default", "prefer:ort", "prefer:openvino", "random:0", "random:1", "random:2")
-CLASSES = ("passed", "refused", "wrong", "crashed")
+CLASSES = ("passed", "refused", "wrong", "engine", "crashed")
 #: numpy's own numeric dtypes (ONNX's float8/float4/int4 types are extension dtypes .npy files cannot hold).
 NUMERIC = {np.dtype(c) for c in "?bBhHiIlLqQefdFD"}
 _MARK = "@@ONNX_NODE@@"
@@ -49,13 +52,15 @@ _MARK = "@@ONNX_NODE@@"
 
 @dataclass(frozen=True)
 class Row:
-    """One (case, plan): its class, why (the error line, or what differs) and the regions it placed."""
+    """One (case, plan): its class, why (the error line, or what differs) and the regions it placed;
+    ``ort``: ONNX Runtime's own class on the case (passed, wrong, refused; "" where not run)."""
 
     case: str
     plan: str
     klass: str
     reason: str = ""
     regions: dict = field(default_factory=dict)
+    ort: str = ""
 
 
 # --- cases ----------------------------------------------------------------------------------------------------
@@ -139,6 +144,22 @@ def compare_expected(got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol
     return ""
 
 
+def onnxruntime_verdict(model: Path, inputs: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: dict
+                        ) -> tuple[str, list[np.ndarray] | None]:
+    """ONNX Runtime's class on the case (passed, wrong, or refused where it cannot load or run it) and
+    its outputs."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        got = session.run(None, {i.name: a for i, a in zip(session.get_inputs(), inputs)})
+    except Exception:  # noqa: BLE001  (ORT's own exception types)
+        return "refused", None
+    return ("wrong" if compare_expected(got, want, tol["rtol"], tol["atol"]) else "passed"), got
+
+
 def run_case(d: Path, plans: Sequence[str], emit) -> None:
     """Runs case directory ``d`` under ``plans`` and calls ``emit(Row)`` per plan (in ``plans`` order)."""
     import collage_runtime
@@ -157,6 +178,8 @@ def run_case(d: Path, plans: Sequence[str], emit) -> None:
     inputs, want = _arrays(d, "in"), _arrays(d, "want")
     tol = json.loads((d / "tolerance.json").read_text())
     model = d / "model.onnx"
+    ort_class, ort_out = onnxruntime_verdict(model, inputs, want, tol)
+    emit = partial(_with_ort, emit, ort_class)
     try:
         module = load_model(model, new_context(), isolated=False)  # this child is the isolation
     except CollageError as exc:
@@ -198,9 +221,16 @@ def run_case(d: Path, plans: Sequence[str], emit) -> None:
                     row = Row(name, plan, "refused", f"run: {_line(exc)}", regions)
                 else:
                     why = compare_expected(got, want, tol["rtol"], tol["atol"])
-                    row = Row(name, plan, "wrong" if why else "passed", why, regions)
+                    klass = "wrong" if why else "passed"
+                    if why and ort_class == "wrong" and not compare_expected(got, ort_out, tol["rtol"], tol["atol"]):
+                        klass, why = "engine", f"as ONNX Runtime alone: {why}"
+                    row = Row(name, plan, klass, why, regions)
         done[key] = row
         emit(row)
+
+
+def _with_ort(emit, ort_class: str, row: Row) -> None:
+    emit(replace(row, ort=ort_class))
 
 
 def child_main(dirs: Sequence[Path], plans: Sequence[str]) -> None:
@@ -381,13 +411,17 @@ def violations(rows: Sequence[Row], expected: dict) -> list[str]:
 
 def summary(rows: Sequence[Row], plans: Sequence[str]) -> str:
     """A markdown table: per plan, (case, plan) rows by class, and every row that breaks the rule."""
-    lines = ["| plan | passed | refused | wrong | crashed | passes under default, not here |", "|---|---|---|---|---|---|"]
+    lines = ["| plan | " + " | ".join(CLASSES) + " | passes under default, not here | ONNX Runtime passes, not here |",
+             "|---" * (len(CLASSES) + 3) + "|"]
     default = {r.case: r.klass for r in rows if r.plan == "default"}
     for p in plans:
         mine = [r for r in rows if r.plan == p]
         count = Counter(r.klass for r in mine)
         lost = sum(1 for r in mine if default.get(r.case) == "passed" and r.klass != "passed")
-        lines.append(f"| {p} | " + " | ".join(str(count.get(k, 0)) for k in CLASSES) + f" | {lost} |")
+        behind = sum(1 for r in mine if r.ort == "passed" and r.klass != "passed")
+        lines.append(f"| {p} | " + " | ".join(str(count.get(k, 0)) for k in CLASSES) + f" | {lost} | {behind} |")
+    ort = Counter(r.ort for r in rows if r.plan == plans[0] and r.ort)
+    lines += ["", f"ONNX Runtime alone on the same cases: " + ", ".join(f"{k} {v}" for k, v in sorted(ort.items()))]
     refused = Counter(r.reason.split(":", 1)[0] for r in rows if r.plan == "default" and r.klass == "refused")
     lines += ["", "Refused under default, by stage: " + ", ".join(f"{k} {v}" for k, v in refused.most_common())]
     return "\n".join(lines) + "\n"
