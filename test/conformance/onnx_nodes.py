@@ -7,7 +7,8 @@ plans, compared with the outputs ONNX ships.
 Cases come from ``onnx.backend.test`` (built in memory, with inputs and expected outputs; ``--modules``
 builds only those op modules' cases, which is fast). Each case is written to a directory (``model.onnx``,
 inputs, expected outputs) and run in a child process, which does what ``collage compile model.onnx --input
-... --plan P`` and ``collage run`` do: import, the import check against the source on the case's inputs,
+... --plan P`` and ``collage run`` do: import (in a child of its own, so an importer crash is what `collage
+compile` makes of it), the import check against the source on the case's inputs,
 then for each plan compile, load with ``collage_runtime`` and run. Each (case, plan) is classified:
 
     passed    exit 0 and the outputs equal ONNX's expected ones (dtype and shape; floats within the case's
@@ -181,7 +182,7 @@ def run_case(d: Path, plans: Sequence[str], emit) -> None:
     ort_class, ort_out = onnxruntime_verdict(model, inputs, want, tol)
     emit = partial(_with_ort, emit, ort_class)
     try:
-        module = load_model(model, new_context(), isolated=False)  # this child is the isolation
+        module = load_model(model, new_context())  # as `collage compile`: a crash of the importer is kept apart
     except CollageError as exc:
         for plan in plans:
             emit(Row(name, plan, "refused", f"import: {_line(str(exc).removeprefix(f'{model}: '))}"))
