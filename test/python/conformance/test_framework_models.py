@@ -1,7 +1,8 @@
 """Framework-made models under the project's own plan strings (test/conformance/framework_models.py): every
 plan collage makes compiles, runs and gives IREE alone's numbers. The default suite runs JAX's top-k/sort/
 cumsum post-processing under two plans; ``-m bench`` runs every model under every plan (Hugging Face BERT
-and GPT-2, JAX CNN, post-processing and encoder; default, random:1-6 and three prefer: plans)."""
+and GPT-2, JAX CNN, post-processing and encoder; ONNX exports of BERT, GPT-2, ViT, an opset-23 decoder and
+a QDQ CNN; default, random:1-6 and three prefer: plans)."""
 
 from __future__ import annotations
 
