@@ -15,6 +15,7 @@ outputs (ONNX's shape inference; a node whose output shape depends on its data, 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import subprocess
 import sys
 import tempfile
@@ -193,7 +194,7 @@ def cut(path: Path, refused: list[int], out: Path) -> list[KeptNode]:
                                "on an ONNX engine inside the program (its shapes are not static, or it holds a "
                                "subgraph)", where=str(path))
         one, feeds = built
-        why = _onnxruntime_refuses(one)
+        one, why = _for_onnxruntime(one)
         if why:
             raise CollageError(f"cannot import the ONNX model: torch-mlir cannot lower {label}, and ONNX Runtime "
                                f"cannot run it either ({why})", where=str(path))
@@ -216,17 +217,42 @@ def cut(path: Path, refused: list[int], out: Path) -> list[KeptNode]:
     return kept
 
 
-def _onnxruntime_refuses(one) -> str | None:
-    """Why ONNX Runtime cannot load the one-node model ``one`` (None where it can)."""
+#: How many opsets below its own a one-node model is tried at where ONNX Runtime refuses it.
+OLDER_OPSETS = 4
+
+
+def _for_onnxruntime(one):
+    """The one-node model ONNX Runtime loads and None, or ``one`` and why ONNX Runtime cannot load it.
+    Where it refuses ``one`` (ONNX's newest node tests are written at opset 28 and IR 14, newer than ONNX
+    Runtime 1.31 reads), the same node converted to each of the few opsets below (ONNX's version converter;
+    most new opsets only add types to an op) at the least IR version for it."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 4
-    try:
-        ort.InferenceSession(one.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001  (ORT raises its own exception types)
-        return " ".join(str(exc).split())[:200]
-    return None
+    why = ""
+    for model in itertools.chain([one], _older(one)):
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            return model, None
+        except Exception as exc:  # noqa: BLE001  (ORT raises its own exception types)
+            why = why or " ".join(str(exc).split())[:200]
+    return one, why
+
+
+def _older(one):
+    """``one`` converted to each of the ``OLDER_OPSETS`` opsets below its own, newest first, where ONNX's
+    version converter can."""
+    from onnx import helper, version_converter
+
+    opset = next((o.version for o in one.opset_import if o.domain in ("", "ai.onnx")), None)
+    for target in range(opset - 1, opset - 1 - OLDER_OPSETS, -1) if opset else ():
+        try:
+            older = version_converter.convert_version(one, target)
+        except Exception:  # noqa: BLE001  (no adapter for this op and opset)
+            continue
+        older.ir_version = helper.find_min_ir_version_for(list(older.opset_import), ignore_unknown=True)
+        yield older
 
 
 def stitch(module: ir.Module, kept: list[KeptNode], func_name: str = "main") -> None:
