@@ -88,3 +88,28 @@ def test_a_node_with_a_data_dependent_shape_cannot_be_kept(tmp_path):
     r = collage("compile", str(tmp_path / "nz.onnx"), "-o", str(tmp_path / "a"))
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "cannot import the ONNX model" in r.stderr, r.stderr
+
+
+def test_a_node_newer_than_onnxruntime_reads_runs_at_an_older_opset(tmp_path):
+    """ReverseSequence at opset 28 and IR 14 (as ONNX 1.23 writes its node tests): ONNX Runtime 1.31 refuses
+    the file, torch-mlir cannot lower the op; the kept node is converted to an opset ONNX Runtime reads, and
+    the program equals ONNX's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    node = helper.make_node("ReverseSequence", ["x", "lens"], ["y"], batch_axis=1, time_axis=0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+                              initializer=[numpy_helper.from_array(np.array([4, 2, 1], np.int64), "lens")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 28)])
+    model.ir_version = 14
+    onnx.save(model, str(tmp_path / "rs.onnx"))
+    with pytest.raises(Exception, match="IR version"):
+        ort.InferenceSession(str(tmp_path / "rs.onnx"), providers=["CPUExecutionProvider"])
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.save(tmp_path / "x.npy", x)
+    r = collage("compile", str(tmp_path / "rs.onnx"), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(np.load(tmp_path / "o" / "out_0.npy"), want)
