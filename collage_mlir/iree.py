@@ -18,10 +18,10 @@ from collage_runtime.types import Platform
 
 from . import artifact
 from .graph import Graph, number_ops
-from .frontends import load_model, stablehlo
+from .frontends import stablehlo
 from .frontends.dims import DimPlan
 from .ir import ir, new_context
-from .measure.import_check import check_model_file
+from .measure.import_check import load_checked
 from .plan import Plan
 from .search import resolve_plan
 
@@ -55,9 +55,7 @@ def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str |
         dim_plan = DimPlan.declared(dims, dict(buckets or {}), pad)
         return compile_onnx_shaped(input_file, dim_plan, plan, output_dir, check_import=check_import,
                                    **iree_kwargs).table
-    module = load_model(input_file, new_context())
-    if check_import:
-        check_model_file(module, input_file)
+    module = load_checked(input_file, new_context(), check=check_import)
     return compile_module(module, plan, output_dir, source=str(input_file), **iree_kwargs).manifest
 
 

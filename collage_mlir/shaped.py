@@ -28,11 +28,10 @@ from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, dims_labe
 from .artifact import CompileResult, compile_module, staged
 from .dialects import collage
 from .errors import CollageError
-from .frontends import load_model
 from .frontends.dims import DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, new_context
-from .measure.import_check import check_import as check, onnx_source
+from .measure.import_check import load_checked
 from .plan import Plan
 from .search import resolve_plan
 
@@ -117,11 +116,9 @@ def load_onnx_bucket(path: str | Path, values: Mapping[str, int], context, *, ch
     with workdir() as tmp:
         static = specialise_onnx(path, values, tmp)
         try:
-            module = load_model(static, context)
+            module = load_checked(static, context, list(inputs) or None, check=check_import, where=where)
         except CollageError as exc:  # named by the user's model, not the temporary copy
-            raise CollageError(str(exc).replace(f"{static}: ", ""), where=where) from None
-        if check_import:
-            check(module, onnx_source(static), list(inputs) or None, where=where)
+            raise CollageError(str(exc).replace(f"{static}: ", "").replace(f"{where}: ", ""), where=where) from None
     number_ops(module)
     return module
 

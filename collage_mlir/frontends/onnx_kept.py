@@ -113,6 +113,16 @@ def node_model(model, node, types: dict, consts: dict):
     return one, tuple(feeds)
 
 
+def nodes_giving(path: Path, outputs: frozenset[str]) -> list[int]:
+    """Indices of the main-graph nodes of the model at ``path`` that give one of ``outputs``."""
+    import onnx
+
+    if not outputs:
+        return []
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [i for i, node in enumerate(graph.node) if outputs & set(node.output)]
+
+
 def refused_nodes(path: Path) -> list[int]:
     """Indices of the main-graph nodes of the model at ``path`` that torch-mlir's importer refuses alone
     (each distinct node imported once, in a child process; a node that crashes the child is refused)."""

@@ -44,7 +44,7 @@ from collage_runtime.types import byte_dtype
 
 from ..dialects import collage
 from ..errors import CollageError
-from ..frontends import cache_dir
+from ..frontends import cache_dir, load_model
 from ..frontends.onnx import import_onnx
 from ..frontends.torch import pt2e_quantized
 from ..graph import public_funcs
@@ -130,6 +130,23 @@ class ImportCheck:
 
 
 @dataclass(frozen=True)
+class DifferingNode:
+    """The first source node whose output the import computes otherwise: its label and output names."""
+
+    label: str
+    outputs: tuple[str, ...] = ()
+
+
+class ImportMismatch(CollageError):
+    """The import check's verdict on an import that computes other numbers than its source (one line),
+    with the first differing node where one was found."""
+
+    def __init__(self, message: str, node: DifferingNode | None, where: str | None = None):
+        super().__init__(message, where=where)
+        self.node = node
+
+
+@dataclass(frozen=True)
 class SourceRun:
     """The source run on the check's inputs: which engine ran it, and its outputs."""
 
@@ -150,7 +167,7 @@ class Source:
     run: Callable[[Sequence[np.ndarray]], "SourceRun"]
     names: tuple[str, ...]
     digest: str
-    locate: Callable[[Sequence[np.ndarray]], str | None] | None = None
+    locate: Callable[[Sequence[np.ndarray]], DifferingNode | None] | None = None
     #: The source's inputs, (name, dtype) in order, where it declares them (an ONNX graph does): an
     #: import that changed an input's type (torch-mlir makes float64 inputs float32) fails the check.
     inputs: tuple[tuple[str, np.dtype], ...] | None = None
@@ -287,7 +304,8 @@ def check_import(module: ir.Module, source: Source, examples: Sequence[np.ndarra
                                             enumerate(zip(names, got, want, spread))))
     if not verdict.ok:
         node = source.locate(inputs) if source.locate else None
-        raise CollageError(ImportCheck(verdict.source, verdict.outputs, node).message(), where=where)
+        raise ImportMismatch(ImportCheck(verdict.source, verdict.outputs, node and node.label).message(), node,
+                             where=where)
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{id(verdict)}.tmp")
@@ -319,6 +337,51 @@ def check_model_file(module: ir.Module, path: str | Path, examples: Sequence[np.
     return check_import(module, onnx_source(path), examples, where=str(path), cache=cache)
 
 
+#: How many nodes the import computes wrong ``load_checked`` keeps as ONNX before it gives up.
+MAX_KEPT_FOR_CHECK = 4
+
+
+def load_checked(path: str | Path, context: ir.Context, examples: Sequence[np.ndarray] | None = None, *,
+                 check: bool = True, cache: bool = True, where: str | None = None) -> ir.Module:
+    """``load_model``, then (where ``check``) ``checked``."""
+    module = load_model(path, context)
+    return checked(module, path, examples, cache=cache, where=where) if check else module
+
+
+def checked(module: ir.Module, path: str | Path, examples: Sequence[np.ndarray] | None = None, *,
+            cache: bool = True, where: str | None = None) -> ir.Module:
+    """The import check of ``module``, imported from the ONNX file at ``path`` (a StableHLO file has no
+    source: ``module`` as it is). Where the import computes a node otherwise than its source (a wrong
+    lowering: ``Mod`` of mixed signs, ``SpaceToDepth`` CRD), that node is kept as ONNX, run by ONNX Runtime
+    inside the program, and the model imported and checked again, up to ``MAX_KEPT_FOR_CHECK`` nodes: the
+    module that passes, else the first check's one line (``ImportMismatch``). ``where`` names the model in
+    errors (default: ``path``)."""
+    path = Path(path)
+    if path.suffix != ".onnx":
+        return module
+    keep: frozenset[str] = frozenset()
+    mismatch: ImportMismatch | None = None
+    for _ in range(MAX_KEPT_FOR_CHECK + 1):
+        try:
+            check_import(module, onnx_source(path, keep), examples, where=where or str(path), cache=cache)
+            return module
+        except ImportMismatch as exc:
+            mismatch = mismatch or exc
+            node = exc.node
+        except CollageError:  # the kept node does not build or run here: the first verdict stands
+            if mismatch is None:
+                raise
+            break
+        if node is None or not node.outputs or set(node.outputs) <= keep:
+            break
+        keep |= frozenset(node.outputs)
+        try:
+            module = load_model(path, module.context, keep=keep)
+        except CollageError:
+            break
+    raise mismatch
+
+
 def _verdict_key(module: ir.Module, source: Source, inputs: Sequence[np.ndarray]) -> str:
     h = hashlib.sha256(f"import-check {CHECK_VERSION}\n{source.name}\n{source.digest}\n".encode())
     h.update(hashlib.sha256(module.operation.get_asm(binary=True)).digest())
@@ -343,9 +406,10 @@ def _version(package: str) -> str:
 # --- sources ------------------------------------------------------------------------------------------------
 
 
-def onnx_source(path: str | Path) -> Source:
+def onnx_source(path: str | Path, keep: frozenset[str] = frozenset()) -> Source:
     """The ONNX model at ``path`` run by ONNX Runtime (its reference evaluator where ONNX Runtime cannot
-    load the model); ``locate`` finds the first node whose output differs from the import's."""
+    load the model); ``locate`` finds the first node whose output differs from the import's (the import
+    with the nodes giving a ``keep`` output kept as ONNX)."""
     import onnx
 
     path = Path(path)
@@ -358,7 +422,7 @@ def onnx_source(path: str | Path) -> Source:
                    for i in model.graph.input if i.name not in constants)
     quantized = _quantized(model)
     return Source("onnxruntime", lambda arrays: run_onnx(str(path), arrays, quantized), names, f"{digest} {engines}",
-                  lambda arrays: first_differing_node(path, arrays), inputs)
+                  lambda arrays: first_differing_node(path, arrays, keep), inputs)
 
 
 def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray], quantized: bool | None = None) -> SourceRun:
@@ -416,16 +480,17 @@ def _quantized(proto) -> bool:
     return any(n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear") for n in proto.graph.node)
 
 
-def first_differing_node(path: Path, inputs: Sequence[np.ndarray]) -> str | None:
-    """The first node, in the graph's (topological) order, whose output differs between the import and
-    ONNX Runtime: every node output becomes a graph output, the model is imported and run both ways once.
-    None where that model cannot be built, imported or run."""
+def first_differing_node(path: Path, inputs: Sequence[np.ndarray], keep: frozenset[str] = frozenset()
+                         ) -> DifferingNode | None:
+    """The first node, in the graph's (topological) order, whose output differs between the import (the
+    nodes giving a ``keep`` output kept as ONNX) and ONNX Runtime: every node output becomes a graph output,
+    the model is imported and run both ways once. None where that model cannot be built, imported or run."""
     import onnx
 
     model = onnx.load(str(path))
     nodes = list(model.graph.node)
     if len(nodes) == 1:
-        return _node_label(nodes[0])
+        return _differing(nodes[0])
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         typed = {v.name: v for v in inferred.graph.value_info}
@@ -438,7 +503,8 @@ def first_differing_node(path: Path, inputs: Sequence[np.ndarray]) -> str | None
         with tempfile.TemporaryDirectory(prefix="collage-import-check-") as work:
             probe = Path(work) / "probe.onnx"
             onnx.save(model, str(probe))
-            (got,) = invoke_alone(import_onnx(probe, new_context()), {"main": list(inputs)}).values()
+            imported = load_model(probe, new_context(), keep=keep) if keep else import_onnx(probe, new_context())
+            (got,) = invoke_alone(imported, {"main": list(inputs)}).values()
             want = run_onnx(str(probe), inputs, quantized=False).outputs  # the outputs only: no spread
     except (CollageError, ValueError, RuntimeError, onnx.checker.ValidationError):
         return None
@@ -449,12 +515,13 @@ def first_differing_node(path: Path, inputs: Sequence[np.ndarray]) -> str | None
         for name in node.output:
             k = index.get(name)
             if k is not None and not compare(k, name, got[k], want[k]).ok:
-                return _node_label(node)
+                return _differing(node)
     return None
 
 
-def _node_label(node) -> str:
-    return f"'{node.name}' ({node.op_type})" if node.name else f"{node.op_type} -> {', '.join(node.output)}"
+def _differing(node) -> DifferingNode:
+    label = f"'{node.name}' ({node.op_type})" if node.name else f"{node.op_type} -> {', '.join(node.output)}"
+    return DifferingNode(label, tuple(o for o in node.output if o))
 
 
 def torch_source(model, example_inputs: Sequence, result=None) -> Source:

@@ -11,7 +11,7 @@ from .builder import _block_results, _Builder
 from .constants import CONSTANT_OPS, _read_constants
 from .op_ids import _carry_op_ids
 from .optimize import optimize
-from .values import DTYPES
+from .values import BOUNDARY_DTYPES
 
 
 OPSET = 18
@@ -31,13 +31,13 @@ def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool 
     graph_inputs, graph_outputs = [], []
     for i, arg in enumerate(block.arguments):
         shape, dtype = _spec(arg, func)
-        graph_inputs.append(helper.make_tensor_value_info(f"in{i}", DTYPES[dtype][1], shape))
+        graph_inputs.append(helper.make_tensor_value_info(f"in{i}", BOUNDARY_DTYPES[dtype][1], shape))
     b.constants = _read_constants([o for o in nested_ops(func) if o.name in CONSTANT_OPS])
     results = _block_results(b, block, [f"in{i}" for i in range(len(block.arguments))])
     for k, (v, name) in enumerate(zip(sh.returned(block), results)):
         shape, dtype = _spec(v, func)
         b.nodes.append(helper.make_node("Identity", [name], [f"out{k}"], name=f"out{k}"))
-        graph_outputs.append(helper.make_tensor_value_info(f"out{k}", DTYPES[dtype][1], shape))
+        graph_outputs.append(helper.make_tensor_value_info(f"out{k}", BOUNDARY_DTYPES[dtype][1], shape))
     graph = helper.make_graph(b.nodes, str(func.attributes["sym_name"]).strip('"'), graph_inputs, graph_outputs,
                               initializer=b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", max(OPSET, b.opset))],
@@ -53,6 +53,6 @@ def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool 
 
 def _spec(v: ir.Value, func: ir.Operation) -> tuple[list[int], str]:
     tt = sh.tensor_type(v)
-    if tt is None or tt[1] not in DTYPES:
+    if tt is None or tt[1] not in BOUNDARY_DTYPES:
         raise CollageError(f"{func.location}: region value of type {v.type} cannot cross into ONNX")
     return list(tt[0]), tt[1]

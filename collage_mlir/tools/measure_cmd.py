@@ -42,12 +42,11 @@ def run(args: argparse.Namespace) -> int:
 
     from ..backends import get_backend
     from ..graph import Graph, number_ops
-    from ..frontends import load_model
     from ..ir import new_context
     from ..measure.cluster import connect
     from ..measure.db import CostDB, default_db_path
     from ..measure.harness import MeasureOptions, measure_regions
-    from ..measure.import_check import check_model_file
+    from ..measure.import_check import load_checked
     from ..measure.timing import TimingOptions
     from ..search.candidates import enumerate_candidates
 
@@ -57,9 +56,7 @@ def run(args: argparse.Namespace) -> int:
     backends = [get_backend(n, where="--backends") for n in names]
     arrays = load_input_arrays(args.input)
     examples = {"main": arrays} if arrays else {}
-    module = load_model(args.model, new_context())
-    if not args.no_import_check:
-        check_model_file(module, args.model, arrays)
+    module = load_checked(args.model, new_context(), arrays, check=not args.no_import_check)
     number_ops(module)
     candidates = enumerate_candidates(Graph(module), backends)
     options = MeasureOptions(timing=TimingOptions(budget_s=args.budget, rel_spread=args.spread),

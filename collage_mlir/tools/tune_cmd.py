@@ -92,8 +92,7 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
     quantized to int8 first (``frontends.onnx_calibrate``); ``dims``: the value of each dynamic dim
     (``frontends.dims``: one shape bucket; else an ONNX model's dynamic dims take the ``inputs``' shape, or
     are one CollageError naming them)."""
-    from ..frontends import load_model as load_file
-    from ..measure.import_check import check_import as check, check_model_file, torch_source
+    from ..measure.import_check import check_import as check, load_checked, torch_source
     from ..shaped import load_onnx_bucket
 
     path = Path(spec)
@@ -110,10 +109,7 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
         if dims:
             raise CollageError("--dim takes ONNX models and torch factories; give a StableHLO module its static "
                                "shapes", where=spec, exit_code=2)
-        module = load_file(spec, context)
-        if check_import:
-            check_model_file(module, spec, inputs)
-        return module, inputs
+        return load_checked(spec, context, inputs, check=check_import), inputs
     import importlib
 
     from torch import no_grad as torch_no_grad

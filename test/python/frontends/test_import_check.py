@@ -22,7 +22,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from collage_mlir.errors import CollageError  # noqa: E402
 from collage_mlir.frontends import load_model  # noqa: E402
 from collage_mlir.ir import new_context  # noqa: E402
-from collage_mlir.measure.import_check import check_inputs, check_model_file, compare, data_arguments  # noqa: E402
+from collage_mlir.measure.import_check import (  # noqa: E402
+    ImportMismatch, check_inputs, check_model_file, compare, data_arguments)
 from collage_mlir.tools import cli  # noqa: E402
 
 from helpers import CONFORMANCE
@@ -50,31 +51,47 @@ def _compile_args(d: Path, out: Path, *extra: str) -> list[str]:
     return ["compile", str(d / "model.onnx"), *inputs, "-o", str(out), *extra]
 
 
-def test_a_wrong_lowering_fails_collage_compile_in_one_line(cases, tmp_path):
-    """Through the console entry point: one ``collage: error:`` line, exit 1, no artifact."""
+def test_a_wrong_lowering_is_kept_as_onnx(cases, tmp_path):
+    """Through the console entry point: the check finds the Mod node computed wrong, keeps it as ONNX (on
+    ONNX Runtime inside the program) and checks again; the program gives ONNX's expected outputs."""
+    import json
+
     d = cases["test_mod_mixed_sign_int16"]
     r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *_compile_args(d, tmp_path / "out")],
                        capture_output=True, text=True)
-    assert r.returncode == 1, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("collage: error: "), r.stderr
-    assert "output 0 'z'" in lines[0] and "first differing node: Mod" in lines[0], lines[0]
-    assert "import 1, source -2" in lines[0], lines[0]  # 7 mod -3: ONNX's Mod takes the divisor's sign
+    assert r.returncode == 0, r.stderr
+    regions = json.loads((tmp_path / "out" / "manifest.json").read_text())["regions"]
+    assert [r["backend"] for r in regions] == ["ort"], regions
+    inputs = [a for p in sorted(d.glob("in_*.npy")) for a in ("--input", str(p))]
+    r = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "run", str(tmp_path / "out"), *inputs,
+                        "--output-dir", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "o" / "out_0.npy"), np.load(d / "want_0.npy"))
+
+
+def test_a_lowering_wrong_also_when_kept_is_one_line(cases, tmp_path, capsys):
+    """SpaceToDepth in CRD mode (opset 28): ONNX Runtime cannot read it, and the kept node at an older opset
+    computes DCR: the check fails again, and its first line stands (output, node; exit 1, no artifact)."""
+    assert cli.main(_compile_args(cases["test_spacetodepth_crd_mode_example"], tmp_path / "out")) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("collage: error: "), err
+    assert "output 0 'y'" in err and "first differing node: SpaceToDepth" in err, err
     assert not (tmp_path / "out").exists()
 
 
-# The Mod case is ``-m bench`` here: test_a_wrong_lowering_fails_collage_compile_in_one_line checks the same
-# compile of it (exit 1, one ``collage: error:`` line naming output 'z' and the Mod node, no artifact)
-# through the console entry point.
+# The Mod case is ``-m bench`` here: test_the_first_differing_node_of_a_chain checks a Mod node is named.
 @pytest.mark.parametrize("name,module,output,op", [
     pytest.param(*w, marks=[pytest.mark.bench] if w[0] == "test_mod_mixed_sign_int16" else []) for w in WRONG],
     ids=[w[0] for w in WRONG])
-def test_each_wrong_lowering_names_its_output_and_node(name, module, output, op, cases, tmp_path, capsys):
-    assert cli.main(_compile_args(cases[name], tmp_path / "out")) == 1
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and err.startswith("collage: error: "), err
-    assert f"output 0 '{output}'" in err and f"first differing node: {op}" in err, err
-    assert not (tmp_path / "out").exists()
+def test_each_wrong_lowering_names_its_output_and_node(name, module, output, op, cases):
+    """The check alone (``check_model_file``: no node kept) refuses each in one line naming output and node."""
+    d = cases[name]
+    inputs = [np.load(p) for p in sorted(d.glob("in_*.npy"))]
+    with pytest.raises(ImportMismatch) as err:
+        check_model_file(load_model(d / "model.onnx", new_context(), isolated=False), d / "model.onnx", inputs,
+                         cache=False)
+    assert "\n" not in str(err.value) and f"output 0 '{output}'" in str(err.value), err.value
+    assert f"first differing node: {op}" in str(err.value) and err.value.node.outputs == (output,), err.value
 
 
 def test_no_import_check_compiles_it_anyway(cases, tmp_path):
