@@ -32,9 +32,9 @@ class _Builder:
         self.ties_by_index = ties_by_index
         #: The ``collage.id`` of the op being translated (a nested op's: its numbered ancestor's).
         self.op_id: int | None = None
-        #: The default-domain opset and IR version the graph needs at least (a kept ONNX node's; 0: the
-        #: translator's own).
-        self.opset = 0
+        #: The opset of each domain and the IR version the graph needs at least (a kept ONNX node's; beyond
+        #: them, the translator's own).
+        self.opsets: dict[str, int] = {}
         self.ir_version = 0
 
     def fresh(self, hint: str = "t") -> str:

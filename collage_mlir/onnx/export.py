@@ -40,7 +40,8 @@ def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool 
         graph_outputs.append(helper.make_tensor_value_info(f"out{k}", BOUNDARY_DTYPES[dtype][1], shape))
     graph = helper.make_graph(b.nodes, str(func.attributes["sym_name"]).strip('"'), graph_inputs, graph_outputs,
                               initializer=b.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", max(OPSET, b.opset))],
+    opsets = {**b.opsets, "": max(OPSET, b.opsets.get("", 0))}
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())],
                               producer_name="collage-mlir")
     model.ir_version = max(IR_VERSION, b.ir_version)
     if simplify:

@@ -2,7 +2,8 @@
 lower) back into the graph: its one-node model's node and constants, renamed into the region's graph.
 
 Its definition is the one of the source model's opset. Where the op's definition changed after the
-translator's opset (``OPSET``), the region's model takes the newer opset (``_Builder.opset``): ONNX's later
+translator's opset (``OPSET``), the region's model takes the newer opset (``_Builder.opsets``; a node of
+another domain, ONNX Runtime's ``com.microsoft``, adds that domain): ONNX's later
 opsets keep what earlier ones define for the ops the translator writes, adding types and options."""
 
 from __future__ import annotations
@@ -43,8 +44,12 @@ def _kept_node(b: _Builder, op, ins):
         copy.name = names[node.output[0]]
         copy.doc_string = _ids_doc(() if b.op_id is None else (b.op_id,))
         b.nodes.append(copy)
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-        if node.domain in ("", "ai.onnx") and opset:
-            b.opset = max(b.opset, defs.get_schema(node.op_type, opset, "").since_version)
+        opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain == "" and opsets.get(""):  # the opset where the op's definition begins
+            need = defs.get_schema(node.op_type, opsets[""], "").since_version
+        else:
+            need = opsets.get(domain, 1)
+        b.opsets[domain] = max(b.opsets.get(domain, 0), need)
     b.ir_version = max(b.ir_version, model.ir_version)
     return [names[o.name] for o in model.graph.output]

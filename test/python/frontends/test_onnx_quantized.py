@@ -137,21 +137,31 @@ def test_onnx_runtime_fuses_the_translated_graph_into_int8_kernels(digits, tmp_p
     assert "Conv" not in ours and "Gemm" not in ours
 
 
-def test_a_qoperator_op_without_a_qdq_form_is_one_error(tmp_path):
+def test_a_qoperator_op_without_a_qdq_form_is_kept_as_onnx(tmp_path):
+    """``QLinearConcat`` (ONNX Runtime's com.microsoft domain) has no QDQ form here and torch-mlir cannot
+    lower it: it is kept as ONNX, on ONNX Runtime inside the program, which equals ONNX Runtime exactly."""
+    import collage_runtime
+    import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from collage_mlir.errors import CollageError
+    from collage_mlir.iree import compile_file
 
     graph = helper.make_graph(
         [helper.make_node("QLinearConcat", ["y_s", "y_z", "x", "s", "z", "x", "s", "z"], ["y"], domain="com.microsoft",
                           axis=0)], "g", [helper.make_tensor_value_info("x", TensorProto.INT8, [2])],
         [helper.make_tensor_value_info("y", TensorProto.INT8, [4])],
         [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("z", TensorProto.INT8, [], [0]),
-         helper.make_tensor("y_s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("y_z", TensorProto.INT8, [], [0])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                      helper.make_opsetid("com.microsoft", 1)]), tmp_path / "m.onnx")
-    with pytest.raises(CollageError, match="QLinearConcat node .* has no QDQ form"):
-        load_model(tmp_path / "m.onnx", new_context())
+         helper.make_tensor("y_s", TensorProto.FLOAT, [], [0.2]), helper.make_tensor("y_z", TensorProto.INT8, [], [0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    onnx.save(model, tmp_path / "m.onnx")
+    x = np.array([-7, 9], np.int8)
+    manifest = compile_file(tmp_path / "m.onnx", output_dir=tmp_path / "a", plan="default")
+    assert [r.backend for r in manifest.regions] == ["ort"]
+    with collage_runtime.load(tmp_path / "a") as program:
+        (got,) = program.invoke("main", x)
+    (want,) = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(got, want)
 
 
 #: How much the calibration images are dimmed in the --max-drop test: enough to change held-out classes.
