@@ -74,7 +74,7 @@ def _graph_facts(model) -> tuple[dict, dict]:
 
 
 def node_model(model, node, types: dict, consts: dict):
-    """``node`` alone as a model (non-constant inputs ``in0..`` in order, outputs ``out0..``; the constants
+    """``node`` alone as a model (non-constant inputs ``in0..`` in order, outputs it gives ``out0..``; the constants
     it reads as initializers ``c0..``) and the graph values feeding its inputs; None where a value's type is
     not static or the node holds a subgraph."""
     import onnx
@@ -100,12 +100,14 @@ def node_model(model, node, types: dict, consts: dict):
             return None
     if not all(out in types for out in node.output if out):
         return None
-    outputs = [helper.make_value_info(f"out{k}", types[out]) for k, out in enumerate(node.output)]
+    given = [out for out in node.output if out]  # an optional output left out stays out
+    outputs = [helper.make_value_info(f"out{k}", types[out]) for k, out in enumerate(given)]
+    renamed = iter(f"out{k}" for k in range(len(given)))
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     del copy.input[:], copy.output[:]
     copy.input.extend(names)
-    copy.output.extend(f"out{k}" for k in range(len(node.output)))
+    copy.output.extend(next(renamed) if out else "" for out in node.output)
     copy.name = copy.name or node.op_type
     one = helper.make_model(helper.make_graph([copy], node.op_type, inputs, outputs, initializer=initializers),
                             opset_imports=model.opset_import)
@@ -212,8 +214,9 @@ def cut(path: Path, refused: list[int], out: Path) -> list[KeptNode]:
             alias = f"collage_kept{len(kept)}_in{k}"
             nodes.append(helper.make_node("Identity", [name], [alias], name=alias))
             extra_out.append(helper.make_value_info(alias, types[name]))
-        extra_in += [helper.make_value_info(o, types[o]) for o in node.output]
-        kept.append(KeptNode(label, one.SerializeToString(), feeds, tuple(node.output)))
+        given = tuple(o for o in node.output if o)
+        extra_in += [helper.make_value_info(o, types[o]) for o in given]
+        kept.append(KeptNode(label, one.SerializeToString(), feeds, given))
     del graph.node[:]
     graph.node.extend(nodes)
     graph.input.extend(extra_in)

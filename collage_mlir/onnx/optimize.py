@@ -449,7 +449,7 @@ def _fold_into_conv(g: _Graph) -> bool:
 def _through_expand(g: _Graph) -> bool:
     """An elementwise op on an ``Expand`` of a small constant (its other operands constants) → an ``Expand``
     of the op's value on the small constant; a pooling of an ``Expand`` of one value → an ``Expand`` of
-    that value. (torch-mlir's average pooling divides by a count it computes at run time by pooling a
+    that value (not where an average takes padding zeros in). (torch-mlir's average pooling divides by a count it computes at run time by pooling a
     broadcast of ones: this folds it to a constant however large the batch.)"""
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
@@ -465,7 +465,7 @@ def _through_expand(g: _Graph) -> bool:
             continue
         k, expand = expands[0]
         small = g.consts[expand.input[0]]
-        if n.op_type in ("AveragePool", "MaxPool") and small.size == 1:
+        if n.op_type in ("AveragePool", "MaxPool") and small.size == 1 and not _averages_padding(n):
             value = small.reshape(())
         elif n.op_type in BROADCASTING or n.op_type in SINK_UNARY:
             inputs = {x: (small if j == k else g.consts[x]) for j, x in enumerate(n.input) if x}
@@ -479,6 +479,13 @@ def _through_expand(g: _Graph) -> bool:
                                                      name=n.name)
         changed = True
     return changed
+
+
+def _averages_padding(n) -> bool:
+    """Whether the pooling node ``n`` averages padding zeros in (an ``AveragePool`` with ``count_include_pad``
+    and padding): its windows at the border then average a constant image to less than the constant."""
+    padded = any(_attr(n, "pads", [0])) or _attr(n, "auto_pad", b"NOTSET") in (b"SAME_UPPER", b"SAME_LOWER")
+    return n.op_type == "AveragePool" and bool(_attr(n, "count_include_pad", 0)) and padded
 
 
 def _global_pool(g: _Graph) -> bool:

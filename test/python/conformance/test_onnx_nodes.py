@@ -22,14 +22,16 @@ from onnx_nodes import PLANS, expand, load_expected, prepare, run_parallel, viol
 #: convolution and pooling, softmax, a reduction (axes as an input), an integer result, normalization,
 #: indexing, a wrong lowering the import check finds and keeps as ONNX (Mod with mixed signs), one it
 #: refuses (SpaceToDepth CRD: ONNX Runtime cannot run it either), a function op torch-mlir lacks (expanded),
-#: an op it cannot lower (kept as ONNX, on ONNX Runtime), and ONNX Runtime's own miss (DFT).
+#: an op it cannot lower (kept as ONNX, on ONNX Runtime), ONNX Runtime's own miss (DFT), and an average
+#: pool counting padding (the ONNX export once folded its count to a constant).
 SAMPLE = [("abs", "test_abs"), ("add", "test_add_bcast"), ("mod", "test_mod_mixed_sign_int16"),
           ("where", "test_where_example"), ("gemm", "test_gemm_default_matrix_bias"),
           ("conv", "test_conv_with_strides_padding"), ("maxpool", "test_maxpool_2d_pads"),
           ("softmax", "test_softmax_axis_1"), ("reducesum", "test_reduce_sum_keepdims_example"),
           ("argmax", "test_argmax_default_axis_example"), ("layernormalization", "test_layer_normalization_2d_axis0"),
           ("gather", "test_gather_0"), ("rmsnormalization", "test_rms_normalization_2d_axis1"),
-          ("det", "test_det_2d"), ("dft", "test_dft"), ("spacetodepth", "test_spacetodepth_crd_mode_example")]
+          ("det", "test_det_2d"), ("dft", "test_dft"), ("spacetodepth", "test_spacetodepth_crd_mode_example"),
+          ("averagepool", "test_averagepool_2d_precomputed_same_upper")]
 CI_PLANS = ("default", "prefer:ort", "prefer:openvino")  # random plans: the bench run and test_conformance
 
 
