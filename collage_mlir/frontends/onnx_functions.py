@@ -21,7 +21,7 @@ from onnx import defs, inliner, shape_inference
 #: Function ops of the default domain torch-mlir's ONNX importer cannot lower (their node tests refused at
 #: import, "failed to legalize operation 'torch.operator'"), expanded into their schema's body.
 EXPANDED = frozenset({
-    "Attention", "RMSNormalization", "SwiGLU", "Swish", "Mish", "CausalConvWithState", "LinearAttention",
+    "Attention", "RMSNormalization", "SwiGLU", "Swish", "Mish", "LinearAttention",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "Shrink", "AffineGrid",
     "CenterCropPad", "MeanVarianceNormalization", "GroupNormalization", "ThresholdedRelu", "Softsign",
 })

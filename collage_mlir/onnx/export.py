@@ -40,7 +40,7 @@ def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool 
         graph_outputs.append(helper.make_tensor_value_info(f"out{k}", BOUNDARY_DTYPES[dtype][1], shape))
     graph = helper.make_graph(b.nodes, str(func.attributes["sym_name"]).strip('"'), graph_inputs, graph_outputs,
                               initializer=b.initializers)
-    opsets = {**b.opsets, "": max(OPSET, b.opsets.get("", 0))}
+    opsets = {**b.opsets, "": b.opsets.get("", OPSET)}
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())],
                               producer_name="collage-mlir")
     model.ir_version = max(IR_VERSION, b.ir_version)
@@ -48,7 +48,10 @@ def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool 
         original = list(model.graph.node)
         model = optimize(model)
         _carry_op_ids(original, model.graph)
-    onnx.checker.check_model(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:  # e.g. a kept node that is no op at the region's opset
+        raise CollageError(f"{func.location}: cannot export to ONNX: {' '.join(str(exc).split())[:200]}") from None
     return model
 
 

@@ -12,6 +12,7 @@ from ..dialects import collage
 from ..ir import ir
 from .builder import _Builder
 from .op_ids import _ids_doc
+from .export import OPSET
 from .registry import register
 
 
@@ -46,10 +47,15 @@ def _kept_node(b: _Builder, op, ins):
         b.nodes.append(copy)
         opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
         domain = "" if node.domain == "ai.onnx" else node.domain
-        if domain == "" and opsets.get(""):  # the opset where the op's definition begins
-            need = defs.get_schema(node.op_type, opsets[""], "").since_version
+        if domain == "" and opsets.get(""):
+            since = defs.get_schema(node.op_type, opsets[""], "").since_version
+            try:  # the same definition at the translator's opset: that opset reads it
+                same = defs.get_schema(node.op_type, OPSET, "").since_version == since
+            except defs.SchemaError:
+                same = False
+            if not same:  # the region's model reads it at its own opset (the translated ops may then not be)
+                b.opsets[""] = opsets[""]
         else:
-            need = opsets.get(domain, 1)
-        b.opsets[domain] = max(b.opsets.get(domain, 0), need)
+            b.opsets[domain] = max(b.opsets.get(domain, 0), opsets.get(domain, 1))
     b.ir_version = max(b.ir_version, model.ir_version)
     return [names[o.name] for o in model.graph.output]
