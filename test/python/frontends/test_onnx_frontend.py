@@ -22,17 +22,23 @@ def collage(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", *args], capture_output=True, text=True)
 
 
+def compiles_to_onnxruntime(model, x: np.ndarray, tmp_path, plan: str = "default") -> None:
+    """`collage compile` the file ``model`` under ``plan``, `collage run` it on ``x`` (its one input, "x"):
+    its one output equals ONNX Runtime's on the file (rtol 1e-4, atol 1e-5)."""
+    np.save(tmp_path / "x.npy", x)
+    r = collage("compile", str(model), "--plan", plan, "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    (want,) = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(np.load(tmp_path / "o" / "out_0.npy"), want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("plan", ["default"])  # prefer:ort: the README's cli example (test_readme_examples.py)
 def test_onnx_model_compiles_and_equals_onnxruntime(plan, tmp_path):
     onnx_cnn(tmp_path / "cnn.onnx")
     x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = collage("compile", str(tmp_path / "cnn.onnx"), "--plan", plan, "-o", str(tmp_path / "a"))
-    assert r.returncode == 0, r.stderr
-    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
-    assert r.returncode == 0, r.stderr
-    (want,) = ort.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    np.testing.assert_allclose(np.load(tmp_path / "o" / "out_0.npy"), want, rtol=1e-4, atol=1e-5)
+    compiles_to_onnxruntime(tmp_path / "cnn.onnx", x, tmp_path, plan)
 
 
 def test_bad_onnx_is_one_line(tmp_path):
@@ -66,14 +72,8 @@ def test_a_node_that_crashes_the_importer_is_one_line_and_then_kept_as_onnx(tmp_
     onnx.save(model, str(tmp_path / "pool.onnx"))
     with pytest.raises(CollageError, match="cannot import the ONNX model: torch-mlir's importer died of SIGSEGV"):
         import_onnx(tmp_path / "pool.onnx", new_context())
-    x = np.random.default_rng(0).standard_normal((1, 1, 4, 4, 4)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = collage("compile", str(tmp_path / "pool.onnx"), "-o", str(tmp_path / "out"))
-    assert r.returncode == 0, r.stderr
-    r = collage("run", str(tmp_path / "out"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
-    assert r.returncode == 0, r.stderr
-    (want,) = ort.InferenceSession(str(tmp_path / "pool.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    np.testing.assert_allclose(np.load(tmp_path / "o" / "out_0.npy"), want, rtol=1e-4, atol=1e-5)
+    compiles_to_onnxruntime(tmp_path / "pool.onnx",
+                            np.random.default_rng(0).standard_normal((1, 1, 4, 4, 4)).astype(np.float32), tmp_path)
 
 
 def test_constant_shape_arithmetic_is_folded_when_the_import_refuses_it(tmp_path):
