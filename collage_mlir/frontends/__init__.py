@@ -59,7 +59,7 @@ def _import_kept(path: Path, refused: list[int], keep: frozenset[str], cut: Path
                  isolated: bool) -> ir.Module:
     """The model at ``path`` imported with its ``refused`` nodes and those giving a ``keep`` output kept
     as ONNX."""
-    kept = onnx_kept.cut(path, sorted(set(refused) | set(onnx_kept.nodes_giving(path, keep))), cut)
+    kept = onnx_kept.cut(path, refused, cut, keep)
     module = import_onnx(cut, context, isolated=isolated)
     onnx_kept.stitch(module, kept)
     return module

@@ -115,16 +115,6 @@ def node_model(model, node, types: dict, consts: dict):
     return one, tuple(feeds)
 
 
-def nodes_giving(path: Path, outputs: frozenset[str]) -> list[int]:
-    """Indices of the main-graph nodes of the model at ``path`` that give one of ``outputs``."""
-    import onnx
-
-    if not outputs:
-        return []
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return [i for i, node in enumerate(graph.node) if outputs & set(node.output)]
-
-
 def refused_nodes(path: Path) -> list[int]:
     """Indices of the main-graph nodes of the model at ``path`` that torch-mlir's importer refuses alone
     (each distinct node imported once, in a child process; a node that crashes the child is refused)."""
@@ -182,8 +172,9 @@ def _probe(path: str, start: int, log: str) -> int:
     return 0
 
 
-def cut(path: Path, refused: list[int], out: Path) -> list[KeptNode]:
-    """Writes to ``out`` the model at ``path`` without its ``refused`` nodes: each one's non-constant inputs
+def cut(path: Path, refused: list[int], out: Path, keep: frozenset[str] = frozenset()) -> list[KeptNode]:
+    """Writes to ``out`` the model at ``path`` without its ``refused`` nodes and those giving a ``keep``
+    output: each one's non-constant inputs
     become extra graph outputs (through an ``Identity``, after the model's own), its outputs extra graph inputs
     (after the model's own); returns the kept nodes in graph order. CollageError where a refused node cannot
     be kept (a value of no static type, a subgraph)."""
@@ -196,7 +187,7 @@ def cut(path: Path, refused: list[int], out: Path) -> list[KeptNode]:
     kept: list[KeptNode] = []
     extra_in, extra_out, nodes = [], [], []
     for i, node in enumerate(graph.node):
-        if i not in refused:
+        if i not in refused and not keep & set(node.output):
             nodes.append(node)
             continue
         label = f"{node.op_type}" + (f" ('{node.name}')" if node.name else "")
