@@ -58,6 +58,9 @@ class ProgramTarget:
 #: The host CPU: every CPU program and every region compiled alone for it (``iree-cpu``'s target).
 CPU_TARGET = ProgramTarget(Platform.CPU, ("--iree-llvmcpu-target-cpu=host",))
 
+#: A module that computes in float64 (``collage.computes_float64``) keeps it: IREE demotes f64 by default.
+KEEP_F64 = ("--iree-input-demote-f64-to-f32=false",)
+
 
 class IreeCodegenBackend(OpSetBackend):
     """An IREE codegen backend that can be a program's default: takes every tensor compute op; regions of
@@ -109,7 +112,8 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: Progr
         # flag besides makes IREE 3.13 crash.
         kwargs["target_backends"] = []
     data = _iree_input(module)
-    extra = [*target.flags, *kwargs.pop("extra_args", []), *iree_args]
+    extra = [*target.flags, *(KEEP_F64 if collage.computes_float64(module) else ()), *kwargs.pop("extra_args", []),
+             *iree_args]
     try:
         vmfb, diagnostics = _compile_str(data, extra_args=extra, **kwargs)
     except tools.CompilerToolError as exc:

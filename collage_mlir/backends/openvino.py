@@ -191,6 +191,8 @@ class OpenVinoBackend(OnnxGraphBackend):
             raise CollageError(f"{func.location}: {why} (a defect of collage's ONNX export); leave the region "
                                "to another backend")
 
+        if infinite_extremes(model):
+            onnx.save(model, str(Path(out_dir) / art.file))
         # i64 constants reach OpenVINO folded; they must survive its 32-bit arithmetic unchanged.
         for t in model.graph.initializer:
             v = numpy_helper.to_array(t)
@@ -223,3 +225,47 @@ def inexact_i64_input(model) -> str | None:
                     return f"i64 input {inp.name} reaches gather indices without an exact conversion"
                 frontier.extend(n.output)
     return None
+
+
+def infinite_extremes(model) -> int:
+    """Makes each float ``ReduceMax`` (``ReduceMin``) of ``model`` give -inf (+inf) where every element it
+    reduces is -inf (+inf), as ONNX and StableHLO say; OpenVINO 2026.4 gives the lowest (highest) finite
+    float there. Returns how many it guarded. A softmax's max is inside its fused ``Softmax`` by then."""
+    # Probed (ONNX's test_attention_23_fullymasked_* node tests): ReduceMax of [-inf, -inf] is -3.4e38, so
+    # the expanded Attention body's "row fully masked" test (max == -inf) failed and its rows came out NaN.
+    import onnx
+    from onnx import helper, numpy_helper
+
+    floats = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+              onnx.TensorProto.DOUBLE: np.float64}
+    graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*onnx.shape_inference.infer_shapes(model).graph.value_info, *graph.input]}
+    nodes, guarded = [], 0
+    for node in graph.node:
+        nodes.append(node)
+        if node.op_type not in ("ReduceMax", "ReduceMin") or types.get(node.input[0]) not in floats:
+            continue
+        guarded += 1
+        top = node.op_type == "ReduceMax"
+        x, out, tag = node.input[0], node.output[0], f"collage_extreme{guarded}"
+        node.output[0] = f"{tag}_raw"
+        finite = helper.make_node("Not", [f"{tag}_inf"], [f"{tag}_finite"], name=f"{tag}_finite")
+        any_finite = helper.make_node(node.op_type if top else "ReduceMax",
+                                      [f"{tag}_finite_f", *node.input[1:]], [f"{tag}_any_f"], name=f"{tag}_any")
+        any_finite.attribute.extend(node.attribute)
+        extreme = numpy_helper.from_array(np.array(-np.inf if top else np.inf, floats[types[x]]), f"{tag}_extreme")
+        graph.initializer.append(extreme)
+        nodes += [helper.make_node("IsInf", [x], [f"{tag}_inf"], name=f"{tag}_inf",
+                                   detect_positive=0 if top else 1, detect_negative=1 if top else 0),
+                  finite,
+                  helper.make_node("Cast", [f"{tag}_finite"], [f"{tag}_finite_f"], name=f"{tag}_cast",
+                                   to=onnx.TensorProto.FLOAT),
+                  any_finite,
+                  helper.make_node("Cast", [f"{tag}_any_f"], [f"{tag}_any"], name=f"{tag}_any_b",
+                                   to=onnx.TensorProto.BOOL),
+                  helper.make_node("Where", [f"{tag}_any", f"{tag}_raw", extreme.name], [out], name=f"{tag}_where")]
+    if guarded:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return guarded

@@ -8,6 +8,7 @@
 - ``collage.devices`` (array of dictionaries on the module): the program's IREE devices, set by
   ``collage-place-devices`` (name, ordinal, backends, executable target).
 - ``collage.iree_flags`` (array of strings on the module): IREE flags the program needs (a second device).
+- ``collage.float64`` (unit on the module): float64 crosses its signature or a kept node: no f64 demotion.
 
 One op form is collage's own: ``stablehlo.custom_call @collage.onnx_node`` is an ONNX node kept as ONNX (an
 op the ONNX importer cannot lower), its ``backend_config`` the node as a one-node ONNX model (inputs
@@ -30,6 +31,13 @@ IREE_FLAGS = "collage.iree_flags"
 
 #: ``call_target_name`` of an ONNX node kept as ONNX.
 ONNX_NODE = "collage.onnx_node"
+
+#: Module unit attribute: the model computes in float64 where it says so. Set where float64 crosses a public
+#: function's signature or a kept ONNX node's boundary (the source declares it); the program is then
+#: compiled without IREE's default demotion of f64 to f32, which would change its signature and refuse
+#: an external function (a kept node) taking f64. Elsewhere IREE demotes as usual (torch's f64 variance
+#: in a float32 LayerNorm stays f32).
+FLOAT64 = "collage.float64"
 
 #: Symbol prefix of imports served by the runtime's `collage_rt` VM module.
 RT_MODULE = "collage_rt"
@@ -63,6 +71,33 @@ def onnx_node_attributes(model: bytes) -> dict[str, ir.Attribute]:
     return {"call_target_name": ir.StringAttr.get(ONNX_NODE),
             "backend_config": ir.StringAttr.get(base64.b64encode(model).decode("ascii")),
             "has_side_effect": ir.BoolAttr.get(False)}
+
+
+def mark_float64(module: ir.Module) -> None:
+    """Sets ``FLOAT64`` on ``module`` where float64 crosses a public signature or a kept node's boundary."""
+    def f64(types) -> bool:
+        return any(isinstance(t, ir.ShapedType) and str(ir.ShapedType(t).element_type) == "f64"
+                   or str(t) == "f64" for t in types)
+
+    found = False
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal found
+        if is_public_func(op):
+            ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            found = f64([*ftype.inputs, *ftype.results])
+        elif is_onnx_node(op):
+            found = f64([*(v.type for v in op.operands), *(r.type for r in op.results)])
+        return ir.WalkResult.INTERRUPT if found else ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    if found:
+        module.operation.attributes[FLOAT64] = ir.UnitAttr.get(module.context)
+
+
+def computes_float64(module: ir.Module | ir.Operation) -> bool:
+    """Whether ``module`` carries ``FLOAT64`` (``mark_float64``)."""
+    return FLOAT64 in module.operation.attributes
 
 
 def str_attr(op: ir.Operation, name: str) -> str | None:

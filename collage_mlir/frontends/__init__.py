@@ -24,35 +24,42 @@ def load_model(path: str | Path, context: ir.Context, *, isolated: bool = True,
 
 
 def _import_onnx_folding(path: Path, context: ir.Context, isolated: bool, keep: frozenset[str]) -> ir.Module:
-    """The ONNX model imported as it is, else with its constant subgraphs folded first (``fold_shapes``:
-    a TorchScript export's shape arithmetic, such as BERT's position ids, is a run-time assert torch-mlir
-    leaves for IREE), else with the nodes torch-mlir cannot lower kept as ONNX (``onnx_kept``); the first
-    attempt's error where nothing helps. Nodes giving a ``keep`` output are kept as ONNX in every attempt."""
+    """The first of these imports that succeeds, else the first one's error:
+    - the ONNX model as it is;
+    - with its constant subgraphs folded (``fold_shapes``: a TorchScript export's shape arithmetic, such as
+      BERT's position ids, is a run-time assert torch-mlir leaves for IREE; function ops expanded);
+    - the folded model with the nodes torch-mlir refuses alone kept as ONNX (``onnx_kept``);
+    - the same on the model as it is (ONNX Runtime's folding inlines function ops such as
+      ``SoftmaxCrossEntropyLoss`` into nodes that import alone but not together: the op is kept whole);
+    - the folded model with the nodes refused only among their neighbours kept too
+      (``onnx_kept.refused_in_context``: the last resort, a bisection of imports).
+    Nodes giving a ``keep`` output are kept as ONNX in every attempt."""
     first: CollageError | None = None
     with tempfile.TemporaryDirectory(prefix="collage-fold-") as tmp:
-        if keep:
+        cut = Path(tmp) / "cut.onnx"
+
+        def attempts():
+            yield lambda: _import_kept(path, [], keep, cut, context, isolated) if keep \
+                else import_onnx(path, context, isolated=isolated)
+            folded = fold_shapes(path, Path(tmp))
+            if folded != path and not keep:
+                yield lambda: import_onnx(folded, context, isolated=isolated)
+            refused = onnx_kept.refused_nodes(folded)
+            if refused or keep:
+                yield lambda: _import_kept(folded, refused, keep, cut, context, isolated)
+            if folded != path:
+                original = onnx_kept.refused_nodes(path)
+                if original:
+                    yield lambda: _import_kept(path, original, keep, cut, context, isolated)
+            yield lambda: _import_kept(folded, onnx_kept.refused_in_context(folded, refused, Path(tmp), keep), keep,
+                                       cut, context, isolated)
+
+        for attempt in attempts():
             try:
-                return _import_kept(path, [], keep, Path(tmp) / "cut.onnx", context, isolated)
+                return attempt()
             except CollageError as exc:
-                first = exc
-        else:
-            try:
-                return import_onnx(path, context, isolated=isolated)
-            except CollageError as exc:
-                first = exc
-        folded = fold_shapes(path, Path(tmp))
-        if folded != path and not keep:
-            try:
-                return import_onnx(folded, context, isolated=isolated)
-            except CollageError:
-                pass
-        refused = onnx_kept.refused_nodes(folded)
-        if not refused and not keep:
-            raise first from None
-        try:  # a node no engine here runs, or that cannot be kept: the importer's own word on it
-            return _import_kept(folded, refused, keep, Path(tmp) / "cut.onnx", context, isolated)
-        except CollageError:
-            raise first from None
+                first = first or exc
+        raise first from None
 
 
 def _import_kept(path: Path, refused: list[int], keep: frozenset[str], cut: Path, context: ir.Context,

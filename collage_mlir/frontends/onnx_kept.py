@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..dialects import collage
 from ..errors import CollageError
-from ..ir import ir
+from ..ir import ir, new_context
 from ..processes import python_command
 from .onnx import stablehlo_bytecode
 
@@ -139,6 +139,64 @@ def refused_nodes(path: Path) -> list[int]:
         start = started[-1] + 1
 
 
+#: How many nodes ``refused_in_context`` keeps at most before it gives up.
+MAX_IN_CONTEXT = 4
+
+
+def refused_in_context(path: Path, refused: list[int], tmp: Path, keep: frozenset[str] = frozenset()) -> list[int]:
+    """``refused`` and the nodes of the model at ``path`` that torch-mlir refuses only among their neighbours
+    (each imports alone; the whole does not: ONNX Runtime's inlined ``SoftmaxCrossEntropyLoss`` body), found
+    by bisection on prefixes of the graph: the first node whose prefix, with the nodes kept so far cut out,
+    does not import is kept too, up to ``MAX_IN_CONTEXT`` of them (nodes giving a ``keep`` output are kept
+    throughout). CollageError where that does not make the model import."""
+    import onnx
+
+    from .onnx import import_onnx
+
+    model = onnx.load(str(path))
+    types, _ = _graph_facts(model)
+    found = list(refused)
+    n = len(model.graph.node)
+
+    def imports(k: int) -> bool:
+        prefix = _prefix(model, k, types, tmp / f"prefix{k}.onnx")
+        try:
+            cut(prefix, [i for i in found if i < k], tmp / "cut.onnx", keep)
+            import_onnx(tmp / "cut.onnx", new_context(), isolated=True)
+        except CollageError:
+            return False
+        return True
+
+    for _ in range(MAX_IN_CONTEXT + 1):
+        if imports(n):
+            return found
+        lo, hi = 0, n  # the prefix of lo nodes imports, that of hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if imports(mid) else (lo, mid)
+        if hi - 1 in found or len(found) - len(refused) == MAX_IN_CONTEXT:
+            break
+        found.append(hi - 1)
+    raise CollageError("cannot import the ONNX model: keeping the nodes torch-mlir refuses among their "
+                       "neighbours as ONNX does not make the rest import", where=str(path))
+
+
+def _prefix(model, k: int, types: dict, out: Path) -> Path:
+    """Writes the model's first ``k`` nodes to ``out``, every value they give (of a static type) an output."""
+    import onnx
+    from onnx import helper
+
+    prefix = onnx.ModelProto()
+    prefix.CopyFrom(model)
+    graph = prefix.graph
+    del graph.node[k:]
+    given = [o for node in graph.node for o in node.output if o and o in types]
+    del graph.output[:]
+    graph.output.extend(helper.make_value_info(o, types[o]) for o in given)
+    onnx.save(prefix, str(out))
+    return out
+
+
 def _probe(path: str, start: int, log: str) -> int:
     """The child: imports each main-graph node from ``start`` alone, logging ``?i`` before node i and
     ``-i`` when it is refused (a distinct node once: its one-node model's digest)."""
@@ -217,8 +275,29 @@ def cut(path: Path, refused: list[int], out: Path, keep: frozenset[str] = frozen
     keep_info = [v for v in graph.value_info if v.name not in stale]
     del graph.value_info[:]
     graph.value_info.extend(keep_info)
+    _signed_at_boundary(graph)
     onnx.save(model, str(out))
     return kept
+
+
+#: Unsigned types torch-mlir aborts on (``frontends.onnx``) → the signed type of their width. At the cut's
+#: boundary a value of such a type only passes between the graph's signature and kept nodes (every node
+#: computing on it is refused), so the cut declares it signed and ``stitch`` gives it its type back.
+_SIGNED = {4: 5, 13: 7}  # UINT16 → INT16, UINT64 → INT64
+_UNSIGNED_MLIR = {4: "ui16", 13: "ui64"}
+
+
+def _signed_at_boundary(graph) -> None:
+    """Declares ``_SIGNED``'s types signed on ``graph``'s inputs, outputs and value infos; drops initializers
+    of those types no node reads any more (their readers are kept nodes, which hold them)."""
+    for v in [*graph.input, *graph.output, *graph.value_info]:
+        tt = v.type.tensor_type
+        if tt.elem_type in _SIGNED:
+            tt.elem_type = _SIGNED[tt.elem_type]
+    read = {name for node in graph.node for name in node.input}
+    unread = [t for t in graph.initializer if t.data_type in _SIGNED and t.name not in read]
+    for t in unread:
+        graph.initializer.remove(t)
 
 
 #: How many opsets below its own a one-node model is tried at where ONNX Runtime refuses it.
@@ -276,10 +355,15 @@ def stitch(module: ir.Module, kept: list[KeptNode], func_name: str = "main") -> 
         for node in kept:
             args = [block.arguments[a + j] for j in range(len(node.outputs))]
             returned = list(ret.operands)  # read again: an earlier node's results replaced arguments in it
+            in_types, out_types = _unsigned(node.model)
+            operands = returned[r:r + len(node.inputs)]
+            for k, v in enumerate(operands):
+                if k in in_types and str(v.type) != str(_retyped(v.type, in_types[k])):
+                    _give_back(v, _retyped(v.type, in_types[k]), block)
             with ir.InsertionPoint(ret):
-                call = ir.Operation.create("stablehlo.custom_call", results=[v.type for v in args],
-                                           operands=returned[r:r + len(node.inputs)],
-                                           attributes=collage.onnx_node_attributes(node.model))
+                call = ir.Operation.create("stablehlo.custom_call",
+                                           results=[_retyped(v.type, out_types.get(j)) for j, v in enumerate(args)],
+                                           operands=operands, attributes=collage.onnx_node_attributes(node.model))
             for arg, result in zip(args, call.results):
                 arg.replace_all_uses_with(result)
             a, r = a + len(node.outputs), r + len(node.inputs)
@@ -288,13 +372,43 @@ def stitch(module: ir.Module, kept: list[KeptNode], func_name: str = "main") -> 
         ret.erase()
         for index in reversed(range(first_arg, len(block.arguments))):
             block.erase_argument(index)
-        ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+        ret = block.operations[len(block.operations) - 1]
         func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            [a.type for a in block.arguments], ftype.results[:first_res]))
+            [a.type for a in block.arguments], [v.type for v in ret.operands]))
         for name, count in (("arg_attrs", first_arg), ("res_attrs", first_res)):
             if name in func.attributes:
                 func.attributes[name] = ir.ArrayAttr.get(list(ir.ArrayAttr(func.attributes[name]))[:count])
     _dataflow_order(block)
+
+
+def _unsigned(model: bytes) -> tuple[dict[int, str], dict[int, str]]:
+    """The positions of a one-node model's inputs and outputs of a ``_SIGNED`` type, with its MLIR name."""
+    import onnx
+
+    graph = onnx.load_from_string(model).graph
+
+    def of(values) -> dict[int, str]:
+        return {k: _UNSIGNED_MLIR[v.type.tensor_type.elem_type] for k, v in enumerate(values)
+                if v.type.tensor_type.elem_type in _UNSIGNED_MLIR}
+
+    return of([v for v in graph.input if v.name not in {t.name for t in graph.initializer}]), of(graph.output)
+
+
+def _retyped(type_: ir.Type, element: str | None) -> ir.Type:
+    """``type_`` (a ranked tensor) with the element type ``element``, or as it is where None."""
+    if element is None:
+        return type_
+    return ir.RankedTensorType.get(ir.RankedTensorType(type_).shape, ir.Type.parse(element))
+
+
+def _give_back(value: ir.Value, type_: ir.Type, block: ir.Block) -> None:
+    """Gives an argument of ``block`` that the cut declared signed (``_SIGNED``) its unsigned ``type_``;
+    it must be read by kept nodes and the return only."""
+    users = [u.owner for u in value.uses]
+    if not isinstance(value, ir.BlockArgument) or value.owner != block or any(
+            not (collage.is_onnx_node(u) or u.name == "func.return") for u in users):
+        raise CollageError(f"cannot import the ONNX model: a {type_} value reaches an op torch-mlir lowered")
+    value.set_type(type_)
 
 
 def _dataflow_order(block: ir.Block) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..dialects import collage
 from ..errors import CollageError
 from ..ir import diagnostics_text, ir, load_module, parse_module, passmanager
 
@@ -49,8 +50,10 @@ def _signatures(module: ir.Module) -> dict[str, tuple[str, str, str]]:
 
 
 def normalize(module: ir.Module, *, where: str = "<input>") -> ir.Module:
-    """Inlines every call of ``module`` in place (see the module docstring) and returns it. A module
-    without calls is left as it is; one whose calls cannot all be inlined (recursion) is one CollageError."""
+    """Inlines every call of ``module`` in place (see the module docstring), marks it as computing in
+    float64 where its signature or a kept ONNX node says so (``collage.mark_float64``) and returns it. One
+    whose calls cannot all be inlined (recursion) is one CollageError."""
+    collage.mark_float64(module)
     if not _calls(module):
         return module
     before = _signatures(module)

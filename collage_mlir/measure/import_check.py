@@ -178,7 +178,7 @@ def compare(index: int, name: str, got: np.ndarray, want: np.ndarray, spread: fl
     source's own spread on this output)."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
-        why = " (IREE demotes float64 to float32)" if (got.dtype, want.dtype) == (np.float32, np.float64) else ""
+        why = " (the import made float64 float32)" if (got.dtype, want.dtype) == (np.float32, np.float64) else ""
         return OutputCheck(index, name, float("inf"), 0.0,
                            f"{got.dtype}{list(got.shape)}, the source gives {want.dtype}{list(want.shape)}{why}")
     if want.dtype.kind not in "fc":  # integers and booleans: exactly
@@ -287,11 +287,12 @@ def check_import(module: ir.Module, source: Source, examples: Sequence[np.ndarra
         raise CollageError(f"cannot check the import against its source: {exc} (--no-import-check / "
                            "check_import=False compiles without the check)", where=where) from None
     want = [np.asarray(a) for a in ran.outputs]
-    # IREE demotes float64 to float32 at the program's boundary (its default --iree-input-demote-f64-to-f32):
-    # its program takes float32 there, and an output the source gives as float64 then fails the dtype rule.
-    demoted = [a.astype(np.float32) if a.dtype == np.float64 else a for a in inputs]
+    # A module whose signature has no float64 (the import made the source's float64 float32) takes float32
+    # there; an output the source gives as float64 then fails the dtype rule.
+    if not collage.computes_float64(module):
+        inputs = [a.astype(np.float32) if a.dtype == np.float64 else a for a in inputs]
     try:
-        (got,) = invoke_alone(module, {"main": demoted}).values()
+        (got,) = invoke_alone(module, {"main": inputs}).values()
     except (RuntimeError, ValueError) as exc:  # IREE's run-time errors
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise CollageError(f"the imported model does not run with IREE alone: {first[:300]}", where=where) from None

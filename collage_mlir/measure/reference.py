@@ -15,6 +15,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from collage_runtime.rt_module import RegionFailure
 from collage_runtime.types import byte_dtype
 
 from ..backends.iree_codegen import iree_compile
@@ -173,4 +174,8 @@ def _invoke_built(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) 
             raise CollageError(f"the reference run (IREE alone, kept ONNX nodes on their engine) failed to "
                                f"compile: {exc}") from None
         with collage_runtime.load(Path(tmp) / "a") as program:
-            return {name: [np.array(r, copy=True) for r in program.invoke(name, *args)] for name, args in calls.items()}
+            try:
+                return {name: [np.array(r, copy=True) for r in program.invoke(name, *args)]
+                        for name, args in calls.items()}
+            except RegionFailure as exc:  # a kept node's engine raised: a run-time error, as IREE's are
+                raise RuntimeError(str(exc)) from None

@@ -673,8 +673,8 @@ def _gemm(g: _Graph) -> bool:
         rhs = transpose.input[0] if trans else mm.input[1]
         gemm = helper.make_node("Gemm", [mm.input[0], rhs, bias], list(add.output), name=add.name,
                                 **({"transB": 1} if trans else {}))
-        g.nodes[g.nodes.index(mm)] = gemm
-        g.nodes.remove(add)
+        g.nodes[g.nodes.index(add)] = gemm  # where the add was: after a bias computed after the MatMul
+        g.nodes.remove(mm)
         if trans:
             g.nodes.remove(transpose)
         changed = True

@@ -18,7 +18,7 @@ FLOATS = ("f32", "f64")
 #: Element types a region's inputs and outputs may have: ``DTYPES``, and those only an ONNX node kept as
 #: ONNX computes on (the translated ops are held to ``DTYPES`` by their constraints).
 BOUNDARY_DTYPES = {**DTYPES, "f16": (np.float16, 10), "i8": (np.int8, 3), "i16": (np.int16, 5),
-                   "ui8": (np.uint8, 2)}
+                   "ui8": (np.uint8, 2), "ui16": (np.uint16, 4), "ui32": (np.uint32, 12), "ui64": (np.uint64, 13)}
 
 
 def _shape(v: ir.Value) -> list[int]:

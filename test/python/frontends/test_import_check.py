@@ -228,17 +228,6 @@ def test_jax_function_checked_against_jit(tmp_path, monkeypatch):
     assert "\n" not in str(err.value)
 
 
-def test_unsigned_types_torch_mlir_aborts_on_are_one_line(tmp_path, capsys):
-    """torch-mlir's lowering aborts the process on uint16/uint64 tensors (ONNX's test_add_uint16): the
-    frontend refuses them first, in one line."""
-    u16 = lambda n: helper.make_tensor_value_info(n, TensorProto.UINT16, [3])  # noqa: E731
-    path = _onnx_model(tmp_path / "u16.onnx", [helper.make_node("Add", ["x", "y"], ["z"])], [u16("x"), u16("y")],
-                       [u16("z")])
-    assert cli.main(["compile", str(path), "-o", str(tmp_path / "out")]) == 1
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "uint16 tensors, on which torch-mlir's ONNX importer aborts" in err, err
-
-
 def test_unsigned_compares_run_on_xla(tmp_path):
     """torch-mlir lowers a uint8 comparison with compare_type SIGNED, which XLA's verifier refused at the
     region's first call (ONNX's test_greater_equal_uint8 under random plans); the frontend makes it UNSIGNED."""

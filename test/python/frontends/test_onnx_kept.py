@@ -113,3 +113,56 @@ def test_a_node_newer_than_onnxruntime_reads_runs_at_an_older_opset(tmp_path):
     assert r.returncode == 0, r.stderr
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
     np.testing.assert_array_equal(np.load(tmp_path / "o" / "out_0.npy"), want)
+
+
+def _compiled_equals_onnxruntime(model, feeds: dict, tmp_path, rtol: float) -> list[np.ndarray]:
+    """`collage compile` + `collage run` of ``model`` on ``feeds`` (its inputs, in order): each output has
+    ONNX Runtime's dtype and shape and equals it within ``rtol``; the outputs."""
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    args = []
+    for name, value in feeds.items():
+        np.save(tmp_path / f"{name}.npy", value)
+        args += ["--input", str(tmp_path / f"{name}.npy")]
+    r = collage("compile", str(tmp_path / "m.onnx"), *args, "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    r = collage("run", str(tmp_path / "a"), *args, "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    want = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = [np.load(tmp_path / "o" / f"out_{k}.npy") for k in range(len(want))]
+    for g, w in zip(got, want):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=0)
+    return got
+
+
+def test_uint16_and_uint64_values_pass_between_the_signature_and_kept_nodes(tmp_path):
+    """torch-mlir aborts on uint16/uint64 tensors: every node computing on them is kept, the cut declares
+    the values signed for the importer and the program takes and gives them unsigned (values past the
+    signed range included)."""
+    u16, u64 = TensorProto.UINT16, TensorProto.UINT64
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]),                      # uint16, kept
+             helper.make_node("Cast", ["s"], ["f"], to=TensorProto.FLOAT),     # reads uint16: kept
+             helper.make_node("Mul", ["f", "y"], ["m"]),                       # float: imported
+             helper.make_node("Cast", ["m"], ["big"], to=u64)]                 # gives uint64: kept
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", u16, [3]),
+                                           helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("s", u16, [3]), helper.make_tensor_value_info("big", u64, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    model.ir_version = 10
+    feeds = {"x": np.array([1, 20000, 30000], np.uint16), "y": np.array([2.0, 3.0, 1e5], np.float32)}
+    s, big = _compiled_equals_onnxruntime(model, feeds, tmp_path, rtol=0)
+    assert s[1] == 40000 and big[2] == 6_000_000_000  # past int16's and int32's ranges
+
+
+def test_a_float64_model_computes_in_float64(tmp_path):
+    """A model declaring float64 is compiled without IREE's f64 demotion: a float64 kept node (CumSum) and
+    float64 arithmetic keep digits float32 has not (1 + 1e-10)."""
+    f64 = TensorProto.DOUBLE
+    nodes = [helper.make_node("CumSum", ["x", "axis"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f64, [4])],
+                              [helper.make_tensor_value_info("y", f64, [4])],
+                              initializer=[numpy_helper.from_array(np.array(0, np.int64), "axis")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    model.ir_version = 10
+    (y,) = _compiled_equals_onnxruntime(model, {"x": np.array([1 + 1e-10, 1, 1, 1])}, tmp_path, rtol=1e-15)
+    assert y[0] - 2 == pytest.approx(2e-10, rel=1e-5)
