@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from collage_runtime.manifest import MANIFEST, DeviceEntry, Manifest, RegionEntry, sha256_file, write_manifest
+from collage_runtime.manifest import (MANIFEST, DeviceEntry, Manifest, RegionEntry, TailEntry, sha256_file,
+                                      write_manifest)
 from collage_runtime.package import SUFFIX as PACKAGE_SUFFIX
 from collage_runtime.package import pack
 from collage_runtime.shapes import SHAPES
@@ -32,6 +33,7 @@ from .passes.lower import library_regions
 from .plan import Plan
 
 MODULE_FILE = "main.vmfb"
+TAIL_FILE = "tail.onnx"
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,10 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
         iree_args = [*parts.iree_flags, *iree_args]
         vmfb = iree_compile(module, iree_args, parts.target, **iree_kwargs)
         (stage / MODULE_FILE).write_bytes(vmfb)
+        tail = collage.OnnxTail.of(module)
+        if tail is not None:  # ONNX nodes run after main (frontends.onnx_tail)
+            (stage / TAIL_FILE).write_bytes(tail.model)
+            tail = TailEntry(TAIL_FILE, tail.inputs, tail.outputs, sha256_file(stage / TAIL_FILE))
         # The backends this artifact uses (asking every registered one imported torch in each compile).
         used = sorted({parts.plan.default_backend, *(r.backend for r in parts.plan.regions)})
         versions = {"collage-mlir": __version__, "python": sys.version.split()[0],
@@ -99,7 +105,7 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
         manifest = Manifest(source, source_hash, MODULE_FILE, hashlib.sha256(vmfb).hexdigest(), versions,
                             (*parts.target.flags, *iree_args), parts.plan.to_json(), parts.devices,
                             tuple(replace(r, sha256=sha256_file(stage / r.artifact)) for r in parts.regions),
-                            provenance or None, parts.target.platform)
+                            provenance or None, parts.target.platform, tail)
         write_manifest(stage, manifest)
     return CompileResult(out, parts.plan, manifest)
 

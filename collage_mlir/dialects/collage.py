@@ -9,6 +9,7 @@
   ``collage-place-devices`` (name, ordinal, backends, executable target).
 - ``collage.iree_flags`` (array of strings on the module): IREE flags the program needs (a second device).
 - ``collage.float64`` (unit on the module): float64 crosses its signature or a kept node: no f64 demotion.
+- ``collage.onnx_tail`` (dictionary on the module): ONNX nodes run after ``@main`` (``OnnxTail``).
 
 One op form is collage's own: ``stablehlo.custom_call @collage.onnx_node`` is an ONNX node kept as ONNX (an
 op the ONNX importer cannot lower), its ``backend_config`` the node as a one-node ONNX model (inputs
@@ -18,6 +19,7 @@ op the ONNX importer cannot lower), its ``backend_config`` the node as a one-nod
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 
 from ..ir import ir
 
@@ -71,6 +73,43 @@ def onnx_node_attributes(model: bytes) -> dict[str, ir.Attribute]:
     return {"call_target_name": ir.StringAttr.get(ONNX_NODE),
             "backend_config": ir.StringAttr.get(base64.b64encode(model).decode("ascii")),
             "has_side_effect": ir.BoolAttr.get(False)}
+
+
+#: Module attribute: the ONNX tail of an imported model (``OnnxTail``).
+ONNX_TAIL = "collage.onnx_tail"
+
+
+@dataclass(frozen=True)
+class OnnxTail:
+    """ONNX nodes of an imported model that run after ``@main`` on ONNX Runtime (``frontends.onnx_tail``): a
+    node whose output shape depends on its data and every node after it. ``model``: them as an ONNX model;
+    ``inputs``/``outputs``: as ``collage_runtime.manifest.TailEntry`` says (``("result", k)``: main's k-th
+    result, ``("arg", i)``: its i-th argument, ``("tail", j)``: the model's j-th output)."""
+
+    model: bytes
+    inputs: tuple[tuple[str, int], ...]
+    outputs: tuple[tuple[str, int], ...]
+
+    def attach(self, module: ir.Module) -> None:
+        with module.context:
+            module.operation.attributes[ONNX_TAIL] = _to_attr({
+                "model": base64.b64encode(self.model).decode("ascii"),
+                "inputs": [list(s) for s in self.inputs], "outputs": [list(s) for s in self.outputs]})
+
+    @classmethod
+    def of(cls, module: ir.Module | ir.Operation) -> "OnnxTail | None":
+        """The tail attached to ``module``, or None."""
+        data = json_attr(module.operation, ONNX_TAIL)
+        if data is None:
+            return None
+        return cls(base64.b64decode(data["model"]), tuple((k, i) for k, i in data["inputs"]),
+                   tuple((k, i) for k, i in data["outputs"]))
+
+    @staticmethod
+    def detach(module: ir.Module | ir.Operation) -> None:
+        """Drops the tail of ``module`` (a copy made to capture ``@main``'s own results)."""
+        if ONNX_TAIL in module.operation.attributes:
+            del module.operation.attributes[ONNX_TAIL]
 
 
 def mark_float64(module: ir.Module) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import CollageError
 from ..ir import ir
-from . import onnx_kept, stablehlo
+from ..dialects.collage import OnnxTail
+from . import onnx_kept, onnx_tail, stablehlo
 from .onnx import fold_shapes, import_onnx
 
 
@@ -31,6 +32,8 @@ def _import_onnx_folding(path: Path, context: ir.Context, isolated: bool, keep: 
     - the folded model with the nodes torch-mlir refuses alone kept as ONNX (``onnx_kept``);
     - the same on the model as it is (ONNX Runtime's folding inlines function ops such as
       ``SoftmaxCrossEntropyLoss`` into nodes that import alone but not together: the op is kept whole);
+    - the folded model without its tail (``onnx_tail``: nodes whose output shapes depend on their data, and
+      all after them), which then runs on ONNX Runtime after the program;
     - the folded model with the nodes refused only among their neighbours kept too
       (``onnx_kept.refused_in_context``: the last resort, a bisection of imports).
     Nodes giving a ``keep`` output are kept as ONNX in every attempt."""
@@ -51,6 +54,9 @@ def _import_onnx_folding(path: Path, context: ir.Context, isolated: bool, keep: 
                 original = onnx_kept.refused_nodes(path)
                 if original:
                     yield lambda: _import_kept(path, original, keep, cut, context, isolated)
+            tail = onnx_tail.split(folded, Path(tmp) / "head.onnx")
+            if tail is not None:
+                yield lambda: _with_tail(_import_onnx_folding(Path(tmp) / "head.onnx", context, isolated, keep), tail)
             yield lambda: _import_kept(folded, onnx_kept.refused_in_context(folded, refused, Path(tmp), keep), keep,
                                        cut, context, isolated)
 
@@ -60,6 +66,11 @@ def _import_onnx_folding(path: Path, context: ir.Context, isolated: bool, keep: 
             except CollageError as exc:
                 first = first or exc
         raise first from None
+
+
+def _with_tail(module: ir.Module, tail: OnnxTail) -> ir.Module:
+    tail.attach(module)
+    return module
 
 
 def _import_kept(path: Path, refused: list[int], keep: frozenset[str], cut: Path, context: ir.Context,

@@ -108,6 +108,7 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
         if ref.op is None:
             values[ref] = inputs[ref.func][ref.index]
     module = parse_module(module_bytecode, new_context())
+    collage.OnnxTail.detach(module)  # main's own results, and the captured values after them
     extra: dict[str, list[ValueRef]] = {}
     with module.context, ir.Location.unknown():
         for func in public_funcs(module):
@@ -132,10 +133,11 @@ def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -
     result, as arrays that own their data. The compile's diagnostics go to the log only: the module is
     collage's (the capture's returns every value, and IREE warns of each f64 result it demotes). A module
     with ONNX nodes kept as ONNX, which IREE cannot run, is built by the compile driver under the empty
-    plan instead: IREE alone but for those nodes, each on the engine it is pinned to."""
+    plan instead: IREE alone but for those nodes, each on the engine it is pinned to; so is one with an ONNX
+    tail (``collage.OnnxTail``), whose results are then those of the model, the tail's included."""
     import iree.runtime as rt
 
-    if _has_onnx_nodes(module):
+    if _has_onnx_nodes(module) or collage.OnnxTail.of(module) is not None:
         return _invoke_built(module, calls)
 
     try:

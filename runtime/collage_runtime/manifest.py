@@ -117,6 +117,43 @@ class RegionEntry:
                    data.get("artifact"), data["executor"], data["sha256"])
 
 
+#: Where a value of a program with an ONNX tail comes from: ``("result", k)``, the IREE function's k-th
+#: result; ``("arg", i)``, the call's i-th argument; ``("tail", j)``, the tail model's j-th output.
+SOURCES = ("result", "arg", "tail")
+
+
+@dataclass(frozen=True)
+class TailEntry:
+    """ONNX nodes run by ONNX Runtime after ``main``'s IREE function (``invoke`` runs them): a node whose
+    output shape depends on its data (``NonZero``, ``NonMaxSuppression``) and every node after it, which no
+    static program holds. ``inputs``: where each input of the tail model comes from (a result or an
+    argument); ``outputs``: where each output of ``main`` comes from (a result or a tail output)."""
+
+    artifact: str
+    inputs: tuple[tuple[str, int], ...]
+    outputs: tuple[tuple[str, int], ...]
+    sha256: str = ""
+
+    def to_json(self) -> dict:
+        return {"artifact": self.artifact, "inputs": [list(s) for s in self.inputs],
+                "outputs": [list(s) for s in self.outputs], "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> "TailEntry":
+        def sources(key: str, allowed: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+            items = data.get(key) if isinstance(data, dict) else None
+            if not isinstance(items, list) or not all(
+                    isinstance(s, list) and len(s) == 2 and s[0] in allowed and isinstance(s[1], int)
+                    and not isinstance(s[1], bool) and s[1] >= 0 for s in items):
+                raise ArtifactError(f"{where}: tail {key}: expected a list of [{'|'.join(allowed)}, index] pairs")
+            return tuple((s[0], s[1]) for s in items)
+
+        if not isinstance(data, dict) or not isinstance(data.get("sha256"), str):
+            raise ArtifactError(f"{where}: tail: expected {{artifact, inputs, outputs, sha256}}")
+        return cls(data.get("artifact"), sources("inputs", ("result", "arg")), sources("outputs", ("result", "tail")),
+                   data["sha256"])
+
+
 @dataclass(frozen=True)
 class DeviceEntry:
     """A logical IREE device of the program (codegen configurations): ordinal 0 is the default device;
@@ -161,6 +198,7 @@ class Manifest:
     regions: tuple[RegionEntry, ...]
     provenance: Mapping[str, Any] | None = None
     platform: Platform = Platform.CPU
+    tail: TailEntry | None = None
 
     def region(self, name: str) -> RegionEntry | None:
         return next((r for r in self.regions if r.name == name), None)
@@ -174,6 +212,8 @@ class Manifest:
             out["provenance"] = dict(self.provenance)
         if self.platform is not Platform.CPU:
             out["platform"] = self.platform.value
+        if self.tail is not None:
+            out["tail"] = self.tail.to_json()
         return out
 
     @classmethod
@@ -206,7 +246,8 @@ class Manifest:
                                 f"got {data.get('platform')!r}"[:300]) from None
         return cls(str(data.get("source", "")), str(data.get("source_sha256", "")), data.get("module"),
                    data.get("module_sha256"), versions, tuple(iree_args), plan,
-                   tuple(DeviceEntry.from_json(d, where) for d in devices), entries, provenance, platform)
+                   tuple(DeviceEntry.from_json(d, where) for d in devices), entries, provenance, platform,
+                   TailEntry.from_json(data["tail"], where) if "tail" in data else None)
 
 
 def load_manifest(root: Path) -> Manifest:
@@ -221,6 +262,8 @@ def load_manifest(root: Path) -> Manifest:
     verified_file(root, manifest.module, manifest.module_sha256, "module")
     for region in manifest.regions:
         verified_file(root, region.artifact, region.sha256, f"region '{region.name}' artifact")
+    if manifest.tail is not None:
+        verified_file(root, manifest.tail.artifact, manifest.tail.sha256, "ONNX tail")
     return manifest
 
 

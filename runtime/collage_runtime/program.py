@@ -119,6 +119,12 @@ class Program:
             f: parse_declaration(self._main.lookup_function(f).reflection.get("iree.abi.declaration", ""))
             for f in self._main.function_names if not f.startswith("__")}
         self._direct_calls: dict[str, DirectCall | None] = {}
+        self._tail = None
+        if self.manifest.tail is not None:
+            import onnxruntime as ort
+
+            self._tail = ort.InferenceSession(str(self.root / self.manifest.tail.artifact),
+                                              self.engines.ort_session_options(), providers=["CPUExecutionProvider"])
         _OPEN.add(self)
 
     @property
@@ -145,9 +151,24 @@ class Program:
                       for a in arrays]  # keeps rank 0
         direct = self._direct(name, contiguous)
         if direct is not None:
-            return direct.to_host(self._guarded(direct, contiguous))
-        result, specs = self._call(name, contiguous)
-        return self.to_host(*result, specs=specs)
+            results = direct.to_host(self._guarded(direct, contiguous))
+        else:
+            result, specs = self._call(name, contiguous)
+            results = self.to_host(*result, specs=specs)
+        return self._with_tail(contiguous, results) if name == "main" and self._tail is not None else results
+
+    def _with_tail(self, args: Sequence[np.ndarray], results: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """``main``'s outputs of a program with an ONNX tail (``Manifest.tail``): the tail run by ONNX
+        Runtime on the IREE function's results and the call's arguments, the outputs picked from both."""
+        tail = self.manifest.tail
+        given = {"result": results, "arg": args}
+        feeds = {i.name: np.asarray(given[kind][k]) for i, (kind, k) in zip(self._tail.get_inputs(), tail.inputs)}
+        try:
+            ran = self._tail.run(None, feeds)
+        except Exception as exc:  # noqa: BLE001  (ONNX Runtime raises its own exception types)
+            raise RegionFailure("onnx_tail", "ort", exc) from None
+        given["tail"] = ran
+        return tuple(given[kind][k] for kind, k in tail.outputs)
 
     def to_host(self, *values, specs: Sequence[TensorSpec | None] = ()) -> tuple[np.ndarray, ...]:
         """Results of the program (``DeviceArray``s, as ``device_function`` returns them) as host arrays;
@@ -255,7 +276,9 @@ class Program:
 
     def device_function(self, name: str) -> Callable:
         """Function ``name`` taking and returning device arrays (see ``to_device``): for timing loops that
-        should not copy inputs in and results out on every call. Its calls hold the program's lock too."""
+        should not copy inputs in and results out on every call. Its calls hold the program's lock too.
+        Of a program with an ONNX tail (``Manifest.tail``) it calls the IREE function alone, as
+        ``invoke_dlpack`` does: ``invoke`` runs the tail."""
         if name not in self._signatures:
             raise ArtifactError(f"{self.root}: no function '{name}' (has: {', '.join(self._signatures)})")
         lock, live = self._lock, self._live
@@ -291,6 +314,7 @@ class Program:
                     delattr(self, attr)
             gc.collect()
         _OPEN.discard(self)
+        self._tail = None
         if hasattr(self, "_cleanup"):
             self._cleanup()
 

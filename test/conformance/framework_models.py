@@ -9,7 +9,8 @@ activations and max pooling, an MLP with top-k / sort / cumsum post-processing, 
 layer. ONNX files as users export them: Hugging Face BERT, GPT-2 and ViT from configs through
 ``torch.onnx.export`` (its dynamo exporter, opset 18); a pre-norm decoder (``nn.RMSNorm``, causal
 ``scaled_dot_product_attention``) exported at opset 23, which writes ``RMSNormalization`` and ``Attention``;
-a CNN quantized by ONNX Runtime's ``quantize_static`` (QDQ). Each (model, plan) is compiled and run through the ``collage`` command line (each run in its own
+a CNN quantized by ONNX Runtime's ``quantize_static`` (QDQ); a detector's head ending in ``NonMaxSuppression``
+(its output count the data's: an ONNX tail run after the program). Each (model, plan) is compiled and run through the ``collage`` command line (each run in its own
 process), and its outputs compared with the ``default`` plan's as collage validates a plan
 (``measure.validate.compare``): floats within the loosest tolerance of the backends the plan uses, relative
 to each output's scale (a quantizing model at ``QUANT_RTOL``), integers exactly. A row is ``passed``, ``failed`` (one error line, non-zero
@@ -121,6 +122,42 @@ def _jax(kind: str, folder: Path) -> list[np.ndarray]:
     return args
 
 
+def detection_head(path: Path, seed: int = 0) -> list[np.ndarray]:
+    """A detector's head as ONNX graph tools write it: a strided conv gives 16 anchors' boxes and scores
+    (sigmoids), ``NonMaxSuppression`` keeps at most 5 of them, a ``Gather`` picks their boxes (how many:
+    the data's business). Writes the model; returns its example input."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    inits = [numpy_helper.from_array((rng.standard_normal((5, 3, 4, 4)) * 0.3).astype(np.float32), "w"),
+             ints("shape", [1, 5, 16]), ints("s0", [0]), ints("s2", [2]), ints("s4", [4]), ints("s5", [5]),
+             ints("one", [1]), ints("max_out", [5]), numpy_helper.from_array(np.array([0.5], np.float32), "iou"),
+             numpy_helper.from_array(np.array([0.3], np.float32), "min_score")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["f"], strides=[4, 4]),
+             helper.make_node("Reshape", ["f", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Slice", ["t", "s0", "s4", "s2"], ["b"]),
+             helper.make_node("Sigmoid", ["b"], ["boxes"]),
+             helper.make_node("Slice", ["t", "s4", "s5", "s2"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["st"], perm=[0, 2, 1]),
+             helper.make_node("Sigmoid", ["st"], ["scores"]),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "min_score"], ["selected"]),
+             helper.make_node("Slice", ["selected", "s2", "s4", "one"], ["column"]),
+             helper.make_node("Squeeze", ["column", "one"], ["index"]),
+             helper.make_node("Squeeze", ["boxes", "s0"], ["all_boxes"]),
+             helper.make_node("Gather", ["all_boxes", "index"], ["detections"])]
+    graph = helper.make_graph(nodes, "detector", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("detections", TensorProto.FLOAT, ["n", 4]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, 16])],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return [np.random.default_rng(seed + 1).standard_normal((1, 3, 16, 16)).astype(np.float32)]
+
+
 def _onnx(kind: str, folder: Path) -> list[np.ndarray]:
     import torch
     import torch.nn.functional as F
@@ -190,7 +227,8 @@ MODELS = {"bert": lambda d: _hf("bert", d), "gpt2": lambda d: _hf("gpt2", d),
           "jax_cnn": lambda d: _jax("jax_cnn", d), "jax_post": lambda d: _jax("jax_post", d),
           "jax_encoder": lambda d: _jax("jax_encoder", d),
           **{k: (lambda d, k=k: _onnx(k, d)) for k in ("onnx_bert", "onnx_gpt2", "onnx_vit", "onnx_decoder23",
-                                                         "onnx_qdq")}}
+                                                         "onnx_qdq")},
+          "onnx_detector": lambda d: detection_head(d / "model.onnx")}
 
 
 #: Models that quantize: checked at ``validate.QUANT_RTOL`` of each output's scale, as collage validates them.

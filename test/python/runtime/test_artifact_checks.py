@@ -105,6 +105,10 @@ def test_cli_names_the_wrong_input_file(built, tmp_path):
     (lambda a: _edit(a, lambda m: m["regions"][0].update(outputs=[])), "a region returns at least one tensor"),
     (lambda a: _edit(a, lambda m: m["regions"][0]["inputs"].pop()), "the module does not link with the manifest's regions"),
     (lambda a: _edit(a, lambda m: m.update(version=99)), "artifact version 99 is not supported"),
+    (lambda a: _edit(a, lambda m: m.update(tail={"artifact": "main.vmfb", "inputs": [["tail", 0]], "outputs": [],
+                                               "sha256": ""})), "tail inputs: expected a list of"),
+    (lambda a: _edit(a, lambda m: m.update(tail={"artifact": "../t.onnx", "inputs": [], "outputs": [], "sha256": ""})),
+     "lies outside the artifact directory"),
     (lambda a: (a / "manifest.json").write_text((a / "manifest.json").read_text()[:50]), "cannot read artifact manifest"),
     (lambda a: (a / "manifest.json").write_bytes(b"\xff\xfe\x00garbage"), "cannot read artifact manifest"),
 ])

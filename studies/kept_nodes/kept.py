@@ -1,0 +1,151 @@
+"""What an ONNX node kept as ONNX costs (issue: "the opaque path costs no more than ORT running that
+subgraph alone, plus one boundary"; "a model with one unimportable node runs at the speed of its best plan
+for the rest, not at ORT-whole speed").
+
+Two studies, each timed interleaved in one process (``studies.common.timing``, median ms per call of
+rounds of at least 0.2 s):
+
+- ``alone``: ``CumProd`` (torch-mlir cannot lower it) over x[B, 256], B = 4, 64, 1024 (4 KB ... 1 MB). The
+  collage program holds nothing but the kept node. ``ort``: ONNX Runtime on the one-node model as its users
+  run it (``InferenceSession(path)`` and ``run``); ``ort (collage's options)``: the session options collage's
+  executor gives a program's only region. ``collage - ort``: what the opaque path adds, against the
+  boundary's figure (studies/boundary: 4-17 µs for ``ort``, 1 KB to 256 KB).
+- ``model``: an MLP block x[64, 512] → MatMul+bias → Tanh → CumProd (kept) → MatMul+bias → Relu, and the
+  same block with ``Identity`` in CumProd's place (the rest alone). Each compiled under ``default`` (IREE,
+  the kept node on ONNX Runtime) and ``prefer:ort``; ONNX Runtime on the whole model. The claim holds when
+  the best collage plan with the kept node is the rest's best plan plus about the kept node's cost.
+
+    python -m studies.kept_nodes.kept [--rounds 7] [--out studies/kept_nodes]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from studies.common.report import header, write_report
+from studies.common.timing import interleaved_ms
+
+OPSET = 26  # CumProd's first opset
+ENGINE = "ort (collage's options)"
+
+
+def _save(path: Path, nodes, x_shape, y_shape, initializers=()) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+                              initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+def cumprod_alone(path: Path, rows: int) -> Path:
+    from onnx import helper, numpy_helper
+
+    axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+    return _save(path, [helper.make_node("CumProd", ["x", "axis"], ["y"])], [rows, 256], [rows, 256], [axis])
+
+
+def mlp_block(path: Path, kept: bool, n: int = 64, d: int = 512) -> Path:
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(d).astype(np.float32) * 0.1, "b1"),
+             numpy_helper.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.standard_normal(d).astype(np.float32) * 0.1, "b2"),
+             numpy_helper.from_array(np.array(1, np.int64), "axis")]
+    middle = helper.make_node("CumProd", ["t", "axis"], ["c"]) if kept else helper.make_node("Identity", ["t"], ["c"])
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Tanh", ["hb"], ["t"]), middle,
+             helper.make_node("MatMul", ["c", "w2"], ["o"]), helper.make_node("Add", ["o", "b2"], ["ob"]),
+             helper.make_node("Relu", ["ob"], ["y"])]
+    return _save(path, nodes, [n, d], [n, d], inits)
+
+
+def _ort(path: Path, collage_options: bool):
+    import onnxruntime as ort
+    from collage_runtime.engines import Engines
+
+    options = Engines(threads=2, sole="ort").ort_session_options() if collage_options else None
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _collage(path: Path, plan: str, out: Path, x: np.ndarray, stack) -> tuple:
+    import collage_runtime
+    from collage_mlir.iree import compile_file
+
+    manifest = compile_file(path, output_dir=out, plan=plan)
+    program = stack.enter_context(collage_runtime.load(out))
+    regions = [(r.name, r.backend) for r in manifest.regions]
+    return (lambda: program.invoke("main", x)), regions
+
+
+def study_alone(tmp: Path, rounds: int, stack) -> list[dict]:
+    rows = []
+    for b in (4, 64, 1024):
+        path = cumprod_alone(tmp / f"cumprod{b}.onnx", b)
+        x = (1 + np.random.default_rng(1).standard_normal((b, 256)).astype(np.float32) * 1e-3)
+        run, regions = _collage(path, "default", tmp / f"alone{b}", x, stack)
+        user, engine = _ort(path, False), _ort(path, True)
+        np.testing.assert_allclose(run()[0], user.run(None, {"x": x})[0], rtol=1e-6)
+        ms = interleaved_ms({"ort": lambda: user.run(None, {"x": x}),
+                             ENGINE: lambda: engine.run(None, {"x": x}),
+                             "collage": run}, rounds)
+        rows.append({"rows": b, "kb": b * 256 * 4 // 1024, "regions": regions, **ms})
+    return rows
+
+
+def study_model(tmp: Path, rounds: int, stack) -> dict:
+    x = np.random.default_rng(2).standard_normal((64, 512)).astype(np.float32)
+    runners, regions = {}, {}
+    for kept in (True, False):
+        path = mlp_block(tmp / f"mlp_{'kept' if kept else 'rest'}.onnx", kept)
+        label = "with CumProd" if kept else "rest (Identity)"
+        session = _ort(path, False)
+        runners[f"ort whole, {label}"] = (lambda s: lambda: s.run(None, {"x": x}))(session)
+        for plan in ("default", "prefer:ort"):
+            run, regions[f"{plan}, {label}"] = _collage(path, plan, tmp / f"{plan.replace(':', '_')}_{kept}", x, stack)
+            if kept:
+                np.testing.assert_allclose(run()[0], session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+            runners[f"collage {plan}, {label}"] = run
+    return {"ms": interleaved_ms(runners, rounds), "regions": regions}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Kept ONNX nodes: cost ({result['device']})", "", f"`{result['command']}`", "",
+             "## CumProd alone (ms per call)", "",
+             "| x | ort | ort (collage's options) | collage | collage - ort (µs) |", "|---|---:|---:|---:|---:|"]
+    for r in result["alone"]:
+        engine = r[ENGINE]
+        lines.append(f"| {r['rows']}x256 ({r['kb']} KB) | {r['ort']:.4f} | {engine:.4f} | {r['collage']:.4f} | "
+                     f"{(r['collage'] - min(r['ort'], engine)) * 1e3:.1f} |")
+    lines += ["", "## MLP block x[64, 512] with one kept node (ms per call)", "", "| runner | ms |", "|---|---:|"]
+    for k, v in result["model"]["ms"].items():
+        lines.append(f"| {k} | {v:.4f} |")
+    lines += ["", "Regions: " + "; ".join(f"{k}: {v}" for k, v in result["model"]["regions"].items()), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from contextlib import ExitStack
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", default=str(Path(__file__).parent))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="collage-kept-") as tmp, ExitStack() as stack:
+        result = {**header("kept_nodes"), "alone": study_alone(Path(tmp), args.rounds, stack),
+                  "model": study_model(Path(tmp), args.rounds, stack)}
+    write_report(args.out, "kept", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()
