@@ -12,10 +12,11 @@ rounds of at least 0.2 s):
   boundary's figure (studies/boundary: 4-17 µs for ``ort``, 1 KB to 256 KB).
 - ``model``: an MLP block x[64, 512] → MatMul+bias → Tanh → CumProd (kept) → MatMul+bias → Relu, and the
   same block with ``Identity`` in CumProd's place (the rest alone). Each compiled under ``default`` (IREE,
-  the kept node on ONNX Runtime) and ``prefer:ort``; ONNX Runtime on the whole model. The claim holds when
-  the best collage plan with the kept node is the rest's best plan plus about the kept node's cost.
+  the kept node on ONNX Runtime), ``prefer:ort`` and, with ``--tune S``, the plan ``collage tune`` finds in S
+  seconds; ONNX Runtime on the whole model. The claim holds when the best collage plan with the kept node
+  is the rest's best plan plus about the kept node's cost.
 
-    python -m studies.kept_nodes.kept [--rounds 7] [--out studies/kept_nodes]
+    python -m studies.kept_nodes.kept [--rounds 7] [--tune 60] [--out studies/kept_nodes]
 """
 
 from __future__ import annotations
@@ -103,7 +104,24 @@ def study_alone(tmp: Path, rounds: int, stack) -> list[dict]:
     return rows
 
 
-def study_model(tmp: Path, rounds: int, stack) -> dict:
+def _tuned(path: Path, x: np.ndarray, budget: int, tmp: Path) -> str:
+    """``collage tune`` of the model at ``path`` (its own cost DB): the plan file."""
+    import subprocess
+    import sys
+
+    np.save(tmp / "x.npy", x)
+    plan = path.with_suffix(".plan.json")
+    subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "tune", str(path), "--input", str(tmp / "x.npy"),
+                    "--backends", TUNED_BACKENDS, "--budget", f"{budget}s", "--db", str(tmp / "costs.sqlite"),
+                    "-o", str(plan)], check=True, capture_output=True)
+    return str(plan)
+
+
+#: The backends ``--tune`` searches over.
+TUNED_BACKENDS = "iree-cpu,iree-cpu-dt,ort,openvino"
+
+
+def study_model(tmp: Path, rounds: int, stack, tune: int = 0) -> dict:
     x = np.random.default_rng(2).standard_normal((64, 512)).astype(np.float32)
     runners, regions = {}, {}
     for kept in (True, False):
@@ -111,11 +129,14 @@ def study_model(tmp: Path, rounds: int, stack) -> dict:
         label = "with CumProd" if kept else "rest (Identity)"
         session = _ort(path, False)
         runners[f"ort whole, {label}"] = (lambda s: lambda: s.run(None, {"x": x}))(session)
-        for plan in ("default", "prefer:ort"):
-            run, regions[f"{plan}, {label}"] = _collage(path, plan, tmp / f"{plan.replace(':', '_')}_{kept}", x, stack)
+        plans = {"default": "default", "prefer:ort": "prefer:ort"}
+        if tune:
+            plans["tuned"] = _tuned(path, x, tune, tmp)
+        for name, plan in plans.items():
+            run, regions[f"{name}, {label}"] = _collage(path, plan, tmp / f"{name.replace(':', '_')}_{kept}", x, stack)
             if kept:
                 np.testing.assert_allclose(run()[0], session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
-            runners[f"collage {plan}, {label}"] = run
+            runners[f"collage {name}, {label}"] = run
     return {"ms": interleaved_ms(runners, rounds), "regions": regions}
 
 
@@ -140,10 +161,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default=str(Path(__file__).parent))
+    parser.add_argument("--tune", type=int, default=0, metavar="SECONDS",
+                        help=f"also time plans `collage tune --budget SECONDS` found (over {TUNED_BACKENDS})")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="collage-kept-") as tmp, ExitStack() as stack:
         result = {**header("kept_nodes"), "alone": study_alone(Path(tmp), args.rounds, stack),
-                  "model": study_model(Path(tmp), args.rounds, stack)}
+                  "model": study_model(Path(tmp), args.rounds, stack, args.tune)}
     write_report(args.out, "kept", result, markdown(result))
 
 
