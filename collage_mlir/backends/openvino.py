@@ -110,7 +110,8 @@ def no_scalar_dot(op: ir.Operation) -> str | None:
 
 def kept_node_agrees(op: ir.Operation) -> str | None:
     """an ONNX node kept as ONNX only where OpenVINO compiles it and gives ONNX Runtime's outputs on
-    generated inputs (its ONNX reader lacks ops such as Det and CumProd)"""
+    generated inputs (its ONNX reader lacks ops such as Det and CumProd), and not one computing integers from
+    floats (a quantization: OpenVINO rounds ties its own way)"""
     model = collage.onnx_node_model(op)
     return None if model is None else _kept_node_problem(model)
 
@@ -127,6 +128,12 @@ def _kept_node_problem(model: bytes) -> str | None:
 
     graph = onnx.load_from_string(model).graph
     given = {t.name for t in graph.initializer}
+    kinds = {v.name: onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).kind
+             for v in [*graph.input, *graph.output]}
+    if any(kinds[v.name] == "f" for v in graph.input) and any(kinds[v.name] in "iub" for v in graph.output):
+        # Probed (ONNX's test_dynamicquantizelinear_expanded): its kept QuantizeLinear gave 1 off at a tie
+        # (x / scale = k + 0.5) on OpenVINO; generated inputs hit no tie, so such nodes are not compared.
+        return "a float-to-integer node: OpenVINO rounds ties its own way"
     rng = np.random.default_rng(0)
     feeds = {}
     for v in graph.input:
