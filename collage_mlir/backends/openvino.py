@@ -116,6 +116,10 @@ def kept_node_agrees(op: ir.Operation) -> str | None:
     return None if model is None else _kept_node_problem(model)
 
 
+#: Kept ops OpenVINO does not stand in for, whatever the probe finds (see ``_kept_node_problem``).
+SPECTRAL = ("DFT", "STFT")
+
+
 @lru_cache(maxsize=256)
 def _kept_node_problem(model: bytes) -> str | None:
     """Why OpenVINO cannot stand in for ONNX Runtime on the one-node ``model``, else None: it cannot compile
@@ -134,6 +138,10 @@ def _kept_node_problem(model: bytes) -> str | None:
         # Probed (ONNX's test_dynamicquantizelinear_expanded): its kept QuantizeLinear gave 1 off at a tie
         # (x / scale = k + 0.5) on OpenVINO; generated inputs hit no tie, so such nodes are not compared.
         return "a float-to-integer node: OpenVINO rounds ties its own way"
+    if graph.node[0].op_type in SPECTRAL:
+        # Probed (ONNX's test_dft_axis_opset19): OpenVINO's DFT is off by 8.8e-5 at bins that cancel, where
+        # ONNX Runtime meets the case's atol of 1e-7; on generated inputs the two agree to 7e-7 of the scale.
+        return "a DFT: OpenVINO's sums differ from ONNX Runtime's at bins that cancel"
     rng = np.random.default_rng(0)
     feeds = {}
     for v in graph.input:
