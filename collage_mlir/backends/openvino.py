@@ -159,8 +159,12 @@ def _kept_node_problem(model: bytes) -> str | None:
         return "ONNX Runtime does not run the node on generated inputs to compare OpenVINO with"
     try:
         core = ov.Core()
-        compiled = core.compile_model(core.read_model(model=model, weights=b""), "CPU",
-                                      {hints.inference_precision: ov.Type.f32})
+        read = core.read_model(model=model, weights=b"")
+        if not all(o.get_partial_shape().is_static for o in read.outputs):
+            # Compress of a constant mask, a window of a constant size: static to ONNX's shape inference,
+            # dynamic in OpenVINO's reading, and a region's outputs are bound at their static shapes.
+            return "OpenVINO reads the node's output shape as dynamic"
+        compiled = core.compile_model(read, "CPU", {hints.inference_precision: ov.Type.f32})
         got = list(compiled(feeds).values())
     except Exception:  # noqa: BLE001  (OpenVINO raises its own exception types)
         return "OpenVINO's ONNX reader does not take the node"
