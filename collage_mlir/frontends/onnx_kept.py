@@ -26,7 +26,7 @@ from ..dialects import collage
 from ..errors import CollageError
 from ..ir import ir, new_context
 from ..processes import python_command
-from .onnx import stablehlo_bytecode
+from .onnx import import_onnx, stablehlo_bytecode
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,6 @@ def refused_in_context(path: Path, refused: list[int], tmp: Path, keep: frozense
     does not import is kept too, up to ``MAX_IN_CONTEXT`` of them (nodes giving a ``keep`` output are kept
     throughout). CollageError where that does not make the model import."""
     import onnx
-
-    from .onnx import import_onnx
 
     model = onnx.load(str(path))
     types, _ = _graph_facts(model)
