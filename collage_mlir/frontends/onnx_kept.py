@@ -165,16 +165,17 @@ def refused_in_context(path: Path, refused: list[int], tmp: Path, keep: frozense
             return False
         return True
 
-    for _ in range(MAX_IN_CONTEXT + 1):
-        if imports(n):
-            return found
+    # The whole model with ``refused`` cut out does not import (the caller tried it): bisect, keep, retry.
+    for _ in range(MAX_IN_CONTEXT):
         lo, hi = 0, n  # the prefix of lo nodes imports, that of hi does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if imports(mid) else (lo, mid)
-        if hi - 1 in found or len(found) - len(refused) == MAX_IN_CONTEXT:
+        if hi - 1 in found:
             break
         found.append(hi - 1)
+        if imports(n):
+            return found
     raise CollageError("cannot import the ONNX model: keeping the nodes torch-mlir refuses among their "
                        "neighbours as ONNX does not make the rest import", where=str(path))
 
