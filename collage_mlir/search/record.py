@@ -128,6 +128,10 @@ class TuneRecord:
     dp: PlanTimes | None = None
     single_backend: dict[str, PlanTimes] | None = None
     finalists: tuple[Finalist, ...] | None = None
+    #: Backends whose whole-model plan (seed) this tune neither timed nor found in the DB: their builds did
+    #: not end within the budget, so the plan was chosen without them (a 40 s tune of a full ResNet-50 on
+    #: an H200 timed IREE alone only: each whole-model build there took 30-50 s).
+    untimed: tuple[str, ...] | None = None
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {
@@ -143,6 +147,7 @@ class TuneRecord:
             "single_backend": ({n: t.to_json() for n, t in self.single_backend.items()}
                                if self.single_backend is not None else None),
             "finalists": [f.to_json() for f in self.finalists] if self.finalists is not None else None,
+            "untimed": list(self.untimed) if self.untimed else None,
         }
         return {k: v for k, v in out.items() if v is not None}
 
@@ -156,6 +161,9 @@ class TuneRecord:
         finalists = d.get("finalists")
         if finalists is not None and not isinstance(finalists, list):
             raise _bad("\"finalists\" must be a list", source)
+        untimed = d.get("untimed")
+        if untimed is not None and not (isinstance(untimed, list) and all(isinstance(b, str) for b in untimed)):
+            raise _bad("\"untimed\" must be a list of backend names", source)
         return cls(
             seed=d.get("seed"),
             budget_s=d.get("budget_s"),
@@ -170,6 +178,7 @@ class TuneRecord:
                              for n, t in _dict(single, "\"single_backend\"", source).items()}
                             if single is not None else None),
             finalists=tuple(Finalist.from_json(f, source) for f in finalists) if finalists is not None else None,
+            untimed=tuple(untimed) if untimed is not None else None,
         )
 
 

@@ -308,7 +308,8 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
                                                                else opts.rounds, f"best {best * 1e3:.3f} ms"))
     est.deadline = min(deadline, time.monotonic())  # the record measures nothing new: DB and memory only
     tuned = _tuned_plan(evolved, dp_plan, dp_timed, {n: p for n, p in single.items() if n in timed},
-                         sg, est, accepts, names, seed, budget_s, len(index))
+                         sg, est, accepts, names, seed, budget_s, len(index),
+                         tuple(n for n in single if n not in timed))
     db.put_cached(TUNE_RESULT, result_key, json.dumps({
         "document": tuned.to_json(), "dp_plan": dp_plan.to_json(), "candidates": len(index),
         "single": {n: p.to_json() for n, p in single.items()}}))
@@ -409,11 +410,11 @@ def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: Measu
 
 def _tuned_plan(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: dict[str, Plan], sg: SearchGraph,
                 est: MeasuredEstimator, accepts, names: list[str], seed: int, budget_s: float,
-                candidates: int) -> TunedPlan:
+                candidates: int, untimed: tuple[str, ...] = ()) -> TunedPlan:
     """The plan with a record of the tuning: per region its cost, runner-up and why; predicted and
-    measured end-to-end times of the plan, the DP plan (measured when ``dp_timed``) and each
-    single-backend plan timed (``single``). Holds no wall-clock figures, so a rerun on the same DB writes
-    the same bytes."""
+    measured end-to-end times of the plan, the DP plan (measured when ``dp_timed``), each
+    single-backend plan timed (``single``) and the backends whose seed was not (``untimed``). Holds no
+    wall-clock figures, so a rerun on the same DB writes the same bytes."""
     plan = evolved.plan
 
     def predicted(p: Plan) -> float | None:
@@ -461,5 +462,6 @@ def _tuned_plan(evolved: EvolveResult, dp_plan: Plan, dp_timed: bool, single: di
         dp=PlanTimes(predicted(dp_plan), measured_s(dp_plan) if dp_timed else None, len(dp_plan.regions)),
         single_backend={name: PlanTimes(predicted(p), measured_s(p), len(p.regions)) for name, p in single.items()},
         finalists=tuple(Finalist(f.name, len(f.plan.regions), tuple(f.times), f.spread) for f in evolved.finalists),
+        untimed=untimed,
     )
     return TunedPlan(plan, tuple(choices), record)

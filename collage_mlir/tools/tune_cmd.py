@@ -300,4 +300,11 @@ def print_summary(result, output: str) -> None:
     table.add_row("dp", str(rec.dp.regions), ms(rec.dp.predicted_s), ms(rec.dp.measured_s))
     for name, row in rec.single_backend.items():
         table.add_row(f"{name} alone", str(row.regions), ms(row.predicted_s), ms(row.measured_s))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if rec.untimed:
+        est = result.estimator
+        took = f"; a whole-model build took {est.build_s:.0f} s here" if est is not None and est.build_s > 1 else ""
+        console.print(f"[yellow]not timed within the {rec.budget_s:g} s budget: {', '.join(rec.untimed)} alone "
+                      f"(their whole-model builds did not end in time{took}); the plan was chosen without "
+                      f"them: a longer --budget times them[/]", highlight=False)

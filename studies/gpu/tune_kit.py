@@ -52,6 +52,9 @@ def _unpack(wheel: Path, into: Path) -> None:
                 (into / name).chmod(0o755)
 
 
+DIST_INFO = "collage_mlir-0.1.0.dist-info"
+
+
 def write_site(kit: Path, work: Path) -> None:
     """``kit/site.tar.xz`` (runtime, compiler without its library, collage's dist-info) and
     ``kit/libIREECompiler.so.xz``."""
@@ -66,11 +69,18 @@ def write_site(kit: Path, work: Path) -> None:
     with open(kit / "libIREECompiler.so.xz", "wb") as out:
         subprocess.run(["xz", "-9e", "-T0", "-c", str(lib)], stdout=out, check=True)
     lib.unlink()
-    info = site / "collage_mlir-0.1.0.dist-info"
+    subprocess.run(["tar", "cJf", str(kit / "site.tar.xz"), "-C", str(site), "."], check=True)
+
+
+def write_dist_info(kit: Path) -> None:
+    """``kit/collage_mlir-0.1.0.dist-info``: collage's entry points (its backends) as this tree registers
+    them, rewritten with every kit (a kit whose IREE wheels were kept still gets today's backends);
+    ``tune_on_gpu.sh`` puts it on the path beside IREE."""
+    info = kit / DIST_INFO
+    shutil.rmtree(info, ignore_errors=True)
     info.mkdir()
     info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: collage-mlir\nVersion: 0.1.0\n")
     info.joinpath("entry_points.txt").write_text(distribution("collage-mlir").read_text("entry_points.txt"))
-    subprocess.run(["tar", "cJf", str(kit / "site.tar.xz"), "-C", str(site), "."], check=True)
 
 
 def packable_weights(model, inputs, period: int = 4093) -> None:
@@ -174,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.kernels_only:
         write_kernels(args.kit, args.kernels.split(","))
+        write_dist_info(args.kit)
         return 0
     args.kit.mkdir(parents=True, exist_ok=True)
     if not (args.models_only and (args.kit / "site.tar.xz").exists()):
         with tempfile.TemporaryDirectory() as work:
             write_site(args.kit, Path(work))
+    write_dist_info(args.kit)
     for old in [*args.kit.glob("*.mlir*"), *args.kit.glob("*.npy")]:
         old.unlink()
     for old in args.kit.glob("ref_*"):

@@ -8,6 +8,7 @@
 # Environment: TUNE_ARGS (more `collage tune` arguments, e.g. "--backends iree-cuda,cudnn,cublas"),
 # NO_TESTS=1 (skip the gpu-marked tests), NO_PEERS=1 (do not time torch eager / torch.compile),
 # ALSO_DEFAULT=1 (compile the default plan, IREE alone, and time it in the same rounds as the tuned one),
+# ALSO_PLANS (more plans compiled and timed in those rounds, e.g. "prefer:triton-tf32x3 prefer:triton"),
 # COMPILE_MODE (torch.compile's mode, default reduce-overhead).
 # Each torch model's compiled plan is then timed against torch eager and torch.compile (tuned_vs_torch.py).
 # Writes OUT/log.txt and OUT/tune.tgz (plans, cost DB, each step's log, summary.md, peers.md).
@@ -24,6 +25,8 @@ if [ "$DEVICE" != cpu ]; then  # the dry run uses this machine's own IREE
   tar xf "$KIT/site.tar.xz" -C "$SITE" || exit 1
   xz -d -T0 -c "$KIT/libIREECompiler.so.xz" > "$SITE/iree/compiler/_mlir_libs/libIREECompiler.so" || exit 1
   chmod +x "$SITE"/iree/compiler/_mlir_libs/iree-* "$SITE"/iree/_runtime_libs/iree-* 2>/dev/null
+  # collage's backends as the kit's tree registers them (older kits carried them inside site.tar.xz)
+  [ -d "$KIT/collage_mlir-0.1.0.dist-info" ] && { rm -rf "$SITE/collage_mlir-0.1.0.dist-info"; cp -r "$KIT/collage_mlir-0.1.0.dist-info" "$SITE/"; }
 fi
 mkdir -p "$W/models"; for f in "$KIT"/*.mlir.xz; do xz -d -c "$f" > "$W/models/$(basename "$f" .xz)" || exit 1; done
 # Kernels compiled on the CPU machine (tune_kit --kernels): the tune finds them in its kernel cache.
@@ -85,9 +88,16 @@ EOF
     step "time $m against torch ($spec)"
     [ -f "$W/out/peers.md" ] || printf '%s\n%s\n' "| model | collage tuned ms | torch eager | torch.compile | best peer / tuned | vs torch eager | vs IREE CPU |" \
       "|---|---:|---:|---:|---|---:|---:|" > "$W/out/peers.md"
-    also=(); if [ -n "${ALSO_DEFAULT:-}" ]; then  # IREE alone, timed in the same rounds
-      timeout 240 python3 -m collage_mlir.tools.cli compile "$W/models/$m.mlir" --plan default --device $DEVICE \
-        -o "$W/art/${m}_default" > "$W/out/$m.compile_default.log" 2>&1 && also=(--also "$W/art/${m}_default=collage default"); fi
+    # Other plans timed in the same rounds, compiled side by side: IREE alone (ALSO_DEFAULT) and ALSO_PLANS
+    # (e.g. "prefer:triton-tf32x3 prefer:triton": each kernel backend whole, whatever the tune reached).
+    extra=(${ALSO_DEFAULT:+default} ${ALSO_PLANS:-}); pids=(); also=()
+    for p in "${extra[@]}"; do n=${p#prefer:}; n=${n//[^A-Za-z0-9_.-]/_}
+      timeout 240 python3 -m collage_mlir.tools.cli compile "$W/models/$m.mlir" --plan "$p" --device $DEVICE \
+        -o "$W/art/${m}_$n" > "$W/out/$m.compile_$n.log" 2>&1 & pids+=($!); done
+    for i in "${!extra[@]}"; do p=${extra[$i]}; n=${p#prefer:}; n=${n//[^A-Za-z0-9_.-]/_}
+      # wait on each pid: a bare `wait` would also wait for the log's tee (bash 5.1), i.e. forever
+      if wait "${pids[$i]}"; then also+=(--also "$W/art/${m}_$n=collage $p"); else echo "compile $p failed"; tail -2 "$W/out/$m.compile_$n.log"; fi
+    done
     timeout 200 python3 -m studies.gpu.tuned_vs_torch "$W/art/$m" "$spec" --inputs "$KIT/$m".in*.npy "${also[@]}" \
       --ref "$KIT/ref_$m" --device $DEVICE --compile-mode "${COMPILE_MODE:-reduce-overhead}" --out "$W/out/peers.jsonl" \
       > "$W/out/$m.peers.log" 2>&1; echo "peers rc=$?"; grep -v Warning "$W/out/$m.peers.log" | tail -8

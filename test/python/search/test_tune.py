@@ -128,10 +128,12 @@ def test_a_tuned_plan_document_round_trips():
                       "plan": {"predicted_s": 3e-4, "measured_s": 3.1e-4, "spread": 0.02, "from": "dp"},
                       "dp": {"predicted_s": 3e-4, "measured_s": None, "regions": 2},
                       "single_backend": {"iree-cpu": {"predicted_s": None, "measured_s": 5e-4, "regions": 0}},
-                      "finalists": [{"from": "dp", "regions": 2, "times_s": [3e-4, 3.1e-4, 3.2e-4], "spread": 0.02}]}}
+                      "finalists": [{"from": "dp", "regions": 2, "times_s": [3e-4, 3.1e-4, 3.2e-4], "spread": 0.02}],
+                      "untimed": ["ort"]}}
     tuned = TunedPlan.from_json(doc)
     assert json.dumps(tuned.to_json(), indent=1) == json.dumps(doc, indent=1)
     assert tuned.choices[1].cost_s is None and tuned.record.finalists[0].source == "dp"
+    assert tuned.record.untimed == ("ort",)
     plain = {k: doc[k] for k in ("format", "version", "default_backend")} | {
         "regions": [{k: r[k] for k in ("name", "backend", "ops")} for r in doc["regions"]]}
     assert TunedPlan.from_json(plain).record is None and TunedPlan.from_json(plain).to_json() == plain
@@ -168,11 +170,33 @@ def test_a_whole_model_seed_prices_its_region_for_the_dp(tmp_path):
     # cheaper for the DP than its own optimum.
     whole = tuning["single_backend"]["ort"]
     assert whole["predicted_s"] is not None and tuning["dp"]["predicted_s"] <= whole["predicted_s"]
+    assert "untimed" not in tuning  # every seed was timed
     with sqlite3.connect(db) as c:
         ort_regions = [r for (r,) in c.execute("SELECT region FROM measurements WHERE backend = 'ort'")]
         profiled = c.execute("SELECT count(*) FROM derived WHERE kind = 'in-context'").fetchone()[0]
     # Smaller ones were priced in context from ORT's profile of its seed (test_in_context.py), not built.
     assert profiled == 1 and "dot_general, tanh, dot_general" not in ort_regions
+
+
+def test_seeds_the_budget_did_not_reach_are_named(tmp_path, capsys):
+    """A budget shorter than a whole-model build: the default seed (the fallback) is built and timed,
+    ORT's is not, and the record and the summary say so (a 40 s tune of a full ResNet-50 on an H200
+    timed IREE alone only, and said it was the fastest finalist as if the kernels had lost)."""
+    from collage_mlir.backends import get_backend
+    from collage_mlir.ir import new_context, parse_module
+    from collage_mlir.measure.db import CostDB
+    from collage_mlir.search.tune import tune
+    from collage_mlir.tools.tune_cmd import print_summary
+
+    with CostDB(tmp_path / "costs.sqlite") as d:
+        result = tune(parse_module(TINY, new_context()), [get_backend("iree-cpu"), get_backend("ort")], d,
+                      tmp_path / "work", budget_s=0.05)
+        rec = result.tuned.record
+        assert rec.untimed == ("ort",) and set(rec.single_backend) == {"iree-cpu"}
+        assert result.plan.regions == () or all(r.backend == "iree-cpu" for r in result.plan.regions)
+        print_summary(result, "plan.json")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "not timed within the 0.05 s budget: ort alone" in out and "a longer --budget times them" in out
 
 
 @pytest.mark.fast
