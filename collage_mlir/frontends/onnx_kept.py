@@ -9,7 +9,9 @@ on an ONNX engine inside the program.
 This is how ``torch.compile``'s graph breaks and ONNX Runtime's execution-provider fallback work: what one
 engine cannot take runs on another inside one program. A kept node needs static shapes for its inputs and
 outputs (ONNX's shape inference; a node whose output shape depends on its data, ``NonZero`` or
-``NonMaxSuppression``, cannot be kept) and no subgraph attribute (``If``, ``Loop``).
+``NonMaxSuppression``, cannot be kept). A node with subgraphs (``Scan``, ``If``, ``Loop``) is kept with
+them: the values its bodies read from the enclosing graph (``outer_names``) become inputs of its one-node
+model like its own, and the bodies read them under those names (``rename_outer``).
 """
 
 from __future__ import annotations
@@ -73,34 +75,122 @@ def _graph_facts(model) -> tuple[dict, dict]:
     return types, consts
 
 
+def _subgraphs(node):
+    """The graphs ``node``'s attributes hold (``If``'s branches, ``Loop``'s and ``Scan``'s bodies)."""
+    import onnx
+
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def _walk_outer(node, visit) -> None:
+    """Calls ``visit(names, ks)`` for each node's input list and each output list in ``node``'s subgraphs
+    (nested ones too) with the indices of the names read from outside the subgraph that holds them: not one
+    of its inputs, initializers or values defined before (ONNX's nodes are in order; names are never
+    redefined)."""
+    def walk(graph, defined: frozenset[str]) -> None:
+        defined = defined | {i.name for i in graph.input} | {t.name for t in graph.initializer} \
+            | {t.values.name for t in graph.sparse_initializer}
+        for n in graph.node:
+            visit(n.input, [k for k, name in enumerate(n.input) if name and name not in defined])
+            for g in _subgraphs(n):
+                walk(g, defined)
+            defined |= {o for o in n.output if o}
+        for k, out in enumerate(graph.output):
+            if out.name not in defined:
+                visit(_OutputNames(graph.output), [k])
+
+    for g in _subgraphs(node):
+        walk(g, frozenset())
+
+
+class _OutputNames:
+    """A graph's output list seen as a list of names (``_walk_outer`` renames them in place)."""
+
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+    def __getitem__(self, k: int) -> str:
+        return self.outputs[k].name
+
+    def __setitem__(self, k: int, name: str) -> None:
+        self.outputs[k].name = name
+
+
+def outer_names(node) -> list[str]:
+    """The values ``node``'s subgraphs read from the graph around ``node``, in order of first use."""
+    found: dict[str, None] = {}
+
+    def visit(names, ks):
+        for k in ks:
+            found.setdefault(names[k])
+
+    _walk_outer(node, visit)
+    return list(found)
+
+
+def rename_outer(node, names: dict[str, str]) -> None:
+    """Renames, in place, what ``node``'s subgraphs read from the enclosing graph by ``names`` (the names
+    of a node copied into another graph: its one-node model, or the region it is inlined into)."""
+    def visit(refs, ks):
+        for k in ks:
+            if refs[k] in names:
+                refs[k] = names[refs[k]]
+
+    _walk_outer(node, visit)
+
+
+def _defined_inside(graph) -> set[str]:
+    """Every name a subgraph (and the subgraphs in it) defines."""
+    names = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    for n in graph.node:
+        names |= set(n.output)
+        for g in _subgraphs(n):
+            names |= _defined_inside(g)
+    return names
+
+
 def node_model(model, node, types: dict, consts: dict):
-    """``node`` alone as a model (non-constant inputs ``in0..`` in order, outputs it gives ``out0..``; the constants
-    it reads as initializers ``c0..``) and the graph values feeding its inputs; None where a value's type is
-    not static or the node holds a subgraph."""
+    """``node`` alone as a model (non-constant inputs ``in0..`` in order, then the values its subgraphs read
+    from around it; outputs it gives ``out0..``; the constants it reads as initializers ``c0..``) and the
+    graph values feeding its inputs; None where a value's type is not static (or a subgraph defines one of
+    the model's own names)."""
     import onnx
     from onnx import helper
 
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-        return None
     inputs, initializers, names, feeds = [], [], [], []
-    for name in node.input:
-        if not name:
-            names.append("")
-        elif name in consts:
+
+    def bind(name: str) -> str | None:
+        if name in consts:
             tensor = onnx.TensorProto()
             tensor.CopyFrom(consts[name])
             tensor.name = f"c{len(initializers)}"
             initializers.append(tensor)
-            names.append(tensor.name)
-        elif name in types:
-            names.append(f"in{len(inputs)}")
-            inputs.append(helper.make_value_info(names[-1], types[name]))
+            return tensor.name
+        if name in types:
+            inputs.append(helper.make_value_info(f"in{len(inputs)}", types[name]))
             feeds.append(name)
-        else:
+            return inputs[-1].name
+        return None
+
+    for name in node.input:
+        names.append(bind(name) if name else "")
+        if names[-1] is None:
+            return None
+    outer = {}
+    for name in outer_names(node):
+        outer[name] = bind(name)
+        if outer[name] is None:
             return None
     if not all(out in types for out in node.output if out):
         return None
     given = [out for out in node.output if out]  # an optional output left out stays out
+    own = {i.name for i in inputs} | {t.name for t in initializers} | {f"out{k}" for k in range(len(given))}
+    if any(own & _defined_inside(g) for g in _subgraphs(node)):
+        return None
     outputs = [helper.make_value_info(f"out{k}", types[out]) for k, out in enumerate(given)]
     renamed = iter(f"out{k}" for k in range(len(given)))
     copy = onnx.NodeProto()
@@ -108,6 +198,7 @@ def node_model(model, node, types: dict, consts: dict):
     del copy.input[:], copy.output[:]
     copy.input.extend(names)
     copy.output.extend(next(renamed) if out else "" for out in node.output)
+    rename_outer(copy, outer)
     copy.name = copy.name or node.op_type
     one = helper.make_model(helper.make_graph([copy], node.op_type, inputs, outputs, initializer=initializers),
                             opset_imports=model.opset_import)
@@ -234,7 +325,7 @@ def cut(path: Path, refused: list[int], out: Path, keep: frozenset[str] = frozen
     output: each one's non-constant inputs
     become extra graph outputs (through an ``Identity``, after the model's own), its outputs extra graph inputs
     (after the model's own); returns the kept nodes in graph order. CollageError where a refused node cannot
-    be kept (a value of no static type, a subgraph)."""
+    be kept (a value of no static type)."""
     import onnx
     from onnx import helper
 
@@ -251,8 +342,7 @@ def cut(path: Path, refused: list[int], out: Path, keep: frozenset[str] = frozen
         built = node_model(model, node, types, consts)
         if built is None:
             raise CollageError(f"cannot import the ONNX model: torch-mlir cannot lower {label}, and it cannot run "
-                               "on an ONNX engine inside the program (its shapes are not static, or it holds a "
-                               "subgraph)", where=str(path))
+                               "on an ONNX engine inside the program (its shapes are not static)", where=str(path))
         one, feeds = built
         one, why = _for_onnxruntime(one)
         if why:

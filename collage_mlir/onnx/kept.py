@@ -9,6 +9,7 @@ opsets keep what earlier ones define for the ops the translator writes, adding t
 from __future__ import annotations
 
 from ..dialects import collage
+from ..frontends.onnx_kept import rename_outer
 from ..ir import ir
 from .builder import _Builder
 from .op_ids import _ids_doc
@@ -39,6 +40,7 @@ def _kept_node(b: _Builder, op, ins):
         copy.CopyFrom(node)
         del copy.input[:], copy.output[:]
         copy.input.extend(names.get(name, name) if name else "" for name in node.input)
+        rename_outer(copy, names)  # what its subgraphs read from around it
         for name in node.output:
             names[name] = b.fresh(node.op_type.lower())
         copy.output.extend(names[name] for name in node.output)

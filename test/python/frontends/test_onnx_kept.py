@@ -193,3 +193,52 @@ def test_a_kept_node_openvino_agrees_on_joins_an_openvino_region(tmp_path):
     assert r.returncode == 0, r.stderr
     (want,) = ort.InferenceSession(str(tmp_path / "rs.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(np.load(tmp_path / "o" / "out_0.npy"), want, rtol=1e-5, atol=1e-6)
+
+
+def scan_reading_outer(path) -> None:
+    """Relu → Scan (a running sum over the rows of ``r``; its body reads ``b``, a value computed before it,
+    and ``scale``, an initializer, from the graph around it) → Tanh: torch-mlir cannot lower Scan."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["sum_in", "row"], ["acc"]),
+         helper.make_node("Mul", ["acc", "scale"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "b"], ["sum_out"]),
+         helper.make_node("Identity", ["sum_out"], ["row_out"])],
+        "body", [helper.make_tensor_value_info("sum_in", TensorProto.FLOAT, [3]),
+                 helper.make_tensor_value_info("row", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("sum_out", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("row_out", TensorProto.FLOAT, [3])])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("ReduceMean", ["x"], ["b"], axes=[0], keepdims=0),
+             helper.make_node("Scan", ["init", "r"], ["last", "rows"], num_scan_inputs=1, body=body),
+             helper.make_node("Tanh", ["rows"], ["y"])]
+    consts = [numpy_helper.from_array(np.zeros(3, np.float32), "init"),
+              numpy_helper.from_array(np.array(0.5, np.float32), "scale")]
+    _model(path, nodes, [("x", [5, 3])], [("last", [3]), ("y", [5, 3])], consts, opset=17)
+
+
+@pytest.mark.parametrize("plan", ["default", "prefer:openvino"])
+def test_a_scan_whose_body_reads_values_around_it_is_kept(plan, tmp_path):
+    """The Scan is kept with its body: the values the body reads from around it (``b`` computed by the
+    program, ``scale`` a constant) are inputs of its one-node model, and the program equals ONNX Runtime on
+    the file under each plan."""
+    from collage_mlir.dialects import collage as vocab
+    from collage_mlir.frontends import load_model
+    from collage_mlir.graph import body_ops, public_funcs
+    from collage_mlir.ir import new_context
+
+    scan_reading_outer(tmp_path / "s.onnx")
+    module = load_model(tmp_path / "s.onnx", new_context())
+    (main,) = public_funcs(module)
+    (kept,) = [op for op in body_ops(main) if vocab.is_onnx_node(op)]
+    one = onnx.ModelProto.FromString(vocab.onnx_node_model(kept))
+    assert [i.name for i in one.graph.input] == ["in0", "in1"]  # r, then b (read by the body)
+    assert {t.name for t in one.graph.initializer} == {"c0", "c1"}  # init, then scale
+    x = np.random.default_rng(2).standard_normal((5, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = collage("compile", str(tmp_path / "s.onnx"), "--plan", plan, "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    want = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for k, w in enumerate(want):
+        np.testing.assert_allclose(np.load(tmp_path / "o" / f"out_{k}.npy"), w, rtol=1e-5, atol=1e-6)
