@@ -5,7 +5,8 @@
          └──► tail: those nodes as an ONNX model, reading head results and the model's inputs
 
 No static program holds such a node, and what follows it (a detection head's gathers after NMS) has
-shapes only its data tells. The head is imported and placed as any model; the tail rides on the module
+shapes only its data tells. An ``If`` whose branches give different shapes is such a node too; a node whose
+subgraphs read a tail value from around it (AffineGrid's expansion) is after it. The head is imported and placed as any model; the tail rides on the module
 (``collage.OnnxTail``), the compile driver writes it beside the program (``Manifest.tail``) and
 ``Program.invoke`` runs it on ``main``'s results. The model's inputs must have static shapes (a dynamic
 dim is ``collage compile --dim``'s business).
@@ -16,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..dialects.collage import OnnxTail
-from .onnx_kept import _graph_facts
+from .onnx_kept import _graph_facts, outer_names
 
 
 def split(path: Path, head_path: Path) -> OnnxTail | None:
@@ -35,7 +36,8 @@ def split(path: Path, head_path: Path) -> OnnxTail | None:
         return None
     in_tail, given = [], set()
     for node in graph.node:
-        tail = any(o and o not in types for o in node.output) or any(x in given for x in node.input)
+        tail = any(o and o not in types for o in node.output) or any(x in given for x in [*node.input,
+                                                                                          *outer_names(node)])
         in_tail.append(tail)
         if tail:
             given |= {o for o in node.output if o}
@@ -43,7 +45,8 @@ def split(path: Path, head_path: Path) -> OnnxTail | None:
         return None
     head_nodes = [n for n, t in zip(graph.node, in_tail) if not t]
     tail_nodes = [n for n, t in zip(graph.node, in_tail) if t]
-    reads = list(dict.fromkeys(x for n in tail_nodes for x in n.input if x and x not in given))
+    # What the tail reads from the head: its nodes' inputs and what their subgraphs read from around them.
+    reads = list(dict.fromkeys(x for n in tail_nodes for x in [*n.input, *outer_names(n)] if x and x not in given))
     feeds = [x for x in reads if x not in initializers]
     if not all(x in types for x in feeds):
         return None

@@ -43,3 +43,49 @@ def test_a_detection_head_runs_nms_in_its_tail(tmp_path):
     (tmp_path / "a" / tail["artifact"]).write_bytes(b"tampered")
     r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o2"))
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "ONNX tail does not match its SHA-256" in r.stderr, r.stderr
+
+
+def test_branches_of_data_dependent_shapes_and_what_reads_them_from_its_body_join_the_tail(tmp_path):
+    """``If`` whose branches give different shapes (which one, the data decides) is tail; so is a later
+    ``If`` of a static scalar whose branches read the first one's result from around them (AffineGrid's
+    expansion: its grid ``If`` reads the 3-D grid from the graph). Each branch reads ``r``, computed by the
+    program, from around it: the tail takes it as an input."""
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+
+    def branch(name, nodes, out, shape):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, f, shape)])
+
+    first = helper.make_node(
+        "If", ["pos"], ["d"],
+        then_branch=branch("twice", [helper.make_node("Concat", ["r", "r"], ["rr"], axis=0)], "rr", [8]),
+        else_branch=branch("once", [helper.make_node("Neg", ["r"], ["nr"])], "nr", [4]))
+    second = helper.make_node(
+        "If", ["pos"], ["s"],
+        then_branch=branch("sum", [helper.make_node("ReduceSum", ["d"], ["sd"], keepdims=0)], "sd", []),
+        else_branch=branch("max", [helper.make_node("ReduceMax", ["d"], ["md"], keepdims=0)], "md", []))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["pos"]),
+             first, second,
+             helper.make_node("Mul", ["s", "total"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, [4])],
+                              [helper.make_tensor_value_info("y", f, []), helper.make_tensor_value_info("r", f, [4])],
+                              initializer=[onnx.numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "if.onnx"))
+    r = collage("compile", str(tmp_path / "if.onnx"), "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    tail = json.loads((tmp_path / "a" / "manifest.json").read_text())["tail"]
+    nodes = [n.op_type for n in onnx.load(str(tmp_path / "a" / tail["artifact"])).graph.node]
+    assert nodes == ["If", "If", "Mul"] and tail["outputs"] == [["tail", 0], ["result", 0]]
+    session = ort.InferenceSession(str(tmp_path / "if.onnx"), providers=["CPUExecutionProvider"])
+    for k, x in enumerate([np.array([1, -2, 3, 0.5], np.float32), np.array([-1, -2, 3, -4], np.float32)]):
+        np.save(tmp_path / f"x{k}.npy", x)
+        r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / f"x{k}.npy"),
+                    "--output-dir", str(tmp_path / f"o{k}"))
+        assert r.returncode == 0, r.stderr
+        for j, w in enumerate(session.run(None, {"x": x})):
+            np.testing.assert_allclose(np.load(tmp_path / f"o{k}" / f"out_{j}.npy"), w, rtol=1e-6)
