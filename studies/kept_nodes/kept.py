@@ -12,11 +12,12 @@ rounds of at least 0.2 s):
   boundary's figure (studies/boundary: 4-17 µs for ``ort``, 1 KB to 256 KB).
 - ``model``: an MLP block x[64, 512] → MatMul+bias → Tanh → CumProd (kept) → MatMul+bias → Relu, and the
   same block with ``Identity`` in CumProd's place (the rest alone). Each compiled under ``default`` (IREE,
-  the kept node on ONNX Runtime), ``prefer:ort`` and, with ``--tune S``, the plan ``collage tune`` finds in S
+  the kept node on ONNX Runtime), ``prefer:ort``, ``prefer:openvino`` and, with ``--tune S``, the plan ``collage tune`` finds in S
   seconds; ONNX Runtime on the whole model. The claim holds when the best collage plan with the kept node
-  is the rest's best plan plus about the kept node's cost.
+  is the rest's best plan plus about the kept node's cost. ``--model cnn``: two 3x3 convolutions x[1, 32,
+  28, 28] around CumProd over the width instead (a block whose best engine is not ONNX Runtime).
 
-    python -m studies.kept_nodes.kept [--rounds 7] [--tune 60] [--out studies/kept_nodes]
+    python -m studies.kept_nodes.kept [--rounds 7] [--tune 60] [--model mlp|cnn] [--no-alone] [--name kept]
 """
 
 from __future__ import annotations
@@ -74,6 +75,34 @@ def mlp_block(path: Path, kept: bool, n: int = 64, d: int = 512) -> Path:
     return _save(path, nodes, [n, d], [n, d], inits)
 
 
+def cnn_block(path: Path, kept: bool, c: int = 32, hw: int = 28) -> Path:
+    """x[1, c, hw, hw] → Conv 3x3 + bias → Relu → CumProd over the width (kept) → Conv 3x3 + bias → Relu:
+    convolutions, where ONNX Runtime is not the fastest engine on this CPU, around the kept node."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(c).astype(np.float32) * 0.1, "b1"),
+             numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.standard_normal(c).astype(np.float32) * 0.1, "b2"),
+             numpy_helper.from_array(np.array(3, np.int64), "axis")]
+    # Values near 1 keep the running product finite: 1 + relu/16.
+    middle = helper.make_node("CumProd", ["g", "axis"], ["c"]) if kept else helper.make_node("Identity", ["g"], ["c"])
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Mul", ["r", "sixteenth"], ["s"]), helper.make_node("Add", ["s", "one"], ["g"]),
+             middle,
+             helper.make_node("Conv", ["c", "w2", "b2"], ["o"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["o"], ["y"])]
+    inits += [numpy_helper.from_array(np.array(1 / 16, np.float32), "sixteenth"),
+              numpy_helper.from_array(np.array(1, np.float32), "one")]
+    return _save(path, nodes, [1, c, hw, hw], [1, c, hw, hw], inits)
+
+
+#: The blocks ``--model`` names: the builder and its input's shape.
+BLOCKS = {"mlp": (mlp_block, (64, 512)), "cnn": (cnn_block, (1, 32, 28, 28))}
+
+
 def _ort(path: Path, collage_options: bool):
     import onnxruntime as ort
     from collage_runtime.engines import Engines
@@ -125,15 +154,16 @@ def _tuned(path: Path, x: np.ndarray, budget: int, tmp: Path) -> str:
 TUNED_BACKENDS = "iree-cpu,iree-cpu-dt,ort,openvino"
 
 
-def study_model(tmp: Path, rounds: int, stack, tune: int = 0) -> dict:
-    x = np.random.default_rng(2).standard_normal((64, 512)).astype(np.float32)
+def study_model(tmp: Path, rounds: int, stack, tune: int = 0, model: str = "mlp") -> dict:
+    block, shape = BLOCKS[model]
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     runners, regions = {}, {}
     for kept in (True, False):
-        path = mlp_block(tmp / f"mlp_{'kept' if kept else 'rest'}.onnx", kept)
+        path = block(tmp / f"{model}_{'kept' if kept else 'rest'}.onnx", kept)
         label = "with CumProd" if kept else "rest (Identity)"
         session = _ort(path, False)
         runners[f"ort whole, {label}"] = (lambda s: lambda: s.run(None, {"x": x}))(session)
-        plans = {"default": "default", "prefer:ort": "prefer:ort"}
+        plans = {"default": "default", "prefer:ort": "prefer:ort", "prefer:openvino": "prefer:openvino"}
         if tune:
             plans["tuned"] = _tuned(path, x, tune, tmp)
         for name, plan in plans.items():
@@ -145,16 +175,19 @@ def study_model(tmp: Path, rounds: int, stack, tune: int = 0) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Kept ONNX nodes: cost ({result['device']})", "", f"`{result['command']}`", "",
-             "## CumProd alone (ms per call)", "",
-             "| x | ort | ort (collage's options) | collage | collage, Identity | collage - ort (µs) | "
-             "collage - Identity - ort (µs) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"# Kept ONNX nodes: cost ({result['device']})", "", f"`{result['command']}`", ""]
+    if result["alone"]:
+        lines += ["## CumProd alone (ms per call)", "",
+                  "| x | ort | ort (collage's options) | collage | collage, Identity | collage - ort (µs) | "
+                  "collage - Identity - ort (µs) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["alone"]:
         ort_ms = min(r["ort"], r[ENGINE])
         lines.append(f"| {r['rows']}x256 ({r['kb']} KB) | {r['ort']:.4f} | {r[ENGINE]:.4f} | {r['collage']:.4f} | "
                      f"{r['collage, Identity']:.4f} | {(r['collage'] - ort_ms) * 1e3:.1f} | "
                      f"{(r['collage'] - r['collage, Identity'] - ort_ms) * 1e3:.1f} |")
-    lines += ["", "## MLP block x[64, 512] with one kept node (ms per call)", "", "| runner | ms |", "|---|---:|"]
+    model = result.get("block", "mlp")
+    lines += ["", f"## {model.upper()} block x{list(BLOCKS[model][1])} with one kept node (ms per call)", "",
+              "| runner | ms |", "|---|---:|"]
     for k, v in result["model"]["ms"].items():
         lines.append(f"| {k} | {v:.4f} |")
     lines += ["", "Regions: " + "; ".join(f"{k}: {v}" for k, v in result["model"]["regions"].items()), ""]
@@ -169,11 +202,15 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent))
     parser.add_argument("--tune", type=int, default=0, metavar="SECONDS",
                         help=f"also time plans `collage tune --budget SECONDS` found (over {TUNED_BACKENDS})")
+    parser.add_argument("--model", choices=sorted(BLOCKS), default="mlp", help="the block around the kept node")
+    parser.add_argument("--no-alone", action="store_true", help="skip the CumProd-alone study")
+    parser.add_argument("--name", default="kept", help="report file name (NAME.json, NAME.md)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="collage-kept-") as tmp, ExitStack() as stack:
-        result = {**header("kept_nodes"), "alone": study_alone(Path(tmp), args.rounds, stack),
-                  "model": study_model(Path(tmp), args.rounds, stack, args.tune)}
-    write_report(args.out, "kept", result, markdown(result))
+        result = {**header("kept_nodes"), "block": args.model,
+                  "alone": [] if args.no_alone else study_alone(Path(tmp), args.rounds, stack),
+                  "model": study_model(Path(tmp), args.rounds, stack, args.tune, args.model)}
+    write_report(args.out, args.name, result, markdown(result))
 
 
 if __name__ == "__main__":
