@@ -111,7 +111,7 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: Progr
         # The module declares its devices (collage-place-devices, or the target above); a target-backends
         # flag besides makes IREE 3.13 crash.
         kwargs["target_backends"] = []
-    data = _iree_input(module)
+    data = _iree_input(module, target.platform)
     extra = [*target.flags, *(KEEP_F64 if collage.computes_float64(module) else ()), *kwargs.pop("extra_args", []),
              *iree_args]
     try:
@@ -123,16 +123,22 @@ def iree_compile(module: ir.Module, iree_args: Sequence[str] = (), target: Progr
     return vmfb
 
 
-def _iree_input(module: ir.Module) -> bytes:
-    """The module as iree-compile's input. Quantized ops are worked around where IREE 3.13 gets them wrong:
+def _iree_input(module: ir.Module, platform: Platform = Platform.CPU) -> bytes:
+    """The module as iree-compile's input. Where IREE 3.13 gets ops wrong they are worked around:
+    - on the CPU, f16/bf16 convolutions and dot products accumulate in f32 (``sh.widen_half_contractions``;
+      IREE's llvm-cpu accumulates them in the narrow type);
     - a dequantized constant is folded to f32 (a per-axis quantize of a constant is left as an illegal
       ``chlo.broadcast_divide``; IREE computes the pair in f32 anyway);
     - unsigned quantized storage becomes signed (``u8`` → ``i8``, zero points 128 lower: the same values):
       IREE lowers ``!quant.uniform<u8...>`` with ``i8``'s range, so ``uniform_quantize`` clamps stored
       values to [-128, 127] and a u8 model's numbers come out wrong."""
+    copy = None
+    if platform is Platform.CPU and sh.half_contractions(module):
+        copy = module.operation.clone()
+        sh.widen_half_contractions(copy)
     if not sh.quantizes(module):
-        return module.operation.get_asm(binary=True)
-    copy = module.operation.clone()
+        return (copy or module.operation).get_asm(binary=True)
+    copy = copy or module.operation.clone()
     sh.fold_constant_quantization(copy)
     text = copy.get_asm(binary=False, large_elements_limit=None)
     return sh.QUANT_TYPE_TEXT.sub(lambda m: sh.quant_type(m.group(0)).signed().spelled(), text).encode()
