@@ -152,7 +152,8 @@ def boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
 
 def _boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
     """It must take some input that is not a constant (a region of constants alone is folded by IREE at
-    compile time, and outlining sinks constants into it anyway), and no value crossing it may be f64."""
+    compile time, and outlining sinks constants into it anyway), no value crossing it may be f64, and none
+    may be empty (no work to serve; ONNX Runtime's and OpenVINO's regions failed on a 0x3x4 reshape)."""
     edge = graph.boundary(ids)
     crossing = [v for v in edge.inputs if const_expr_ops(v) is None]
     if not crossing:
@@ -163,6 +164,8 @@ def _boundary_problem(graph: Graph, ids: frozenset[int]) -> str | None:
         et = str(ir.RankedTensorType(t).element_type) if isinstance(t, ir.RankedTensorType) else ""
         if et in BOUNDARY_EXCLUDED:
             return f"a {et} tensor would cross the region boundary (IREE demotes {et} and cannot pass it)"
+        if isinstance(t, ir.RankedTensorType) and 0 in t.shape:
+            return f"an empty tensor ({t}) would cross the region boundary: nothing to serve"
     return None
 
 
