@@ -49,7 +49,7 @@ from ..frontends.onnx import import_onnx
 from ..frontends.torch import pt2e_quantized
 from ..graph import public_funcs
 from ..ir import ir, new_context
-from .reference import invoke_alone, model_inputs
+from .reference import ReferenceBuildError, invoke_alone, model_inputs
 
 #: Bumped when the comparison rule changes, so cached verdicts of the old rule are not reused.
 CHECK_VERSION = 2
@@ -361,7 +361,7 @@ def checked(module: ir.Module, path: str | Path, examples: Sequence[np.ndarray] 
     if path.suffix != ".onnx":
         return module
     keep: frozenset[str] = frozenset()
-    mismatch: ImportMismatch | None = None
+    mismatch: CollageError | None = None
     for _ in range(MAX_KEPT_FOR_CHECK + 1):
         try:
             check_import(module, onnx_source(path, keep), examples, where=where or str(path), cache=cache)
@@ -369,6 +369,9 @@ def checked(module: ir.Module, path: str | Path, examples: Sequence[np.ndarray] 
         except ImportMismatch as exc:
             mismatch = mismatch or exc
             node = exc.node
+        except ReferenceBuildError as exc:  # IREE rejects an op as imported: the node that gave it is kept
+            mismatch = mismatch or exc
+            node = first_unbuildable_node(path, keep)
         except CollageError:  # the kept node does not build or run here: the first verdict stands
             if mismatch is None:
                 raise
@@ -518,6 +521,49 @@ def first_differing_node(path: Path, inputs: Sequence[np.ndarray], keep: frozens
             if k is not None and not compare(k, name, got[k], want[k]).ok:
                 return _differing(node)
     return None
+
+
+def first_unbuildable_node(path: Path, keep: frozenset[str] = frozenset()) -> DifferingNode | None:
+    """The first node, in the graph's order, after which IREE cannot compile the import's reference program
+    (the nodes giving a ``keep`` output kept as ONNX): a bisection on prefixes of the graph, each imported
+    with every value it gives an output and built as the reference is. None where the whole model builds or
+    a prefix cannot be imported."""
+    import onnx
+
+    from .reference import build_reference
+
+    model = onnx.load(str(path))
+    nodes = list(model.graph.node)
+    if len(nodes) == 1:
+        return _differing(nodes[0])
+    typed = {v.name: v for v in onnx.shape_inference.infer_shapes(model, data_prop=True).graph.value_info}
+    typed |= {v.name: v for v in model.graph.output}
+
+    def builds(k: int, work: Path) -> bool | None:
+        prefix = onnx.ModelProto()
+        prefix.CopyFrom(model)
+        del prefix.graph.node[k:], prefix.graph.output[:]
+        prefix.graph.output.extend(typed[o] for n in nodes[:k] for o in n.output if o in typed)
+        onnx.save(prefix, str(work / "prefix.onnx"))
+        try:
+            imported = load_model(work / "prefix.onnx", new_context(), keep=keep & {o for n in nodes[:k] for o in n.output})
+        except CollageError:
+            return None
+        try:
+            build_reference(imported, work / "built")
+        except ReferenceBuildError:
+            return False
+        return True
+
+    with tempfile.TemporaryDirectory(prefix="collage-import-check-") as tmp:
+        lo, hi = 0, len(nodes)  # the prefix of lo nodes builds, that of hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            verdict = builds(mid, Path(tmp))
+            if verdict is None:
+                return None
+            lo, hi = (mid, hi) if verdict else (lo, mid)
+    return _differing(nodes[hi - 1])
 
 
 def _differing(node) -> DifferingNode:

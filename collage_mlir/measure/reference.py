@@ -127,6 +127,11 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
     return values
 
 
+class ReferenceBuildError(CollageError):
+    """The reference program of a module does not compile: IREE rejects an op as the importer lowered it
+    (torch-mlir's ``AveragePool`` with ``ceil_mode`` whose last window starts on the padding)."""
+
+
 def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -> dict[str, list[np.ndarray]]:
     """Compiles ``module`` with IREE alone and calls each function of ``calls`` on its arguments: every
     result, as arrays that own their data. The compile's diagnostics go to the log only: the module is
@@ -136,13 +141,10 @@ def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -
     tail (``collage.OnnxTail``), whose results are then those of the model, the tail's included."""
     import iree.runtime as rt
 
-    if _has_onnx_nodes(module) or collage.OnnxTail.of(module) is not None:
+    if _built(module):
         return _invoke_built(module, calls)
 
-    try:
-        vmfb = iree_compile(module, quiet=True)
-    except CollageError as exc:
-        raise CollageError(f"the reference run (IREE alone) failed to compile: {exc}") from None
+    vmfb = build_reference(module)
     config = rt.Config("local-task")
     ctx = rt.SystemContext(config=config)
     vm_module = rt.VmModule.copy_buffer(ctx.instance, vmfb)
@@ -160,8 +162,29 @@ def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -
     return out
 
 
-def _has_onnx_nodes(module: ir.Module) -> bool:
-    return any(collage.is_onnx_node(op) for func in public_funcs(module) for op in body_ops(func))
+def _built(module: ir.Module) -> bool:
+    """Whether the reference of ``module`` is the compile driver's program (kept ONNX nodes, an ONNX tail),
+    not IREE alone."""
+    return collage.OnnxTail.of(module) is not None or any(
+        collage.is_onnx_node(op) for func in public_funcs(module) for op in body_ops(func))
+
+
+def build_reference(module: ir.Module, out: Path | None = None) -> bytes | None:
+    """Builds the reference program of ``module`` as ``invoke_alone`` runs it: IREE alone (the vmfb,
+    returned), or, for a module with kept ONNX nodes or an ONNX tail, the compile driver's artifact under
+    the empty plan, written to ``out``. ReferenceBuildError where it does not compile."""
+    if not _built(module):
+        try:
+            return iree_compile(module, quiet=True)
+        except CollageError as exc:
+            raise ReferenceBuildError(f"the reference run (IREE alone) failed to compile: {exc}") from None
+    copy = parse_module(module.operation.get_asm(binary=True), new_context())
+    try:
+        plan_builder()(copy, Plan(), out, source="reference")
+    except CollageError as exc:
+        raise ReferenceBuildError(f"the reference run (IREE alone, kept ONNX nodes on their engine) failed "
+                                  f"to compile: {exc}") from None
+    return None
 
 
 def _invoke_built(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -> dict[str, list[np.ndarray]]:
@@ -170,13 +193,8 @@ def _invoke_built(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) 
     import collage_runtime
     from collage_runtime.rt_module import RegionFailure
 
-    copy = parse_module(module.operation.get_asm(binary=True), new_context())
     with tempfile.TemporaryDirectory(prefix="collage-reference-") as tmp:
-        try:
-            plan_builder()(copy, Plan(), Path(tmp) / "a", source="reference")
-        except CollageError as exc:
-            raise CollageError(f"the reference run (IREE alone, kept ONNX nodes on their engine) failed to "
-                               f"compile: {exc}") from None
+        build_reference(module, Path(tmp) / "a")
         with collage_runtime.load(Path(tmp) / "a") as program:
             try:
                 return {name: [np.array(r, copy=True) for r in program.invoke(name, *args)]

@@ -52,14 +52,22 @@ def load(path: Path, engines: Engines) -> Run:
     wrap = C.OrtValue.ortvalue_from_numpy  # zero-copy on the CPU device
     bind_input, bind_output = binding.bind_ortvalue_input, binding.bind_ortvalue_output
     execute = session._sess.run_with_iobinding
-    # The model's own static shapes: a scalar may be [] in the program and [1] in the ONNX graph.
-    ins = [(i.name, tuple(i.shape)) for i in session.get_inputs()]
-    outs = [(o.name, tuple(o.shape)) for o in session.get_outputs()]
+    # The model's own static shapes: a scalar may be [] in the program and [1] in the ONNX graph. Where
+    # ONNX Runtime's shape inference disagrees with the declared shape it reports a dim as None (an
+    # AveragePool whose last ceil-mode window starts on the padding): the buffer's own shape is bound.
+    def static(shape) -> tuple | None:
+        return tuple(shape) if all(isinstance(d, int) for d in shape) else None
 
-    def slots(specs: list[tuple[str, tuple]], bind) -> TensorSlots:
+    ins = [(i.name, static(i.shape)) for i in session.get_inputs()]
+    outs = [(o.name, static(o.shape)) for o in session.get_outputs()]
+
+    def slots(specs: list[tuple[str, tuple | None]], bind) -> TensorSlots:
         """OrtValues over our buffers (in the model's shapes), rebound only where an address moved."""
-        return TensorSlots(len(specs), lambda i, arr: wrap(arr if arr.shape == specs[i][1] else arr.reshape(specs[i][1]), cpu),
-                           lambda i, value: bind(specs[i][0], value))
+        def value(i: int, arr: np.ndarray):
+            shape = specs[i][1]
+            return wrap(arr if shape is None or arr.shape == shape else arr.reshape(shape), cpu)
+
+        return TensorSlots(len(specs), value, lambda i, value: bind(specs[i][0], value))
 
     bind_in, bind_out = slots(ins, bind_input), slots(outs, bind_output)
 

@@ -40,12 +40,14 @@ SAMPLE = [("abs", "test_abs"), ("add", "test_add_bcast"), ("mod", "test_mod_mixe
           ("attention", "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded"),
           ("dynamicquantizelinear", "test_dynamicquantizelinear_expanded"),
           ("reshape", "test_reshape_allowzero_reordered"), ("scan", "test_scan9_sum"),
-          ("causal_conv_with_state", "test_causal_conv_with_state_silu_fp16_expanded")]
+          ("causal_conv_with_state", "test_causal_conv_with_state_silu_fp16_expanded"),
+          ("averagepool", "test_averagepool_2d_ceil_last_window_starts_on_pad")]
 #: Cases that pass under every plan of CI's.
 EVERY_PLAN = ("test_mod_mixed_sign_int16", "test_rms_normalization_2d_axis1", "test_det_2d", "test_add_uint64",
               "test_cumsum_1d", "test_sce_mean_3d", "test_gemm_beta",
               "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded", "test_dynamicquantizelinear_expanded",
-              "test_reshape_allowzero_reordered", "test_scan9_sum", "test_causal_conv_with_state_silu_fp16_expanded")
+              "test_reshape_allowzero_reordered", "test_scan9_sum", "test_causal_conv_with_state_silu_fp16_expanded",
+              "test_averagepool_2d_ceil_last_window_starts_on_pad")
 CI_PLANS = ("default", "prefer:ort", "prefer:openvino")  # random plans: the bench run and test_conformance
 
 

@@ -242,3 +242,27 @@ def test_a_scan_whose_body_reads_values_around_it_is_kept(plan, tmp_path):
     want = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for k, w in enumerate(want):
         np.testing.assert_allclose(np.load(tmp_path / "o" / f"out_{k}.npy"), w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_node_iree_cannot_compile_as_imported_is_kept(tmp_path):
+    """AveragePool with ``ceil_mode`` whose last window starts on the padding imports, but IREE rejects its
+    lowering: the import check's reference does not build, the node after which the graph's prefix stops
+    building is found by bisection and kept as ONNX, and the model (Relu → pool → Tanh) equals ONNX Runtime."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["p"], ceil_mode=1, count_include_pad=1, kernel_shape=[3, 3],
+                              pads=[1, 1, 1, 1], strides=[3, 3]),
+             helper.make_node("Tanh", ["p"], ["y"])]
+    # The pool's output declared too: ONNX's shape inference says 2x2 (it keeps the window ORT drops).
+    _model(tmp_path / "pool.onnx", nodes, [("x", [1, 3, 2, 2])], [("y", [1, 3, 1, 1]), ("p", [1, 3, 1, 1])],
+           opset=19)
+    x = np.random.default_rng(3).standard_normal((1, 3, 2, 2)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = collage("compile", str(tmp_path / "pool.onnx"), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    regions = json.loads((tmp_path / "a" / "manifest.json").read_text())["regions"]
+    assert [r["backend"] for r in regions] == ["ort"], regions  # the pool alone, kept
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    want = ort.InferenceSession(str(tmp_path / "pool.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for k, w in enumerate(want):
+        np.testing.assert_allclose(np.load(tmp_path / "o" / f"out_{k}.npy"), w, rtol=1e-5, atol=1e-6)
