@@ -52,8 +52,11 @@ for m in $MODELS; do
   wall=$(( $(date +%s) - t0 )); echo "tune rc=$trc wall=${wall}s"; tail -25 "$W/out/$m.tune.log"
   python3 - "$COLLAGE_DB" <<'EOF'
 import json, sqlite3, sys
-with sqlite3.connect(sys.argv[1]) as c:
-    rows = [json.loads(d) for (d,) in c.execute("SELECT document FROM derived WHERE kind = 'tune-result'")]
+try:
+    with sqlite3.connect(sys.argv[1]) as c:
+        rows = [json.loads(d) for (d,) in c.execute("SELECT document FROM derived WHERE kind = 'tune-result'")]
+except sqlite3.OperationalError:  # the tune stopped before its DB had tables
+    rows = []
 for r in rows[-1:]:
     print("stored plans' defaults (DP, singles):", sorted({p["default_backend"] for p in (r["dp_plan"], *r["single"].values())}))
 EOF
