@@ -49,7 +49,7 @@ from ..frontends.onnx import import_onnx
 from ..frontends.torch import pt2e_quantized
 from ..graph import public_funcs
 from ..ir import ir, new_context
-from .reference import ReferenceBuildError, invoke_alone, model_inputs
+from .reference import ReferenceBuildError, build_reference, invoke_alone, model_inputs
 
 #: Bumped when the comparison rule changes, so cached verdicts of the old rule are not reused.
 CHECK_VERSION = 2
@@ -530,8 +530,6 @@ def first_unbuildable_node(path: Path, keep: frozenset[str] = frozenset()) -> Di
     a prefix cannot be imported."""
     import onnx
 
-    from .reference import build_reference
-
     model = onnx.load(str(path))
     nodes = list(model.graph.node)
     if len(nodes) == 1:
@@ -546,7 +544,8 @@ def first_unbuildable_node(path: Path, keep: frozenset[str] = frozenset()) -> Di
         prefix.graph.output.extend(typed[o] for n in nodes[:k] for o in n.output if o in typed)
         onnx.save(prefix, str(work / "prefix.onnx"))
         try:
-            imported = load_model(work / "prefix.onnx", new_context(), keep=keep & {o for n in nodes[:k] for o in n.output})
+            given = {o for n in nodes[:k] for o in n.output}
+            imported = load_model(work / "prefix.onnx", new_context(), keep=keep & given)
         except CollageError:
             return None
         try:

@@ -30,6 +30,23 @@ def _model(path, nodes, inputs, outputs, initializers=(), opset=22) -> None:
     onnx.save(model, str(path))
 
 
+def equals_onnxruntime(tmp_path, model: str, x: np.ndarray, plan: str = "default", *, check_inputs: bool = False,
+                       rtol: float = 1e-5, atol: float = 1e-6) -> list[dict]:
+    """Compiles ``tmp_path/model`` under ``plan`` (with ``x`` as the import check's input where
+    ``check_inputs``), runs it on ``x`` and checks every output against ONNX Runtime on the file; the
+    artifact's regions."""
+    np.save(tmp_path / "x.npy", x)
+    given = ["--input", str(tmp_path / "x.npy")] if check_inputs else []
+    r = collage("compile", str(tmp_path / model), *given, "--plan", plan, "-o", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    want = ort.InferenceSession(str(tmp_path / model), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for k, w in enumerate(want):
+        np.testing.assert_allclose(np.load(tmp_path / "o" / f"out_{k}.npy"), w, rtol=rtol, atol=atol)
+    return json.loads((tmp_path / "a" / "manifest.json").read_text())["regions"]
+
+
 def two_kept(path) -> None:
     """MatMul → CumProd (kept) → Relu → Det (kept, its output a model output) and a second output reading
     the model input: two kept nodes, one of them fed by another's neighbour, one at the end."""
@@ -68,16 +85,8 @@ def test_kept_nodes_are_custom_calls_between_their_neighbours(tmp_path):
 def test_kept_nodes_run_on_onnxruntime_under_every_plan(plan, tmp_path):
     two_kept(tmp_path / "m.onnx")
     x = np.random.default_rng(1).standard_normal((3, 4, 4)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = collage("compile", str(tmp_path / "m.onnx"), "--plan", plan, "-o", str(tmp_path / "a"))
-    assert r.returncode == 0, r.stderr
-    regions = json.loads((tmp_path / "a" / "manifest.json").read_text())["regions"]
+    regions = equals_onnxruntime(tmp_path, "m.onnx", x, plan, rtol=1e-4, atol=1e-5)
     assert sum(r["backend"] == "ort" for r in regions) >= 1
-    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
-    assert r.returncode == 0, r.stderr
-    want = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    for k, w in enumerate(want):
-        np.testing.assert_allclose(np.load(tmp_path / "o" / f"out_{k}.npy"), w, rtol=1e-4, atol=1e-5)
 
 
 def test_a_node_with_a_data_dependent_shape_runs_after_the_program(tmp_path):
@@ -233,15 +242,7 @@ def test_a_scan_whose_body_reads_values_around_it_is_kept(plan, tmp_path):
     one = onnx.ModelProto.FromString(vocab.onnx_node_model(kept))
     assert [i.name for i in one.graph.input] == ["in0", "in1"]  # r, then b (read by the body)
     assert {t.name for t in one.graph.initializer} == {"c0", "c1"}  # init, then scale
-    x = np.random.default_rng(2).standard_normal((5, 3)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = collage("compile", str(tmp_path / "s.onnx"), "--plan", plan, "-o", str(tmp_path / "a"))
-    assert r.returncode == 0, r.stderr
-    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
-    assert r.returncode == 0, r.stderr
-    want = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    for k, w in enumerate(want):
-        np.testing.assert_allclose(np.load(tmp_path / "o" / f"out_{k}.npy"), w, rtol=1e-5, atol=1e-6)
+    equals_onnxruntime(tmp_path, "s.onnx", np.random.default_rng(2).standard_normal((5, 3)).astype(np.float32), plan)
 
 
 def test_a_node_iree_cannot_compile_as_imported_is_kept(tmp_path):
@@ -256,13 +257,5 @@ def test_a_node_iree_cannot_compile_as_imported_is_kept(tmp_path):
     _model(tmp_path / "pool.onnx", nodes, [("x", [1, 3, 2, 2])], [("y", [1, 3, 1, 1]), ("p", [1, 3, 1, 1])],
            opset=19)
     x = np.random.default_rng(3).standard_normal((1, 3, 2, 2)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    r = collage("compile", str(tmp_path / "pool.onnx"), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "a"))
-    assert r.returncode == 0, r.stderr
-    regions = json.loads((tmp_path / "a" / "manifest.json").read_text())["regions"]
+    regions = equals_onnxruntime(tmp_path, "pool.onnx", x, check_inputs=True)
     assert [r["backend"] for r in regions] == ["ort"], regions  # the pool alone, kept
-    r = collage("run", str(tmp_path / "a"), "--input", str(tmp_path / "x.npy"), "--output-dir", str(tmp_path / "o"))
-    assert r.returncode == 0, r.stderr
-    want = ort.InferenceSession(str(tmp_path / "pool.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    for k, w in enumerate(want):
-        np.testing.assert_allclose(np.load(tmp_path / "o" / f"out_{k}.npy"), w, rtol=1e-5, atol=1e-6)
