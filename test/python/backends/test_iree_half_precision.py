@@ -6,7 +6,6 @@ off over 256 terms."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 MODULE = """func.func @main(%x: tensor<1x4x271xf16>, %w: tensor<4x1x16xf16>, %a: tensor<8x256xf16>,
                  %b: tensor<256x8xf16>) -> (tensor<1x4x256xf16>, tensor<8x8xf16>) {
@@ -19,7 +18,6 @@ MODULE = """func.func @main(%x: tensor<1x4x271xf16>, %w: tensor<4x1x16xf16>, %a:
 """
 
 
-@pytest.mark.fast
 def test_half_contractions_accumulate_in_f32_on_the_cpu():
     import iree.runtime as rt
 
