@@ -89,6 +89,11 @@ def fold_shapes(path: Path, out_dir: Path) -> Path:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(folded)
+    # Weights beside the folded model, in ``out_dir``: ORT would otherwise keep the source's external-data
+    # references (``model.onnx.data``, as torch.onnx.export writes it), which do not resolve from there.
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                     f"{folded.stem}.data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     options.log_severity_level = 4
     try:
         ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])

@@ -259,3 +259,17 @@ def test_a_node_iree_cannot_compile_as_imported_is_kept(tmp_path):
     x = np.random.default_rng(3).standard_normal((1, 3, 2, 2)).astype(np.float32)
     regions = equals_onnxruntime(tmp_path, "pool.onnx", x, check_inputs=True)
     assert [r["backend"] for r in regions] == ["ort"], regions  # the pool alone, kept
+
+
+def test_a_model_with_its_weights_in_an_external_file_keeps_nodes(tmp_path):
+    """torch.onnx.export writes weights beside the model (``model.onnx.data``); the folded copy the import
+    probes lives elsewhere and must carry its own weights (it kept the source's references, which did not
+    resolve from there: "cannot probe the ONNX model's nodes")."""
+    two_kept(tmp_path / "inline.onnx")
+    model = onnx.load(str(tmp_path / "inline.onnx"))
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="m.onnx.data", size_threshold=0)
+    assert (tmp_path / "m.onnx.data").is_file()
+    x = np.random.default_rng(1).standard_normal((3, 4, 4)).astype(np.float32)
+    regions = equals_onnxruntime(tmp_path, "m.onnx", x, check_inputs=True, rtol=1e-4, atol=1e-5)
+    assert sum(r["backend"] == "ort" for r in regions) >= 1
