@@ -42,7 +42,7 @@ class KeptNode:
     outputs: tuple[str, ...]
 
 
-def _graph_facts(model) -> tuple[dict, dict]:
+def graph_facts(model) -> tuple[dict, dict]:
     """(static type of every main-graph value shape inference can tell, constant value of each initializer
     and ``Constant`` node output as a TensorProto)."""
     import onnx
@@ -243,12 +243,12 @@ def refused_in_context(path: Path, refused: list[int], tmp: Path, keep: frozense
     import onnx
 
     model = onnx.load(str(path))
-    types, _ = _graph_facts(model)
+    types, _ = graph_facts(model)
     found = list(refused)
     n = len(model.graph.node)
 
     def imports(k: int) -> bool:
-        prefix = _prefix(model, k, types, tmp / f"prefix{k}.onnx")
+        prefix = write_prefix(model, k, types, tmp / f"prefix{k}.onnx")
         try:
             cut(prefix, [i for i in found if i < k], tmp / "cut.onnx", keep)
             import_onnx(tmp / "cut.onnx", new_context(), isolated=True)
@@ -258,20 +258,27 @@ def refused_in_context(path: Path, refused: list[int], tmp: Path, keep: frozense
 
     # The whole model with ``refused`` cut out does not import (the caller tried it): bisect, keep, retry.
     for _ in range(MAX_IN_CONTEXT):
-        lo, hi = 0, n  # the prefix of lo nodes imports, that of hi does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if imports(mid) else (lo, mid)
-        if hi - 1 in found:
+        last = first_failing_prefix(n, imports) - 1
+        if last in found:
             break
-        found.append(hi - 1)
+        found.append(last)
         if imports(n):
             return found
     raise CollageError("cannot import the ONNX model: keeping the nodes torch-mlir refuses among their "
                        "neighbours as ONNX does not make the rest import", where=str(path))
 
 
-def _prefix(model, k: int, types: dict, out: Path) -> Path:
+def first_failing_prefix(n: int, ok) -> int:
+    """The least ``k`` whose prefix of ``k`` nodes fails ``ok`` (bisection: the empty prefix passes, the
+    whole graph of ``n`` nodes fails); its last node is the one that breaks it."""
+    lo, hi = 0, n  # the prefix of lo nodes passes, that of hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return hi
+
+
+def write_prefix(model, k: int, types: dict, out: Path) -> Path:
     """Writes the model's first ``k`` nodes to ``out``, every value they give (of a static type) an output."""
     import onnx
     from onnx import helper
@@ -293,7 +300,7 @@ def _probe(path: str, start: int, log: str) -> int:
     import onnx
 
     model = onnx.load(path)
-    types, consts = _graph_facts(model)
+    types, consts = graph_facts(model)
     verdicts: dict[str, bool] = {}
     with open(log, "a") as out, tempfile.TemporaryDirectory(prefix="collage-probe-") as tmp:
         for i, node in enumerate(model.graph.node):
@@ -331,7 +338,7 @@ def cut(path: Path, refused: list[int], out: Path, keep: frozenset[str] = frozen
 
     model = onnx.load(str(path))
     graph = model.graph
-    types, consts = _graph_facts(model)
+    types, consts = graph_facts(model)
     kept: list[KeptNode] = []
     extra_in, extra_out, nodes = [], [], []
     for i, node in enumerate(graph.node):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..dialects.collage import OnnxTail
-from .onnx_kept import _graph_facts, outer_names
+from .onnx_kept import graph_facts, outer_names
 
 
 def split(path: Path, head_path: Path) -> OnnxTail | None:
@@ -29,15 +29,16 @@ def split(path: Path, head_path: Path) -> OnnxTail | None:
 
     model = onnx.load(str(path))
     graph = model.graph
-    types, _ = _graph_facts(model)
+    types, _ = graph_facts(model)
     inputs = [v.name for v in graph.input]
     initializers = {t.name: t for t in graph.initializer}
     if not all(name in types for name in inputs if name not in initializers):
         return None
+    # What each node reads: its inputs and what its subgraphs read from around it.
+    reads_of = [[x for x in [*node.input, *outer_names(node)] if x] for node in graph.node]
     in_tail, given = [], set()
-    for node in graph.node:
-        tail = any(o and o not in types for o in node.output) or any(x in given for x in [*node.input,
-                                                                                          *outer_names(node)])
+    for node, reads in zip(graph.node, reads_of):
+        tail = any(o and o not in types for o in node.output) or any(x in given for x in reads)
         in_tail.append(tail)
         if tail:
             given |= {o for o in node.output if o}
@@ -45,8 +46,7 @@ def split(path: Path, head_path: Path) -> OnnxTail | None:
         return None
     head_nodes = [n for n, t in zip(graph.node, in_tail) if not t]
     tail_nodes = [n for n, t in zip(graph.node, in_tail) if t]
-    # What the tail reads from the head: its nodes' inputs and what their subgraphs read from around them.
-    reads = list(dict.fromkeys(x for n in tail_nodes for x in [*n.input, *outer_names(n)] if x and x not in given))
+    reads = list(dict.fromkeys(x for r, t in zip(reads_of, in_tail) if t for x in r if x not in given))
     feeds = [x for x in reads if x not in initializers]
     if not all(x in types for x in feeds):
         return None

@@ -46,6 +46,7 @@ from ..dialects import collage
 from ..errors import CollageError
 from ..frontends import cache_dir, load_model
 from ..frontends.onnx import import_onnx
+from ..frontends.onnx_kept import first_failing_prefix, graph_facts, write_prefix
 from ..frontends.torch import pt2e_quantized
 from ..graph import public_funcs
 from ..ir import ir, new_context
@@ -534,20 +535,17 @@ def first_unbuildable_node(path: Path, keep: frozenset[str] = frozenset()) -> Di
     nodes = list(model.graph.node)
     if len(nodes) == 1:
         return _differing(nodes[0])
-    typed = {v.name: v for v in onnx.shape_inference.infer_shapes(model, data_prop=True).graph.value_info}
-    typed |= {v.name: v for v in model.graph.output}
+    types, _ = graph_facts(model)
 
-    def builds(k: int, work: Path) -> bool | None:
-        prefix = onnx.ModelProto()
-        prefix.CopyFrom(model)
-        del prefix.graph.node[k:], prefix.graph.output[:]
-        prefix.graph.output.extend(typed[o] for n in nodes[:k] for o in n.output if o in typed)
-        onnx.save(prefix, str(work / "prefix.onnx"))
+    class Unimportable(Exception):
+        pass
+
+    def builds(k: int) -> bool:
+        prefix = write_prefix(model, k, types, work / "prefix.onnx")
         try:
-            given = {o for n in nodes[:k] for o in n.output}
-            imported = load_model(work / "prefix.onnx", new_context(), keep=keep & given)
+            imported = load_model(prefix, new_context(), keep=keep & {o for n in nodes[:k] for o in n.output})
         except CollageError:
-            return None
+            raise Unimportable from None
         try:
             build_reference(imported, work / "built")
         except ReferenceBuildError:
@@ -555,14 +553,11 @@ def first_unbuildable_node(path: Path, keep: frozenset[str] = frozenset()) -> Di
         return True
 
     with tempfile.TemporaryDirectory(prefix="collage-import-check-") as tmp:
-        lo, hi = 0, len(nodes)  # the prefix of lo nodes builds, that of hi does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            verdict = builds(mid, Path(tmp))
-            if verdict is None:
-                return None
-            lo, hi = (mid, hi) if verdict else (lo, mid)
-    return _differing(nodes[hi - 1])
+        work = Path(tmp)
+        try:
+            return _differing(nodes[first_failing_prefix(len(nodes), builds) - 1])
+        except Unimportable:
+            return None
 
 
 def _differing(node) -> DifferingNode:
