@@ -7,6 +7,7 @@ comes back into it, which is what lets it be outlined into one function call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Iterable, Iterator
 
 import networkx as nx
@@ -121,14 +122,24 @@ def producer(value: ir.Value) -> ir.Operation | None:
 COMPUTE_OPS = frozenset({"stablehlo.dot_general", "stablehlo.convolution"})
 
 
-def region_precision(graph: "Graph", ids) -> str:
+class Precision(str, Enum):
+    """What a region computes in. ``MODEL``: as the model says (its quantize/dequantize pairs kept: int8
+    where they quantize); ``FLOAT``: each ``uniform_dequantize(uniform_quantize(x))`` in the region is
+    ``x`` (float math on the quantized weights' values; ``passes.float_regions``)."""
+
+    MODEL = "model"
+    FLOAT = "float"
+
+
+
+def region_precision(graph: "Graph", ids, precision: Precision = Precision.MODEL) -> str:
     """The precision a region computes in: ``int8`` where a matmul or convolution in it reads a dequantized
-    (``!quant.uniform``) value, else its matmuls' and convolutions' result element type (``f32``,
-    ``f16``...); ``-`` where it has none."""
+    (``!quant.uniform``) value and the region keeps the model's precision, else its matmuls' and
+    convolutions' result element type (``f32``, ``f16``...); ``-`` where it has none."""
     ops = [graph.nodes[i].op for i in sorted(ids) if i in graph.nodes and graph.nodes[i].name in COMPUTE_OPS]
     if not ops:
         return "-"
-    for op in ops:
+    for op in ops if precision is Precision.MODEL else ():
         for v in op.operands:
             p = producer(v)
             if p is not None and p.name == "stablehlo.uniform_dequantize":

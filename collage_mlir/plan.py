@@ -1,9 +1,11 @@
 """The placement plan: named regions (sets of op ids) → backend; JSON, versioned.
 
     {"format": "collage-plan", "version": 1, "default_backend": "iree-cpu",
-     "regions": [{"name": "r0", "backend": "onednn", "ops": [3, 4, 5]}]}
+     "regions": [{"name": "r0", "backend": "onednn", "ops": [3, 4, 5]},
+                 {"name": "r1", "backend": "openvino", "ops": [6, 7], "precision": "float"}]}
 
-Ops no region names stay on the default backend. ``validate`` checks a plan against a module's
+Ops no region names stay on the default backend. A region's ``precision`` is ``model`` (the default:
+its quantize/dequantize pairs kept) or ``float`` (each pair in it removed: it computes in float). ``validate`` checks a plan against a module's
 graph and raises one CollageError line for the first problem found.
 """
 
@@ -14,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends import DEFAULT_BACKEND, RegionKey, get_backend, program_default
+from .backends import DEFAULT_BACKEND, Precision, RegionKey, get_backend, program_default
 from .backends.base import crossing_type_problem
 from .errors import CollageError
 from .graph import Graph
@@ -31,10 +33,17 @@ class Region:
     name: str
     backend: str
     ops: frozenset[int]
+    precision: Precision = Precision.MODEL
 
     @property
     def key(self) -> RegionKey:
-        return RegionKey(self.backend, frozenset(self.ops))
+        return RegionKey(self.backend, frozenset(self.ops), self.precision)
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "backend": self.backend, "ops": sorted(self.ops)}
+        if self.precision is not Precision.MODEL:
+            out["precision"] = self.precision.value
+        return out
 
 
 @dataclass
@@ -54,7 +63,7 @@ class Plan:
             "format": FORMAT,
             "version": VERSION,
             "default_backend": self.default_backend,
-            "regions": [{"name": r.name, "backend": r.backend, "ops": sorted(r.ops)} for r in self.regions],
+            "regions": [r.to_json() for r in self.regions],
         }
 
     def save(self, path: str | Path) -> None:
@@ -63,6 +72,10 @@ class Plan:
     def backend_of(self) -> dict[int, tuple[str, str]]:
         """op id → (region name, backend)."""
         return {i: (r.name, r.backend) for r in self.regions for i in r.ops}
+
+    def precision_of(self, region: str) -> Precision:
+        """The precision of the region named ``region`` (``MODEL`` for a name the plan lacks)."""
+        return next((r.precision for r in self.regions if r.name == region), Precision.MODEL)
 
     @classmethod
     def from_json(cls, data: object, source: str = "<plan>") -> "Plan":
@@ -89,7 +102,11 @@ class Plan:
                 raise bad(f"region '{r['name']}': \"ops\" must be a non-empty list of op ids")
             if not isinstance(r["backend"], str):
                 raise bad(f"region '{r['name']}': \"backend\" must be a backend name")
-            regions.append(Region(r["name"], r["backend"], frozenset(ops)))
+            precision = r.get("precision", Precision.MODEL.value)
+            if precision not in {p.value for p in Precision}:
+                raise bad(f"region '{r['name']}': \"precision\" must be one of "
+                          f"{', '.join(repr(p.value) for p in Precision)}, not {precision!r}")
+            regions.append(Region(r["name"], r["backend"], frozenset(ops), Precision(precision)))
         return cls(regions, str(data.get("default_backend", DEFAULT_BACKEND)), source)
 
     @classmethod
@@ -141,6 +158,9 @@ class Plan:
                 raise CollageError("ops are not a convex set of one function (a path leaves the region and "
                                    "comes back); split it", where=where, location=loc)
             why = backend.accepts(graph, r.ops) or crossing_type_problem(graph, r.ops)
+            if not why and r.precision is Precision.FLOAT and not any(
+                    graph.nodes[i].name == "stablehlo.uniform_dequantize" for i in r.ops):
+                why = "precision 'float' removes quantize/dequantize pairs, and the region dequantizes nothing"
             if why:
                 first = graph.nodes[min(r.ops)]
                 raise CollageError(f"backend '{r.backend}' cannot take it at {first.location}: {why}",

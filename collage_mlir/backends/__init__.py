@@ -12,10 +12,10 @@ from importlib.metadata import entry_points
 from ..dialects import collage
 from ..errors import CollageError
 from ..ir import ir
-from .base import Backend, BackendInfo, BackendKind, Candidate, Platform, RegionArtifact, RegionKey, Tolerance
+from .base import Backend, BackendInfo, BackendKind, Candidate, Platform, Precision, RegionArtifact, RegionKey, Tolerance
 from .iree_codegen import IreeCodegenBackend
 
-__all__ = ["Backend", "BackendInfo", "BackendKind", "Candidate", "RegionArtifact", "RegionKey", "Tolerance", "registry",
+__all__ = ["Backend", "BackendInfo", "BackendKind", "Candidate", "Precision", "RegionArtifact", "RegionKey", "Tolerance", "registry",
            "expand_names",
            "get_backend", "pinned_backend", "DEFAULT_BACKEND", "PLATFORM_DEFAULTS", "program_default", "Platform"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 from collage_runtime.types import Platform, Tolerance  # noqa: F401  (re-exported: backends state theirs)
 
 from ..dialects.stablehlo import const_expr_ops
-from ..graph import Graph
+from ..graph import Graph, Precision
 from ..ir import ir
 from .patterns import OpPattern, grow_regions, match, supported_by
 
@@ -31,14 +31,17 @@ class BackendKind(str, Enum):
 @total_ordering
 @dataclass(frozen=True)
 class RegionKey:
-    """A region on a backend, as a value: what costs, measurements and plans are keyed by (the cost DB
-    keys rows by the region's structure instead). Ordered by backend, then sorted op ids."""
+    """A region on a backend at a precision, as a value: what costs, measurements and plans are keyed by
+    (the cost DB keys rows by the structure of what is built instead). Ordered by backend, then sorted op
+    ids, then precision."""
 
     backend: str
     ops: frozenset[int]
+    precision: Precision = Precision.MODEL
 
     def __lt__(self, other: "RegionKey") -> bool:
-        return (self.backend, sorted(self.ops)) < (other.backend, sorted(other.ops))
+        return ((self.backend, sorted(self.ops), self.precision.value)
+                < (other.backend, sorted(other.ops), other.precision.value))
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,11 @@ class Candidate:
     backend: str
     pattern: str
     ops: frozenset[int]
+    precision: Precision = Precision.MODEL
 
     @cached_property
     def key(self) -> RegionKey:
-        return RegionKey(self.backend, self.ops)
+        return RegionKey(self.backend, self.ops, self.precision)
 
 
 @dataclass(frozen=True)

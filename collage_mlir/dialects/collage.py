@@ -26,6 +26,8 @@ from ..ir import ir
 ID = "collage.id"
 BACKEND = "collage.backend"
 REGION = "collage.region"
+#: On an op of a plan region whose precision is not the model's (``float``), until ``collage-float-regions``.
+PRECISION = "collage.precision"
 ARTIFACT = "collage.artifact"
 EXECUTOR = "collage.executor"
 DEVICES = "collage.devices"

@@ -88,6 +88,37 @@ def quantizes(module: ir.Module | ir.Operation) -> bool:
     return found
 
 
+def dequantize_pairs(ops: list[ir.Operation]) -> list[ir.Operation]:
+    """The float form of a region (``ops``, top-level): each use, by an op of ``ops`` or nested in one, of a
+    ``uniform_dequantize(uniform_quantize(x))`` with ``x`` float reads ``x`` instead (the quantize may be
+    outside: a weight's, a constant expression). Pairs whose result leaves ``ops`` keep serving those uses.
+    Returns the dequantize and quantize ops left without uses, in an order the caller erases them in."""
+    # Compared with ``==`` (the same op): a set of Python op objects loses track of an op once one of its
+    # operands changes through another object of it.
+    inside: list[ir.Operation] = []
+    for op in ops:
+        op.operation.walk(lambda o: inside.append(o.operation) or ir.WalkResult.ADVANCE)
+    dead: list[ir.Operation] = []
+    for dq in [op.operation for op in ops if op.operation.name == "stablehlo.uniform_dequantize"]:
+        owner = dq.operands[0].owner
+        if not isinstance(owner, (ir.Operation, ir.OpView)) or owner.operation.name != "stablehlo.uniform_quantize":
+            continue
+        x = owner.operation.operands[0]
+        if x.type != dq.results[0].type:  # a requantize (x quantized), or a float of another width
+            continue
+        for use in list(dq.results[0].uses):
+            if any(use.owner.operation == o for o in inside):
+                use.owner.operation.operands[use.operand_number] = x
+        if not list(dq.results[0].uses):
+            dead.append(dq)
+    dequantizes = len(dead)
+    for dq in dead[:dequantizes]:
+        q = dq.operands[0].owner.operation
+        if not any(q == d for d in dead) and all(any(u.owner.operation == d for d in dead) for u in q.results[0].uses):
+            dead.append(q)
+    return dead
+
+
 def fold_constant_quantization(module: ir.Module | ir.Operation) -> int:
     """Replaces each ``uniform_dequantize(uniform_quantize(c))`` of a constant expression ``c`` by the f32
     constant it computes; returns how many. (For IREE 3.13, which leaves a per-axis quantize of a

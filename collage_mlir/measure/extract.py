@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from iree.compiler.dialects import func as func_d
 
+from ..backends import Precision
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
@@ -69,15 +70,19 @@ class ExtractedRegion:
     summary: str
     inputs: tuple[ValueRef, ...]
     outputs: tuple[ValueRef, ...]
-    #: ``@main``'s first ``const_ops`` ops are the cloned constant expressions; the region's ops follow.
+    #: ``@main``'s first ``const_ops`` ops are the cloned constant expressions; the region's ``body_ops``
+    #: ops follow (``len(ops)`` but for the quantize/dequantize ops a float region loses).
     const_ops: int
+    body_ops: int
     #: Whether the region quantizes (holds a ``uniform_quantize``): validated with ``validate.QUANT_RTOL``.
     quantized: bool = False
+    #: ``FLOAT``: the module is the region's float form (``dialects.stablehlo.dequantize_pairs``).
+    precision: Precision = Precision.MODEL
 
     def plan(self, backend: str, default_backend: str) -> Plan:
         """The plan that runs this module's region (all but the cloned constants) on ``backend``, in a program
         whose default backend is ``default_backend``."""
-        ids = frozenset(range(self.const_ops, self.const_ops + len(self.ops)))
+        ids = frozenset(range(self.const_ops, self.const_ops + self.body_ops))
         return Plan([Region("region", backend, ids)], default_backend, f"region {self.hash[:12]} on {backend}")
 
 
@@ -94,8 +99,9 @@ def value_ref(graph: Graph, value: ir.Value) -> ValueRef:
     return ValueRef(graph.nodes[oid].func, oid, ir.OpResult(value).result_number)
 
 
-def extract_region(graph: Graph, ids: frozenset[int]) -> ExtractedRegion:
-    """Extracts the convex region ``ids`` of ``graph`` (a numbered module) into a standalone module."""
+def extract_region(graph: Graph, ids: frozenset[int], precision: Precision = Precision.MODEL) -> ExtractedRegion:
+    """Extracts the convex region ``ids`` of ``graph`` (a numbered module) into a standalone module (in its
+    float form for ``Precision.FLOAT``: what a float plan region builds)."""
     if not graph.is_convex(ids):
         raise CollageError(f"ops {sorted(ids)} are not a convex region of one function")
     order = graph.topological_order()
@@ -132,8 +138,15 @@ def extract_region(graph: Graph, ids: frozenset[int]) -> ExtractedRegion:
             for attr in _COLLAGE_ATTRS:
                 if attr in clone.attributes:
                     del clone.attributes[attr]
+        n_body = len(ops)
         with ir.InsertionPoint(entry):
             func_d.ReturnOp([next(n for o, n in mapping if o == v) for v in outputs])
+        if precision is Precision.FLOAT:
+            dead = sh.dequantize_pairs(clones)
+            n_const -= sum(any(c == d for d in dead) for c in clones[:n_const])
+            n_body -= sum(any(c == d for d in dead) for c in clones[len(clones) - len(ops):])
+            for op in dead:
+                op.erase()
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
         bytecode = buf.getvalue()
@@ -141,7 +154,7 @@ def extract_region(graph: Graph, ids: frozenset[int]) -> ExtractedRegion:
     summary = ", ".join(f"{graph.nodes[i].name.removeprefix('stablehlo.')}" for i in sorted(ids, key=rank.__getitem__))
     return ExtractedRegion(frozenset(ids), bytecode, digest, summary,
                            tuple(value_ref(graph, v) for v in args), tuple(value_ref(graph, v) for v in outputs),
-                           n_const, any(graph.nodes[i].name == QUANTIZE for i in ids))
+                           n_const, n_body, any(graph.nodes[i].name == QUANTIZE for i in ids), precision)
 
 
 _RESOURCE_USE = re.compile(r"dense_resource<([^>]+)>")

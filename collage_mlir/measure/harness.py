@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import HARNESS_VERSION
-from ..backends import PLATFORM_DEFAULTS, Backend, Platform, RegionKey, get_backend
+from ..backends import PLATFORM_DEFAULTS, Backend, Platform, Precision, RegionKey, get_backend
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
@@ -156,8 +156,10 @@ def open_pool(options: MeasureOptions, work: Path, prefix: str = "", builders: i
     return LocalPool(work, builders or options.jobs, prefix)
 
 
-def _ops_key(ops: frozenset[int]) -> str:
-    return ",".join(map(str, sorted(ops)))
+def _ops_key(ops: frozenset[int], precision: Precision = Precision.MODEL) -> str:
+    """The DB's key of a region's hash in a module: its op ids (and its precision where not the model's)."""
+    key = ",".join(map(str, sorted(ops)))
+    return key if precision is Precision.MODEL else f"{key}/{precision.value}"
 
 
 #: Region hashes found by extraction are written to the DB in chunks of this many (one transaction each:
@@ -186,7 +188,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
     digest = digest or module_digest(module)
     cached = db.region_hashes(digest, HASH_VERSION)
     new_hashes: list[tuple[str, str | None, str]] = []
-    extracted: dict[frozenset[int], ExtractedRegion] = {}
+    extracted: dict[tuple[frozenset[int], Precision], ExtractedRegion] = {}
     jobs: dict[tuple, _Job] = {}
     rows: dict[RegionKey, Measurement] = {}
     skipped: dict[RegionKey, NotPosed] = {}
@@ -196,21 +198,22 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
     progress = Progress(total=len(regions))
     stats = {"hits": 0, "measured": 0}
 
-    def region_of(ops: frozenset[int]) -> ExtractedRegion | str:
-        if ops not in extracted:
+    def region_of(asked: RegionKey) -> ExtractedRegion | str:
+        at = (asked.ops, asked.precision)
+        if at not in extracted:
             try:
-                extracted[ops] = extract_region(graph, ops)
+                extracted[at] = extract_region(graph, asked.ops, asked.precision)
             except CollageError as exc:
                 return str(exc)
-        return extracted[ops]
+        return extracted[at]
 
-    def hash_of(ops: frozenset[int]) -> tuple[str | None, str] | None:
+    def hash_of(asked: RegionKey) -> tuple[str | None, str] | None:
         """(structural hash, or None and why the region cannot be posed); None: unknown (past the deadline)."""
-        key = _ops_key(ops)
+        key = _ops_key(asked.ops, asked.precision)
         if key not in cached:
             if options.spent():
                 return None
-            region = region_of(ops)
+            region = region_of(asked)
             if isinstance(region, str):
                 cached[key] = (None, region)
             elif not region.inputs:
@@ -254,7 +257,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
             if on_progress and k % 256 == 0:
                 progress.cache_hits = stats["hits"]
                 on_progress(progress)
-            found = hash_of(asked.ops)
+            found = hash_of(asked)
             if found is None:
                 continue  # past the deadline and never extracted: no row
             region_hash, why = found
@@ -279,7 +282,7 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
                 continue
             if options.spent():
                 continue  # no build starts past the deadline: no extraction for it either
-            region = region_of(asked.ops)
+            region = region_of(asked)
             if isinstance(region, str):  # extraction cannot fail where it gave a hash; keep it honest
                 skipped[asked] = NotPosed(region)
                 continue

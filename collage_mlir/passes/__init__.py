@@ -12,6 +12,7 @@ from ..backends import DEFAULT_BACKEND
 from ..plan import Plan
 from .assign import AssignPass
 from .base import ModulePass, PassPipeline, parse_options
+from .float_regions import FloatRegionsPass
 from .lower import LowerPass
 from .number_ops import NumberOpsPass
 from .outline import OutlinePass
@@ -20,7 +21,8 @@ from .place_devices import DEFAULT_FLAGS, PlaceDevicesPass
 __all__ = ["ModulePass", "PassPipeline", "PARTITION", "PartitionPipeline", "partition_pipeline", "registry"]
 
 #: Every collage pass, in the order the partition pipeline runs them.
-PASSES: tuple[type[ModulePass], ...] = (NumberOpsPass, AssignPass, OutlinePass, LowerPass, PlaceDevicesPass)
+PASSES: tuple[type[ModulePass], ...] = (NumberOpsPass, AssignPass, FloatRegionsPass, OutlinePass, LowerPass,
+                                        PlaceDevicesPass)
 
 
 def registry() -> dict[str, type[ModulePass]]:
@@ -32,7 +34,7 @@ def registry() -> dict[str, type[ModulePass]]:
 class PartitionPipeline:
     """The pipeline ``collage compile`` runs (and ``collage-opt --collage-partition``), with its passes'
     options: number ops, assign ``plan`` (a Plan, a plan file, or None for the module's ``collage.plan``),
-    outline, lower (building region artifacts into ``artifact_dir`` when given), place devices (the
+    float regions, outline, lower (building region artifacts into ``artifact_dir`` when given), place devices (the
     default device's llvm-cpu flags: ``default_flags``)."""
 
     name: ClassVar[str] = "collage-partition"
@@ -47,7 +49,8 @@ class PartitionPipeline:
 
     def passes(self) -> list[ModulePass]:
         default = self.plan.default_backend if isinstance(self.plan, Plan) else DEFAULT_BACKEND
-        return [NumberOpsPass(), AssignPass(self.plan), OutlinePass(), LowerPass(self.artifact_dir, self.kernel_arch),
+        return [NumberOpsPass(), AssignPass(self.plan), FloatRegionsPass(), OutlinePass(),
+                LowerPass(self.artifact_dir, self.kernel_arch),
                 PlaceDevicesPass(self.default_flags, default)]
 
 

@@ -1,5 +1,5 @@
 """`collage-assign`: applies a plan, tagging each op of a plan region with ``collage.backend`` and
-``collage.region``.
+``collage.region`` (and ``collage.precision`` where the region's is not the model's).
 
 A Python pattern-rewrite pass: one pattern per op name the plan mentions, driven by MLIR's
 ``walk_and_apply_patterns``. The plan is validated against the module's graph first, so a bad plan
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends import pinned_backend
+from ..backends import Precision, pinned_backend
 from ..dialects import collage
 from ..errors import CollageError
 from ..graph import Graph, body_ops, public_funcs
@@ -41,6 +41,7 @@ class AssignPass(ModulePass):
         placement = _pinned(plan.backend_of(), graph, plan)
         if not placement:
             return
+        precision = {r.name: r.precision for r in plan.regions if r.precision is not Precision.MODEL}
 
         def tag(op: ir.Operation, rewriter: rewrite.PatternRewriter) -> bool:
             oid = collage.op_id(op)
@@ -49,6 +50,8 @@ class AssignPass(ModulePass):
             region, backend = placement[oid]
             collage.set_str_attr(op, collage.BACKEND, backend)
             collage.set_str_attr(op, collage.REGION, region)
+            if region in precision:
+                collage.set_str_attr(op, collage.PRECISION, precision[region].value)
             return False
 
         with module.operation.context:

@@ -228,6 +228,6 @@ def _steps(index: CandidateIndex, covered: int, bit: dict[int, int], anc_mask: d
 
 def to_plan(index: CandidateIndex, chosen: list[SearchCandidate], source: str) -> Plan:
     """A plan of the non-default candidates, named in topological order of their first op."""
-    regions = sorted((c for c in chosen if c.backend != index.default_backend),
-                     key=lambda c: index.graph.pos[c.first])
-    return Plan([Region(f"region_{k}", c.backend, c.ops) for k, c in enumerate(regions)], index.default_backend, source)
+    regions = sorted((c for c in chosen if index.named(c)), key=lambda c: index.graph.pos[c.first])
+    return Plan([Region(f"region_{k}", c.backend, c.ops, c.key.precision) for k, c in enumerate(regions)],
+                index.default_backend, source)

@@ -6,12 +6,12 @@ producers, bytes each op produces) and the candidate index by op, as TVM Collage
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 import networkx as nx
 
-from ..backends import DEFAULT_BACKEND, Backend, Candidate, RegionKey, pinned_backend
+from ..backends import DEFAULT_BACKEND, Backend, Candidate, Precision, RegionKey, pinned_backend
 from ..dialects import collage
 from ..dialects import stablehlo as sh
 from ..graph import Graph, external_operands, producer
@@ -33,6 +33,8 @@ class SearchGraph:
     #: Ops only one backend runs (``backends.pinned_backend``: an ONNX node kept as ONNX), alone on it
     #: rather than on the default backend.
     pinned: Mapping[int, str] = field(default_factory=dict)
+    #: The ``uniform_dequantize`` ops: a region holding one has a float form (``Precision.FLOAT``).
+    dequantizing: frozenset[int] = frozenset()
     users: dict[int, tuple[int, ...]] = field(init=False)
     pos: dict[int, int] = field(init=False)
 
@@ -59,8 +61,10 @@ class SearchGraph:
                    for v in external_operands([node.op])):
                 constant.add(op)
         pinned = {i: b for i, n in graph.nodes.items() if (b := pinned_backend(n.op)) is not None}
+        dequantizing = frozenset(i for i, n in graph.nodes.items() if n.name == "stablehlo.uniform_dequantize")
         return cls(late[::-1], {i: tuple(graph.producers(i)) for i in graph.nodes},
-                   {i: _result_bytes(n.op) for i, n in graph.nodes.items()}, frozenset(constant), pinned)
+                   {i: _result_bytes(n.op) for i, n in graph.nodes.items()}, frozenset(constant), pinned,
+                   dequantizing)
 
     def mask(self, ops: Iterable[int]) -> int:
         m = 0
@@ -146,17 +150,22 @@ class CandidateIndex:
     """Candidates by the ops they contain and by their first op: every op alone on the default backend (a
     pinned op on its own),
     then ``candidates``, then each backend's ``maximal`` regions (a region found twice is kept once, as
-    found first)."""
+    found first); with ``float_regions``, each candidate of several ops that dequantizes also in its float
+    form (``Precision.FLOAT``: precision is then a placement dimension)."""
 
     def __init__(self, graph: SearchGraph, candidates: Iterable[Candidate],
                  maximal: Mapping[str, Sequence[frozenset[int]]] | None = None,
-                 default_backend: str = DEFAULT_BACKEND):
+                 default_backend: str = DEFAULT_BACKEND, float_regions: bool = False):
         self.graph = graph
         self.default_backend = default_backend
         seen: dict[RegionKey, SearchCandidate] = {}
         singles = [(self._alone_candidate(op), False) for op in graph.order]
         grown = [(Candidate(b, MAXIMAL, ops), True) for b, regions in (maximal or {}).items() for ops in regions]
-        for c, is_maximal in (*singles, *((c, False) for c in candidates), *grown):
+        found = [*singles, *((c, False) for c in candidates), *grown]
+        if float_regions:
+            found += [(replace(c, precision=Precision.FLOAT), m) for c, m in found
+                      if len(c.ops) > 1 and c.ops & graph.dequantizing]
+        for c, is_maximal in found:
             if c.key in seen:
                 continue
             inputs = graph.external_producers(c.ops)
@@ -182,6 +191,11 @@ class CandidateIndex:
     def _alone_candidate(self, op: int) -> Candidate:
         return Candidate(self.graph.pinned.get(op, self.default_backend), ALONE, frozenset({op}))
 
+    def named(self, c: SearchCandidate) -> bool:
+        """Whether a plan names ``c`` as a region: the default backend runs its ops at the model's precision
+        without one."""
+        return c.backend != self.default_backend or c.key.precision is not Precision.MODEL
+
     def is_alone(self, c: SearchCandidate) -> bool:
         """Whether ``c`` is its op alone on the backend every plan may leave it to (``alone``)."""
         return len(c.ops) == 1 and c.backend == self.graph.pinned.get(c.first, self.default_backend)
@@ -196,11 +210,13 @@ class CandidateIndex:
 
     @classmethod
     def build(cls, graph: Graph, backends: Sequence[Backend], *,
-              maximal: Mapping[str, Sequence[frozenset[int]]] | None = None) -> "CandidateIndex":
+              maximal: Mapping[str, Sequence[frozenset[int]]] | None = None,
+              float_regions: bool = False) -> "CandidateIndex":
         """Every candidate of ``backends`` in ``graph`` plus, for each graph-level backend, its maximal
         regions (grown without the per-candidate op cap; ``maximal`` when the caller has them, by backend
-        name), plus every op alone on the default backend."""
+        name), plus every op alone on the default backend (and float forms: ``float_regions``)."""
         if maximal is None:
             maximal = {b.name: maximal_regions(graph, b) for b in backends}
-        return cls(SearchGraph.from_graph(graph), enumerate_candidates(graph, list(backends)), maximal)
+        return cls(SearchGraph.from_graph(graph), enumerate_candidates(graph, list(backends)), maximal,
+                   float_regions=float_regions)
 

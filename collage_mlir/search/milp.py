@@ -104,9 +104,9 @@ def exact_plan(index: CandidateIndex, estimator: CostEstimator, time_limit_s: fl
         dp = optimize(index, estimator)
     solved = solve(index, estimator, start + time_limit_s, costs=costs, options=options)
     singles = {c.key: c for c in index.candidates if c.backend == index.default_backend and len(c.ops) == 1}
-    as_plan = [c for c, _ in dp.chosen if c.backend != index.default_backend]
+    as_plan = [c for c, _ in dp.chosen if index.named(c)]
     as_plan += [singles[RegionKey(index.default_backend, frozenset({op}))]
-                for c, _ in dp.chosen if c.backend == index.default_backend for op in c.ops]
+                for c, _ in dp.chosen if not index.named(c) for op in c.ops]
     region_s = {id(c): s for c in as_plan if (s := _region_seconds(index, c, {**dp.costs, **solved.costs}))
                 is not None}
     dp_cost_s = _chosen_cost(index, estimator, as_plan, region_s) if len(region_s) == len(as_plan) else math.inf
@@ -125,7 +125,7 @@ def solve(index: CandidateIndex, estimator: CostEstimator, deadline: float, *,
     solved until ``deadline`` (``time.monotonic()``), the rest alone on the default backend."""
     start = time.monotonic()
     g = index.graph
-    eligible = [c for c in index.candidates if c.backend != index.default_backend or len(c.ops) == 1]
+    eligible = [c for c in index.candidates if index.named(c) or len(c.ops) == 1]
     if costs is None:
         costs = dict(zip((c.key for c in eligible), estimator.region_costs([c.key for c in eligible])))
     region_s = {id(c): s for c in eligible if (s := _region_seconds(index, c, costs)) is not None}

@@ -117,7 +117,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
          seed: int = 0, examples: Mapping[str, Sequence[np.ndarray]] | None = None,
          measure: MeasureOptions | None = None, evolve_options: EvolveOptions | None = None,
          on_progress: OnProgress | None = None, reuse: bool = True, in_context: bool = True,
-         started: float | None = None) -> TuneResult:
+         started: float | None = None, float_regions: bool = True) -> TuneResult:
     """Finds the plan of ``module`` with the lowest measured end-to-end time on ``backends`` (the default
     backend is always added) within ``budget_s`` seconds.
 
@@ -141,7 +141,9 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     ``in_context``: price the regions inside a graph engine's maximal regions from its per-node profile of
     its seed, and leave unmeasured what that profile says cannot win (``MeasuredEstimator.price_in_context``).
     ``started``: when the user's clock started (``time.monotonic()``; default now), so that what came before
-    the call (loading and importing the model) is spent from the budget too."""
+    the call (loading and importing the model) is spent from the budget too.
+    ``float_regions``: a region that dequantizes is also a candidate in its float form (its quantize/
+    dequantize pairs removed), so each region's precision is chosen with its engine by measured time."""
     report = on_progress or (lambda *a: None)
     # Every stage but the finalists' rounds (timing only, on kept builds) keeps to this deadline.
     started = time.monotonic() if started is None else started
@@ -163,7 +165,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         raise CollageError("the model has no public @main function to time")
     opts = evolve_options or EvolveOptions()
     digest = module_digest(module)
-    result_key = _result_key(digest, backends, examples, seed, budget_s, opts, measure)
+    result_key = _result_key(digest, backends, examples, seed, budget_s, opts, measure, float_regions)
     if reuse and (stored := db.get_cached(TUNE_RESULT, result_key)) is not None:
         record = json.loads(stored)
         report("reused", 1, 1, "a finished tune with these settings is in the DB")
@@ -194,7 +196,8 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         try:
             seeds = building.submit(_build_seeds, single, backends, est, deadline, report, fallback)
             found, _ = cached or candidate_regions(graph, backends, db, digest, maximal)
-            index = CandidateIndex(SearchGraph.from_graph(graph), found, maximal, default_backend=default)
+            index = CandidateIndex(SearchGraph.from_graph(graph), found, maximal, default_backend=default,
+                                   float_regions=float_regions)
             candidates = len(index)
             report("candidates", candidates, candidates, f"{candidates} candidates")
             build_s = seeds.result()
@@ -333,7 +336,7 @@ def _interrupted(est: MeasuredEstimator, names: list[str], seed: int, budget_s: 
 
 
 def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed: int, budget_s: float,
-                opts: EvolveOptions, measure: MeasureOptions) -> str:
+                opts: EvolveOptions, measure: MeasureOptions, float_regions: bool) -> str:
     """What a finished tune's result is kept under: the numbered module's digest, the example inputs, the
     backends with their versions, this device, the harness version, the seed, the budget and the search
     options (a deadline is not an option: it comes from the budget)."""
@@ -342,6 +345,8 @@ def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed:
         for a in examples[name]:
             digest.update(name.encode() + np.ascontiguousarray(a).tobytes())
     search = {k: v for k, v in asdict(replace(opts, deadline=None, final_deadline=None)).items()}
+    if not float_regions:  # (a tune stored before the option had none: it searched no float region either)
+        search["float_regions"] = False
     text = json.dumps({"model": digest.hexdigest(), "backends": sorted(f"{b.name}={b.version()}" for b in backends),
                        "device": device_fingerprint(measure.platform)[0], "harness": HARNESS_VERSION, "seed": seed,
                        "budget_s": budget_s, "search": search}, sort_keys=True)

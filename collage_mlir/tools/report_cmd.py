@@ -124,7 +124,7 @@ def _region_costs(graph, regions, db_path) -> dict[str, dict[str, str]]:
     with CostDB(path) as db:
         for r in regions:
             try:
-                region_hash = extract_region(graph, frozenset(r.ops)).hash
+                region_hash = extract_region(graph, frozenset(r.ops), r.precision).hash
             except CollageError:
                 continue
             rows = db.measurements(region_hash=region_hash, device=device)
@@ -180,7 +180,7 @@ def render(tuned: TunedPlan | dict, manifest: Manifest | None, graph, db_path, b
         c = choices.get(r.name)
         runner = f"{e(str(c.runner_up))} ({_ms(c.runner_up_cost_s)})" if c and c.runner_up else "—"
         parts.append(f"<tr><td>{e(r.name)}</td><td><span class='sw' style='background:{colours[r.backend]}'>"
-                     f"</span>{e(r.backend)}</td><td>{e(region_precision(graph, r.ops) if graph is not None else '—')}"
+                     f"</span>{e(r.backend)}</td><td>{e(region_precision(graph, r.ops, r.precision) if graph is not None else '—')}"
                      f"</td><td>{e(ops)}</td><td>{_ms(c.cost_s if c else None)}</td><td>{runner}</td>"
                      f"<td>{e(c.why if c else '—')}</td>"
                      + "".join(f"<td>{e(costs.get(r.name, {}).get(b, '—'))}</td>" for b in backends) + "</tr>")

@@ -183,6 +183,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--no-import-check", action="store_true",
                    help="do not check an imported model (.onnx, torch factory) against its source")
     add_precision_arguments(t)
+    t.add_argument("--keep-quantized", action="store_true",
+                   help="keep every region of a quantized model at its precision (by default a region that "
+                        "dequantizes is also tried in float, its quantize/dequantize pairs removed)")
     t.add_argument("--cluster", metavar="ADDRESS", default=None,
                    help="build and time on the Ray cluster at ADDRESS (host:port, ray://host:port, auto): its nodes "
                         "of this machine's kind (see docs/measurement.md); the cost DB and the search stay here")
@@ -190,7 +193,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def tune_model(module, examples: dict, backends: list, budget_s: float, seed: int, db_path: str | None,
                jobs: int | None = None, reuse: bool = True, platform: Platform = Platform.CPU,
-               cluster: str | None = None, started: float | None = None):
+               cluster: str | None = None, started: float | None = None, float_regions: bool = True):
     """Tunes ``module`` with a rich progress display (building and timing on the Ray cluster at ``cluster``
     when given), the budget counted from ``started`` (``time.monotonic()``; default now); returns the
     TuneResult."""
@@ -216,7 +219,7 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
             bar.update(task, stage=stage, completed=done, total=total, description=note)
 
         return tune(module, backends, db, work, budget_s=budget_s, seed=seed, examples=examples, measure=options,
-                    on_progress=show, reuse=reuse, started=started)
+                    on_progress=show, reuse=reuse, started=started, float_regions=float_regions)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -264,7 +267,8 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
     platform = Platform(args.device)
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
-                        reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started)
+                        reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started,
+                        float_regions=not args.keep_quantized)
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")

@@ -105,3 +105,23 @@ func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
 // MISMATCH: diagnostics-mismatch.mlir:{{[0-9]+}}:{{[0-9]+}}: error: unexpected error: {{.*}}unknown op id 42
 // MISMATCH: diagnostics-mismatch.mlir:{{[0-9]+}}:1: error: 'error' diagnostic emitted when expecting a 'warning'
 // MISMATCH: diagnostics-mismatch.mlir:{{[0-9]+}}:1: error: expected error "this is never said" was not produced
+
+// -----
+
+module attributes {collage.plan = {version = 1, regions = [{name = "r", backend = "iree-cpu", ops = [0], precision = "float"}]}} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    // expected-error @+1 {{precision 'float' removes quantize/dequantize pairs, and the region dequantizes nothing}}
+    %0 = stablehlo.negate %a : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}
+
+// -----
+
+// expected-error @+1 {{region 'r': "precision" must be one of 'model', 'float', not 'int4'}}
+module attributes {collage.plan = {version = 1, regions = [{name = "r", backend = "iree-cpu", ops = [0], precision = "int4"}]}} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.negate %a : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}

@@ -1,0 +1,105 @@
+"""Precision as a placement dimension: a plan region that dequantizes may run in float (``"precision":
+"float"``: its quantize/dequantize pairs removed), the search poses each such candidate in both forms, and
+the harness measures the float form as what it builds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collage_runtime
+from collage_mlir.backends import Candidate, Precision, RegionKey, get_backend
+from collage_mlir.errors import CollageError
+from collage_mlir.graph import Graph, number_ops, region_precision
+from collage_mlir.ir import new_context, parse_module
+from collage_mlir.iree import compile_module
+from collage_mlir.measure.extract import extract_region
+from collage_mlir.plan import Plan, Region
+from collage_mlir.search.index import CandidateIndex, SearchGraph
+
+SCALE_X, SCALE_W = 0.05, 0.01
+QUANTIZED = """func.func @main(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %w = stablehlo.constant dense<%W> : tensor<16x16xf32>
+  %qx = stablehlo.uniform_quantize %x : (tensor<8x16xf32>) -> tensor<8x16x!quant.uniform<i8:f32, %SX>>
+  %dx = stablehlo.uniform_dequantize %qx : (tensor<8x16x!quant.uniform<i8:f32, %SX>>) -> tensor<8x16xf32>
+  %qw = stablehlo.uniform_quantize %w : (tensor<16x16xf32>) -> tensor<16x16x!quant.uniform<i8:f32, %SW>>
+  %dw = stablehlo.uniform_dequantize %qw : (tensor<16x16x!quant.uniform<i8:f32, %SW>>) -> tensor<16x16xf32>
+  %y = stablehlo.dot_general %dx, %dw, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x16xf32>) -> tensor<8x16xf32>
+  %t = stablehlo.tanh %y : tensor<8x16xf32>
+  return %t : tensor<8x16xf32>
+}
+"""
+# Weights on the int8 grid (quantizing them is exact), inputs off it (quantizing them rounds).
+W = np.random.default_rng(0).integers(-100, 100, (16, 16)) * SCALE_W
+X = np.random.default_rng(1).uniform(-1.5, 1.5, (8, 16)).astype(np.float32)
+#: ops: 0 constant, 1 quantize x, 2 dequantize x, 3 quantize w, 4 dequantize w, 5 dot, 6 tanh.
+QUANTIZING = frozenset({1, 2, 3, 4, 5})
+
+
+def _module():
+    text = QUANTIZED.replace("%W", np.array2string(W.astype(np.float32), separator=",", threshold=10**6,
+                                                        floatmode="unique").replace("\n", ""))
+    module = parse_module(text.replace("%SX", str(SCALE_X)).replace("%SW", str(SCALE_W)), new_context())
+    number_ops(module)
+    return module
+
+
+def _run(plan: Plan, tmp_path, name: str) -> np.ndarray:
+    compile_module(_module(), plan, tmp_path / name)
+    with collage_runtime.load(tmp_path / name) as program:
+        return program.invoke("main", X)[0]
+
+
+@pytest.mark.parametrize("backend", ["iree-cpu", "ort"])
+def test_a_float_region_computes_in_float_and_the_model_precision_in_int8(backend, tmp_path):
+    """The float region's result is the f32 math on the unrounded input (the weights' int8 values are
+    exact); the model's precision rounds the input to its int8 grid first."""
+    exact = np.tanh(X.astype(np.float64) @ W)
+    rounded = np.tanh(np.clip(np.round(X / SCALE_X), -128, 127) * SCALE_X @ W)
+    model = _run(Plan([Region("r", backend, QUANTIZING)]), tmp_path, "model")
+    floated = _run(Plan([Region("r", backend, QUANTIZING, Precision.FLOAT)]), tmp_path, "float")
+    np.testing.assert_allclose(floated, exact, atol=1e-5)
+    np.testing.assert_allclose(model, rounded, atol=1e-5)
+    assert np.abs(model - exact).max() > 1e-3  # the two precisions differ here: the test tells them apart
+
+
+def test_a_plan_records_each_region_precision():
+    plan = Plan([Region("a", "ort", QUANTIZING, Precision.FLOAT), Region("b", "iree-cpu", frozenset({6}))])
+    data = plan.to_json()
+    assert data["regions"][0]["precision"] == "float" and "precision" not in data["regions"][1]
+    again = Plan.from_json(data)
+    assert again.key == plan.key and again.regions[0].key == RegionKey("ort", QUANTIZING, Precision.FLOAT)
+    graph = Graph(_module())
+    assert region_precision(graph, QUANTIZING) == "int8"
+    assert region_precision(graph, QUANTIZING, Precision.FLOAT) == "f32"
+    with pytest.raises(CollageError, match="the region dequantizes nothing"):
+        Plan([Region("t", "iree-cpu", frozenset({6}), Precision.FLOAT)]).validate(graph)
+
+
+def test_the_index_poses_each_dequantizing_candidate_in_float_too():
+    graph = Graph(_module())
+    candidates = [Candidate("ort", "r", QUANTIZING), Candidate("ort", "t", frozenset({6}))]
+    posed = {c.key for c in CandidateIndex(SearchGraph.from_graph(graph), candidates, float_regions=True).candidates}
+    assert RegionKey("ort", QUANTIZING, Precision.FLOAT) in posed and RegionKey("ort", QUANTIZING) in posed
+    assert not any(k.precision is Precision.FLOAT and 6 in k.ops for k in posed)  # tanh dequantizes nothing
+    without = CandidateIndex(SearchGraph.from_graph(graph), candidates).candidates
+    assert all(c.key.precision is Precision.MODEL for c in without)
+
+
+def test_the_float_form_is_extracted_as_what_it_builds():
+    """Its module has no quantize/dequantize left and another structural hash (the cost DB keys rows by
+    it), and the plan that builds it covers exactly the ops that remain."""
+    graph = Graph(_module())
+    model = extract_region(graph, QUANTIZING)
+    floated = extract_region(graph, QUANTIZING, Precision.FLOAT)
+    assert floated.hash != model.hash and floated.precision is Precision.FLOAT
+    with new_context() as ctx:
+        from collage_mlir.ir import ir
+        module = ir.Module.parse(floated.bytecode, ctx)
+        text = str(module)
+    assert "uniform_" not in text
+    # The constant w, then the dot (the quantize/dequantize ops gone): the plan region is the dot alone.
+    assert (floated.const_ops, floated.body_ops) == (1, 1)
+    assert floated.plan("ort", "iree-cpu").regions[0].ops == frozenset({1})
+    assert (model.const_ops, model.body_ops) == (1, 5)
+    get_backend("ort")  # the backend the plans name exists
