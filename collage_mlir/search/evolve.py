@@ -2,8 +2,9 @@
 measured end-to-end time, then a side-by-side re-measurement of the finalists.
 
 The genome has one gene per *unit*: the common refinement of the seed plans' regions (ops that every
-seed keeps together). A gene is (backend choice among those that can take the unit, join bit); decoding
-labels each unit, joins adjacent units of one backend whose join bits are set (a merge; a cleared bit
+seed keeps together). A gene is (label choice, join bit): a label is a backend that can take the unit and
+a precision (float too where the unit dequantizes and float regions are searched); decoding
+labels each unit, joins adjacent units of one label whose join bits are set (a merge; a cleared bit
 is a split), keeps a joined group only where it is convex and the backend takes it (else grows it
 greedily unit by unit), and splits any region that would close a cycle. Collage's settings are the
 defaults: population 50, two-point crossover with probability 0.5, bit-flip mutation, tournament of 5.
@@ -18,13 +19,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..backends import RegionKey
+from ..backends import Precision, RegionKey
 from ..errors import CollageError
 from ..plan import Plan, PlanKey, Region
 from .cost import Cost, CostEstimator
 from .index import SearchGraph
 
 Accepts = Callable[[str, frozenset[int]], bool]
+#: What a unit is given: a backend and a precision.
+Label = tuple[str, Precision]
 
 
 @dataclass
@@ -74,17 +77,19 @@ class EvolveResult:
 
 
 class _Decoder:
-    def __init__(self, graph: SearchGraph, units: list[frozenset[int]], options: list[list[str]], accepts: Accepts,
+    def __init__(self, graph: SearchGraph, units: list[frozenset[int]], options: list[list[Label]], accepts: Accepts,
                  default_backend: str):
-        self.g, self.units, self.options, self.accepts, self.default = graph, units, options, accepts, default_backend
+        self.g, self.units, self.options, self.accepts = graph, units, options, accepts
+        self.default: Label = (default_backend, Precision.MODEL)
         unit_of = {op: k for k, u in enumerate(units) for op in u}
         self.adjacent = [sorted({unit_of[p] for op in u for p in graph.producers[op]} - {k}) for k, u in enumerate(units)]
         self._ok: dict[RegionKey, bool] = {}
 
-    def ok(self, backend: str, ops: frozenset[int]) -> bool:
-        key = RegionKey(backend, ops)
+    def ok(self, label: Label, ops: frozenset[int]) -> bool:
+        key = RegionKey(label[0], ops, label[1])
         if key not in self._ok:
-            self._ok[key] = self.g.is_convex(ops) and self.accepts(backend, ops)
+            self._ok[key] = self.g.is_convex(ops) and self.accepts(label[0], ops) and (
+                label[1] is Precision.MODEL or bool(ops & self.g.dequantizing))
         return self._ok[key]
 
     def decode(self, genome: list[tuple[int, int]], source: str) -> Plan:
@@ -105,7 +110,7 @@ class _Decoder:
         for k in range(len(self.units)):
             if label[k] != self.default:
                 groups.setdefault(find(k), []).append(k)
-        proposed: list[tuple[str, list[int]]] = []
+        proposed: list[tuple[Label, list[int]]] = []
         for members in groups.values():
             backend = label[members[0]]
             if len(members) > 1 and self.ok(backend, frozenset().union(*(self.units[m] for m in members))):
@@ -127,21 +132,22 @@ class _Decoder:
         for backend, members in proposed:
             ops = frozenset().union(*(self.units[m] for m in members))
             if self.g.acyclic([r.ops for r in regions] + [ops]):
-                regions.append(RegionKey(backend, ops))
+                regions.append(RegionKey(backend[0], ops, backend[1]))
                 continue
             for m in members:  # split what would close a cycle; units that still do stay on the default
                 if self.ok(backend, self.units[m]) and self.g.acyclic([r.ops for r in regions] + [self.units[m]]):
-                    regions.append(RegionKey(backend, self.units[m]))
+                    regions.append(RegionKey(backend[0], self.units[m], backend[1]))
         regions.sort(key=lambda r: min(self.g.pos[i] for i in r.ops))
-        return Plan([Region(f"region_{k}", r.backend, r.ops) for k, r in enumerate(regions)], self.default, source)
+        return Plan([Region(f"region_{k}", r.backend, r.ops, r.precision) for k, r in enumerate(regions)],
+                    self.default[0], source)
 
     def encode(self, plan: Plan) -> list[tuple[int, int]]:
         owner = {op: r for r in plan.regions for op in r.ops}
         genome = []
         for k, unit in enumerate(self.units):
             r = owner.get(next(iter(unit)))
-            backend = r.backend if r is not None else self.default
-            choice = self.options[k].index(backend) if backend in self.options[k] else 0
+            label = (r.backend, r.precision) if r is not None else self.default
+            choice = self.options[k].index(label) if label in self.options[k] else 0
             genome.append((choice, int(r is not None and len(r.ops) > len(unit))))
         return genome
 
@@ -172,10 +178,11 @@ def refine(graph: SearchGraph, plans: Sequence[Plan]) -> list[frozenset[int]]:
 
 def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequence[str], accepts: Accepts,
            estimator: CostEstimator, options: EvolveOptions | None = None,
-           on_progress: Callable[[str, int, float], None] | None = None) -> EvolveResult:
+           on_progress: Callable[[str, int, float], None] | None = None, float_regions: bool = False) -> EvolveResult:
     """The plan with the lowest measured end-to-end time found from ``seeds`` ((name, plan): the DP plan
     and every single-backend plan); never one that loses to the best single-backend seed beyond the
-    spread of their side-by-side re-measurement."""
+    spread of their side-by-side re-measurement. ``float_regions``: a unit that dequantizes may also be
+    labelled float (on any backend that takes it, the default one included)."""
     opt = options or EvolveOptions()
     rng = random.Random(opt.seed)
     default = estimator.default_backend
@@ -193,7 +200,10 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
     if spent():  # no plan would be timed: no units, genomes or acceptance checks (MobileNetV2's: 1.5 s)
         return _final(seeds, times, plans, estimator, opt, 0, on_progress)
     units = refine(graph, [p for _, p in seeds])
-    choices = [[default] + [b for b in backends if b != default and accepts(b, u)] for u in units]
+    precisions = (Precision.MODEL, Precision.FLOAT) if float_regions else (Precision.MODEL,)
+    choices = [[(default, Precision.MODEL)]
+               + [(b, p) for b in backends for p in precisions if (b, p) != (default, Precision.MODEL)
+                  and accepts(b, u) and (p is Precision.MODEL or u & graph.dequantizing)] for u in units]
     dec = _Decoder(graph, units, choices, accepts, default)
 
     def fitness(genome) -> float:

@@ -158,6 +158,7 @@ class CandidateIndex:
                  default_backend: str = DEFAULT_BACKEND, float_regions: bool = False):
         self.graph = graph
         self.default_backend = default_backend
+        self.float_regions = float_regions
         seen: dict[RegionKey, SearchCandidate] = {}
         singles = [(self._alone_candidate(op), False) for op in graph.order]
         grown = [(Candidate(b, MAXIMAL, ops), True) for b, regions in (maximal or {}).items() for ops in regions]

@@ -308,7 +308,8 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
     accepts = accepts_fn(graph, default)
     evolved = evolve(sg, seeds, names, accepts, est, opts,
                      on_progress=lambda stage, k, best: report(stage, k, opts.max_generations if stage == "evolve"
-                                                               else opts.rounds, f"best {best * 1e3:.3f} ms"))
+                                                               else opts.rounds, f"best {best * 1e3:.3f} ms"),
+                     float_regions=index.float_regions)
     est.deadline = min(deadline, time.monotonic())  # the record measures nothing new: DB and memory only
     tuned = _tuned_plan(evolved, dp_plan, dp_timed, {n: p for n, p in single.items() if n in timed},
                          sg, est, accepts, names, seed, budget_s, len(index),

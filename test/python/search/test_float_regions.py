@@ -63,6 +63,7 @@ def test_a_float_region_computes_in_float_and_the_model_precision_in_int8(backen
     assert np.abs(model - exact).max() > 1e-3  # the two precisions differ here: the test tells them apart
 
 
+@pytest.mark.fast
 def test_a_plan_records_each_region_precision():
     plan = Plan([Region("a", "ort", QUANTIZING, Precision.FLOAT), Region("b", "iree-cpu", frozenset({6}))])
     data = plan.to_json()
@@ -76,6 +77,7 @@ def test_a_plan_records_each_region_precision():
         Plan([Region("t", "iree-cpu", frozenset({6}), Precision.FLOAT)]).validate(graph)
 
 
+@pytest.mark.fast
 def test_the_index_poses_each_dequantizing_candidate_in_float_too():
     graph = Graph(_module())
     candidates = [Candidate("ort", "r", QUANTIZING), Candidate("ort", "t", frozenset({6}))]
@@ -86,6 +88,7 @@ def test_the_index_poses_each_dequantizing_candidate_in_float_too():
     assert all(c.key.precision is Precision.MODEL for c in without)
 
 
+@pytest.mark.fast
 def test_the_float_form_is_extracted_as_what_it_builds():
     """Its module has no quantize/dequantize left and another structural hash (the cost DB keys rows by
     it), and the plan that builds it covers exactly the ops that remain."""
@@ -103,3 +106,35 @@ def test_the_float_form_is_extracted_as_what_it_builds():
     assert floated.plan("ort", "iree-cpu").regions[0].ops == frozenset({1})
     assert (model.const_ops, model.body_ops) == (1, 5)
     get_backend("ort")  # the backend the plans name exists
+
+
+@pytest.mark.fast
+def test_the_evolution_labels_dequantizing_units_with_a_precision_too():
+    """Seeds: engine a and engine b whole, at the model's precision. The float form of a's region is the
+    fastest plan; the evolution finds it (a unit is (backend, precision) labelled), and only with float
+    regions searched."""
+    from collage_mlir.search.cost import Cost, MockEstimator
+    from collage_mlir.search.evolve import EvolveOptions, evolve
+
+    graph = SearchGraph([0, 1, 2], {0: (), 1: (0,), 2: (1,)}, {0: 64, 1: 64, 2: 64}, dequantizing=frozenset({1}))
+    ops = frozenset({0, 1, 2})
+    seeds = [(b, Plan([Region("region_0", b, ops)], source=b)) for b in ("a", "b")]
+    times = {("a", Precision.MODEL): 2.0, ("b", Precision.MODEL): 3.0, ("a", Precision.FLOAT): 1.0,
+             ("b", Precision.FLOAT): 2.5}
+
+    class Precise(MockEstimator):
+        def plan_time(self, plan, tag=""):
+            self.plans_timed += 1
+            if len(plan.regions) != 1 or plan.regions[0].ops != ops:
+                return Cost.known(9.0, spread=0.01)
+            r = plan.regions[0]
+            return Cost.known(times.get((r.backend, r.precision), 9.0), spread=0.01)
+
+    def search(float_regions: bool):
+        est = Precise(0, graph.order, graph.out_bytes, producers=graph.producers)
+        return evolve(graph, seeds, ["iree-cpu", "a", "b"], lambda b, o: True, est,
+                      EvolveOptions(population=12, max_generations=8, patience=8), float_regions=float_regions)
+
+    found = search(True).plan.regions
+    assert [(r.backend, r.ops, r.precision) for r in found] == [("a", ops, Precision.FLOAT)]
+    assert all(r.precision is Precision.MODEL for r in search(False).plan.regions)
