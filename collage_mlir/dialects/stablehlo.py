@@ -53,6 +53,15 @@ class QuantType:
         stored = np.rint(value.astype(np.float32) / scale).astype(np.float64) + zero_point
         return np.clip(stored, lo, hi).astype(dtype)
 
+    def expressed_range(self) -> tuple[float, float] | None:
+        """The values a per-tensor quantization can express, (lowest, highest) in f32 (what a quantize
+        saturates to); None per axis."""
+        if self.axis is not None:
+            return None
+        dtype = self.NUMPY[self.storage]
+        lo, hi = self.storage_range or (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        return tuple(float(v) for v in self.dequantize(np.array([lo, hi])))
+
     def dequantize(self, stored: np.ndarray) -> np.ndarray:
         """``uniform_dequantize``: ``scale * (stored - zero_point)`` in the expressed type (f32)."""
         scale, zero_point = self._view(stored.ndim)
@@ -90,9 +99,14 @@ def quantizes(module: ir.Module | ir.Operation) -> bool:
 
 def dequantize_pairs(ops: list[ir.Operation]) -> list[ir.Operation]:
     """The float form of a region (``ops``, top-level): each use, by an op of ``ops`` or nested in one, of a
-    ``uniform_dequantize(uniform_quantize(x))`` with ``x`` float reads ``x`` instead (the quantize may be
-    outside: a weight's, a constant expression). Pairs whose result leaves ``ops`` keep serving those uses.
-    Returns the dequantize and quantize ops left without uses, in an order the caller erases them in."""
+    ``uniform_dequantize(uniform_quantize(x))`` with ``x`` float reads ``x`` instead, clamped to the range
+    the quantization expresses where that range starts at exactly 0 (a quantizer folded a ReLU or ReLU6
+    into it: that saturation is the model's; saturation at a calibrated edge is quantization error, which
+    the float form drops with the rounding). The quantize may be outside ``ops`` (a weight's constant
+    expression). Pairs whose result leaves ``ops``, and a per-axis pair of a computed value, keep serving
+    those uses. A clamp and its bounds are inserted before the dequantize, with its attributes but its
+    ``collage.id``. Returns the dequantize and quantize ops left without uses, in an order the caller
+    erases them in."""
     # Compared with ``==`` (the same op): a set of Python op objects loses track of an op once one of its
     # operands changes through another object of it.
     inside: list[ir.Operation] = []
@@ -104,11 +118,32 @@ def dequantize_pairs(ops: list[ir.Operation]) -> list[ir.Operation]:
         if not isinstance(owner, (ir.Operation, ir.OpView)) or owner.operation.name != "stablehlo.uniform_quantize":
             continue
         x = owner.operation.operands[0]
-        if x.type != dq.results[0].type:  # a requantize (x quantized), or a float of another width
+        tt = tensor_type(owner.operation.results[0])
+        q = None if tt is None else quant_type(tt[1])
+        if x.type != dq.results[0].type or q is None:  # a requantize (x quantized), or a float of another width
             continue
-        for use in list(dq.results[0].uses):
-            if any(use.owner.operation == o for o in inside):
-                use.owner.operation.operands[use.operand_number] = x
+        bounds = q.expressed_range()
+        if const_expr_ops(x, readable=False) is not None:
+            bounds = None  # a weight: within its own range
+        elif bounds is None:
+            continue
+        elif bounds[0] != 0.0:
+            bounds = None
+        uses = [u for u in dq.results[0].uses if any(u.owner.operation == o for o in inside)]
+        if not uses:
+            continue
+        value = x
+        if bounds is not None:
+            attrs = {name: dq.attributes[name] for name in list(dq.attributes) if name != "collage.id"}
+            with dq.context, dq.location, ir.InsertionPoint(dq):
+                scalar = ir.RankedTensorType.get([], ir.RankedTensorType(x.type).element_type)
+                lo, hi = (ir.Operation.create("stablehlo.constant", results=[scalar], attributes={
+                    **attrs, "value": ir.DenseElementsAttr.get(np.array(b, np.float32), type=scalar)})
+                    for b in bounds)
+                value = ir.Operation.create("stablehlo.clamp", results=[x.type], operands=[
+                    lo.results[0], x, hi.results[0]], attributes=attrs).results[0]
+        for use in uses:
+            use.owner.operation.operands[use.operand_number] = value
         if not list(dq.results[0].uses):
             dead.append(dq)
     dequantizes = len(dead)

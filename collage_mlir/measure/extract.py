@@ -141,12 +141,12 @@ def extract_region(graph: Graph, ids: frozenset[int], precision: Precision = Pre
         n_body = len(ops)
         with ir.InsertionPoint(entry):
             func_d.ReturnOp([next(n for o, n in mapping if o == v) for v in outputs])
-        if precision is Precision.FLOAT:
+        if precision is Precision.FLOAT:  # (its clamps go before their dequantize ops: into the body)
             dead = sh.dequantize_pairs(clones)
             n_const -= sum(any(c == d for d in dead) for c in clones[:n_const])
-            n_body -= sum(any(c == d for d in dead) for c in clones[len(clones) - len(ops):])
             for op in dead:
                 op.erase()
+            n_body = len(entry.operations) - 1 - n_const
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
         bytecode = buf.getvalue()

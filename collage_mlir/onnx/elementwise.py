@@ -111,4 +111,6 @@ def _convert(b: _Builder, op, ins):
 @register("stablehlo.clamp", when=_NUM)
 def _clamp(b: _Builder, op, ins):
     lo, x, hi = ins
+    if all(ir.RankedTensorType(v.type).rank == 0 for v in (op.operands[0], op.operands[2])):
+        return [b.node("Clip", [x, lo, hi])]  # scalar bounds: the form the engines fuse into a Conv or Gemm
     return [b.node("Min", [b.node("Max", [x, lo]), hi])]

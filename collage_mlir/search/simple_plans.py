@@ -5,9 +5,10 @@ a tune)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
-from ..backends import DEFAULT_BACKEND, PLATFORM_DEFAULTS, Backend, Candidate, Platform
+from ..backends import DEFAULT_BACKEND, PLATFORM_DEFAULTS, Backend, BackendKind, Candidate, Platform, Precision
 from ..graph import Graph
 from ..plan import Plan, Region
 from .candidates import enumerate_candidates
@@ -108,3 +109,22 @@ def single_backend_plans(graph: Graph, backends: Sequence[Backend],
     platform's default backend always)."""
     plans = {b.name: whole_plan(graph, b, None if maximal is None else maximal[b.name], platform) for b in backends}
     return {name: p for name, p in plans.items() if p.regions or name == PLATFORM_DEFAULTS[platform]}
+
+
+#: ``float_plans`` names the float form of seed ``B`` ``B:float``.
+FLOAT_SEED = "{}:float"
+
+
+def float_plans(graph: Graph, single: Mapping[str, Plan], backends: Sequence[Backend]) -> dict[str, Plan]:
+    """Each graph engine's single-backend plan (in ``single``) in float: its regions that dequantize with
+    ``Precision.FLOAT`` (the engine on the model without its quantization: what its float peer runs),
+    named ``B:float``; none for an engine none of whose regions dequantizes."""
+    dequantizing = {i for i, n in graph.nodes.items() if n.name == "stablehlo.uniform_dequantize"}
+    out = {}
+    for b in backends:
+        plan = single.get(b.name)
+        if b.kind is not BackendKind.GRAPH or plan is None or not any(r.ops & dequantizing for r in plan.regions):
+            continue
+        regions = [replace(r, precision=Precision.FLOAT) if r.ops & dequantizing else r for r in plan.regions]
+        out[FLOAT_SEED.format(b.name)] = Plan(regions, plan.default_backend, FLOAT_SEED.format(b.name))
+    return out

@@ -37,7 +37,7 @@ from .milp import exact_plan
 from .priority import measure_by_priority
 from .regions import maximal_regions
 from .record import ChosenTimes, Finalist, PlanTimes, RegionChoice, TunedPlan, TuneRecord
-from .simple_plans import single_backend_plans
+from .simple_plans import float_plans, single_backend_plans
 
 #: on_progress(stage, done, total, note): stage is "candidates", "seeds", "transitions", "regions", "dp",
 #: "evolve", "finalists"; total is None when unknown.
@@ -188,6 +188,8 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         cached = cached_regions(backends, db, digest)
         maximal = cached[1] if cached else {b.name: maximal_regions(graph, b) for b in backends}
         single = single_backend_plans(graph, backends, maximal, measure.platform)
+        if float_regions:  # each engine's float form beside it: the float peer a mixed precision must beat
+            single |= float_plans(graph, single, backends)
         # The default seed is the fallback plan: built whatever the deadline, unless the DB already holds a
         # usable seed (a search again of MobileNetV2 with 10 s whose DB lacked IREE alone's timing built it
         # for 45 s, with OpenVINO's plan in hand).
@@ -367,7 +369,13 @@ SEED_TIMING_S = 5.0
 def _seed_order(single: dict[str, Plan], backends: Sequence[Backend], default: str) -> list[str]:
     """The seeds' build order: the default backend's first (the longest, and the reference), then by kind."""
     kind = {b.name: b.kind for b in backends}
-    return sorted(single, key=lambda n: (n != default, _SEED_ORDER.index(kind[n]), n))
+    return sorted(single, key=lambda n: (n != default, _SEED_ORDER.index(kind[_backend_of(n, single)]), n))
+
+
+def _backend_of(name: str, single: dict[str, Plan]) -> str:
+    """The backend seed ``name`` runs on (a float seed's regions are its engine's)."""
+    regions = single[name].regions
+    return regions[0].backend if regions else name
 
 
 def _build_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,

@@ -17,11 +17,11 @@ from collage_mlir.measure.extract import extract_region
 from collage_mlir.plan import Plan, Region
 from collage_mlir.search.index import CandidateIndex, SearchGraph
 
-SCALE_X, SCALE_W = 0.05, 0.01
+SCALE_X, SCALE_W = 0.05, 0.002
 QUANTIZED = """func.func @main(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   %w = stablehlo.constant dense<%W> : tensor<16x16xf32>
-  %qx = stablehlo.uniform_quantize %x : (tensor<8x16xf32>) -> tensor<8x16x!quant.uniform<i8:f32, %SX>>
-  %dx = stablehlo.uniform_dequantize %qx : (tensor<8x16x!quant.uniform<i8:f32, %SX>>) -> tensor<8x16xf32>
+  %qx = stablehlo.uniform_quantize %x : (tensor<8x16xf32>) -> tensor<8x16x!quant.uniform<i8:f32, %SX:-128>>
+  %dx = stablehlo.uniform_dequantize %qx : (tensor<8x16x!quant.uniform<i8:f32, %SX:-128>>) -> tensor<8x16xf32>
   %qw = stablehlo.uniform_quantize %w : (tensor<16x16xf32>) -> tensor<16x16x!quant.uniform<i8:f32, %SW>>
   %dw = stablehlo.uniform_dequantize %qw : (tensor<16x16x!quant.uniform<i8:f32, %SW>>) -> tensor<16x16xf32>
   %y = stablehlo.dot_general %dx, %dw, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x16xf32>) -> tensor<8x16xf32>
@@ -29,9 +29,10 @@ QUANTIZED = """func.func @main(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   return %t : tensor<8x16xf32>
 }
 """
-# Weights on the int8 grid (quantizing them is exact), inputs off it (quantizing them rounds).
-W = np.random.default_rng(0).integers(-100, 100, (16, 16)) * SCALE_W
-X = np.random.default_rng(1).uniform(-1.5, 1.5, (8, 16)).astype(np.float32)
+# Weights on the int8 grid (quantizing them is exact), inputs off it (quantizing them rounds) and some
+# beyond what it expresses ([0, 12.75]: quantizing them saturates, as a quantizer's folded ReLU does).
+W = np.random.default_rng(0).integers(-50, 50, (16, 16)) * SCALE_W
+X = np.random.default_rng(1).uniform(-8, 8, (8, 16)).astype(np.float32)
 #: ops: 0 constant, 1 quantize x, 2 dequantize x, 3 quantize w, 4 dequantize w, 5 dot, 6 tanh.
 QUANTIZING = frozenset({1, 2, 3, 4, 5})
 
@@ -52,10 +53,10 @@ def _run(plan: Plan, tmp_path, name: str) -> np.ndarray:
 
 @pytest.mark.parametrize("backend", ["iree-cpu", "ort"])
 def test_a_float_region_computes_in_float_and_the_model_precision_in_int8(backend, tmp_path):
-    """The float region's result is the f32 math on the unrounded input (the weights' int8 values are
-    exact); the model's precision rounds the input to its int8 grid first."""
-    exact = np.tanh(X.astype(np.float64) @ W)
-    rounded = np.tanh(np.clip(np.round(X / SCALE_X), -128, 127) * SCALE_X @ W)
+    """The float region's result is the f32 math on the unrounded input, saturated where the quantization
+    saturates (the weights' int8 values are exact); the model's precision rounds the input to its int8 grid."""
+    exact = np.tanh(np.clip(X.astype(np.float64), 0, 255 * SCALE_X) @ W)
+    rounded = np.tanh(np.clip(np.round(X / SCALE_X), 0, 255) * SCALE_X @ W)
     model = _run(Plan([Region("r", backend, QUANTIZING)]), tmp_path, "model")
     floated = _run(Plan([Region("r", backend, QUANTIZING, Precision.FLOAT)]), tmp_path, "float")
     np.testing.assert_allclose(floated, exact, atol=1e-5)
@@ -101,9 +102,10 @@ def test_the_float_form_is_extracted_as_what_it_builds():
         module = ir.Module.parse(floated.bytecode, ctx)
         text = str(module)
     assert "uniform_" not in text
-    # The constant w, then the dot (the quantize/dequantize ops gone): the plan region is the dot alone.
-    assert (floated.const_ops, floated.body_ops) == (1, 1)
-    assert floated.plan("ort", "iree-cpu").regions[0].ops == frozenset({1})
+    # The constant w, then x's clamp to the quantization's range [0, 12.75] (bounds and clamp) and the dot.
+    assert text.count("stablehlo.clamp") == 1
+    assert (floated.const_ops, floated.body_ops) == (1, 4)
+    assert floated.plan("ort", "iree-cpu").regions[0].ops == frozenset(range(1, 5))
     assert (model.const_ops, model.body_ops) == (1, 5)
     get_backend("ort")  # the backend the plans name exists
 
