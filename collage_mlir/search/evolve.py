@@ -89,7 +89,7 @@ class _Decoder:
         key = RegionKey(label[0], ops, label[1])
         if key not in self._ok:
             self._ok[key] = self.g.is_convex(ops) and self.accepts(label[0], ops) and (
-                label[1] is Precision.MODEL or bool(ops & self.g.dequantizing))
+                label[1] is Precision.MODEL or self.g.has_float_form(ops))
         return self._ok[key]
 
     def decode(self, genome: list[tuple[int, int]], source: str) -> Plan:
@@ -203,7 +203,7 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
     precisions = (Precision.MODEL, Precision.FLOAT) if float_regions else (Precision.MODEL,)
     choices = [[(default, Precision.MODEL)]
                + [(b, p) for b in backends for p in precisions if (b, p) != (default, Precision.MODEL)
-                  and accepts(b, u) and (p is Precision.MODEL or u & graph.dequantizing)] for u in units]
+                  and accepts(b, u) and (p is Precision.MODEL or graph.has_float_form(u))] for u in units]
     dec = _Decoder(graph, units, choices, accepts, default)
 
     def fitness(genome) -> float:

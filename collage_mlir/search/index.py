@@ -35,6 +35,8 @@ class SearchGraph:
     pinned: Mapping[int, str] = field(default_factory=dict)
     #: The ``uniform_dequantize`` ops: a region holding one has a float form (``Precision.FLOAT``).
     dequantizing: frozenset[int] = frozenset()
+    #: The ops whose results are quantized tensors (no region boundary may carry one).
+    quantized: frozenset[int] = frozenset()
     users: dict[int, tuple[int, ...]] = field(init=False)
     pos: dict[int, int] = field(init=False)
 
@@ -62,9 +64,19 @@ class SearchGraph:
                 constant.add(op)
         pinned = {i: b for i, n in graph.nodes.items() if (b := pinned_backend(n.op)) is not None}
         dequantizing = frozenset(i for i, n in graph.nodes.items() if n.name == "stablehlo.uniform_dequantize")
+        quantized = frozenset(i for i, n in graph.nodes.items() if any("!quant." in str(r.type) for r in n.op.results))
         return cls(late[::-1], {i: tuple(graph.producers(i)) for i in graph.nodes},
                    {i: _result_bytes(n.op) for i, n in graph.nodes.items()}, frozenset(constant), pinned,
-                   dequantizing)
+                   dequantizing, quantized)
+
+    def has_float_form(self, ops: frozenset[int]) -> bool:
+        """Whether a region of ``ops`` may be named in float (``Precision.FLOAT``): it dequantizes, and no
+        quantized tensor crosses its edge (``backends.base.crossing_type_problem``'s rule, which a region on
+        the default backend meets only once it is named)."""
+        if not ops & self.dequantizing:
+            return False
+        return not any(p in self.quantized and p not in ops for q in ops for p in self.producers[q]) and \
+            not any(u not in ops for q in ops & self.quantized for u in self.users[q])
 
     def mask(self, ops: Iterable[int]) -> int:
         m = 0
@@ -165,7 +177,7 @@ class CandidateIndex:
         found = [*singles, *((c, False) for c in candidates), *grown]
         if float_regions:
             found += [(replace(c, precision=Precision.FLOAT), m) for c, m in found
-                      if len(c.ops) > 1 and c.ops & graph.dequantizing]
+                      if len(c.ops) > 1 and graph.has_float_form(c.ops)]
         for c, is_maximal in found:
             if c.key in seen:
                 continue

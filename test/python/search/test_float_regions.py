@@ -81,10 +81,14 @@ def test_a_plan_records_each_region_precision():
 @pytest.mark.fast
 def test_the_index_poses_each_dequantizing_candidate_in_float_too():
     graph = Graph(_module())
-    candidates = [Candidate("ort", "r", QUANTIZING), Candidate("ort", "t", frozenset({6}))]
+    cut = frozenset({2, 3, 4, 5})  # x's quantized tensor would cross into it
+    candidates = [Candidate("ort", "r", QUANTIZING), Candidate("ort", "t", frozenset({6})),
+                  Candidate("iree-cpu", "c", cut)]
     posed = {c.key for c in CandidateIndex(SearchGraph.from_graph(graph), candidates, float_regions=True).candidates}
     assert RegionKey("ort", QUANTIZING, Precision.FLOAT) in posed and RegionKey("ort", QUANTIZING) in posed
     assert not any(k.precision is Precision.FLOAT and 6 in k.ops for k in posed)  # tanh dequantizes nothing
+    # On the default backend the region is named only in float, where its edge then counts: none across it.
+    assert RegionKey("iree-cpu", cut) in posed and RegionKey("iree-cpu", cut, Precision.FLOAT) not in posed
     without = CandidateIndex(SearchGraph.from_graph(graph), candidates).candidates
     assert all(c.key.precision is Precision.MODEL for c in without)
 

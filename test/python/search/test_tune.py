@@ -265,7 +265,7 @@ def test_tuned_cnn_plan_compiles_and_matches_iree_alone(tmp_path):
 def test_a_quantized_model_tunes_with_its_quantized_chains_whole(tmp_path):
     """A model with quantize/dequantize pairs: no region the search measures takes or gives a quantized
     tensor (a quantize alone on IREE is priced only with its neighbours), every seed is timed and
-    validated, and the plan keeps each pair inside one region."""
+    validated (ORT's in float too), and the plan keeps each pair inside one region."""
     from collage_mlir.backends import get_backend
     from collage_mlir.graph import Graph, number_ops
     from collage_mlir.ir import new_context, parse_module
@@ -299,6 +299,8 @@ def test_a_quantized_model_tunes_with_its_quantized_chains_whole(tmp_path):
                       evolve_options=EvolveOptions(population=1))
     tuning = result.tuned.to_json()["tuning"]
     assert tuning["single_backend"]["ort"]["predicted_s"] is not None  # timed and validated whole
+    # ORT on the model in float (its pairs removed) is a seed too, built, timed and validated beside it.
+    assert tuning["single_backend"]["ort:float"]["measured_s"] is not None
     numbered = parse_module(quantized, new_context())
     number_ops(numbered)
     result.tuned.plan.validate(Graph(numbered))
