@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..backends import PLATFORM_DEFAULTS, Backend, Platform, RegionKey, get_backend
+from ..backends import PLATFORM_DEFAULTS, Backend, Platform, Precision, RegionKey, get_backend
 from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..ir import ir
@@ -245,7 +245,7 @@ class MeasuredEstimator(CostEstimator):
 
     def _in_context_cost(self, region: RegionKey) -> Cost | None:
         ctx = self._context.get(region.backend)
-        if ctx is None:
+        if ctx is None or region.precision is not Precision.MODEL:  # a profile is of the model's precision
             return None
         ops = region.ops - self._constant
         if not ops or not any(ops <= r for r in ctx.regions):
