@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from collage_mlir.backends import RegionKey, get_backend
+from collage_mlir.backends import Precision, RegionKey, get_backend
 from collage_mlir.measure import HARNESS_VERSION, harness
 from collage_mlir.measure.db import CostDB, Measurement
 from collage_mlir.measure.device import device_fingerprint
@@ -28,9 +28,9 @@ def _put_row(db: CostDB, region_hash: str, median_s: float = 1e-5) -> None:
 def _counting_extract(monkeypatch) -> list[frozenset[int]]:
     seen: list[frozenset[int]] = []
 
-    def extract(graph, ops):
+    def extract(graph, ops, precision=Precision.MODEL):
         seen.append(ops)
-        return extract_region(graph, ops)
+        return extract_region(graph, ops, precision)
 
     monkeypatch.setattr(harness, "extract_region", extract)
     return seen
