@@ -41,7 +41,7 @@ def _specs(backend: str, platform: Platform, module=None) -> list:
     number_ops(module)
     plan = resolve_plan(f"prefer:{backend}", Graph(module), platform)
     pipeline = PassPipeline(module.operation.context)
-    for p in partition_pipeline(plan)[:3]:  # number, assign, outline: the region functions, not lowered
+    for p in partition_pipeline(plan)[:4]:  # number, assign, float regions, outline: the region functions, not lowered
         pipeline.add(p)
     pipeline.run(module)
     patterns = get_backend(backend).patterns
@@ -74,7 +74,7 @@ def test_rhs_as_n_by_k_is_read_in_place():
     number_ops(module)
     plan = resolve_plan("prefer:triton", Graph(module), Platform.CUDA)
     pipeline = PassPipeline(module.operation.context)
-    for p in partition_pipeline(plan)[:3]:
+    for p in partition_pipeline(plan)[:4]:
         pipeline.add(p)
     pipeline.run(module)
     (fn, _), = region_functions(module.operation.regions[0].blocks[0])
