@@ -52,17 +52,21 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Agreement:
-    """The int8 model against the f32 model on the held-out samples."""
+    """The int8 model (or the compiled program: ``subject``) against the f32 model on the held-out samples."""
 
     samples: int
     #: Share of held-out samples whose top class (argmax over the first output's last axis) changed.
     top1_changed: float
     #: Largest |int8 - f32| over the first output, relative to its largest |f32|.
     max_rel_error: float
+    subject: str = "int8"
 
     def line(self) -> str:
-        return (f"int8 against f32 on {self.samples} held-out samples: top class changed on "
+        return (f"{self.subject} against f32 on {self.samples} held-out samples: top class changed on "
                 f"{100 * self.top1_changed:.1f} %, max error {100 * self.max_rel_error:.1f} % of the output's scale")
+
+    def exceeds(self, max_drop: float | None) -> bool:
+        return max_drop is not None and self.top1_changed > max_drop
 
 
 def _batches(model, data: Path) -> list[dict[str, np.ndarray]]:
@@ -107,6 +111,29 @@ MAX_FALLBACK_SHARE = 0.5
 TRIALS = 8
 
 
+def _held(batches: int) -> int:
+    """How many of the calibration data's batches are held out: the last quarter, at least one."""
+    return max(1, batches // 4)
+
+
+def held_out_samples(path: str | Path, calibration: Calibration) -> list[dict[str, np.ndarray]]:
+    """The batches of ``calibration``'s data that ``quantize_onnx`` holds out for the f32 model at ``path``."""
+    import onnx
+
+    batches = _batches(onnx.load(str(path), load_external_data=False), calibration.data)
+    return batches[-_held(len(batches)):]
+
+
+def program_agreement(f32: str | Path, run, held_out: list[dict[str, np.ndarray]]) -> Agreement:
+    """A compiled program (``run``: feeds → its first output) against the f32 model at ``f32`` (ONNX Runtime
+    unoptimized) on ``held_out``: what the engines' own int8 kernels and the plan's float regions compute."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(f32), _options(), providers=["CPUExecutionProvider"])
+    want = np.concatenate([session.run(None, feeds)[0] for feeds in held_out])
+    return _compare(want, np.concatenate([np.asarray(run(feeds)) for feeds in held_out]), "the program")
+
+
 def quantize_onnx(path: str | Path, calibration: Calibration) -> tuple[Path, Agreement, tuple[str, ...]]:
     """The int8 QDQ model of the f32 ONNX model at ``path`` (cached by model, data, method and the nodes
     kept in f32), its agreement with the f32 model on the held-out samples, and the nodes kept in f32.
@@ -120,13 +147,13 @@ def quantize_onnx(path: str | Path, calibration: Calibration) -> tuple[Path, Agr
 
     model = onnx.load(str(path))
     batches = _batches(model, calibration.data)
-    held = max(1, len(batches) // 4)
+    held = _held(len(batches))
     calibrate, held_out = batches[:-held], batches[-held:]
     kept: list[str] = []
     while True:
         out = _quantized(path, calibrate, calibration.method, tuple(kept))
         agreement = _agreement(str(path), str(out), held_out)
-        if calibration.max_drop is None or agreement.top1_changed <= calibration.max_drop:
+        if not agreement.exceeds(calibration.max_drop):
             return out, agreement, tuple(kept)
         nodes = [n for n in _quantized_nodes(out) if n.name not in kept]
         if not nodes or len(kept) + 1 > MAX_FALLBACK_SHARE * (len(nodes) + len(kept)):
@@ -239,9 +266,12 @@ def _agreement(f32: str, int8: str, held_out: list[dict[str, np.ndarray]]) -> Ag
     options = _options()
     a, b = (ort.InferenceSession(p, options, providers=["CPUExecutionProvider"]) for p in (f32, int8))
     want = np.concatenate([a.run(None, feeds)[0] for feeds in held_out])
-    got = np.concatenate([b.run(None, feeds)[0] for feeds in held_out])
+    return _compare(want, np.concatenate([b.run(None, feeds)[0] for feeds in held_out]), "int8")
+
+
+def _compare(want: np.ndarray, got: np.ndarray, subject: str) -> Agreement:
     scale = float(np.abs(want).max()) or 1.0
     changed = float(np.mean(want.reshape(-1, want.shape[-1]).argmax(-1) != got.reshape(-1, got.shape[-1]).argmax(-1))) \
         if want.ndim and want.shape[-1] > 1 else 0.0
     return Agreement(want.reshape(-1, want.shape[-1]).shape[0] if want.ndim else 1, changed,
-                     float(np.abs(got.astype(np.float64) - want).max()) / scale)
+                     float(np.abs(got.astype(np.float64) - want).max()) / scale, subject)

@@ -40,8 +40,9 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         return _compile_buckets(args, passthrough, dim_plan)
     # As `collage tune` reads it (a file, or a torch factory): an imported model computes what its source
     # computes, checked before anything is built.
+    calibration = tune_cmd.calibration_of(args)
     module, inputs = tune_cmd.load_model(args.model, new_context(), load_input_arrays(args.input),
-                                         check_import=not args.no_import_check, calibration=tune_cmd.calibration_of(args))
+                                         check_import=not args.no_import_check, calibration=calibration)
     plan = args.plan
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
     if plan == "tuned":  # the plan `collage tune` recorded for this module, else the default
@@ -61,7 +62,8 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         passthrough = [*passthrough, f"--iree-cuda-target={args.cuda_target}"]
     with Console(stderr=True).status(f"compiling {args.model}"):  # a spinner while IREE and the engines build
         result = compile_module(module, plan, args.output, platform=args.device and Platform(args.device), source=str(args.model),
-                                iree_args=passthrough, provenance=provenance)
+                                iree_args=passthrough, provenance=provenance,
+                                check=tune_cmd.program_check(args.model, calibration))
     regions = result.manifest.regions
     _print_placement(result.plan)
     print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")

@@ -155,6 +155,31 @@ def quantized_spec(spec: str, calibration) -> str:
     return str(quantized)
 
 
+def program_check(spec: str, calibration):
+    """With a ``calibration``, what ``compile_module(check=...)`` runs on a compiled artifact of the model
+    ``spec`` quantizes: the program against the f32 model on the held-out samples, printed; above
+    ``--max-drop`` one CollageError, and the artifact is not written. None without one."""
+    if calibration is None:
+        return None
+    from rich.console import Console
+
+    from ..frontends.onnx_calibrate import held_out_samples, program_agreement
+
+    def check(artifact: Path) -> None:
+        import collage_runtime
+
+        held_out = held_out_samples(spec, calibration)
+        with collage_runtime.load(artifact) as program:
+            agreement = program_agreement(spec, lambda feeds: program.invoke("main", *feeds.values())[0], held_out)
+        if agreement.exceeds(calibration.max_drop):
+            raise CollageError(f"{agreement.line()}: above --max-drop {calibration.max_drop:g}; nothing was "
+                               "written (the int8 model met it: the engines' int8 kernels round differently)",
+                               where=spec)
+        Console(stderr=True).print(agreement.line(), highlight=False)
+
+    return check
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from ..measure.db import default_db_path
 

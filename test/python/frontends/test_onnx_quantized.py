@@ -185,6 +185,8 @@ def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, 
              "--plan", "whole:ort", "-o", str(tmp_path / "int8"))
     assert r.returncode == 0, r.stderr
     assert "int8 against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
+    # And the compiled program itself (ORT's int8 kernels), on the same held-out samples.
+    assert "the program against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
     got = _run(tmp_path / "int8", x)
     assert (got.argmax(1) == labels).mean() > 0.9
     blank = calibration.copy()
@@ -195,6 +197,32 @@ def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, 
     assert r.returncode == 1 and not (tmp_path / "refused").exists()
     assert r.stderr.strip().count("\n") == 0 and "above --max-drop 0.05; nothing was built" in r.stderr
     assert "of its nodes in f32" in r.stderr  # the fallback tried, up to half the quantized nodes
+
+
+def test_a_program_above_max_drop_is_not_written(digits, tmp_path):
+    """The bound holds for the program, not only for the int8 model: an int8 model (calibrated on dimmed
+    images: it changes some held-out classes) compiled with a check at --max-drop 0 is refused with one
+    line, and the artifact already at the output stays as it was."""
+    from collage_mlir.errors import CollageError
+    from collage_mlir.frontends.onnx_calibrate import Calibration, quantize_onnx
+    from collage_mlir.tools.tune_cmd import program_check
+
+    root, x, _, calibration = digits
+    dim = calibration.copy()
+    dim[:192] *= DIM
+    np.save(tmp_path / "dim.npy", dim)
+    int8, agreement, _ = quantize_onnx(root / "f32.onnx", Calibration(tmp_path / "dim.npy"))
+    assert agreement.top1_changed > 0
+    out = tmp_path / "out"
+    _compile(int8, "whole:ort", out)
+    before = (out / "manifest.json").read_bytes()
+    module = load_model(int8, new_context())
+    number_ops(module)
+    with pytest.raises(CollageError, match="the program against f32 on 64 held-out samples: top class changed on "
+                                           r"[1-9].*above --max-drop 0; nothing was written"):
+        compile_module(module, resolve_plan("whole:openvino", Graph(module)), out,
+                       check=program_check(str(root / "f32.onnx"), Calibration(tmp_path / "dim.npy", max_drop=0.0)))
+    assert (out / "manifest.json").read_bytes() == before and not list(tmp_path.glob(".out.*"))
 
 
 def test_max_drop_keeps_the_most_sensitive_nodes_in_f32(digits, tmp_path):
