@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Iterable, Iterator
 
 import networkx as nx
@@ -207,6 +208,11 @@ class Graph:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    @cached_property
+    def dequantizing(self) -> frozenset[int]:
+        """The ``uniform_dequantize`` ops: a region holding one has a float form (``Precision.FLOAT``)."""
+        return frozenset(i for i, n in self.nodes.items() if n.name == "stablehlo.uniform_dequantize")
 
     def topological_order(self) -> list[int]:
         """Op ids in a deterministic topological order (ties broken by id)."""

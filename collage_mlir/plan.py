@@ -158,8 +158,7 @@ class Plan:
                 raise CollageError("ops are not a convex set of one function (a path leaves the region and "
                                    "comes back); split it", where=where, location=loc)
             why = backend.accepts(graph, r.ops) or crossing_type_problem(graph, r.ops)
-            if not why and r.precision is Precision.FLOAT and not any(
-                    graph.nodes[i].name == "stablehlo.uniform_dequantize" for i in r.ops):
+            if not why and r.precision is Precision.FLOAT and not r.ops & graph.dequantizing:
                 why = "precision 'float' removes quantize/dequantize pairs, and the region dequantizes nothing"
             if why:
                 first = graph.nodes[min(r.ops)]

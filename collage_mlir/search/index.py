@@ -63,11 +63,10 @@ class SearchGraph:
                    for v in external_operands([node.op])):
                 constant.add(op)
         pinned = {i: b for i, n in graph.nodes.items() if (b := pinned_backend(n.op)) is not None}
-        dequantizing = frozenset(i for i, n in graph.nodes.items() if n.name == "stablehlo.uniform_dequantize")
         quantized = frozenset(i for i, n in graph.nodes.items() if any("!quant." in str(r.type) for r in n.op.results))
         return cls(late[::-1], {i: tuple(graph.producers(i)) for i in graph.nodes},
                    {i: _result_bytes(n.op) for i, n in graph.nodes.items()}, frozenset(constant), pinned,
-                   dequantizing, quantized)
+                   graph.dequantizing, quantized)
 
     def has_float_form(self, ops: frozenset[int]) -> bool:
         """Whether a region of ``ops`` may be named in float (``Precision.FLOAT``): it dequantizes, and no

@@ -119,12 +119,11 @@ def float_plans(graph: Graph, single: Mapping[str, Plan], backends: Sequence[Bac
     """Each graph engine's single-backend plan (in ``single``) in float: its regions that dequantize with
     ``Precision.FLOAT`` (the engine on the model without its quantization: what its float peer runs),
     named ``B:float``; none for an engine none of whose regions dequantizes."""
-    dequantizing = {i for i, n in graph.nodes.items() if n.name == "stablehlo.uniform_dequantize"}
     out = {}
     for b in backends:
         plan = single.get(b.name)
-        if b.kind is not BackendKind.GRAPH or plan is None or not any(r.ops & dequantizing for r in plan.regions):
+        if b.kind is not BackendKind.GRAPH or plan is None or not any(r.ops & graph.dequantizing for r in plan.regions):
             continue
-        regions = [replace(r, precision=Precision.FLOAT) if r.ops & dequantizing else r for r in plan.regions]
+        regions = [replace(r, precision=Precision.FLOAT) if r.ops & graph.dequantizing else r for r in plan.regions]
         out[FLOAT_SEED.format(b.name)] = Plan(regions, plan.default_backend, FLOAT_SEED.format(b.name))
     return out
