@@ -1,7 +1,8 @@
 """`collage-float-regions`: a plan region whose precision is ``float`` computes in float. In its ops (tagged
 ``collage.precision = "float"`` by ``collage-assign``), each ``uniform_dequantize(uniform_quantize(x))``
 becomes ``x`` (``dialects.stablehlo.dequantize_pairs``): the quantized weights' values in float, the
-activations unrounded. A pair whose result another region or op reads keeps serving it.
+activations unrounded, clamped only where the quantized range starts at 0 (a quantizer's folded ReLU; the
+clamp joins the region). A pair whose result another region or op reads keeps serving it.
 
 Runs after ``collage-assign`` and before ``collage-outline``; a module without float regions is unchanged.
 """

@@ -19,7 +19,8 @@ from collage_runtime.types import Platform
 
 from ..errors import CollageError
 from ..frontends.dims import dynamic_dims, input_values, read_onnx_axes, resized, argument_axes, undeclared_line
-from ..frontends.onnx_calibrate import Calibration, CalibrationMethod, quantize_onnx
+from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, held_out_samples, program_agreement,
+                                        quantize_onnx)
 from . import backend_names, load_input_arrays, positive_int
 from .dims_args import dim_plan_of
 
@@ -162,8 +163,6 @@ def program_check(spec: str, calibration):
     if calibration is None:
         return None
     from rich.console import Console
-
-    from ..frontends.onnx_calibrate import held_out_samples, program_agreement
 
     def check(artifact: Path) -> None:
         import collage_runtime
