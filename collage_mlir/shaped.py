@@ -3,6 +3,8 @@
     for each bucket (a value of every declared dim):
         the model specialised to it → its plan (given, or tuned for that shape) → artifact.compile_module
     + the fallback model (an engine that takes dynamic dims) + shapes.json (collage_runtime.shapes)
+    + weights.bin: every distinct weight of the buckets' ONNX regions and the fallback, written once
+      (collage_runtime.weights)
 
 Every bucket goes through the static pipeline unchanged, so a bucket runs exactly as a static compile of
 that shape would. Tuning the buckets shares the cost DB: a region whose shape does not depend on the dims
@@ -15,17 +17,20 @@ import hashlib
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from collage_runtime.engines import Engines, usable_cores
-from collage_runtime.manifest import sha256_file
+from collage_runtime.manifest import sha256_file, write_manifest
 from collage_runtime.shaped import dynamic_runner
 from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, dims_label, write_shape_table
+from collage_runtime.weights import WEIGHTS, WeightWriter
 
 from .artifact import CompileResult, compile_module, staged
+from .backends import get_backend
+from .backends.onnx_engine import OnnxGraphBackend
 from .dialects import collage
 from .errors import CollageError
 from .frontends.dims import DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
@@ -73,12 +78,14 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
     out = Path(out_dir)
     with staged(out) as stage:
         results, buckets, shapes = [], [], []
+        weights = WeightWriter(stage / WEIGHTS)
         for values in dim_plan.grid():
             model = bucket_model(values)
             shapes.append(_result_shapes(model.module))
             path = f"{BUCKETS}/{_digest(values)}"
             result = compile_module(model.module, model.plan, stage / path, source=source,
                                     provenance=dict(model.provenance or {}) | {"bucket": values}, **compile_kwargs)
+            result = share_weights(result, stage / path, weights)
             results.append(result)
             buckets.append(Bucket(values, path))
             if on_bucket is not None:
@@ -88,23 +95,46 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         if fallback_model is not None:
             target = stage / fallback.file
             target.parent.mkdir(parents=True)
-            _write_self_contained(fallback_model, target)
+            _write_sharing(fallback_model, target, weights)
             fallback_sha = sha256_file(target)
-        table = ShapeTable(dim_plan.dims, inputs, outputs, tuple(buckets), dim_plan.pad, fallback, fallback_sha)
+        store = weights.close()
+        if not weights.size:  # nothing large enough to share
+            (stage / WEIGHTS).unlink()
+            store = None
+        table = ShapeTable(dim_plan.dims, inputs, outputs, tuple(buckets), dim_plan.pad, fallback, fallback_sha,
+                           weights_sha256=store)
         write_shape_table(stage, table)
     return ShapedResult(out, table, tuple(results))
 
 
-def _write_self_contained(model: Path, target: Path) -> None:
-    """The ONNX model at ``model`` written to ``target`` as one file, its external data (torch's dynamo
-    exporter writes ``model.onnx.data`` beside it) inside: the artifact's SHA-256 covers one file."""
+def share_weights(result: CompileResult, bucket_dir: Path, weights: WeightWriter) -> CompileResult:
+    """Moves the weights of the bucket's ONNX regions (those the graph-engine backends built) into the
+    artifact's weight store, each distinct tensor once across buckets; rewrites the bucket's manifest with
+    the regions' new SHA-256."""
+    import onnx
+
+    regions = []
+    for region in result.manifest.regions:
+        if isinstance(get_backend(region.backend), OnnxGraphBackend):
+            path = bucket_dir / region.artifact
+            model = onnx.load_from_string(path.read_bytes())
+            if weights.externalize(model):
+                path.write_bytes(model.SerializeToString())
+                region = replace(region, sha256=sha256_file(path))
+        regions.append(region)
+    manifest = replace(result.manifest, regions=tuple(regions))
+    write_manifest(bucket_dir, manifest)
+    return replace(result, manifest=manifest)
+
+
+def _write_sharing(model: Path, target: Path, weights: WeightWriter) -> None:
+    """The ONNX model at ``model`` written to ``target`` as one file whose weights are in the artifact's
+    store (torch's dynamo exporter writes its own external data, ``model.onnx.data``, beside the model:
+    it is read and moved into the store too)."""
     import onnx
 
     proto = onnx.load(str(model))  # reads the external data from beside the model
-    if proto.ByteSize() >= 2 ** 31 - 1:
-        raise CollageError("the model is 2 GB or more, too large for one ONNX file: it cannot be the fallback; "
-                           "declare --pad or --fallback none with --bucket listing every value", where=str(model),
-                           exit_code=2)
+    weights.externalize(proto)
     onnx.save(proto, str(target))
 
 

@@ -26,6 +26,9 @@ while another engine runs. ``Engines`` gives each engine that budget and shares 
 - XLA (jaxlib PJRT CPU): one client per process; jaxlib exposes no thread count, XLA sizes its pool to the
   usable cores (bound it with ``taskset`` when ``N`` is smaller).
 
+A shaped artifact's ONNX files may refer to its weight store (``collage_runtime.weights``): ``weights``,
+mapped once and read by every program of the artifact.
+
 Engine objects are created on first use, so a program without OpenVINO regions never imports OpenVINO.
 """
 
@@ -38,6 +41,8 @@ from functools import lru_cache
 from typing import Any
 
 import iree.runtime as rt
+
+from .weights import WeightStore
 
 
 def usable_cores() -> int:
@@ -98,6 +103,8 @@ class Engines:
     #: The engine of the program's only region, if it has exactly one: no other engine shares the cores
     #: with it, so it runs with its own idle policy (ONNX Runtime: spinning workers, as its users run it).
     sole: str | None = None
+    #: The artifact's shared weight store (``collage_runtime.weights``), where its ONNX files refer to one.
+    weights: WeightStore | None = None
     _openvino_core: Any = field(default=None, repr=False)
     # Regions may load on several threads at once (rt_module.load_executors): one of them creates the core.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

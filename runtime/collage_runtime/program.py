@@ -18,6 +18,7 @@ from iree.runtime.dtypes import map_dtype_to_hal_element_type
 from .manifest import MANIFEST, ArtifactError, load_manifest
 from .package import is_package, unpack
 from .engines import Engines, iree_device, usable_cores
+from .weights import WeightStore
 from .rt_module import (DLPACK_PLATFORMS, DLPackView, RegionFailure, RegionTimer,  # noqa: F401  (RegionFailure: raised by invoke)
                         Transfers, create_rt_module, host_array)
 from .types import SUB_BYTE_BITS, Platform, Signature, TensorSpec, parse_declaration
@@ -66,8 +67,10 @@ class Program:
     """
 
     def __init__(self, root: str | Path, *, driver: str | None = None, extra_modules: Sequence[ModuleFactory] = (),
-                 threads: int | None = None, region_timer: RegionTimer | None = None):
-        # region_timer(region, call seconds, executor seconds) is told every library region call.
+                 threads: int | None = None, region_timer: RegionTimer | None = None,
+                 weights: WeightStore | None = None):
+        # region_timer(region, call seconds, executor seconds) is told every library region call; weights:
+        # the weight store of the shaped artifact this program is a bucket of (collage_runtime.weights).
         self.root = Path(root)
         if is_package(self.root):
             self.root = unpack(self.root)
@@ -77,7 +80,7 @@ class Program:
         # One thread budget for every engine in the program (default: all usable cores).
         regions = self.manifest.regions
         self.engines = Engines(usable_cores() if threads is None else threads,
-                               sole=regions[0].backend if len(regions) == 1 else None)
+                               sole=regions[0].backend if len(regions) == 1 else None, weights=weights)
         self.platform: Platform = self.manifest.platform
         self.config = rt.Config(device=iree_device(driver or self.platform.driver, self.engines.threads,
                                                    sync_allocations=bool(regions)))

@@ -19,6 +19,7 @@ from .manifest import ArtifactError
 from .package import is_package, unpack
 from .program import InputError, Program
 from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, dims_label, load_shape_table, pad_to
+from .weights import WEIGHTS, WeightStore
 
 
 class ShapedProgram:
@@ -34,15 +35,18 @@ class ShapedProgram:
             self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.table: ShapeTable = load_shape_table(self.root)
         self._programs: dict[str, Program] = {}
+        self._fallback = None
+        # One mapping of the weight store for every bucket and the fallback.
+        self.weights = WeightStore(self.root / WEIGHTS) if self.table.weights_sha256 is not None else None
         try:
             for b in self.table.buckets:
-                self._programs[b.path] = Program(self.root / b.path, threads=threads, **kwargs)
+                self._programs[b.path] = Program(self.root / b.path, threads=threads, weights=self.weights, **kwargs)
         except BaseException:
             self.close()
             raise
-        self._fallback = None
         if self.table.fallback is not Fallback.NONE:
-            engines = Engines(usable_cores() if threads is None else threads, sole=self.table.fallback.value)
+            engines = Engines(usable_cores() if threads is None else threads, sole=self.table.fallback.value,
+                              weights=self.weights)
             try:
                 self._fallback = dynamic_runner(self.table.fallback, self.root / self.table.fallback.file, engines)
             except Exception as exc:  # noqa: BLE001  ORT and OpenVINO raise their own types
@@ -130,6 +134,8 @@ class ShapedProgram:
         for p in self._programs.values():
             p.close()
         self._fallback = None
+        if self.weights is not None:
+            self.weights.close()
         cleanup = getattr(self, "_cleanup", None)
         if cleanup is not None:
             cleanup()
@@ -144,14 +150,25 @@ class ShapedProgram:
 def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[Sequence[np.ndarray]], tuple]:
     """A callable running the ONNX ``model`` (dynamic dims kept) on ``kind``'s engine: arrays in, arrays out."""
     if kind is Fallback.ORT:
-        import onnxruntime as ort
+        import onnxruntime as ort  # the engines are imported only where a fallback runs on them
 
-        session = ort.InferenceSession(str(model), sess_options=engines.ort_session_options(),
-                                       providers=["CPUExecutionProvider"])
+        from .executors.onnxruntime_session import model_source
+
+        options = engines.ort_session_options()
+        source, keep = model_source(model, engines, options)
+        session = ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
-        return lambda arrays: tuple(session.run(None, {n: np.asarray(a) for n, a in zip(names, arrays)}))
+
+        def run_ort(arrays: Sequence[np.ndarray]) -> tuple:
+            return tuple(session.run(None, {n: np.asarray(a) for n, a in zip(names, arrays)}))
+
+        run_ort.weights = keep  # type: ignore[attr-defined]  (the session reads them as long as it runs)
+        return run_ort
     if kind is Fallback.OPENVINO:
-        compiled = engines.openvino_core().compile_model(str(model), "CPU", engines.openvino_config())
+        from .executors.openvino_model import read_model
+
+        core = engines.openvino_core()
+        compiled = core.compile_model(read_model(core, model, engines), "CPU", engines.openvino_config())
         request = compiled.create_infer_request()
         count = len(compiled.outputs)
 

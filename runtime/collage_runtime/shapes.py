@@ -14,6 +14,9 @@ dimension, the declared ranges, the buckets, and what serves a shape between buc
 - nothing: a shape between buckets is refused (the compiler refuses to build such an artifact unless
   every value in range is a bucket).
 
+The buckets' ONNX files and the fallback model take their weights from one store at the root,
+``weights.bin`` (``collage_runtime.weights``): each distinct weight is written once for all of them.
+
 A shape outside a declared range is one error line naming the dimension, the value and the range.
 """
 
@@ -27,10 +30,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .manifest import ArtifactError, confined, verified_file
+from .weights import WEIGHTS
 
 SHAPES = "shapes.json"
 FORMAT = "collage-shapes"
-VERSION = 1
+#: 2: the buckets' ONNX files may refer to a weight store (``weights_sha256``).
+VERSION = 2
+READS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,8 @@ class ShapeTable:
     fallback: Fallback = Fallback.NONE
     fallback_sha256: str | None = None
     function: str = "main"
+    #: SHA-256 of the weight store (``collage_runtime.weights``) the buckets' ONNX files refer to; None: none.
+    weights_sha256: str | None = None
 
     def dim(self, name: str) -> DimRange:
         return next(d for d in self.dims if d.name == name)
@@ -119,13 +127,14 @@ class ShapeTable:
                 "dims": [d.to_json() for d in self.dims],
                 "inputs": [list(a) for a in self.inputs], "outputs": [list(a) for a in self.outputs],
                 "buckets": [{"values": dict(b.values), "path": b.path} for b in self.buckets],
-                "pad": list(self.pad), "fallback": self.fallback.value, "fallback_sha256": self.fallback_sha256}
+                "pad": list(self.pad), "fallback": self.fallback.value, "fallback_sha256": self.fallback_sha256,
+                "weights_sha256": self.weights_sha256}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> "ShapeTable":
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ArtifactError(f"{where}: not a collage shape table")
-        if data.get("version") != VERSION:
+        if data.get("version") not in READS:
             raise ArtifactError(f"{where}: shape table version {data.get('version')!r} is not supported "
                                 f"(this runtime reads version {VERSION}); recompile the artifact")
         dims = tuple(DimRange.from_json(d, where) for d in _list(data, "dims", where))
@@ -153,12 +162,13 @@ class ShapeTable:
         except ValueError:
             raise ArtifactError(f"{where}: fallback: expected one of {', '.join(f.value for f in Fallback)}") from None
         function = data.get("function", "main")
-        sha = data.get("fallback_sha256")
-        if not isinstance(function, str) or not isinstance(sha, (str, type(None))):
-            raise ArtifactError(f"{where}: function and fallback_sha256 must be strings")
+        sha, weights = data.get("fallback_sha256"), data.get("weights_sha256")
+        if not isinstance(function, str) or not all(isinstance(v, (str, type(None))) for v in (sha, weights)):
+            raise ArtifactError(f"{where}: function, fallback_sha256 and weights_sha256 must be strings")
         if not buckets:
             raise ArtifactError(f"{where}: buckets: at least one bucket")
-        return cls(dims, axes("inputs"), axes("outputs"), tuple(buckets), tuple(pad), fallback, sha, function)
+        return cls(dims, axes("inputs"), axes("outputs"), tuple(buckets), tuple(pad), fallback, sha, function,
+                   weights)
 
 
 def dims_label(values: Mapping[str, int]) -> str:
@@ -204,7 +214,8 @@ def _list(data: dict, key: str, where: str) -> list:
 
 def load_shape_table(root: Path) -> ShapeTable:
     """Reads and checks ``root/shapes.json``: format, field types, bucket directories confined to ``root``
-    and the fallback model matching its SHA-256 (each bucket's own manifest is checked when it loads)."""
+    and the fallback model and the weight store matching their SHA-256 (each bucket's own manifest is
+    checked when it loads)."""
     path = root / SHAPES
     try:
         data = json.loads(path.read_text())
@@ -215,6 +226,8 @@ def load_shape_table(root: Path) -> ShapeTable:
         confined(root, b.path, f"bucket {b.label}")
     if table.fallback.file is not None:
         verified_file(root, table.fallback.file, table.fallback_sha256, "fallback model")
+    if table.weights_sha256 is not None:
+        verified_file(root, WEIGHTS, table.weights_sha256, "weight store")
     return table
 
 

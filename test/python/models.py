@@ -77,16 +77,17 @@ def two_blocks():
     return module, graph, [frozenset({d, t}) for d, t in zip(dots, tanhs)]
 
 
-def onnx_cnn(path, batch: int | str = 2) -> None:
-    """Writes a small ONNX CNN (conv, relu, global average pool, flatten, gemm; input ``x``: 2x3x8x8 f32,
-    output ``y``: 2x5) to ``path``; ``batch``: the first axis's size, or its ``dim_param`` (dynamic)."""
+def onnx_cnn(path, batch: int | str = 2, channels: int = 4) -> None:
+    """Writes a small ONNX CNN (conv to ``channels``, relu, global average pool, flatten, gemm; input ``x``:
+    2x3x8x8 f32, output ``y``: 2x5) to ``path``; ``batch``: the first axis's size, or its ``dim_param``
+    (dynamic)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.3, n) for n, s in
-             [("w", (4, 3, 3, 3)), ("b", (4,)), ("fc", (4, 5)), ("fb", (5,))]]
+             [("w", (channels, 3, 3, 3)), ("b", (channels,)), ("fc", (channels, 5)), ("fb", (5,))]]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("GlobalAveragePool", ["r"], ["p"]),

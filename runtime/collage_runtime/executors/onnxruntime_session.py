@@ -38,13 +38,33 @@ PROFILED: list | None = None
 PROFILE_DIR: str = "."
 
 
+def model_source(path: Path, engines: Engines, options: ort.SessionOptions) -> tuple[str | bytes, list]:
+    """What ``InferenceSession`` opens for the ONNX model at ``path``, and what must live as long as the
+    session: the path; or, where the model's initializers refer to the artifact's weight store, the model's
+    bytes with those initializers given to ``options`` as OrtValues over the store's mapped pages (no copy;
+    ONNX Runtime reads them for the session's life)."""
+    if engines.weights is None:
+        return str(path), []
+    import onnx
+
+    data = path.read_bytes()
+    external = engines.weights.external(onnx.load_from_string(data), str(path))
+    if not external:
+        return str(path), []
+    names = [name for name, _ in external]
+    values = [ort.OrtValue.ortvalue_from_numpy(array) for _, array in external]
+    options.add_external_initializers(names, values)
+    return data, values
+
+
 def load(path: Path, engines: Engines) -> Run:
     """The callable that runs the ONNX model stored at ``path``."""
     options = engines.ort_session_options()
     if PROFILED is not None:
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(PROFILE_DIR) / f"{path.stem}-{len(PROFILED)}")
-    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    source, keep = model_source(path, engines, options)
+    session = ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
     if PROFILED is not None:
         PROFILED.append((path, session))
     binding = session.io_binding()._iobinding
@@ -78,4 +98,5 @@ def load(path: Path, engines: Engines) -> Run:
             bind_out(i, out)
         execute(binding, None)
 
+    run.weights = keep  # type: ignore[attr-defined]  (the session reads them as long as it runs)
     return run

@@ -32,6 +32,7 @@ import openvino as ov
 from openvino import _pyopenvino
 
 from ..engines import Engines
+from ..weights import refers_to_store
 from . import Run, TensorSlots
 
 #: A list while a profiler loads programs (see the module's docstring); None otherwise.
@@ -87,10 +88,23 @@ def work(model) -> float | None:
     return float(total)
 
 
+def read_model(core, path: Path, engines: Engines):
+    """The ``ov.Model`` of the ONNX file at ``path``; where its initializers refer to the artifact's weight
+    store, read from the model with them filled in (OpenVINO's ONNX reader refuses external data outside
+    the model's directory)."""
+    if engines.weights is not None:
+        import onnx
+
+        proto = onnx.load_from_string(path.read_bytes())
+        if refers_to_store(proto):
+            return core.read_model(model=engines.weights.inline(proto, str(path)).SerializeToString())
+    return core.read_model(str(path))
+
+
 def load(path: Path, engines: Engines) -> Run:
     """The callable that runs the ONNX model stored at ``path``."""
     core = engines.openvino_core()
-    model = core.read_model(str(path))
+    model = read_model(core, path, engines)
     config = engines.openvino_config(work(model))
     if PROFILED is not None:
         import openvino.properties as props

@@ -18,6 +18,7 @@ from collage_mlir.frontends.dims import DimPlan, parse_dim
 from collage_mlir.shaped import choose_fallback, dynamic_ratio
 from collage_runtime.manifest import ArtifactError
 from collage_runtime.shapes import Fallback
+from collage_runtime.weights import MIN_BYTES, WEIGHTS
 
 from models import onnx_cnn, torch_mlp
 
@@ -170,6 +171,38 @@ def test_each_bucket_tuned_and_its_plan_compiled(dynamic_cnn, tmp_path, monkeypa
         np.testing.assert_allclose(program.invoke("main", x)[0], reference(dynamic_cnn, x), rtol=RTOL, atol=ATOL)
     # With -o a .json file, a tune of several buckets is refused in one line.
     assert collage(["tune", str(dynamic_cnn), *flags, "-o", str(tmp_path / "plan.json")]) == 2
+
+
+def test_buckets_and_the_fallback_share_one_copy_of_each_weight(tmp_path):
+    """The buckets' ONNX regions and the fallback model take their weights from the artifact's one weight
+    store, each distinct tensor once; results equal the source model's on every engine; a changed store is
+    refused."""
+    import onnx
+
+    model = tmp_path / "cnn.onnx"
+    onnx_cnn(model, batch="batch", channels=32)  # the conv weight: 3,456 bytes, shared; the rest stays inline
+    conv = 32 * 3 * 3 * 3 * 4
+    rng = np.random.default_rng(2)
+    for plan, fallback in (("prefer:ort", "openvino"), ("whole:openvino", "ort")):
+        art = tmp_path / plan.replace(":", "_")
+        assert collage(["compile", str(model), "--dim", "batch=1:2:6", "--bucket", "batch=1,4", "--plan", plan,
+                        "--fallback", fallback, "-o", str(art)]) == 0
+        assert conv <= (art / WEIGHTS).stat().st_size < 2 * conv  # three files read it: one copy
+        files = [onnx.load(str(p), load_external_data=False) for p in art.rglob("*.onnx")]
+        assert len(files) >= 3
+        for f in files:
+            assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in f.graph.initializer
+                       if len(t.raw_data) >= MIN_BYTES or t.name == "w")
+        with collage_runtime.load(art) as program:
+            for batch in (1, 3, 4):
+                x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
+                np.testing.assert_allclose(program.invoke("main", x)[0], reference(model, x), rtol=RTOL, atol=ATOL)
+            assert program.served(x[:3]) == f"{fallback} fallback"
+    store = bytearray((art / WEIGHTS).read_bytes())
+    store[-1] ^= 1
+    (art / WEIGHTS).write_bytes(bytes(store))
+    with pytest.raises(ArtifactError, match="weight store does not match its SHA-256"):
+        collage_runtime.load(art)
 
 
 def test_a_model_with_external_data_gets_a_self_contained_fallback(tmp_path):

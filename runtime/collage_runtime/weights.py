@@ -1,0 +1,157 @@
+"""Weights written once per artifact: the shared weight store (``weights.bin``) of a shaped artifact.
+
+A model compiled per shape bucket has the same weights in every bucket (and in the fallback model). Each
+graph-engine region is an ONNX file, which would carry its own copy: BERT-base with six buckets was a
+2.9 GB artifact for a 0.44 GB model. Instead the compiler moves every initializer of at least
+``MIN_BYTES`` out of the ONNX files of a shaped artifact into one store at the artifact's root, each
+distinct tensor once (keyed by its bytes' SHA-256, 64-byte aligned), and each file keeps an ONNX external
+data reference to it: ``location`` is ``weights.bin`` (the store, not a file beside the model), with
+``offset`` and ``length``. The shape table records the store's SHA-256.
+
+At load the runtime maps the store once (read-only) and each executor takes its tensors from the mapping:
+ONNX Runtime as external initializers over the mapped pages (no copy: sessions of every bucket share them
+in the page cache), OpenVINO from a model whose initializers are filled in from the mapping (its ONNX
+reader refuses external data outside the model's directory). Small initializers (shapes, scalars) stay in
+the files, where the engines' graph optimizers fold them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .manifest import ArtifactError
+
+if TYPE_CHECKING:
+    import onnx
+
+WEIGHTS = "weights.bin"
+#: Initializers smaller than this stay inside their ONNX file.
+MIN_BYTES = 1024
+ALIGN = 64
+
+
+class WeightWriter:
+    """Writes the store at ``path`` while an artifact is built: ``externalize(model)`` moves a model's large
+    initializers into it (each distinct tensor once) and points them at it."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file = open(self.path, "wb")
+        self._at: dict[bytes, int] = {}  # the bytes' SHA-256 → offset
+        self.size = 0
+        self.referenced = 0  # bytes the models refer to (each reference counted)
+
+    def externalize(self, model: "onnx.ModelProto") -> int:
+        """Moves ``model``'s initializers of at least ``MIN_BYTES`` into the store, in place; returns how
+        many."""
+        from onnx import TensorProto, numpy_helper
+
+        moved = 0
+        for tensor in _initializers(model.graph):
+            if tensor.data_location == TensorProto.EXTERNAL:
+                raise ValueError(f"initializer '{tensor.name}' already refers to external data")
+            data = numpy_helper.to_array(tensor) if not tensor.HasField("raw_data") else None
+            raw = tensor.raw_data if data is None else np.ascontiguousarray(data).tobytes()
+            if len(raw) < MIN_BYTES or tensor.data_type == TensorProto.STRING:
+                continue
+            offset = self._put(raw)
+            dims, name, dtype = list(tensor.dims), tensor.name, tensor.data_type
+            tensor.Clear()
+            tensor.name, tensor.data_type = name, dtype
+            tensor.dims.extend(dims)
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", WEIGHTS), ("offset", str(offset)), ("length", str(len(raw)))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            self.referenced += len(raw)
+            moved += 1
+        return moved
+
+    def _put(self, raw: bytes) -> int:
+        key = hashlib.sha256(raw).digest()
+        offset = self._at.get(key)
+        if offset is None:
+            pad = -self.size % ALIGN
+            self._file.write(b"\0" * pad)
+            offset = self._at[key] = self.size + pad
+            self._file.write(raw)
+            self.size = offset + len(raw)
+        return offset
+
+    def close(self) -> str:
+        """Finishes the store; its SHA-256 (for the shape table)."""
+        self._file.close()
+        from .manifest import sha256_file
+
+        return sha256_file(self.path)
+
+
+class WeightStore:
+    """The store of a loaded artifact, mapped read-only once; its tensors are read-only views of the mapping."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.path.stat().st_size else None
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else np.zeros(0, np.uint8)
+
+    def array(self, tensor: "onnx.TensorProto", where: str) -> np.ndarray:
+        """The read-only array ``tensor`` (an initializer pointing into the store) refers to."""
+        from onnx import helper
+
+        info = {e.key: e.value for e in tensor.external_data}
+        try:
+            offset, length = int(info.get("offset", "0")), int(info["length"])
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        except (KeyError, ValueError, TypeError):
+            raise ArtifactError(f"{where}: initializer '{tensor.name}': malformed external data reference") from None
+        count = int(np.prod(tensor.dims, dtype=np.int64))
+        if info.get("location") != WEIGHTS or offset < 0 or length != count * dtype.itemsize \
+                or offset + length > self._bytes.size:
+            raise ArtifactError(f"{where}: initializer '{tensor.name}' does not lie in the artifact's weight store; "
+                                "recompile the artifact")
+        return self._bytes[offset:offset + length].view(dtype).reshape(tuple(tensor.dims))
+
+    def external(self, model: "onnx.ModelProto", where: str) -> list[tuple[str, np.ndarray]]:
+        """(name, array) for each of ``model``'s initializers that refer to the store."""
+        from onnx import TensorProto
+
+        return [(t.name, self.array(t, where)) for t in _initializers(model.graph)
+                if t.data_location == TensorProto.EXTERNAL]
+
+    def inline(self, model: "onnx.ModelProto", where: str) -> "onnx.ModelProto":
+        """``model`` with every initializer that refers to the store filled in from it (a copy of each)."""
+        from onnx import TensorProto
+
+        for t in _initializers(model.graph):
+            if t.data_location == TensorProto.EXTERNAL:
+                raw = self.array(t, where).tobytes()
+                del t.external_data[:]
+                t.data_location = TensorProto.DEFAULT
+                t.raw_data = raw
+        return model
+
+    def close(self) -> None:
+        self._bytes = np.zeros(0, np.uint8)
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # an engine still holds a view: the mapping goes with the last one
+                pass
+
+
+def refers_to_store(model: "onnx.ModelProto") -> bool:
+    from onnx import TensorProto
+
+    return any(t.data_location == TensorProto.EXTERNAL for t in _initializers(model.graph))
+
+
+def _initializers(graph):
+    """The graph's own initializers (a subgraph's stay in its file: ONNX Runtime takes external
+    initializers for the main graph only)."""
+    return graph.initializer
