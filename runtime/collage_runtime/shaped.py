@@ -168,7 +168,8 @@ def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[S
         from .executors.openvino_model import read_model
 
         core = engines.openvino_core()
-        compiled = core.compile_model(read_model(core, model, engines), "CPU", engines.openvino_config())
+        read, keep = read_model(core, model, engines)
+        compiled = core.compile_model(read, "CPU", engines.openvino_config())
         request = compiled.create_infer_request()
         count = len(compiled.outputs)
 
@@ -176,6 +177,7 @@ def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[S
             results = request.infer([np.ascontiguousarray(a) for a in arrays])
             return tuple(np.array(results[k]) for k in range(count))
 
+        run.weights = keep  # type: ignore[attr-defined]
         return run
     raise ValueError(f"no dynamic runner for {kind}")
 

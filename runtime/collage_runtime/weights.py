@@ -8,11 +8,12 @@ distinct tensor once (keyed by its bytes' SHA-256, 64-byte aligned), and each fi
 data reference to it: ``location`` is ``weights.bin`` (the store, not a file beside the model), with
 ``offset`` and ``length``. The shape table records the store's SHA-256.
 
-At load the runtime maps the store once (read-only) and each executor takes its tensors from the mapping:
-ONNX Runtime as external initializers over the mapped pages (no copy: sessions of every bucket share them
-in the page cache), OpenVINO from a model whose initializers are filled in from the mapping (its ONNX
-reader refuses external data outside the model's directory). Small initializers (shapes, scalars) stay in
-the files, where the engines' graph optimizers fold them.
+At load the runtime maps the store once and each executor takes its tensors from the mapping, with no
+copy: ONNX Runtime as external initializers, OpenVINO as constants that share the memory, put in place of
+those initializers read as model inputs (its ONNX reader refuses external data outside the model's
+directory). The engines still make their own packed copies where their kernels want another layout. Small
+initializers (shapes, scalars) stay in the files, where the engines' importers and graph optimizers read
+their values.
 """
 
 from __future__ import annotations
@@ -92,16 +93,18 @@ class WeightWriter:
 
 
 class WeightStore:
-    """The store of a loaded artifact, mapped read-only once; its tensors are read-only views of the mapping."""
+    """The store of a loaded artifact, mapped once (copy-on-write: the engines' APIs take writable arrays;
+    they only read them, and the file is never written). Its tensors are views of the mapping, and each
+    view keeps the mapping alive: an engine that holds one can never read unmapped memory."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         with open(self.path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.path.stat().st_size else None
-        self._bytes = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else np.zeros(0, np.uint8)
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if self.path.stat().st_size else b""
+        self._bytes = np.frombuffer(mapped, dtype=np.uint8)
 
     def array(self, tensor: "onnx.TensorProto", where: str) -> np.ndarray:
-        """The read-only array ``tensor`` (an initializer pointing into the store) refers to."""
+        """The array ``tensor`` (an initializer pointing into the store) refers to."""
         from onnx import helper
 
         info = {e.key: e.value for e in tensor.external_data}
@@ -124,31 +127,9 @@ class WeightStore:
         return [(t.name, self.array(t, where)) for t in _initializers(model.graph)
                 if t.data_location == TensorProto.EXTERNAL]
 
-    def inline(self, model: "onnx.ModelProto", where: str) -> "onnx.ModelProto":
-        """``model`` with every initializer that refers to the store filled in from it (a copy of each)."""
-        from onnx import TensorProto
-
-        for t in _initializers(model.graph):
-            if t.data_location == TensorProto.EXTERNAL:
-                raw = self.array(t, where).tobytes()
-                del t.external_data[:]
-                t.data_location = TensorProto.DEFAULT
-                t.raw_data = raw
-        return model
-
     def close(self) -> None:
+        """Lets the mapping go (it is unmapped once no engine holds a view of it)."""
         self._bytes = np.zeros(0, np.uint8)
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # an engine still holds a view: the mapping goes with the last one
-                pass
-
-
-def refers_to_store(model: "onnx.ModelProto") -> bool:
-    from onnx import TensorProto
-
-    return any(t.data_location == TensorProto.EXTERNAL for t in _initializers(model.graph))
 
 
 def _initializers(graph):

@@ -54,7 +54,7 @@ def model_source(path: Path, engines: Engines, options: ort.SessionOptions) -> t
     names = [name for name, _ in external]
     values = [ort.OrtValue.ortvalue_from_numpy(array) for _, array in external]
     options.add_external_initializers(names, values)
-    return data, values
+    return data, [values, external]  # the OrtValues alias the arrays, which keep the mapping
 
 
 def load(path: Path, engines: Engines) -> Run:

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 from openvino import _pyopenvino
+from openvino import opset13 as ops
 
 from ..engines import Engines
-from ..weights import refers_to_store
 from . import Run, TensorSlots
 
 #: A list while a profiler loads programs (see the module's docstring); None otherwise.
@@ -88,23 +88,40 @@ def work(model) -> float | None:
     return float(total)
 
 
-def read_model(core, path: Path, engines: Engines):
-    """The ``ov.Model`` of the ONNX file at ``path``; where its initializers refer to the artifact's weight
-    store, read from the model with them filled in (OpenVINO's ONNX reader refuses external data outside
-    the model's directory)."""
-    if engines.weights is not None:
-        import onnx
+def read_model(core, path: Path, engines: Engines) -> tuple[object, list]:
+    """The ``ov.Model`` of the ONNX file at ``path``, and what must live as long as it is compiled. Where
+    its initializers refer to the artifact's weight store they are read as model inputs and replaced by
+    constants sharing the store's memory (OpenVINO's ONNX reader refuses external data outside the model's
+    directory); the arrays they view are kept."""
+    if engines.weights is None:
+        return core.read_model(str(path)), []
+    import onnx
+    from onnx import helper
 
-        proto = onnx.load_from_string(path.read_bytes())
-        if refers_to_store(proto):
-            return core.read_model(model=engines.weights.inline(proto, str(path)).SerializeToString())
-    return core.read_model(str(path))
+    proto = onnx.load_from_string(path.read_bytes())
+    external = dict(engines.weights.external(proto, str(path)))
+    if not external:
+        return core.read_model(str(path)), []
+    graph = proto.graph
+    moved = [t for t in graph.initializer if t.name in external]
+    kept = [t for t in graph.initializer if t.name not in external]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
+    model = core.read_model(model=proto.SerializeToString())
+    for param in list(model.get_parameters()):
+        name = next((n for n in param.output(0).get_names() if n in external), None)
+        if name is not None:
+            param.output(0).replace(ops.constant(external[name], shared_memory=True).output(0))
+            model.remove_parameter(param)
+    model.validate_nodes_and_infer_types()
+    return model, list(external.values())
 
 
 def load(path: Path, engines: Engines) -> Run:
     """The callable that runs the ONNX model stored at ``path``."""
     core = engines.openvino_core()
-    model = read_model(core, path, engines)
+    model, keep = read_model(core, path, engines)
     config = engines.openvino_config(work(model))
     if PROFILED is not None:
         import openvino.properties as props
@@ -140,6 +157,7 @@ def load(path: Path, engines: Engines) -> Run:
             if not ok:
                 np.copyto(out, request.get_output_tensor(i).data.reshape(out.shape), casting="unsafe")
 
+    run.weights = keep  # type: ignore[attr-defined]  (the compiled model may read the store's memory)
     return run
 
 

@@ -198,6 +198,9 @@ def test_buckets_and_the_fallback_share_one_copy_of_each_weight(tmp_path):
                 x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
                 np.testing.assert_allclose(program.invoke("main", x)[0], reference(model, x), rtol=RTOL, atol=ATOL)
             assert program.served(x[:3]) == f"{fallback} fallback"
+            bucket = art / program.table.buckets[-1].path
+        with collage_runtime.load(bucket) as alone:  # one bucket's directory (`collage report` takes one)
+            np.testing.assert_allclose(alone.invoke("main", x)[0], reference(model, x), rtol=RTOL, atol=ATOL)
     store = bytearray((art / WEIGHTS).read_bytes())
     store[-1] ^= 1
     (art / WEIGHTS).write_bytes(bytes(store))
