@@ -11,7 +11,8 @@ while another engine runs. ``Engines`` gives each engine that budget and shares 
 - ONNX Runtime: each session gets ``intra_op_num_threads=N`` with ``session.intra_op.allow_spinning=0``
   (workers block when idle; ORT's default spins them after every op, which with hundreds of sessions
   starved every other engine), ``inter_op_num_threads=1`` (sequential execution). A program whose only
-  region is one ORT session (``sole``) keeps ORT's default spinning: nothing else runs beside it.
+  region is one ORT session (``sole``) spins inside a run (nothing else runs beside it) and stops when the
+  run ends (``session.force_spinning_stop``), so no core burns between calls.
 - OpenVINO: one ``ov.Core`` for every region (one TBB arena set, one plugin instance), compiled models with
   ``INFERENCE_NUM_THREADS=N``, one stream, the latency hint, no CPU pinning or reservation (the cores are
   shared with the other engines). A region whose work is small (``SMALL_REGION_MACS``) gets one thread:
@@ -124,7 +125,13 @@ class Engines:
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.sole == "ort" else "0")
+        # The sole engine's workers spin inside a run and block when it ends (``force_spinning_stop``): as
+        # fast as ORT's default spinning, which went on burning a core for ~35 ms after every call
+        # (studies/threads: ort_spin.md). Beside other regions they never spin: in-run spinning made
+        # chains of small regions 16-80 % slower there.
+        sole = self.sole == "ort"
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if sole else "0")
+        opts.add_session_config_entry("session.force_spinning_stop", "1" if sole else "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         opts.log_severity_level = 3
         return opts

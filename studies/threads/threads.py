@@ -90,6 +90,9 @@ def worker(config: str, arts: dict[str, str], threads: int, calls: int) -> dict:
             opts = base(self)
             if config == "ort-spinning":
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+            elif config.startswith("ort-spin-"):  # spinning bounded to N µs after the last work
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+                opts.add_session_config_entry("session.intra_op.spin_duration_us", config.removeprefix("ort-spin-"))
             else:
                 opts.use_per_session_threads = False
             return opts
@@ -132,6 +135,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--out", default=str(Path(__file__).parent / "threads"))
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"ORT configurations, of {', '.join(CONFIGS)} and ort-spin-<µs> (spinning bounded)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -142,7 +147,7 @@ def main() -> None:
         arts = {k: str(v) for k, v in build(Path(tmp), a.links).items()}
         samples: dict[tuple[str, str], list[dict]] = {}
         for _ in range(a.rounds):
-            for config in CONFIGS:
+            for config in a.configs.split(","):
                 cmd = [sys.executable, __file__, "--threads", str(a.threads), "--calls", str(a.calls),
                        "--worker", json.dumps([config, arts])]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
