@@ -1,15 +1,17 @@
-"""ONNX Runtime's spinning in collage programs, three policies (``POLICIES``): the runtime's earlier one
-(spinning off, except for a program whose only region is ORT: ORT's default spinning, which goes on after
-a run), the runtime's now (that sole session spins inside a run and stops when it ends,
-``session.force_spinning_stop``), and every session spinning inside its runs.
+"""ONNX Runtime's spinning in collage programs, under the policies of ``POLICIES`` (by the backends of the
+program's regions): the runtime's earlier one (spinning off, except for a program whose only region is ORT:
+ORT's default spinning, which goes on after a run); spinning inside a run and stopping when it ends
+(``session.force_spinning_stop``) for that sole region only (the runtime's now); the same for every ORT
+session of a program without OpenVINO, XLA or oneDNN regions; and for every session.
 
-Programs: MobileNetV2 with every op on ORT but its last on OpenVINO (ORT is not the sole engine), the
-same whole on ORT (sole), and the 20-link (256x256 matmul + tanh) chains of ``threads.py``: 20 ORT regions and
-the mixed plan cycling ort/openvino/onednn/xla-cpu/iree-cpu. Each policy runs in its own process,
+Programs: MobileNetV2 with every op on ORT but its last on OpenVINO or oneDNN (ORT is not the sole engine), the
+same whole on ORT (sole), and the 20-link (256x256 matmul + tanh) chains of ``threads.py``: 20 ORT regions,
+the mixed plan cycling ort/openvino/onednn/xla-cpu/iree-cpu, and ORT every other link with IREE, oneDNN or
+OpenVINO between. Each policy runs in its own process,
 alternating, ``--rounds`` times: wall and process CPU per call (median of ``--calls``), and the CPU the
 process burns in the 50 ms after a call.
 
-    python -m studies.threads.ort_spin --rounds 5      # writes studies/threads/ort_spin.{json,md}
+    python -m studies.threads.ort_spin --rounds 7      # writes studies/threads/ort_spin.{json,md}
 """
 
 from __future__ import annotations
@@ -26,16 +28,25 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).parent
-#: ORT session policies: (sole engine's spinning, force stop; other sessions' spinning, force stop).
+#: Engines whose idle workers spin or linger: OpenVINO's TBB (1 ms), XLA's pool, OpenMP under torch.
+NOISY = {"openvino", "xla-cpu", "onednn"}
+#: ORT session policies, by the backends of the program's regions, one entry per region:
+#: (allow_spinning, force_spinning_stop).
 POLICIES = {
-    "before: sole spins unbounded, others off": ("1", "0", "0", "0"),
-    "now: sole spins in a run and stops, others off": ("1", "1", "0", "0"),
-    "all spin in a run and stop": ("1", "1", "1", "1"),
+    "before: a sole ORT region spins unbounded, else off":
+        lambda b: ("1", "0") if b == ["ort"] else ("0", "0"),
+    "a sole ORT region spins in a run and stops, else off":
+        lambda b: ("1", "1") if b == ["ort"] else ("0", "0"),
+    "spin in a run and stop, unless openvino/xla/onednn regions":
+        lambda b: ("0", "0") if NOISY & set(b) else ("1", "1"),
+    "every session spins in a run and stops": lambda b: ("1", "1"),
 }
 THREADS = 2
 
 
 def build(out: Path) -> dict[str, str]:
+    import networkx as nx
+
     from collage_mlir import zoo
     from collage_mlir.graph import Graph, number_ops
     from collage_mlir.iree import compile_module
@@ -43,21 +54,34 @@ def build(out: Path) -> dict[str, str]:
     from collage_mlir.plan import Plan, Region
     from collage_mlir.search import resolve_plan
 
+    from collage_mlir.ir import parse_module
+
     from .threads import build as chains
+    from .threads import chain as threads_chain
 
     arts = {}
-    for name, last in (("mobilenet_v2, ort + last op on openvino", "openvino"), ("mobilenet_v2, whole on ort", None)):
+    for name, last in (("mobilenet_v2, ort + last op on openvino", "openvino"),
+                       ("mobilenet_v2, ort + last op on onednn", "onednn"), ("mobilenet_v2, whole on ort", None)):
         module = zoo.import_stablehlo("mobilenet_v2", new_context())
         number_ops(module)
-        ops = resolve_plan("whole:ort", Graph(module)).regions[0].ops
-        regions = [Region("r", "ort", frozenset(ops - {max(ops)}) if last else ops)]
-        regions += [Region("last", last, frozenset({max(ops)}))] if last else []
-        path = out / ("mnv2_split" if last else "mnv2_whole")
+        graph = Graph(module)
+        ops = resolve_plan("whole:ort", graph).regions[0].ops
+        # The classifier's matmul on the other engine, what follows it (the bias) on IREE, the rest on ORT.
+        dot = max(i for i, n in graph.nodes.items() if n.name == "stablehlo.dot_general")
+        tail = {dot} | nx.descendants(graph.dag, dot)
+        regions = [Region("r", "ort", frozenset(ops - tail) if last else ops)]
+        regions += [Region("last", last, frozenset({dot}))] if last else []
+        path = out / f"mnv2_{last or 'whole'}"
         compile_module(module, Plan(regions), path)
         arts[name] = str(path)
     chain = chains(out / "chains", 20)
     arts["chain, 20 ort regions"] = str(chain["ort 20 regions"])
     arts["chain, mixed plan"] = str(chain["mixed"])
+    for cycle in (("ort", "iree-cpu"), ("ort", "onednn"), ("ort", "openvino")):  # ORT every other link
+        plan = Plan([Region(f"l{k}", cycle[k % 2], frozenset({2 * k, 2 * k + 1})) for k in range(20)
+                     if cycle[k % 2] != "iree-cpu"])
+        compile_module(parse_module(threads_chain(20), new_context()), plan, out / "+".join(cycle))
+        arts[f"chain, {' / '.join(cycle)}"] = str(out / "+".join(cycle))
     return arts
 
 
@@ -65,21 +89,23 @@ def worker(policy: str, arts: dict[str, str], calls: int) -> dict:
     from collage_runtime.engines import Engines
 
     now = Engines.ort_session_options
-    sole_spin, sole_stop, spin, stop = POLICIES[policy]
+    rule = POLICIES[policy]
+    setting = []  # the program being loaded's (allow_spinning, force_spinning_stop)
 
     def patched(self):
         opts = now(self)
-        sole = self.sole == "ort"
-        opts.add_session_config_entry("session.intra_op.allow_spinning", sole_spin if sole else spin)
-        opts.add_session_config_entry("session.force_spinning_stop", sole_stop if sole else stop)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", setting[0])
+        opts.add_session_config_entry("session.force_spinning_stop", setting[1])
         return opts
 
     Engines.ort_session_options = patched
     import collage_runtime
     from collage_mlir import zoo
+    from collage_runtime.manifest import load_manifest
 
     rows = {}
     for name, path in arts.items():
+        setting[:] = rule([r.backend for r in load_manifest(Path(path)).regions])
         prog = collage_runtime.load(path, threads=THREADS)
         if name.startswith("mobilenet"):
             args = [prog.to_device(a) for a in zoo.numpy_inputs("mobilenet_v2")]
