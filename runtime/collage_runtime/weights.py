@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .manifest import ArtifactError
+from .manifest import ArtifactError, sha256_file
 
 if TYPE_CHECKING:
     import onnx
@@ -87,8 +87,6 @@ class WeightWriter:
     def close(self) -> str:
         """Finishes the store; its SHA-256 (for the shape table)."""
         self._file.close()
-        from .manifest import sha256_file
-
         return sha256_file(self.path)
 
 

@@ -27,3 +27,19 @@ def interleaved_ms(runners: Mapping[str, Callable[[], object]], rounds: int, min
                     break
             samples[label].append(elapsed / n * 1e3)
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def call_costs(fn: Callable[[], object], calls: int, idle_s: float = 0.05) -> dict[str, float]:
+    """One warm-up call, then ``calls`` timed calls of ``fn``: median wall and process CPU ms per call (all
+    threads), and the process CPU ms burnt while it sleeps ``idle_s`` right after (spinning workers)."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(calls):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    c0 = time.process_time()
+    time.sleep(idle_s)
+    return {"wall_ms": statistics.median(wall) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
+            "idle_cpu_ms": (time.process_time() - c0) * 1e3}

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from studies.common.report import header, write_report
-from studies.dynamic.dynamic_zoo import cases, example, export
+from studies.dynamic.dynamic_zoo import cases, export
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from studies.common.timing import call_costs
+
 HERE = Path(__file__).parent
 #: Engines whose idle workers spin or linger: OpenVINO's TBB (1 ms), XLA's pool, OpenMP under torch.
 NOISY = {"openvino", "xla-cpu", "onednn"}
@@ -114,17 +116,7 @@ def worker(policy: str, arts: dict[str, str], calls: int) -> dict:
             args = [prog.to_device(rng.standard_normal((256, 256), np.float32)),
                     prog.to_device(rng.standard_normal((256, 256), np.float32) / 256)]
         fn = prog.device_function("main")
-        fn(*args)
-        wall, cpu = [], []
-        for _ in range(calls):
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn(*args)
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-        c0 = time.process_time()
-        time.sleep(0.05)
-        rows[name] = {"wall_ms": statistics.median(wall) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
-                      "idle_cpu_ms": (time.process_time() - c0) * 1e3}
+        rows[name] = call_costs(lambda: fn(*args), calls)
         prog.close()
     return rows
 
@@ -148,7 +140,8 @@ def main() -> None:
         for _ in range(a.rounds):
             for policy in POLICIES:
                 proc = subprocess.run([sys.executable, "-m", "studies.threads.ort_spin", "--calls", str(a.calls),
-                                       "--worker", json.dumps([policy, arts])], capture_output=True, text=True)
+                                       "--worker", json.dumps([policy, arts])], capture_output=True, text=True,
+                                      cwd=HERE.parent.parent)
                 if proc.returncode:
                     sys.exit(f"worker failed: {proc.stderr.strip().splitlines()[-1:]}")
                 for name, row in json.loads(proc.stdout.splitlines()[-1]).items():

@@ -18,10 +18,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+from studies.common.timing import call_costs
 
 N = 256
 MIXED = ("ort", "openvino", "onednn", "xla-cpu", "iree-cpu")
@@ -112,20 +113,7 @@ def worker(config: str, arts: dict[str, str], threads: int, calls: int) -> dict:
     for engine in ("ort", "openvino"):
         fn = _engine_alone(Path(arts[f"{engine} 1 region"]), engine, threads, config == "ort-global-pool")
         fns[f"{engine} alone"] = lambda fn=fn: fn(x, w)
-    rows = {}
-    for name, fn in fns.items():
-        fn()
-        wall, cpu = [], []
-        for _ in range(calls):
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-        c0 = time.process_time()
-        time.sleep(0.05)
-        rows[name] = {"wall_ms": statistics.median(wall) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
-                      "idle_cpu_ms": (time.process_time() - c0) * 1e3}
-    return rows
+    return {name: call_costs(fn, calls) for name, fn in fns.items()}
 
 
 def main() -> None:
@@ -148,9 +136,9 @@ def main() -> None:
         samples: dict[tuple[str, str], list[dict]] = {}
         for _ in range(a.rounds):
             for config in a.configs.split(","):
-                cmd = [sys.executable, __file__, "--threads", str(a.threads), "--calls", str(a.calls),
+                cmd = [sys.executable, "-m", "studies.threads.threads", "--threads", str(a.threads), "--calls", str(a.calls),
                        "--worker", json.dumps([config, arts])]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parents[2])
                 if proc.returncode:
                     sys.exit(f"{config} worker failed: {proc.stderr.strip().splitlines()[-1:]}")
                 out = proc.stdout.splitlines()[-1]
