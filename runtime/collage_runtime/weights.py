@@ -58,8 +58,8 @@ class WeightWriter:
                 raise ValueError(f"initializer '{tensor.name}' already refers to external data")
             data = numpy_helper.to_array(tensor) if not tensor.HasField("raw_data") else None
             raw = tensor.raw_data if data is None else np.ascontiguousarray(data).tobytes()
-            if len(raw) < MIN_BYTES or tensor.data_type == TensorProto.STRING:
-                continue
+            if len(raw) < MIN_BYTES or len(raw) != _element_bytes(tensor) * int(np.prod(tensor.dims, dtype=np.int64)):
+                continue  # strings, packed sub-byte types: kept in the file
             offset = self._put(raw)
             dims, name, dtype = list(tensor.dims), tensor.name, tensor.data_type
             tensor.Clear()
@@ -134,3 +134,15 @@ def _initializers(graph):
     """The graph's own initializers (a subgraph's stay in its file: ONNX Runtime takes external
     initializers for the main graph only)."""
     return graph.initializer
+
+
+def _element_bytes(tensor: "onnx.TensorProto") -> int:
+    """Bytes per element of ``tensor`` as numpy holds it (0 for strings and types numpy has no width for)."""
+    from onnx import TensorProto, helper
+
+    if tensor.data_type == TensorProto.STRING:
+        return 0
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return 0

@@ -107,7 +107,9 @@ def read_model(core, path: Path, engines: Engines) -> tuple[object, list]:
     kept = [t for t in graph.initializer if t.name not in external]
     del graph.initializer[:]
     graph.initializer.extend(kept)
-    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
+    listed = {i.name for i in graph.input}  # an older exporter lists initializers as inputs too
+    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved
+                       if t.name not in listed)
     model = core.read_model(model=proto.SerializeToString())
     for param in list(model.get_parameters()):
         name = next((n for n in param.output(0).get_names() if n in external), None)

@@ -208,6 +208,26 @@ def test_buckets_and_the_fallback_share_one_copy_of_each_weight(tmp_path):
         collage_runtime.load(art)
 
 
+def test_a_fallback_whose_initializers_are_also_inputs_reads_the_store(tmp_path):
+    """Older exporters list every initializer among the graph's inputs too: OpenVINO's fallback still takes
+    them from the weight store."""
+    import onnx
+
+    model = tmp_path / "cnn.onnx"
+    onnx_cnn(model, batch="batch", channels=32)
+    proto = onnx.load(str(model))
+    proto.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in proto.graph.initializer)
+    onnx.save(proto, str(model))
+    art = tmp_path / "art"
+    assert collage(["compile", str(model), "--dim", "batch=1:2:4", "--bucket", "batch=2", "--fallback", "openvino",
+                    "-o", str(art)]) == 0
+    x = np.random.default_rng(3).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    with collage_runtime.load(art) as program:
+        assert program.served(x) == "openvino fallback" and program.table.weights_sha256 is not None
+        np.testing.assert_allclose(program.invoke("main", x)[0], reference(model, x), rtol=RTOL, atol=ATOL)
+
+
 def test_a_model_with_external_data_gets_a_self_contained_fallback(tmp_path):
     """torch's dynamo exporter writes the weights beside the model (model.onnx.data): the artifact's
     fallback is one file with them inside, and runs."""
