@@ -1,6 +1,5 @@
 """``load``: an artifact, a directory or one packed ``.collage`` file, as the program that runs it: a
-``Program`` (one static shape, ``manifest.json``) or a ``ShapedProgram`` (shape buckets, ``shapes.json``).
-One bucket's directory loads as a ``Program`` that reads its artifact's weight store."""
+``Program`` (one static shape, ``manifest.json``) or a ``ShapedProgram`` (shape buckets, ``shapes.json``)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from pathlib import Path
 from .package import is_package
 from .program import Program
 from .shaped import ShapedProgram
-from .shapes import SHAPES, load_shape_table
-from .weights import WEIGHTS, WeightStore
+from .shapes import SHAPES
 
 
 def load(root: str | Path, **kwargs) -> Program | ShapedProgram:
@@ -25,10 +23,4 @@ def load(root: str | Path, **kwargs) -> Program | ShapedProgram:
             shaped = False  # Program's unpacking says what is wrong with it
     else:
         shaped = (path / SHAPES).is_file()
-    if shaped:
-        return ShapedProgram(path, **kwargs)
-    if path.is_dir() and "weights" not in kwargs:
-        shared = path.resolve().parent.parent  # <artifact>/buckets/<bucket>
-        if (shared / SHAPES).is_file() and load_shape_table(shared).weights_sha256 is not None:
-            kwargs["weights"] = WeightStore(shared / WEIGHTS)
-    return Program(path, **kwargs)
+    return ShapedProgram(path, **kwargs) if shaped else Program(path, **kwargs)

@@ -18,6 +18,7 @@ from iree.runtime.dtypes import map_dtype_to_hal_element_type
 from .manifest import MANIFEST, ArtifactError, load_manifest
 from .package import is_package, unpack
 from .engines import Engines, iree_device, usable_cores
+from .shapes import bucket_store
 from .weights import WeightStore
 from .rt_module import (DLPACK_PLATFORMS, DLPackView, RegionFailure, RegionTimer,  # noqa: F401  (RegionFailure: raised by invoke)
                         Transfers, create_rt_module, host_array)
@@ -70,13 +71,16 @@ class Program:
                  threads: int | None = None, region_timer: RegionTimer | None = None,
                  weights: WeightStore | None = None):
         # region_timer(region, call seconds, executor seconds) is told every library region call; weights:
-        # the weight store of the shaped artifact this program is a bucket of (collage_runtime.weights).
+        # the weight store of the shaped artifact this program is a bucket of (collage_runtime.weights;
+        # default: found beside the bucket, so one bucket's directory loads on its own too).
         self.root = Path(root)
         if is_package(self.root):
             self.root = unpack(self.root)
             # The unpacked copy goes when the program is closed or collected, or at exit.
             self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.manifest = load_manifest(self.root)
+        if weights is None and self.root.is_dir():
+            weights = bucket_store(self.root)
         # One thread budget for every engine in the program (default: all usable cores).
         regions = self.manifest.regions
         self.engines = Engines(usable_cores() if threads is None else threads,

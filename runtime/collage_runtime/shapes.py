@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .manifest import ArtifactError, confined, verified_file
-from .weights import WEIGHTS
+from .weights import WEIGHTS, WeightStore
 
 SHAPES = "shapes.json"
 FORMAT = "collage-shapes"
@@ -233,3 +233,19 @@ def load_shape_table(root: Path) -> ShapeTable:
 
 def write_shape_table(root: Path, table: ShapeTable) -> None:
     (root / SHAPES).write_text(json.dumps(table.to_json(), indent=1) + "\n")
+
+
+def bucket_store(directory: Path) -> WeightStore | None:
+    """The weight store of the shaped artifact whose bucket ``directory`` is (``<artifact>/buckets/<bucket>``),
+    checked against its shape table; None where ``directory`` is no bucket or its artifact has no store."""
+    root = Path(directory).resolve().parent.parent
+    if not (root / SHAPES).is_file():
+        return None
+    try:
+        table = ShapeTable.from_json(json.loads((root / SHAPES).read_text()), str(root / SHAPES))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ArtifactError(f"{root / SHAPES}: cannot read the shape table ({' '.join(str(exc).split())})") from None
+    if table.weights_sha256 is None or not any((root / b.path).resolve() == Path(directory).resolve()
+                                               for b in table.buckets):
+        return None
+    return WeightStore(verified_file(root, WEIGHTS, table.weights_sha256, "weight store"))

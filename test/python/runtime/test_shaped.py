@@ -68,9 +68,12 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path, capsys):
         assert table.fallback is Fallback.OPENVINO and table.outputs == (("batch", None),)
         # Each bucket is placed by the plan given: prefer:ort puts every region on ONNX Runtime.
         assert all({r.backend for r in program.program(b).manifest.regions} == {"ort"} for b in table.buckets)
-    # `collage report` reports one program: it names the buckets' directories.
+    # `collage report` reports one program: it names the buckets' directories, and reports one of them with
+    # its graph (the source model drawn at the bucket's shape) and its regions' measured times.
     assert collage(["report", str(dynamic), "--no-run", "-o", str(tmp_path / "r.html")]) == 2
     assert f"report a bucket: {dynamic / table.buckets[0].path} (batch=1)" in capsys.readouterr().err
+    assert collage(["report", str(dynamic / table.buckets[0].path), "-o", str(tmp_path / "b.html")]) == 0
+    assert "no graph drawn" not in capsys.readouterr().out and "<svg" in (tmp_path / "b.html").read_text()
 
 
 def test_the_fallback_is_the_faster_engine_on_the_dynamic_model(dynamic_cnn):
@@ -201,6 +204,7 @@ def test_buckets_and_the_fallback_share_one_copy_of_each_weight(tmp_path):
             bucket = art / program.table.buckets[-1].path
         with collage_runtime.load(bucket) as alone:  # one bucket's directory (`collage report` takes one)
             np.testing.assert_allclose(alone.invoke("main", x)[0], reference(model, x), rtol=RTOL, atol=ATOL)
+        assert collage(["report", str(bucket), "-o", str(tmp_path / f"{art.name}.html")]) == 0  # profiles it
     store = bytearray((art / WEIGHTS).read_bytes())
     store[-1] ^= 1
     (art / WEIGHTS).write_bytes(bytes(store))
