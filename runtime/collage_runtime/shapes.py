@@ -216,12 +216,7 @@ def load_shape_table(root: Path) -> ShapeTable:
     """Reads and checks ``root/shapes.json``: format, field types, bucket directories confined to ``root``
     and the fallback model and the weight store matching their SHA-256 (each bucket's own manifest is
     checked when it loads)."""
-    path = root / SHAPES
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ArtifactError(f"{path}: cannot read the shape table ({' '.join(str(exc).split())})") from None
-    table = ShapeTable.from_json(data, str(path))
+    table = _read_table(root)
     for b in table.buckets:
         confined(root, b.path, f"bucket {b.label}")
     if table.fallback.file is not None:
@@ -241,11 +236,17 @@ def bucket_store(directory: Path) -> WeightStore | None:
     root = Path(directory).resolve().parent.parent
     if not (root / SHAPES).is_file():
         return None
-    try:
-        table = ShapeTable.from_json(json.loads((root / SHAPES).read_text()), str(root / SHAPES))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ArtifactError(f"{root / SHAPES}: cannot read the shape table ({' '.join(str(exc).split())})") from None
+    table = _read_table(root)  # only the store is checked: the bucket's own files are its manifest's
     if table.weights_sha256 is None or not any((root / b.path).resolve() == Path(directory).resolve()
                                                for b in table.buckets):
         return None
     return WeightStore(verified_file(root, WEIGHTS, table.weights_sha256, "weight store"))
+
+
+def _read_table(root: Path) -> ShapeTable:
+    path = root / SHAPES
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ArtifactError(f"{path}: cannot read the shape table ({' '.join(str(exc).split())})") from None
+    return ShapeTable.from_json(data, str(path))

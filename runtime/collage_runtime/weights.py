@@ -45,20 +45,21 @@ class WeightWriter:
         self._file = open(self.path, "wb")
         self._at: dict[bytes, int] = {}  # the bytes' SHA-256 → offset
         self.size = 0
-        self.referenced = 0  # bytes the models refer to (each reference counted)
 
     def externalize(self, model: "onnx.ModelProto") -> int:
         """Moves ``model``'s initializers of at least ``MIN_BYTES`` into the store, in place; returns how
-        many."""
+        many. Only the main graph's: a subgraph's stay in its file (ONNX Runtime takes external initializers
+        for the main graph only)."""
         from onnx import TensorProto, numpy_helper
 
         moved = 0
-        for tensor in _initializers(model.graph):
+        for tensor in model.graph.initializer:
             if tensor.data_location == TensorProto.EXTERNAL:
                 raise ValueError(f"initializer '{tensor.name}' already refers to external data")
             data = numpy_helper.to_array(tensor) if not tensor.HasField("raw_data") else None
             raw = tensor.raw_data if data is None else np.ascontiguousarray(data).tobytes()
-            if len(raw) < MIN_BYTES or len(raw) != _element_bytes(tensor) * int(np.prod(tensor.dims, dtype=np.int64)):
+            dtype = _numpy_dtype(tensor)
+            if len(raw) < MIN_BYTES or dtype is None or len(raw) != dtype.itemsize * _count(tensor):
                 continue  # strings, packed sub-byte types: kept in the file
             offset = self._put(raw)
             dims, name, dtype = list(tensor.dims), tensor.name, tensor.data_type
@@ -69,7 +70,6 @@ class WeightWriter:
             for key, value in (("location", WEIGHTS), ("offset", str(offset)), ("length", str(len(raw)))):
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
-            self.referenced += len(raw)
             moved += 1
         return moved
 
@@ -103,17 +103,14 @@ class WeightStore:
 
     def array(self, tensor: "onnx.TensorProto", where: str) -> np.ndarray:
         """The array ``tensor`` (an initializer pointing into the store) refers to."""
-        from onnx import helper
-
         info = {e.key: e.value for e in tensor.external_data}
+        dtype = _numpy_dtype(tensor)
         try:
             offset, length = int(info.get("offset", "0")), int(info["length"])
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        except (KeyError, ValueError, TypeError):
+        except (KeyError, ValueError):
             raise ArtifactError(f"{where}: initializer '{tensor.name}': malformed external data reference") from None
-        count = int(np.prod(tensor.dims, dtype=np.int64))
-        if info.get("location") != WEIGHTS or offset < 0 or length != count * dtype.itemsize \
-                or offset + length > self._bytes.size:
+        if info.get("location") != WEIGHTS or dtype is None or offset < 0 \
+                or length != _count(tensor) * dtype.itemsize or offset + length > self._bytes.size:
             raise ArtifactError(f"{where}: initializer '{tensor.name}' does not lie in the artifact's weight store; "
                                 "recompile the artifact")
         return self._bytes[offset:offset + length].view(dtype).reshape(tuple(tensor.dims))
@@ -122,7 +119,7 @@ class WeightStore:
         """(name, array) for each of ``model``'s initializers that refer to the store."""
         from onnx import TensorProto
 
-        return [(t.name, self.array(t, where)) for t in _initializers(model.graph)
+        return [(t.name, self.array(t, where)) for t in model.graph.initializer
                 if t.data_location == TensorProto.EXTERNAL]
 
     def close(self) -> None:
@@ -130,19 +127,17 @@ class WeightStore:
         self._bytes = np.zeros(0, np.uint8)
 
 
-def _initializers(graph):
-    """The graph's own initializers (a subgraph's stay in its file: ONNX Runtime takes external
-    initializers for the main graph only)."""
-    return graph.initializer
-
-
-def _element_bytes(tensor: "onnx.TensorProto") -> int:
-    """Bytes per element of ``tensor`` as numpy holds it (0 for strings and types numpy has no width for)."""
+def _numpy_dtype(tensor: "onnx.TensorProto") -> np.dtype | None:
+    """The numpy dtype of ``tensor``'s elements; None for strings and types numpy has no width for."""
     from onnx import TensorProto, helper
 
     if tensor.data_type == TensorProto.STRING:
-        return 0
+        return None
     try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        return np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
     except (KeyError, TypeError, ValueError):
-        return 0
+        return None
+
+
+def _count(tensor: "onnx.TensorProto") -> int:
+    return int(np.prod(tensor.dims, dtype=np.int64))

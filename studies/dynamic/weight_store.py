@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         for plan in args.plans.split(","):
             for variant, src in ((("before", args.before),) if args.before else ()) + (("after", None),):
                 rows.append(run(variant, src, model, case.name, plan, case.flags(), work))
-                for p in sorted((work / f"{variant}-{plan.replace(':', '_')}").rglob("*"), reverse=True):
-                    p.unlink() if p.is_file() else p.rmdir()
+                shutil.rmtree(work / f"{variant}-{plan.replace(':', '_')}")
         model_size = model.stat().st_size
     head = header("weight_store")
     mib = 2 ** 20

@@ -50,7 +50,7 @@ def model_source(path: Path, engines: Engines, options: ort.SessionOptions) -> t
     data = path.read_bytes()
     external = engines.weights.external(onnx.load_from_string(data), str(path))
     if not external:
-        return str(path), []
+        return data, []  # read once
     names = [name for name, _ in external]
     values = [ort.OrtValue.ortvalue_from_numpy(array) for _, array in external]
     options.add_external_initializers(names, values)

@@ -98,10 +98,11 @@ def read_model(core, path: Path, engines: Engines) -> tuple[object, list]:
     import onnx
     from onnx import helper
 
-    proto = onnx.load_from_string(path.read_bytes())
+    data = path.read_bytes()
+    proto = onnx.load_from_string(data)
     external = dict(engines.weights.external(proto, str(path)))
     if not external:
-        return core.read_model(str(path)), []
+        return core.read_model(model=data), []  # read once
     graph = proto.graph
     moved = [t for t in graph.initializer if t.name in external]
     kept = [t for t in graph.initializer if t.name not in external]
