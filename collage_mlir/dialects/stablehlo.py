@@ -188,6 +188,73 @@ def fold_constant_quantization(module: ir.Module | ir.Operation) -> int:
     return folded
 
 
+#: Elementwise float ops ``fold_splat_math`` computes when every operand is a splat constant.
+SPLAT_MATH = {
+    "stablehlo.rsqrt": lambda x: 1 / np.sqrt(x), "stablehlo.sqrt": np.sqrt, "stablehlo.negate": np.negative,
+    "stablehlo.exponential": np.exp, "stablehlo.log": np.log, "stablehlo.abs": np.abs, "stablehlo.tanh": np.tanh,
+    "stablehlo.logistic": lambda x: 1 / (1 + np.exp(-x)), "stablehlo.add": np.add,
+    "stablehlo.subtract": np.subtract, "stablehlo.multiply": np.multiply, "stablehlo.divide": np.divide,
+    "stablehlo.maximum": np.maximum, "stablehlo.minimum": np.minimum, "stablehlo.power": np.power,
+}
+
+
+def _splat(value: ir.Value) -> np.ndarray | None:
+    """The scalar of a splat float constant (numpy-typed), else None."""
+    owner = value.owner
+    if isinstance(owner, ir.Block) or owner.operation.name != "stablehlo.constant":
+        return None
+    attr, tt = owner.operation.attributes["value"], tensor_type(value)
+    if not isinstance(attr, ir.DenseElementsAttr) or not attr.is_splat or tt is None:
+        return None
+    splat, dtype = attr.get_splat_value(), byte_dtype(tt[1])
+    if not isinstance(splat, ir.FloatAttr) or dtype is None or dtype.kind != "f":
+        return None
+    return np.asarray(splat.value, dtype)
+
+
+def fold_splat_math(module: ir.Module | ir.Operation) -> int:
+    """Replaces each elementwise float op of ``SPLAT_MATH`` whose operands are all splat constants by the
+    splat constant it computes (in the element type); returns how many. Importers write a GELU's
+    ``1/sqrt(2)`` as ``rsqrt`` of a splat 2.0 shaped like the activation, and CSE shares it between every
+    layer: left as an op, it is computed once and crosses every region boundary after it as a run-time
+    tensor (a BERT cut in two passed a 1.5 MB [1, 128, 3072] splat from one OpenVINO region to the next,
+    which then could not fuse its GELUs)."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.operation.name in SPLAT_MATH:
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    folded = 0
+    for op in found:  # producers first (walk order), so a chain of splat math folds in one pass
+        operands = [_splat(v) for v in op.operands]
+        tt = tensor_type(op.results[0])
+        if any(x is None for x in operands) or tt is None or byte_dtype(tt[1]) != operands[0].dtype:
+            continue
+        with np.errstate(all="ignore"):
+            value = np.asarray(SPLAT_MATH[op.name](*operands)).astype(operands[0].dtype)
+        if not np.isfinite(value):
+            continue
+        result = op.results[0].type
+        element = ir.RankedTensorType(result).element_type
+        with op.context, op.location, ir.InsertionPoint(op):
+            const = ir.Operation.create("stablehlo.constant", results=[result], attributes={
+                "value": ir.DenseElementsAttr.get_splat(result, ir.FloatAttr.get(element, float(value)))})
+        sources: list[ir.Operation] = []
+        for v in op.operands:  # x * x reads one constant twice: erase it once
+            if not any(v.owner.operation == s for s in sources):
+                sources.append(v.owner.operation)
+        op.results[0].replace_all_uses_with(const.results[0])
+        op.erase()
+        for source in sources:
+            if not list(source.results[0].uses):
+                source.erase()
+        folded += 1
+    return folded
+
+
 #: Contractions whose 16-bit float accumulation ``widen_half_contractions`` makes f32.
 CONTRACTIONS = ("stablehlo.convolution", "stablehlo.dot_general")
 

@@ -49,3 +49,23 @@ func.func @complex_constants() -> (tensor<2xcomplex<f32>>, tensor<2xcomplex<f64>
   %d = stablehlo.add %a, %c : tensor<2xcomplex<f32>>
   return %d, %b, %c : tensor<2xcomplex<f32>>, tensor<2xcomplex<f64>>, tensor<2xcomplex<f32>>
 }
+
+// Float math on splat constants is folded (a GELU's rsqrt(2), shared by every layer, would otherwise be
+// a tensor crossing region boundaries), in the element type; other operands stay.
+// CHECK-LABEL: func.func @splat_math
+// CHECK-NEXT: stablehlo.constant {collage.id = {{[0-9]+}} : i64} dense<0.49999997> : tensor<2x3xf32>
+// CHECK-NEXT: stablehlo.multiply %arg0
+// CHECK-NEXT: stablehlo.constant {collage.id = {{[0-9]+}} : i64} dense<1.000000e+00> : tensor<2x3xf16>
+// CHECK-NEXT: stablehlo.rsqrt %arg0
+// CHECK-NEXT: return
+func.func @splat_math(%x: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<2x3xf16>, tensor<2x3xf32>) {
+  %c = stablehlo.constant dense<2.0> : tensor<2x3xf32>
+  %r = stablehlo.rsqrt %c : tensor<2x3xf32>
+  %n = stablehlo.negate %r : tensor<2x3xf32>
+  %s = stablehlo.multiply %n, %n : tensor<2x3xf32>
+  %y = stablehlo.multiply %x, %s : tensor<2x3xf32>
+  %h = stablehlo.constant dense<3.0> : tensor<2x3xf16>
+  %q = stablehlo.divide %h, %h : tensor<2x3xf16>
+  %z = stablehlo.rsqrt %x : tensor<2x3xf32>
+  return %y, %q, %z : tensor<2x3xf32>, tensor<2x3xf16>, tensor<2x3xf32>
+}

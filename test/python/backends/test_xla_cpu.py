@@ -213,7 +213,7 @@ def test_region_boundaries_keep_f64_and_constants_on_iree():
 
     src = """
     func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
-      %c = stablehlo.constant dense<2.0> : tensor<4xf64>
+      %c = stablehlo.constant dense<[2.0, 3.0, 4.0, 5.0]> : tensor<4xf64>
       %n = stablehlo.negate %c : tensor<4xf64>
       %0 = stablehlo.convert %x : (tensor<4xf32>) -> tensor<4xf64>
       %1 = stablehlo.multiply %0, %n : tensor<4xf64>
