@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 import networkx as nx
 
 from .dialects import collage
-from .dialects.stablehlo import fold_splat_math, split_complex_constants
+from .dialects.stablehlo import fold_identity_ops, fold_splat_math, split_complex_constants
 from .ir import ir, location_text
 
 
@@ -58,10 +58,12 @@ def number_ops(module: ir.Module | ir.Operation) -> None:
     against it stay valid. Complex constants are split into real and imaginary parts first
     (``stablehlo.split_complex_constants``): the Python bindings cannot read them, and every later step
     reads constants; float math on splat constants is folded (``stablehlo.fold_splat_math``: a GELU's
-    ``rsqrt(2)`` is a constant every region reads, not a tensor crossing region boundaries). Idempotent."""
+    ``rsqrt(2)`` is a constant every region reads, not a tensor crossing region boundaries), and ops that
+    return their operand unchanged dropped (``stablehlo.fold_identity_ops``: nothing to place). Idempotent."""
     with module.operation.context:
         split_complex_constants(module)
         fold_splat_math(module)
+        fold_identity_ops(module)
         next_id = 0
         for func in public_funcs(module):
             for op in body_ops(func):

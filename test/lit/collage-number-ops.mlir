@@ -69,3 +69,22 @@ func.func @splat_math(%x: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<2x3xf16>,
   %z = stablehlo.rsqrt %x : tensor<2x3xf32>
   return %y, %q, %z : tensor<2x3xf32>, tensor<2x3xf16>, tensor<2x3xf32>
 }
+
+// Ops that return their operand unchanged are dropped; a real broadcast or permutation stays.
+// CHECK-LABEL: func.func @identity_ops
+// CHECK-NEXT: %[[C:.*]] = stablehlo.compare LT, %arg0, %arg0, SIGNED {collage.id = {{[0-9]+}} : i64}
+// CHECK-NEXT: stablehlo.select %[[C]], %arg0, %arg0 {collage.id
+// CHECK-NEXT: stablehlo.transpose %arg1, dims = [1, 0] {collage.id
+// CHECK-NEXT: stablehlo.broadcast_in_dim %arg1, dims = [1, 2] {collage.id
+// CHECK-NEXT: return
+func.func @identity_ops(%x: tensor<1x128xi64>, %y: tensor<2x2xf32>) -> (tensor<1x128xi64>, tensor<2x2xf32>, tensor<3x2x2xf32>) {
+  %c = stablehlo.compare LT, %x, %x, SIGNED : (tensor<1x128xi64>, tensor<1x128xi64>) -> tensor<1x128xi1>
+  %b = stablehlo.broadcast_in_dim %c, dims = [0, 1] : (tensor<1x128xi1>) -> tensor<1x128xi1>
+  %r = stablehlo.reshape %b : (tensor<1x128xi1>) -> tensor<1x128xi1>
+  %s = stablehlo.select %r, %x, %x : tensor<1x128xi1>, tensor<1x128xi64>
+  %v = stablehlo.convert %y : tensor<2x2xf32>
+  %t = stablehlo.transpose %v, dims = [1, 0] : (tensor<2x2xf32>) -> tensor<2x2xf32>
+  %i = stablehlo.transpose %t, dims = [0, 1] : (tensor<2x2xf32>) -> tensor<2x2xf32>
+  %w = stablehlo.broadcast_in_dim %y, dims = [1, 2] : (tensor<2x2xf32>) -> tensor<3x2x2xf32>
+  return %s, %i, %w : tensor<1x128xi64>, tensor<2x2xf32>, tensor<3x2x2xf32>
+}
