@@ -54,12 +54,8 @@ def normalize(module: ir.Module, *, where: str = "<input>") -> ir.Module:
     float64 where its signature or a kept ONNX node says so (``collage.mark_float64``) and returns it. One
     whose calls cannot all be inlined (recursion) is one CollageError."""
     collage.mark_float64(module)
-    if _calls(module):
-        _inline(module, where)
-    return module
-
-
-def _inline(module: ir.Module, where: str) -> None:
+    if not _calls(module):
+        return module
     before = _signatures(module)
     try:
         with module.context:
@@ -71,6 +67,7 @@ def _inline(module: ir.Module, where: str) -> None:
                            "collage places ops of one function body", where=where)
     after = _signatures(module)
     assert after == before, f"inlining changed the public signatures: {before} -> {after}"
+    return module
 
 
 def load(path: str | Path, context: ir.Context) -> ir.Module:

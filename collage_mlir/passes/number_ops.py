@@ -1,6 +1,7 @@
 """`collage-number-ops`: gives every top-level op of every public function a stable ``collage.id``
 (``graph.number_ops``: deterministic, so plans written against a module stay valid; complex constants are
-split first, since the Python bindings cannot read them, and float math on splat constants is folded).
+split first, since the Python bindings cannot read them; float math on splat constants is folded and ops
+returning their operand unchanged dropped).
 
 Every collage pipeline starts here.
 """
