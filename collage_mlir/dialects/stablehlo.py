@@ -84,6 +84,20 @@ _QUANT = re.compile(r"!quant\.uniform<([iu]\d+)(?:<(-?\d+):(-?\d+)>)?:(\w+)(?::(
 QUANT_TYPE_TEXT = re.compile(r"!quant\.uniform<[^<>]*(?:<[^<>]*>)?[^<>]*>")
 
 
+def matching_ops(module: ir.Module | ir.Operation, predicate) -> list[ir.Operation]:
+    """The ops of ``module`` (nested ones included, in walk order: producers before their users) for which
+    ``predicate(op)`` holds."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if predicate(op.operation):
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
 def quantizes(module: ir.Module | ir.Operation) -> bool:
     """Whether the module holds a ``uniform_quantize`` or ``uniform_dequantize``."""
     found = False
@@ -158,16 +172,11 @@ def fold_constant_quantization(module: ir.Module | ir.Operation) -> int:
     """Replaces each ``uniform_dequantize(uniform_quantize(c))`` of a constant expression ``c`` by the f32
     constant it computes; returns how many. (For IREE 3.13, which leaves a per-axis quantize of a
     constant as an illegal ``chlo.broadcast_divide``; it computes the pair in f32 anyway.)"""
-    pairs: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        op = op.operation
+    def quantized_pair(op: ir.Operation) -> bool:
         owner = op.operands[0].owner if op.name == "stablehlo.uniform_dequantize" else None
-        if isinstance(owner, (ir.Operation, ir.OpView)) and owner.operation.name == "stablehlo.uniform_quantize":
-            pairs.append(op)
-        return ir.WalkResult.ADVANCE
+        return isinstance(owner, (ir.Operation, ir.OpView)) and owner.operation.name == "stablehlo.uniform_quantize"
 
-    module.operation.walk(visit)
+    pairs = matching_ops(module, quantized_pair)
     folded = 0
     for dq in pairs:
         quantize = dq.operands[0].owner.operation
@@ -219,16 +228,9 @@ def fold_splat_math(module: ir.Module | ir.Operation) -> int:
     layer: left as an op, it is computed once and crosses every region boundary after it as a run-time
     tensor (a BERT cut in two passed a 1.5 MB [1, 128, 3072] splat from one OpenVINO region to the next,
     which then could not fuse its GELUs)."""
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.operation.name in SPLAT_MATH:
-            found.append(op.operation)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
     folded = 0
-    for op in found:  # producers first (walk order), so a chain of splat math folds in one pass
+    # Producers first (walk order), so a chain of splat math folds in one pass.
+    for op in matching_ops(module, lambda op: op.name in SPLAT_MATH):
         operands = [_splat(v) for v in op.operands]
         tt = tensor_type(op.results[0])
         if any(x is None for x in operands) or tt is None or byte_dtype(tt[1]) != operands[0].dtype:
@@ -255,35 +257,32 @@ def fold_splat_math(module: ir.Module | ir.Operation) -> int:
     return folded
 
 
+#: Ops ``fold_identity_ops`` drops where they give their operand's own type, in order.
+IDENTITY_CANDIDATES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert", "stablehlo.transpose")
+
+
 def fold_identity_ops(module: ir.Module | ir.Operation) -> int:
     """Replaces each op that returns its operand unchanged (a ``broadcast_in_dim``, ``reshape``,
     ``convert`` or ``transpose`` to its operand's own type, in order) by that operand; returns how many.
     Importers leave them (torch-mlir's index wrap-around of an embedding broadcasts an i1 [1, 128] to
     itself), and each is an op the plan must place: ``prefer:openvino`` gave that one a region of its own
     between IREE ops, ~0.1-0.2 ms of boundaries and gaps on a BERT."""
-    found: list[ir.Operation] = []
+    def identity(op: ir.Operation) -> bool:
+        if op.name not in IDENTITY_CANDIDATES or len(op.operands) != 1 or op.operands[0].type != op.results[0].type:
+            return False
+        order = list(range(len(ir.RankedTensorType(op.results[0].type).shape))) \
+            if isinstance(op.results[0].type, ir.RankedTensorType) else None
+        if op.name == "stablehlo.broadcast_in_dim":
+            return broadcast_dims(op) == order
+        if op.name == "stablehlo.transpose":
+            return permutation(op) == order
+        return True
 
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        op = op.operation
-        if op.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert", "stablehlo.transpose") \
-                and len(op.operands) == 1 and op.operands[0].type == op.results[0].type:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    folded = 0
+    found = matching_ops(module, identity)
     for op in found:
-        tt = tensor_type(op.results[0])
-        if tt is None:
-            continue
-        order = list(range(len(tt[0])))
-        if (op.name == "stablehlo.broadcast_in_dim" and broadcast_dims(op) != order) or \
-                (op.name == "stablehlo.transpose" and permutation(op) != order):
-            continue
         op.results[0].replace_all_uses_with(op.operands[0])
         op.erase()
-        folded += 1
-    return folded
+    return len(found)
 
 
 #: Contractions whose 16-bit float accumulation ``widen_half_contractions`` makes f32.
@@ -292,19 +291,14 @@ CONTRACTIONS = ("stablehlo.convolution", "stablehlo.dot_general")
 
 def half_contractions(module: ir.Module | ir.Operation) -> list[ir.Operation]:
     """The convolutions and dot products of ``module`` whose operands and result are all f16 (or all bf16)."""
-    found: list[ir.Operation] = []
+    def half(op: ir.Operation) -> bool:
+        if op.name not in CONTRACTIONS or len(op.results) != 1:
+            return False
+        tt = tensor_type(op.results[0])
+        return tt is not None and tt[1] in ("f16", "bf16") and all(
+            tensor_type(v) is not None and tensor_type(v)[1] == tt[1] for v in op.operands)
 
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        op = op.operation
-        if op.name in CONTRACTIONS and len(op.results) == 1:
-            tt = tensor_type(op.results[0])
-            if tt is not None and tt[1] in ("f16", "bf16") and all(
-                    tensor_type(v) is not None and tensor_type(v)[1] == tt[1] for v in op.operands):
-                found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+    return matching_ops(module, half)
 
 
 def _int_attr(op: ir.Operation, name: str) -> int:
@@ -422,17 +416,11 @@ def split_complex_constants(module: ir.Module | ir.Operation) -> int:
     constants; returns how many. The Python bindings cannot read a complex DenseElementsAttr (reading
     one raises, printing its attribute aborts the process), so no collage code must ever meet one; the
     values are taken from the op's printed form, which the C++ printer writes losslessly."""
-    found: list[ir.Operation] = []
+    def complex_constant(op: ir.Operation) -> bool:
+        t = op.results[0].type if op.name in ("stablehlo.constant", "arith.constant") and len(op.results) == 1 else None
+        return isinstance(t, ir.RankedTensorType) and str(t.element_type) in _COMPLEX_PARTS
 
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        op = op.operation
-        if op.name in ("stablehlo.constant", "arith.constant") and len(op.results) == 1:
-            t = op.results[0].type
-            if isinstance(t, ir.RankedTensorType) and str(t.element_type) in _COMPLEX_PARTS:
-                found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
+    found = matching_ops(module, complex_constant)
     for op in found:
         tt = ir.RankedTensorType(op.results[0].type)
         part, np_complex = _COMPLEX_PARTS[str(tt.element_type)]

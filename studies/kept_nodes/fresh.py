@@ -1,5 +1,5 @@
 """Kept-node and whole-ORT programs against ONNX Runtime as its users run the same file, each run in a
-fresh process: ``kept.py`` and ``ort_threads.py`` compare sessions inside one process, where where a
+fresh process: ``kept.py`` and ``ort_threads.py`` compare sessions inside one process, where a
 session's memory and threads land moved its time by 10 % (the second session a process created ran ~10 %
 slower whatever its options). Runners, alternating, ``--rounds`` times, each the median of ``--calls``
 calls:
@@ -66,7 +66,7 @@ print(statistics.median(times) * 1e3)
 def main() -> None:
     from collage_mlir.iree import compile_file
     from studies.kept_nodes.kept import cumprod_alone
-    from studies.kept_nodes.ort_threads import _mobilenet
+    from studies.kept_nodes.ort_threads import mobilenet_onnx
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -77,7 +77,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="collage-fresh-") as tmp:
         tmp = Path(tmp)
         models = {"CumProd 1 MB": (cumprod_alone(tmp / "c.onnx", 1024), "default", (1024, 256)),
-                  "MobileNetV2": (_mobilenet(tmp / "m.onnx"), "whole:ort", (1, 3, 224, 224))}
+                  "MobileNetV2": (mobilenet_onnx(tmp / "m.onnx"), "whole:ort", (1, 3, 224, 224))}
         runners: dict[tuple[str, str], tuple[str, str, Path]] = {}
         for name, (path, plan, shape) in models.items():
             out = tmp / name.split()[0]

@@ -45,7 +45,7 @@ def _options(threads: int, spin: bool, pinned: bool = False):
     return opts
 
 
-def _mobilenet(path: Path) -> Path:
+def mobilenet_onnx(path: Path) -> Path:
     import torch
 
     from collage_mlir import zoo
@@ -74,7 +74,7 @@ def study(tmp: Path, rounds: int) -> dict:
     models = {f"CumProd {b}x256": (cumprod_alone(tmp / f"c{b}.onnx", b),
                                    (1 + np.random.default_rng(1).standard_normal((b, 256)) * 1e-3).astype(np.float32))
               for b in (64, 1024)}
-    models["MobileNetV2"] = (_mobilenet(tmp / "mobilenet.onnx"),
+    models["MobileNetV2"] = (mobilenet_onnx(tmp / "mobilenet.onnx"),
                              np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32))
     neighbour = _openvino_neighbour()
     configs = {"ORT defaults": None}
