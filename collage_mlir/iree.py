@@ -43,17 +43,17 @@ def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str |
     ``iree.compiler.tools.compile_str`` (``extra_args``, ``target_backends``, ...). Returns the artifact
     manifest. ``check_import``: an ONNX model must match ONNX Runtime on generated inputs first.
 
-    ``dims``: an ONNX model's dynamic dims, each ``(MIN, OPT, MAX)`` or one value, as ``collage compile
-    --dim``; ``buckets`` and ``pad`` as ``--bucket`` and ``--pad``. The artifact then holds a program per
+    ``dims``: the model's dynamic dims (an ONNX model's ``dim_param``s, a StableHLO module's ``?`` axes named
+    as ``frontends.refine`` names them), each ``(MIN, OPT, MAX)`` or one value, as ``collage compile --dim``; ``buckets`` and ``pad`` as ``--bucket`` and ``--pad``. The artifact then holds a program per
     shape bucket (``collage_mlir.shaped``), ``collage_runtime.load`` takes any shape in range, and the
     result is its ``ShapeTable``."""
     if dims is not None:
         # Imported when used: at module load, its imports changed the interpreter's teardown order so that
         # nanobind reported the cached device as leaked at exit (test_exit_is_quiet_with_programs_...).
-        from .shaped import compile_onnx_shaped
+        from .shaped import compile_file_shaped
 
         dim_plan = DimPlan.declared(dims, dict(buckets or {}), pad)
-        return compile_onnx_shaped(input_file, dim_plan, plan, output_dir, check_import=check_import,
+        return compile_file_shaped(input_file, dim_plan, plan, output_dir, check_import=check_import,
                                    **iree_kwargs).table
     module = load_checked(input_file, new_context(), check=check_import)
     return compile_module(module, plan, output_dir, source=str(input_file), **iree_kwargs).manifest

@@ -3,6 +3,7 @@
     compiled = collage_mlir.jax.compile(f, x, w, plan="prefer:xla-cpu")
     y = compiled(x, w)                      # numpy arrays in, numpy arrays out (the function's pytree)
     g = collage_mlir.jax.jit(f)             # compiles on first call per input signature
+    h = collage_mlir.jax.jit(exported, dims={"b": (1, 8, 32)}, pad=["b"])   # a jax.export with symbolic shapes
 
 The function is lowered by ``jax.jit(fn).lower(*args)`` to StableHLO, placed by a plan (as in
 ``collage_mlir.torch``: the one named, else the one tuned before for this structure from the cost DB,
@@ -18,10 +19,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collage_runtime.shapes import bucket_for, cut_to, pad_to
+from collage_runtime.shapes import Axes, bucket_for, cut_to, pad_to
 
 from .entry import PlanChoice, choose_plan, compile_cached
-from .frontends.dims import DimPlan, input_values, argument_axes
+from .errors import CollageError
+from .frontends.dims import DimPlan, argument_axes, check_declared, input_values
 from .frontends.jax import import_jax
 from .ir import new_context
 from .measure.import_check import check_import as check, jax_source
@@ -54,6 +56,7 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
 
     import collage_runtime
 
+    fn = _callable(fn)
     module = import_jax(fn, example_args, new_context())
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
     leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(example_args)]
@@ -70,13 +73,16 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
         dims: Mapping[str, "int | tuple[int, int, int]"] | None = None, pad: Sequence[str] = ()) -> Callable[..., Any]:
     """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature.
 
-    ``dims`` (``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the flattened array arguments) declares
-    ranges: a call out of range is a CollageError, every bucket (each dim's MIN, OPT and MAX) is compiled
-    at the first call, and with ``pad`` (dims rows are independent along, such as a batch) a shape between
+    ``dims`` (``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the flattened array arguments; for a
+    ``jax.export.Exported`` with symbolic shapes, its symbols: ``{"b": (1, 8, 32)}``) declares ranges: a
+    call out of range is a CollageError, every bucket (each dim's MIN, OPT and MAX) is compiled at the
+    first call, and with ``pad`` (dims rows are independent along, such as a batch) a shape between
     buckets runs on the next bucket up, zero-padded, its results cut back: no compile per shape in range.
     Without ``pad`` a shape between buckets is compiled on first use, as ``jax.jit`` does."""
     import jax
 
+    exported = fn if isinstance(fn, jax.export.Exported) else None
+    fn = _callable(fn)  # an Exported: the function that calls it
     compiled: dict[tuple, CompiledFunction] = {}
     plan_of_dims = DimPlan.declared(dims, pad=pad) if dims else None
     state: dict[str, Any] = {}
@@ -94,7 +100,8 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
             return signature_call(leaves, tree)
         leaves = [np.asarray(a) for a in leaves]
         if "axes" not in state:
-            state["axes"] = argument_axes(leaves, plan_of_dims.dims)
+            state["axes"] = symbol_axes(exported, plan_of_dims.dims) if exported is not None \
+                else argument_axes(leaves, plan_of_dims.dims)
         axes = state["axes"]
         values = input_values(axes, leaves)
         plan_of_dims.check(values)
@@ -113,6 +120,26 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
                                                        for r, names in zip(results, state["outputs"])])
 
     return call
+
+
+def _callable(fn):
+    """``fn``, or for a ``jax.export.Exported`` its ``call`` (lowered, then refined to static shapes)."""
+    import jax
+
+    return fn.call if isinstance(fn, jax.export.Exported) else fn
+
+
+def symbol_axes(exported, dims: Sequence) -> Axes:
+    """The axes of a ``jax.export.Exported``'s flattened arguments that its symbols name (``b`` of
+    ``symbolic_shape("b, 16")``); every symbol declared in ``dims``, one CollageError line otherwise."""
+    axes = tuple(tuple(None if isinstance(d, int) else str(d) for d in aval.shape) for aval in exported.in_avals)
+    for k, names in enumerate(axes):
+        for a, name in enumerate(names):
+            if name is not None and not name.isidentifier():
+                raise CollageError(f"argument {k} axis {a} of the exported function is '{name}': declare dims "
+                                   "for its symbols' axes of their own (an expression is not taken)", where="dims")
+    check_declared(axes, dims)
+    return axes
 
 
 def _resize(array: np.ndarray, axes: tuple, values: Mapping[str, int]) -> np.ndarray:

@@ -33,9 +33,10 @@ from .backends import get_backend
 from .backends.onnx_engine import OnnxGraphBackend
 from .dialects import collage
 from .errors import CollageError
+from .frontends import refine
 from .frontends.dims import DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
 from .graph import Graph, number_ops, public_funcs
-from .ir import ir, new_context
+from .ir import ir, load_module, new_context
 from .measure.import_check import load_checked
 from .plan import Plan
 from .search import resolve_plan
@@ -138,38 +139,52 @@ def _write_sharing(model: Path, target: Path, weights: WeightWriter) -> None:
     onnx.save(proto, str(target))
 
 
-def load_onnx_bucket(path: str | Path, values: Mapping[str, int], context, *, check_import: bool = True,
-                     inputs: Sequence[np.ndarray] = ()) -> ir.Module:
-    """The ONNX model at ``path`` specialised to ``values`` (``frontends.dims``), imported and numbered;
-    ``check_import``: checked against ONNX Runtime on ``inputs`` (default: generated) at that shape."""
+def model_file_axes(path: str | Path) -> tuple[Axes, Path | None]:
+    """Which input axes of a model file carry which dynamic dims (an ONNX model's ``dim_param``s, a StableHLO
+    module's ``?`` axes: ``frontends.refine``), and the model an engine that takes dynamic dims runs between
+    buckets: the ONNX file itself; None for StableHLO."""
+    if Path(path).suffix == ".onnx":
+        return read_onnx_axes(path)[0], Path(path)
+    return refine.module_axes(load_module(path, new_context())), None
+
+
+def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_import: bool = True,
+                inputs: Sequence[np.ndarray] = ()) -> ir.Module:
+    """The model file at ``path`` specialised to ``values`` (``frontends.dims`` for ONNX, ``frontends.refine``
+    for StableHLO), imported and numbered; ``check_import``: an ONNX model checked against ONNX Runtime on
+    ``inputs`` (default: generated) at that shape."""
     where = f"{path} at {dims_label(values)}"
-    with workdir() as tmp:
-        static = specialise_onnx(path, values, tmp)
-        try:
-            module = load_checked(static, context, list(inputs) or None, check=check_import, where=where)
-        except CollageError as exc:  # named by the user's model, not the temporary copy
-            raise CollageError(str(exc).replace(f"{static}: ", "").replace(f"{where}: ", ""), where=where) from None
+    if Path(path).suffix != ".onnx":
+        module = refine.load(path, context, values)
+    else:
+        with workdir() as tmp:
+            static = specialise_onnx(path, values, tmp)
+            try:
+                module = load_checked(static, context, list(inputs) or None, check=check_import, where=where)
+            except CollageError as exc:  # named by the user's model, not the temporary copy
+                raise CollageError(str(exc).replace(f"{static}: ", "").replace(f"{where}: ", ""), where=where) from None
     number_ops(module)
     return module
 
 
-def compile_onnx_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan", out_dir: str | Path, *,
+def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan", out_dir: str | Path, *,
                         fallback: Fallback | None = None, check_import: bool = True, **compile_kwargs) -> ShapedResult:
-    """An ONNX model with dynamic dims compiled into one artifact of shape buckets, every bucket placed by
-    ``plan`` (a plan spec such as ``whole:openvino``, or a ``Plan``); ``fallback``: the engine for shapes
-    between buckets (None: the faster of ORT and OpenVINO, timed, where buckets and padding leave a gap)."""
-    axes, _ = read_onnx_axes(path)
+    """A model file with dynamic dims (ONNX or StableHLO) compiled into one artifact of shape buckets, every
+    bucket placed by ``plan`` (a plan spec such as ``whole:openvino``, or a ``Plan``); ``fallback``: the
+    engine for an ONNX model's shapes between buckets (None: the faster of ORT and OpenVINO, timed, where
+    buckets and padding leave a gap; a StableHLO module has none)."""
+    axes, dynamic_model = model_file_axes(path)
     check_declared(axes, dim_plan.dims)
     if fallback is None:
-        fallback = Fallback.NONE if dim_plan.unserved(fallback=False) is None else \
-            choose_fallback(Path(path), dim_plan, axes, [Fallback.ORT, Fallback.OPENVINO])[0]
+        fallback = Fallback.NONE if dynamic_model is None or dim_plan.unserved(fallback=False) is None else \
+            choose_fallback(dynamic_model, dim_plan, axes, [Fallback.ORT, Fallback.OPENVINO])[0]
 
     def bucket(values: dict[str, int]) -> BucketModel:
-        module = load_onnx_bucket(path, values, new_context(), check_import=check_import)
+        module = load_bucket(path, values, new_context(), check_import=check_import)
         return BucketModel(module, resolve_plan(plan, Graph(module)), {"plan": getattr(plan, "source", plan)})
 
     return compile_shaped(dim_plan, axes, bucket, out_dir, fallback=fallback, source=str(path),
-                          fallback_model=None if fallback is Fallback.NONE else Path(path), **compile_kwargs)
+                          fallback_model=None if fallback is Fallback.NONE else dynamic_model, **compile_kwargs)
 
 
 def output_axes(dim_plan: DimPlan, buckets: list[Mapping[str, int]], shapes: list[list[tuple[int, ...]]]) -> Axes:

@@ -15,21 +15,26 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import CollageError
-from ..ir import ir, parse_module
-from . import cache_dir, stablehlo, write_cache
+from ..ir import ir, new_context, parse_module
+from . import cache_dir, refine, stablehlo, write_cache
 
 
 def lower_text(fn: Callable, args: Sequence) -> str:
-    """The StableHLO text of ``jax.jit(fn)`` lowered for ``args``' shapes and dtypes; one CollageError
-    line where JAX cannot trace it."""
+    """The StableHLO text of ``jax.jit(fn)`` lowered for ``args``' shapes and dtypes, its shapes all static
+    (``frontends.refine``); one CollageError line where JAX cannot trace it."""
     try:
         import jax
     except ImportError as exc:
         raise CollageError(f"the JAX frontend needs jax ({exc}); run `pip install 'collage-mlir[xla]'`") from None
     try:
-        return jax.jit(fn).lower(*args).as_text()
+        text = jax.jit(fn).lower(*args).as_text()
     except Exception as exc:  # noqa: BLE001  jax's tracing errors have many types
         raise CollageError(f"jax could not lower the function: {' '.join(str(exc).split())[:300]}") from None
+    if "tensor<?" in text:  # it calls a jax.export module with symbolic shapes: refined for ``args``' shapes
+        where = f"jax:{getattr(fn, '__name__', 'fn')}"
+        with new_context() as context:
+            text = str(parse_module(refine.refined(text.encode(), where), context, where=where))
+    return text
 
 
 def import_jax(fn: Callable, args: Sequence, context: ir.Context, *, cache: Path | bool = False) -> ir.Module:

@@ -10,15 +10,16 @@ from collage_runtime.shapes import Axes, Fallback, dims_label
 
 from ..errors import CollageError
 from ..frontends.dims import (DimPlan, ShapeTrace, argument_axes, check_declared, choose_buckets, parse_bucket,
-                              parse_dim, read_onnx_axes)
-from ..shaped import choose_fallback, dynamic_ratio
+                              parse_dim)
+from ..shaped import choose_fallback, dynamic_ratio, model_file_axes
 from . import positive_int
 
 
 def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=MIN:OPT:MAX",
-                        help="a dynamic dim's range (an ONNX dim_param such as batch, or ARG.AXIS of a torch "
-                             "factory's inputs); the artifact takes any shape in range. Once per dim")
+                        help="a dynamic dim's range (an ONNX dim_param such as batch; a jax.export module's symbol; "
+                             "else ARG.AXIS of a StableHLO module's ? axes or a torch factory's inputs); the "
+                             "artifact takes any shape in range. Once per dim")
     parser.add_argument("--bucket", action="append", default=[], metavar="NAME=V1,V2,...",
                         help="the values of a dim compiled for (default: its MIN, OPT and MAX)")
     parser.add_argument("--pad", action="append", default=[], metavar="NAME",
@@ -85,15 +86,15 @@ def traced_plan(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
 
 def model_axes(spec: str, dim_plan: DimPlan) -> tuple[Axes, Path | None]:
     """Which input axes carry the declared dims, and the model an engine that takes dynamic dims runs
-    between buckets (an ONNX model itself; None for a torch factory). Every dynamic dim of an ONNX model
-    must be declared, and every declared dim must be one of them."""
-    if Path(spec).suffix == ".onnx":
-        axes, _ = read_onnx_axes(spec)
+    between buckets (an ONNX model itself; None for a StableHLO module or a torch factory). Every dynamic
+    dim of a model file must be declared, and every declared dim must be one of them."""
+    if Path(spec).suffix in (".onnx", ".mlir", ".mlirbc"):
+        axes, dynamic_model = model_file_axes(spec)
         check_declared(axes, dim_plan.dims)
-        return axes, Path(spec)
-    if Path(spec).suffix in (".mlir", ".mlirbc") or ":" not in spec:
-        raise CollageError("--dim takes ONNX models and torch factories; give a StableHLO module its static shapes",
-                           where=spec, exit_code=2)
+        return axes, dynamic_model
+    if ":" not in spec:
+        raise CollageError("--dim takes ONNX models (.onnx), StableHLO modules (.mlir, .mlirbc) and torch "
+                           "factories (package.module:factory)", where=spec, exit_code=2)
     import importlib
 
     mod_name, _, attr = spec.partition(":")

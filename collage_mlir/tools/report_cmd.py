@@ -218,16 +218,16 @@ def run(args: argparse.Namespace) -> int:
     from ..frontends import load_model
     from ..graph import Graph, number_ops
     from ..ir import new_context
-    from ..shaped import load_onnx_bucket
+    from ..shaped import load_bucket
 
     tuned, manifest = _plan_document(Path(args.source))
     model = args.model or (manifest.source if manifest else None)
     graph = None
     if model and Path(model).is_file():
         bucket = (manifest.provenance or {}).get("bucket") if manifest is not None and not args.model else None
-        if isinstance(bucket, dict) and Path(model).suffix == ".onnx":
+        if isinstance(bucket, dict):
             # One bucket of a shape-bucket artifact: its source has dynamic dims; draw it at the bucket's shape.
-            module = load_onnx_bucket(model, bucket, new_context(), check_import=False)
+            module = load_bucket(model, bucket, new_context(), check_import=False)
         else:
             module = load_model(model, new_context())
             number_ops(module)

@@ -91,10 +91,11 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
     where ``factory()`` returns ``(torch model, example inputs)``; ``check_import``: an ONNX file or a torch
     model is checked against its source first (``measure.import_check``); ``calibration``: an ONNX model is
     quantized to int8 first (``frontends.onnx_calibrate``); ``dims``: the value of each dynamic dim
-    (``frontends.dims``: one shape bucket; else an ONNX model's dynamic dims take the ``inputs``' shape, or
-    are one CollageError naming them)."""
+    (one shape bucket: ``frontends.dims`` for ONNX, ``frontends.refine`` for StableHLO; else a model file's
+    dynamic dims take the ``inputs``' shape, or are one CollageError naming them)."""
     from ..measure.import_check import check_import as check, load_checked, torch_source
-    from ..shaped import load_onnx_bucket
+    from ..frontends import refine
+    from ..shaped import load_bucket
 
     path = Path(spec)
     spec = quantized_spec(spec, calibration)
@@ -105,11 +106,13 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
                 raise CollageError(undeclared_line(axes, names), where=str(path), exit_code=2)
             dims = input_values(axes, inputs)
         if dims:
-            return load_onnx_bucket(spec, dims, context, check_import=check_import, inputs=inputs), inputs
-    if path.suffix in (".mlir", ".mlirbc", ".onnx") or path.exists() or ":" not in spec:
+            return load_bucket(spec, dims, context, check_import=check_import, inputs=inputs), inputs
+    elif path.suffix in (".mlir", ".mlirbc"):  # `?` dims: specialised to dims, else to the inputs' shapes
+        return refine.load(spec, context, dims, inputs), inputs
+    if path.exists() or ":" not in spec:
         if dims:
-            raise CollageError("--dim takes ONNX models and torch factories; give a StableHLO module its static "
-                               "shapes", where=spec, exit_code=2)
+            raise CollageError("--dim takes ONNX models, StableHLO modules and torch factories", where=spec,
+                               exit_code=2)
         return load_checked(spec, context, inputs, check=check_import), inputs
     import importlib
 

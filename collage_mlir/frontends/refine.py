@@ -1,0 +1,150 @@
+"""StableHLO modules with dynamic dims (``?``): which argument axes of ``@main`` carry which dim, and the
+module made static for one value of each (a shape bucket), so that every backend and the whole static
+pipeline apply unchanged.
+
+Names. A module from ``jax.export`` with symbolic shapes names its axes by the symbols it was exported with
+(``b`` of ``jax.export.symbolic_shape("b, 16")``): its ``@main`` measures each dimension variable with
+``stablehlo.get_dimension_size``, hands it to the exported body as an argument marked
+``jax.global_constant = "b"``, and asserts (``@shape_assertion``) that the other axes of that size equal
+it. Every other ``?`` axis is named ``ARG.AXIS``, as a torch or JAX function's are.
+
+Refinement. ``@main``'s arguments take the bucket's static types, each converted back to the dynamic type its
+uses expect (as jax does where it calls an exported module), then StableHLO's shape refinement propagates
+the shapes, checks and removes jax.export's shape assertions and fails where a shape stays dynamic.
+IREE's Python bindings do not register ``stablehlo-refine-shapes``; jaxlib's build of it is public
+(``jax.extend.mlir.refine_polymorphic_shapes``), so this step needs jax. The module goes to jaxlib as text
+and comes back as bytecode, which IREE's MLIR reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from collage_runtime.shapes import Axes, dims_label
+
+from ..errors import CollageError
+from ..ir import ir, load_module
+from . import stablehlo
+from .dims import dynamic_dims, input_values, undeclared_line
+
+
+def _main(module: ir.Module) -> ir.Operation:
+    for op in module.body.operations:
+        attrs = op.operation.attributes
+        if op.operation.name == "func.func" and ir.StringAttr(attrs["sym_name"]).value == "main":
+            return op.operation
+    raise CollageError("the module has no @main function: its dynamic dims are @main's argument axes")
+
+
+def _argument_types(main: ir.Operation) -> list[ir.Type]:
+    return list(ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs)
+
+
+def module_axes(module: ir.Module) -> Axes:
+    """Per argument of ``@main``, per axis: None where static, else the dim's name (a jax.export symbol, else
+    ``ARG.AXIS``)."""
+    main = _main(module)
+    shapes = []
+    for t in _argument_types(main):
+        if isinstance(t, ir.UnrankedTensorType):
+            raise CollageError("an argument of @main has unranked type: collage takes ranked tensors",
+                               where="@main")
+        shapes.append([t.is_dynamic_dim(a) for a in range(t.rank)] if isinstance(t, ir.RankedTensorType) else [])
+    names = _jax_export_names(module, main)
+    return tuple(tuple((names.get((k, a), f"{k}.{a}") if dynamic else None) for a, dynamic in enumerate(axes))
+                 for k, axes in enumerate(shapes))
+
+
+def _jax_export_names(module: ir.Module, main: ir.Operation) -> dict[tuple[int, int], str]:
+    """(argument, axis) → jax.export symbol, from ``@main``'s ``get_dimension_size`` ops, the symbols they
+    give the exported body (``jax.global_constant``) and the assertions that sizes are equal."""
+    block = main.regions[0].blocks[0]
+    arguments = list(block.arguments)
+    measured: dict[ir.Value, tuple[int, int]] = {}  # a get_dimension_size result → (argument, axis)
+    equal: list[tuple[ir.Value, ir.Value]] = []
+    given: dict[ir.Value, str] = {}  # a value handed to the exported body → its symbol
+    callees = {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
+               for op in module.body.operations if op.operation.name == "func.func"}
+    for op in block.operations:
+        op = op.operation
+        if op.name == "stablehlo.get_dimension_size" and op.operands[0] in arguments:
+            measured[op.result] = (arguments.index(op.operands[0]), ir.IntegerAttr(op.attributes["dimension"]).value)
+        elif op.name == "stablehlo.compare" and str(op.attributes["comparison_direction"]).endswith("EQ>"):
+            equal.append((op.operands[0], op.operands[1]))
+        elif op.name == "func.call":
+            callee = callees.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+            if callee is None or "arg_attrs" not in callee.attributes:
+                continue
+            for value, attrs in zip(op.operands, ir.ArrayAttr(callee.attributes["arg_attrs"])):
+                attrs = ir.DictAttr(attrs)
+                if "jax.global_constant" in attrs:
+                    given[value] = ir.StringAttr(attrs["jax.global_constant"]).value
+    names = {measured[v]: s for v, s in given.items() if v in measured}
+    changed = True
+    while changed:  # sizes asserted equal to a named one take its name
+        changed = False
+        for a, b in equal:
+            if a in measured and b in measured:
+                for x, y in ((measured[a], measured[b]), (measured[b], measured[a])):
+                    if x in names and y not in names:
+                        names[y], changed = names[x], True
+    return names
+
+
+def load(path: str | Path, context: ir.Context, values: Mapping[str, int] | None = None,
+         inputs: Sequence = ()) -> ir.Module:
+    """A ``.mlir``/``.mlirbc`` file, normalized: as it is where ``@main`` takes static shapes, else specialised
+    to ``values`` (each dim of ``module_axes``), or to the shapes of example ``inputs``; with neither, one
+    CollageError naming each dynamic dim and the flag that declares it."""
+    module = load_module(path, context)
+    axes = module_axes(module)
+    if not dynamic_dims(axes):
+        return stablehlo.normalize(module, where=str(path))
+    if values is None:
+        if not inputs:
+            raise CollageError(undeclared_line(axes, [f"@main argument {k}" for k in range(len(axes))]),
+                               where=str(path), exit_code=2)
+        values = input_values(axes, inputs)
+    return specialise(module, values, where=str(path))
+
+
+def specialise(module: ir.Module, values: Mapping[str, int], *, where: str) -> ir.Module:
+    """``module`` (its ``@main`` is changed in place) with each dynamic dim fixed to ``values`` (every dim of
+    ``module_axes``), refined to static shapes and normalized (``frontends.stablehlo``), in its context."""
+    where = f"{where} at {dims_label(values)}"
+    axes = module_axes(module)
+    main = _main(module)
+    with module.context, ir.Location.unknown():
+        block = main.regions[0].blocks[0]
+        types = []
+        for argument, t, names in zip(block.arguments, _argument_types(main), axes):
+            if not any(names):
+                types.append(t)
+                continue
+            static = ir.RankedTensorType.get([values[n] if n is not None else t.get_dim_size(a)
+                                              for a, n in enumerate(names)], t.element_type, t.encoding)
+            with ir.InsertionPoint.at_block_begin(block):
+                back = ir.Operation.create("stablehlo.convert", results=[t], operands=[argument])
+            argument.replace_all_uses_with(back.result)
+            back.operands[0] = argument
+            argument.set_type(static)
+            types.append(static)
+        results = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).results
+        main.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(types, results))
+    return stablehlo.parse(refined(str(module).encode(), where), module.context, where=where)
+
+
+def refined(text: bytes, where: str) -> bytes:
+    """MLIR ``text`` whose ``@main`` takes static shapes, refined: the shapes inside it made static (bytecode).
+    A JAX function that calls a jax.export module lowers so (jax refines it only when it compiles)."""
+    try:
+        from jax.extend.mlir import refine_polymorphic_shapes
+    except ImportError as exc:
+        raise CollageError(f"a StableHLO module's dynamic dims are refined by jax's StableHLO ({exc}); run `pip "
+                           "install 'collage-mlir[xla]'`", where=where) from None
+    try:
+        return refine_polymorphic_shapes(text, enable_shape_assertions=True, validate_static_shapes=True)
+    except Exception as exc:  # noqa: BLE001  jaxlib raises its runtime error with MLIR's diagnostics
+        text = " ".join(str(exc).split())
+        detail = text.split("error: ", 1)[-1]  # MLIR's diagnostic, without jaxlib's status prefixes
+        raise CollageError(f"the module does not refine to static shapes: {detail[:300]}", where=where) from None

@@ -1,0 +1,116 @@
+"""StableHLO modules with dynamic dims (``frontends.refine``): a jax.export module's axes take its symbols
+(axes asserted equal share one), any other ``?`` axis is ARG.AXIS; a bucket's module is static and computes
+what jax does at that shape; shapes the module rejects are one line each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from collage_mlir.errors import CollageError
+from collage_mlir.frontends.refine import load, module_axes
+from collage_mlir.ir import ir, new_context, parse_module
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+HAND_WRITTEN = """
+func.func @main(%a: tensor<?x4xf32>, %b: tensor<?x4xf32>, %w: tensor<4x2xf32>) -> tensor<?x2xf32> {
+  %0 = stablehlo.add %a, %b : tensor<?x4xf32>
+  %1 = stablehlo.dot_general %0, %w, contracting_dims = [1] x [0] : (tensor<?x4xf32>, tensor<4x2xf32>) -> tensor<?x2xf32>
+  return %1 : tensor<?x2xf32>
+}
+"""
+
+
+def net(x, mask):
+    """A JAX user's block: a dense layer, GELU, a reshape that depends on the batch, a masked sum."""
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((16, 8)), jnp.float32)
+    h = jax.nn.gelu(x @ w).reshape(x.shape[0], 2, 4)
+    return (h.sum(-1) * mask).sum(-1)
+
+
+def exported_text() -> str:
+    b, = jax.export.symbolic_shape("b")
+    exported = jax.export.export(jax.jit(net))(jax.ShapeDtypeStruct((b, 16), jnp.float32),
+                                               jax.ShapeDtypeStruct((b, 2), jnp.float32))
+    return exported.mlir_module()
+
+
+def argument_types(module: ir.Module) -> list[str]:
+    main = next(op for op in module.body.operations if op.operation.name == "func.func")
+    return [str(t) for t in ir.FunctionType(ir.TypeAttr(main.operation.attributes["function_type"]).value).inputs]
+
+
+@pytest.mark.fast
+def test_axes_are_named_by_the_exports_symbols_else_by_argument_and_axis():
+    assert module_axes(parse_module(exported_text(), new_context())) == (("b", None), ("b", None))
+    assert module_axes(parse_module(HAND_WRITTEN, new_context())) == (("0.0", None), ("1.0", None), (None, None))
+
+
+@pytest.mark.fast
+def test_a_bucket_is_static_and_rejected_shapes_are_one_line(tmp_path):
+    path = tmp_path / "net.mlir"
+    path.write_text(exported_text())
+    module = load(path, new_context(), {"b": 3})
+    assert argument_types(module) == ["tensor<3x16xf32>", "tensor<3x2xf32>"]
+    assert "?" not in str(module) and "shape_assertion" not in str(module)
+    # The same from example inputs' shapes; neither: the line that names the dim and the flag.
+    assert argument_types(load(path, new_context(), inputs=[np.zeros((5, 16)), np.zeros((5, 2))]))[0] == \
+        "tensor<5x16xf32>"
+    with pytest.raises(CollageError, match=r"dynamic dims: b \(@main argument 0 axis 0\), b \(@main argument 1 "
+                                           r"axis 0\); declare each one's range with --dim"):
+        load(path, new_context())
+    # jax.export's own assertion (b >= 1), and axes the module needs equal given two sizes.
+    with pytest.raises(CollageError, match=r"at b=0: the module does not refine to static shapes: .*Expected "
+                                           r"value >= 1 for dimension variable 'b'") as err:
+        load(path, new_context(), {"b": 0})
+    assert "\n" not in str(err.value)
+    (tmp_path / "hand.mlir").write_text(HAND_WRITTEN)
+    with pytest.raises(CollageError, match=r"at 0.0=3,1.0=4: .*'stablehlo.add' op requires the same shape"):
+        load(tmp_path / "hand.mlir", new_context(), {"0.0": 3, "1.0": 4})
+
+
+def test_compile_a_jax_export_with_dims_and_run_every_shape(tmp_path):
+    """`collage compile net.mlir --dim b=...  --pad b` (the jax.export module as text), then the artifact at
+    bucket shapes and a padded one equals jax (rtol 1e-5, atol 1e-5); out of range is one line."""
+    import collage_runtime
+    from collage_mlir.tools.cli import main as collage
+
+    path = tmp_path / "net.mlir"
+    path.write_text(exported_text())
+    assert collage(["compile", str(path), "--dim", "b=1:2:4", "--bucket", "b=2,4", "--pad", "b",
+                    "-o", str(tmp_path / "art")]) == 0
+    rng = np.random.default_rng(1)
+    with collage_runtime.load(tmp_path / "art") as program:
+        for batch in (2, 3, 4):
+            x, mask = rng.standard_normal((batch, 16), np.float32), rng.standard_normal((batch, 2), np.float32)
+            (got,) = program.invoke("main", x, mask)
+            np.testing.assert_allclose(got, net(x, mask), rtol=1e-5, atol=1e-5)
+    np.save(tmp_path / "x.npy", np.zeros((5, 16), np.float32))
+    np.save(tmp_path / "m.npy", np.zeros((5, 2), np.float32))
+    run = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "run", str(tmp_path / "art"), "--input",
+                          str(tmp_path / "x.npy"), "--input", str(tmp_path / "m.npy")], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "dim 'b') is 5, outside the declared range 1..4" in run.stderr
+
+
+def test_jax_jit_of_an_exported_function_takes_its_symbols():
+    """`collage_mlir.jax.jit(exported, dims={"b": ...}, pad=["b"])`: buckets compiled once, shapes between them
+    padded; equal to jax (rtol 1e-5, atol 1e-5)."""
+    import collage_mlir.jax
+
+    b, = jax.export.symbolic_shape("b")
+    exported = jax.export.export(jax.jit(net))(jax.ShapeDtypeStruct((b, 16), jnp.float32),
+                                               jax.ShapeDtypeStruct((b, 2), jnp.float32))
+    run = collage_mlir.jax.jit(exported, dims={"b": (1, 2, 4)}, pad=["b"])
+    rng = np.random.default_rng(2)
+    for batch in (3, 1):
+        x, mask = rng.standard_normal((batch, 16), np.float32), rng.standard_normal((batch, 2), np.float32)
+        np.testing.assert_allclose(run(x, mask), net(x, mask), rtol=1e-5, atol=1e-5)
+    with pytest.raises(CollageError, match="'c' is not a dynamic dim of the model"):
+        collage_mlir.jax.jit(exported, dims={"c": (1, 2, 4)})(np.zeros((2, 16), np.float32),
+                                                             np.zeros((2, 2), np.float32))
