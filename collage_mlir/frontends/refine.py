@@ -131,7 +131,17 @@ def specialise(module: ir.Module, values: Mapping[str, int], *, where: str) -> i
             types.append(static)
         results = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).results
         main.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(types, results))
-    return stablehlo.parse(refined(str(module).encode(), where), module.context, where=where)
+    static = stablehlo.parse(refined(str(module).encode(), where), module.context, where=where)
+    _drop_unused_constants(static)
+    return static
+
+
+def _drop_unused_constants(module: ir.Module) -> None:
+    """Erases ``@main``'s constants nothing uses: what refinement leaves of jax.export's shape assertions
+    (their condition, a dimension's value)."""
+    for op in list(_main(module).regions[0].blocks[0].operations):
+        if op.operation.name == "stablehlo.constant" and not list(op.operation.result.uses):
+            op.operation.erase()
 
 
 def refined(text: bytes, where: str) -> bytes:
