@@ -56,7 +56,7 @@ class EvolveOptions:
 @dataclass
 class Finalist:
     plan: Plan
-    name: str  # "evolved", "dp", or the single backend's name
+    name: str  # "evolved", "dp", "carried..." (``tune``'s carried plans), or the single backend's name
     times: list[float] = field(default_factory=list)  # the search's measurement, then each round's
     spread: float = 0.0
 
@@ -270,6 +270,11 @@ def evolve(graph: SearchGraph, seeds: Sequence[tuple[str, Plan]], backends: Sequ
     return _final(seeds, times, plans, estimator, opt, generation, on_progress)
 
 
+def _single(name: str | None) -> bool:
+    """Whether a seed of this name is a single-backend plan (not the DP's, not a carried one)."""
+    return name is not None and name != "dp" and not name.startswith("carried")
+
+
 def _final(seeds, times: dict[PlanKey, Cost], plans: dict[PlanKey, Plan], estimator: CostEstimator,
            opt: EvolveOptions, generations: int, on_progress) -> EvolveResult:
     """Re-measures the best evolved plans, the DP plan and the best single-backend plan side by side,
@@ -277,12 +282,11 @@ def _final(seeds, times: dict[PlanKey, Cost], plans: dict[PlanKey, Plan], estima
     relative spread of the two and it is faster in most rounds."""
     seed_names = {p.key: name for name, p in seeds}
     ranked = sorted((k for k, c in times.items() if c.usable), key=lambda k: (times[k].seconds, k))
-    singles = [k for k in ranked if seed_names.get(k) not in (None, "dp")]
+    singles = [k for k in ranked if _single(seed_names.get(k))]
     close = [k for k in singles if times[k].seconds <= times[singles[0]].seconds * (1 + opt.close)]
     picks = [k for k in ranked if k not in seed_names][:opt.finalists]
-    picks += [k for k in ranked if seed_names.get(k) == "dp"] + close[:max(1, opt.close_singles)] + singles[:2]
-    if not singles:
-        picks += [k for k in ranked if seed_names.get(k, "dp") != "dp"][:1]
+    picks += [k for k in ranked if k in seed_names and not _single(seed_names[k])]  # the DP's and carried plans
+    picks += close[:max(1, opt.close_singles)] + singles[:2]
     finalists = [Finalist(plans[k], seed_names.get(k, "evolved"), [times[k].seconds], times[k].spread)
                  for k in dict.fromkeys(picks)]
     # A round that would end past the budget does not start (a warm 10 s search again of ResNet-50 began one
@@ -304,7 +308,7 @@ def _final(seeds, times: dict[PlanKey, Cost], plans: dict[PlanKey, Plan], estima
     if not finalists:
         raise CollageError("no plan could be measured (every seed failed or the budget was spent)")
     # The best single backend over the same interleaved rounds (ties: the faster seed, listed first).
-    incumbent = min((f for f in finalists if f.name not in ("evolved", "dp")), key=lambda f: f.median_s,
+    incumbent = min((f for f in finalists if f.name != "evolved" and _single(f.name)), key=lambda f: f.median_s,
                     default=finalists[0])
     challenger = min(finalists, key=lambda f: (f.median_s, f.name))
     win = (incumbent.median_s - challenger.median_s) / incumbent.median_s

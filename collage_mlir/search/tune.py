@@ -117,7 +117,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
          seed: int = 0, examples: Mapping[str, Sequence[np.ndarray]] | None = None,
          measure: MeasureOptions | None = None, evolve_options: EvolveOptions | None = None,
          on_progress: OnProgress | None = None, reuse: bool = True, in_context: bool = True,
-         started: float | None = None, float_regions: bool = True) -> TuneResult:
+         started: float | None = None, float_regions: bool = True, carried: Sequence[Plan] = ()) -> TuneResult:
     """Finds the plan of ``module`` with the lowest measured end-to-end time on ``backends`` (the default
     backend is always added) within ``budget_s`` seconds.
 
@@ -143,7 +143,9 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
     ``started``: when the user's clock started (``time.monotonic()``; default now), so that what came before
     the call (loading and importing the model) is spent from the budget too.
     ``float_regions``: a region that dequantizes is also a candidate in its float form (its quantize/
-    dequantize pairs removed), so each region's precision is chosen with its engine by measured time."""
+    dequantize pairs removed), so each region's precision is chosen with its engine by measured time.
+    ``carried``: plans of this module found elsewhere (another shape bucket's tuned plan, ``transfer``), timed
+    after the single-backend seeds and seeding the evolution beside them."""
     report = on_progress or (lambda *a: None)
     # Every stage but the finalists' rounds (timing only, on kept builds) keeps to this deadline.
     started = time.monotonic() if started is None else started
@@ -165,7 +167,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         raise CollageError("the model has no public @main function to time")
     opts = evolve_options or EvolveOptions()
     digest = module_digest(module)
-    result_key = _result_key(digest, backends, examples, seed, budget_s, opts, measure, float_regions)
+    result_key = _result_key(digest, backends, examples, seed, budget_s, opts, measure, float_regions, carried)
     if reuse and (stored := db.get_cached(TUNE_RESULT, result_key)) is not None:
         record = json.loads(stored)
         report("reused", 1, 1, "a finished tune with these settings is in the DB")
@@ -206,7 +208,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         finally:
             building.shutdown(wait=False)  # Ctrl-C: est.close() below stops the builds
         return _search(graph, backends, names, index, maximal, single, build_s, db, digest, result_key, est, opts,
-                       measure, started, deadline, budget_s, seed, report, fallback)
+                       measure, started, deadline, budget_s, seed, report, fallback, carried)
     except KeyboardInterrupt:
         if est.fastest is None:
             raise  # nothing timed yet: nothing to return
@@ -218,7 +220,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
 def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Plan], build_s: dict[PlanKey, float],
             db: CostDB, digest: str, result_key: str, est: MeasuredEstimator, opts: EvolveOptions,
             measure: MeasureOptions, started: float, deadline: float, budget_s: float, seed: int,
-            report: OnProgress, fallback: bool = True) -> TuneResult:
+            report: OnProgress, fallback: bool = True, carried: Sequence[Plan] = ()) -> TuneResult:
     """The stages of ``tune`` after the candidate index and the seeds' builds (``build_s``): the seeds'
     timings, transitions, regions, DP, evolution, finalists; stores the finished result in the DB."""
     default = measure.default_backend
@@ -304,6 +306,14 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
         if plan.key not in seen:
             seen.add(plan.key)
             seeds.append((name, plan))
+    # A carried plan is timed where its build can end by the deadline (or the DB has it) and seeds the
+    # evolution where it runs.
+    for k, plan in enumerate(carried):
+        if plan.key in seen or not (time.monotonic() + build_s <= deadline or est.plan_known(plan, "seed")):
+            continue
+        if est.plan_time(plan, tag="seed").usable:
+            seen.add(plan.key)
+            seeds.append((f"carried{k or ''}", plan))
     opts.seed, opts.deadline = seed, deadline
     # The finalists' rounds past the first stop where the budget ends (what is left is for the record).
     opts.final_deadline = started + budget_s * (1.0 - RECORD_SHARE)
@@ -339,7 +349,7 @@ def _interrupted(est: MeasuredEstimator, names: list[str], seed: int, budget_s: 
 
 
 def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed: int, budget_s: float,
-                opts: EvolveOptions, measure: MeasureOptions, float_regions: bool) -> str:
+                opts: EvolveOptions, measure: MeasureOptions, float_regions: bool, carried: Sequence[Plan] = ()) -> str:
     """What a finished tune's result is kept under: the numbered module's digest, the example inputs, the
     backends with their versions, this device, the harness version, the seed, the budget and the search
     options (a deadline is not an option: it comes from the budget)."""
@@ -350,6 +360,8 @@ def _result_key(module_digest: str, backends: Sequence[Backend], examples, seed:
     search = {k: v for k, v in asdict(replace(opts, deadline=None, final_deadline=None)).items()}
     if not float_regions:  # (a tune stored before the option had none: it searched no float region either)
         search["float_regions"] = False
+    if carried:  # (likewise: none before)
+        search["carried"] = sorted(json.dumps(p.to_json(), sort_keys=True) for p in carried)
     text = json.dumps({"model": digest.hexdigest(), "backends": sorted(f"{b.name}={b.version()}" for b in backends),
                        "device": device_fingerprint(measure.platform)[0], "harness": HARNESS_VERSION, "seed": seed,
                        "budget_s": budget_s, "search": search}, sort_keys=True)

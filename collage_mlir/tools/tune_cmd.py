@@ -11,7 +11,7 @@ import argparse
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from collage_runtime.shapes import DimRange, dims_label
@@ -220,10 +220,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def tune_model(module, examples: dict, backends: list, budget_s: float, seed: int, db_path: str | None,
                jobs: int | None = None, reuse: bool = True, platform: Platform = Platform.CPU,
-               cluster: str | None = None, started: float | None = None, float_regions: bool = True):
+               cluster: str | None = None, started: float | None = None, float_regions: bool = True,
+               carried: Sequence = ()):
     """Tunes ``module`` with a rich progress display (building and timing on the Ray cluster at ``cluster``
-    when given), the budget counted from ``started`` (``time.monotonic()``; default now); returns the
-    TuneResult."""
+    when given), the budget counted from ``started`` (``time.monotonic()``; default now), ``carried`` plans
+    seeding the search beside the single-backend ones; returns the TuneResult."""
     import tempfile
 
     from rich.console import Console
@@ -246,12 +247,14 @@ def tune_model(module, examples: dict, backends: list, budget_s: float, seed: in
             bar.update(task, stage=stage, completed=done, total=total, description=note)
 
         return tune(module, backends, db, work, budget_s=budget_s, seed=seed, examples=examples, measure=options,
-                    on_progress=show, reuse=reuse, started=started, float_regions=float_regions)
+                    on_progress=show, reuse=reuse, started=started, float_regions=float_regions, carried=carried)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..graph import Graph, number_ops
     from ..ir import new_context
     from ..measure.cluster import connect
+    from ..search.transfer import transfer
 
     started = time.monotonic()  # the budget is the command's: loading and checking the model count
     budget = parse_budget(args.budget)
@@ -263,9 +266,10 @@ def run(args: argparse.Namespace) -> int:
     if dim_plan is None:
         module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),
                                     calibration=calibration_of(args), check_import=not args.no_import_check)
-        return _tune_one(args, module, inputs, backends, budget, started, Path(args.output))
-    # Each bucket tuned for its shape, the budget shared; each plan recorded in the cost DB under its module,
-    # where `collage compile --dim ... --plan tuned` finds it, and written to OUTPUT/<bucket>.json.
+        return _tune_one(args, module, inputs, backends, budget, started, Path(args.output))[0]
+    # Each bucket tuned for its shape, the budget shared, the OPT shape first; each later bucket's search
+    # seeded with the plans tuned before it (``search.transfer``); each plan recorded in the cost DB under
+    # its module, where `collage compile --dim ... --plan tuned` finds it, and written to OUTPUT/<bucket>.json.
     if args.input:
         raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
                            exit_code=2)
@@ -274,20 +278,28 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix == ".json":
         raise CollageError("with --dim, -o names a directory: one plan per bucket", where="-o", exit_code=2)
     out.mkdir(parents=True, exist_ok=True)
-    buckets = dim_plan.grid()
+    opt = {d.name: d.opt for d in dim_plan.dims}
+    buckets = sorted(dim_plan.grid(), key=lambda values: values != opt)
+    tuned: list[tuple[Graph, Plan]] = []
     for k, values in enumerate(buckets):
         share = (budget - (time.monotonic() - started)) / (len(buckets) - k)
         module, inputs = load_model(spec, new_context(), [], check_import=not args.no_import_check, dims=values)
-        code = _tune_one(args, module, inputs, backends, max(share, 1.0), time.monotonic(),
-                         out / f"{dims_label(values)}.json")
+        number_ops(module)
+        graph = Graph(module)
+        carried = list({p.key: p for p in (transfer(plan, source, graph) for source, plan in tuned)
+                        if p.regions}.values())
+        code, result = _tune_one(args, module, inputs, backends, max(share, 1.0), time.monotonic(),
+                                 out / f"{dims_label(values)}.json", carried)
         if code:
             return code
+        tuned.append((graph, result.plan))
     return 0
 
 
 def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, budget: float, started: float,
-              output: Path) -> int:
-    """Tunes one module, writes its plan (and the report beside it) and records it in the cost DB."""
+              output: Path, carried: Sequence = ()):
+    """Tunes one module (``carried`` plans seeding the search), writes its plan (and the report beside it)
+    and records it in the cost DB; (exit code, TuneResult)."""
     from ..entry import module_key, record_tuned_plan
     from ..graph import Graph
 
@@ -295,7 +307,7 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
     result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
                         reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started,
-                        float_regions=not args.keep_quantized)
+                        float_regions=not args.keep_quantized, carried=carried)
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")
@@ -303,7 +315,7 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
     if result.interrupted:  # not a finished tune: not the plan entry points take as tuned
         print(f"interrupted: wrote {output}, {result.tuned.record.why}; run the same command again to go on "
               "(every measurement so far is in the cost DB)")
-        return 130
+        return 130, result
     record_tuned_plan(args.db, key, result.tuned)
     print_summary(result, str(output))
     # The placement to look at, beside the plan (plan.json -> plan.html), on the module as tuned (numbered).
@@ -312,7 +324,7 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
     report = output.with_suffix(".html")
     report.write_text(report_cmd.render(result.tuned, None, Graph(module), args.db))
     print(f"wrote {report}")
-    return 0
+    return 0, result
 
 
 def print_summary(result, output: str) -> None:
