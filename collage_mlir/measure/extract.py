@@ -42,6 +42,8 @@ QUANTIZE = "stablehlo.uniform_quantize"
 #: Why a region is not extracted alone when a quantized tensor flows in or out (a quantize op alone): it
 #: is measured only inside a region that also holds the ops on the tensor's other side.
 QUANTIZED_BOUNDARY = "a quantized tensor would cross its boundary: measured only with its neighbours"
+#: Why a region none of whose results is used is not extracted (compilers drop it: it costs nothing).
+DEAD_CODE = "has no result used after it (dead code): nothing to measure"
 
 _COLLAGE_ATTRS = (collage.ID, collage.REGION, collage.BACKEND)
 
@@ -113,7 +115,7 @@ def extract_region(graph: Graph, ids: frozenset[int], precision: Precision = Pre
     args = [v for v in free if not any(v == c for c, _ in consts)]
     outputs = [r for op in ops for r in op.results if any(u.owner.operation not in inside for u in r.uses)]
     if not outputs:
-        raise CollageError(f"region {sorted(ids)} has no result used after it (dead code): nothing to measure")
+        raise CollageError(f"region {sorted(ids)} {DEAD_CODE}")
     quantized = next((v for v in (*args, *outputs) if "!quant." in str(v.type)), None)
     if quantized is not None:  # no program takes or returns one (``backends.base.crossing_type_problem``)
         raise CollageError(f"{QUANTIZED_BOUNDARY} ({quantized.type}; region {sorted(ids)})")

@@ -34,7 +34,7 @@ from ..ir import ir
 from .cluster import RayPool
 from .db import CostDB, Measurement
 from .device import device_fingerprint
-from .extract import HASH_VERSION, QUANTIZED_BOUNDARY, ExtractedRegion, ValueRef, extract_region
+from .extract import DEAD_CODE, HASH_VERSION, QUANTIZED_BOUNDARY, ExtractedRegion, ValueRef, extract_region
 from .pool import Artifact, LocalPool, TaskPool, build_by
 from .reference import capture, model_inputs
 from .tasks import INPUT, REFERENCE
@@ -98,14 +98,15 @@ FOLDED = "only constants flow in: nothing to run (compilers fold it at compile t
 
 @dataclass(frozen=True)
 class NotPosed:
-    """Why the harness posed no measurement for a region: only constants flow in (``folded``: the compiler
-    folds it, it costs nothing), or it cannot be extracted as a standalone function (``why`` says why)."""
+    """Why the harness posed no measurement for a region: only constants flow in, or nothing uses its results
+    (``folded``: the compiler folds or drops it, it costs nothing), or it cannot be extracted as a
+    standalone function (``why`` says why)."""
 
     why: str
 
     @property
     def folded(self) -> bool:
-        return self.why == FOLDED
+        return self.why == FOLDED or self.why.endswith(DEAD_CODE)
 
     @property
     def with_neighbours(self) -> bool:

@@ -162,8 +162,9 @@ class MeasuredEstimator(CostEstimator):
             self.measured += summary.measured
             self.cache_hits += summary.cache_hits
             for region, skip in summary.skipped.items():
-                # A region where only constants flow in is folded by the compiler: it costs nothing.
-                self._regions[region] = (Cost.known(0.0, "folded at compile time") if skip.folded
+                # A region where only constants flow in, or whose results nothing uses, is folded or dropped
+                # by the compiler: it costs nothing.
+                self._regions[region] = (Cost.known(0.0, "folded or dropped at compile time") if skip.folded
                                          else Cost.unknown(skip.why) if skip.with_neighbours
                                          else Cost.invalid(skip.why))
             for key, m in summary.rows.items():

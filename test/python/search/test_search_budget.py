@@ -219,3 +219,27 @@ def test_seeds_built_or_known_are_timed_past_the_deadline():
     est = _SeedEstimator(built=set(), known={"openvino"})
     _seeds(single, [get_backend(n) for n in names], est, time.monotonic() + 600, fallback=False)
     assert est.required == [] and est.timed == ["openvino"]
+
+
+DEAD = """func.func @main(%x: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %c = stablehlo.constant dense<true> : tensor<i1>
+  %0 = stablehlo.tanh %x : tensor<8x8xf32>
+  %1 = stablehlo.exponential %0 : tensor<8x8xf32>
+  return %0 : tensor<8x8xf32>
+}
+"""
+
+
+def test_dead_ops_cost_nothing(tmp_path):
+    """An op nothing uses (a constant refinement left, an unused exponential) is dropped by every compiler:
+    alone it costs 0, as a folded constant does, so the DP can cover it (it was invalid, and a 3-bucket tune
+    of a jax.export CNN ended in "no plan covers every op")."""
+    from collage_mlir.graph import number_ops
+    from collage_mlir.ir import parse_module
+
+    module = parse_module(DEAD, new_context())
+    number_ops(module)
+    names = {n.op.name: i for i, n in Graph(module).nodes.items()}
+    est = MeasuredEstimator(module, [get_backend("iree-cpu")], CostDB(tmp_path / "costs.sqlite"), tmp_path)
+    dead = [RegionKey("iree-cpu", frozenset({names[n]})) for n in ("stablehlo.constant", "stablehlo.exponential")]
+    assert [(c.usable, c.seconds) for c in est.region_costs(dead)] == [(True, 0.0), (True, 0.0)]
