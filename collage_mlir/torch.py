@@ -17,15 +17,20 @@ frozen back in (``DynamoGraph``): the same module as ``compile(model, ...)``, so
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from collage_runtime.shapes import bucket_for
+import numpy as np
+
+from collage_runtime.shapes import bucket_for, dims_label
 
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
-from .frontends.dims import DimPlan, argument_axes, input_values
+from .frontends.dims import DimPlan, argument_axes, exported_dims, input_values, resized
 from .frontends.torch import import_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
@@ -50,7 +55,6 @@ class CompiledModule:
         self._out_spec = out_spec
 
     def __call__(self, *args):
-        import numpy as np
         import torch
         from torch.utils import _pytree as pytree
 
@@ -62,18 +66,42 @@ class CompiledModule:
         return pytree.tree_unflatten(tensors, self._out_spec)
 
 
-def compile(model, example_inputs: Sequence, *, plan: str | None = None,  # noqa: A001
+def compile(model, example_inputs: Sequence | None = None, *, plan: str | None = None,  # noqa: A001
             tune_budget: float | None = None, backends: Sequence[str] | None = None, seed: int = 0,
-            db: str | Path | None = None, threads: int | None = None, check_import: bool = True) -> CompiledModule:
+            db: str | Path | None = None, threads: int | None = None, check_import: bool = True,
+            buckets: Mapping[str, Sequence[int]] | None = None,
+            pad: Sequence[str] = ()) -> "CompiledModule | ShapedModule":
     """Compiles ``model`` for ``example_inputs``' shapes and dtypes; raises CollageError when it cannot.
     The plan: ``plan`` when given, else the one tuned before for this model's structure (cost DB
     ``db``), else a tune over ``backends`` within ``tune_budget`` seconds when given, else the default.
     ``check_import``: the import runs with IREE alone on the example inputs and must match the eager
-    model (``measure.import_check``; the verdict is cached)."""
+    model (``measure.import_check``; the verdict is cached).
+
+    ``model`` may be a ``torch.export.ExportedProgram`` (``example_inputs`` default: its own). With dynamic
+    dims (``torch.export.Dim`` with a max) it compiles one program per shape bucket (``ShapedModule``): each
+    dim, named ``ARG.AXIS`` by its first axis, has the buckets ``buckets`` lists, else its MIN, the example's
+    size and its MAX; along the dims in ``pad`` a shape between buckets runs zero-padded on the next one up;
+    a range some shape of which neither serves is refused. Each bucket's plan is chosen as above
+    (``tune_budget`` shared between them)."""
     import torch
     from torch.utils import _pytree as pytree
 
     import collage_runtime
+
+    if isinstance(model, torch.export.ExportedProgram):
+        args, kwargs = model.example_inputs if example_inputs is None else (tuple(example_inputs), {})
+        if kwargs:
+            raise CollageError("the exported program takes keyword inputs: collage passes inputs by position")
+        dims, axes = exported_dims(model, args)
+        options = dict(plan=plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db, threads=threads,
+                       check_import=check_import)
+        if dims:
+            return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad), axes, options)
+        model, example_inputs = model.module(), list(args)
+    elif example_inputs is None:
+        raise CollageError("example inputs are needed to compile a torch model (its shapes and dtypes)")
+    elif buckets or pad:
+        raise CollageError("buckets and pad go with an exported program's dynamic dims (torch.export.Dim)")
 
     with torch.no_grad():
         eager = model(*example_inputs)
@@ -88,6 +116,62 @@ def compile(model, example_inputs: Sequence, *, plan: str | None = None,  # noqa
                          examples=examples)
     out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")
     return CompiledModule(collage_runtime.load(out, threads=threads), out_spec, choice)
+
+
+class ShapedModule:
+    """An exported program with dynamic dims compiled by collage: one program per shape bucket
+    (``collage_runtime.shapes``); call it with tensors of any shape in range (results are tensors)."""
+
+    def __init__(self, program, out_spec):
+        self.program = program
+        self._out_spec = out_spec
+
+    def __call__(self, *args):
+        import torch
+        from torch.utils import _pytree as pytree
+
+        arrays = [a.detach().cpu().numpy() for a in pytree.tree_leaves(args)]
+        outs = self.program.invoke(self.program.table.function, *arrays)
+        return pytree.tree_unflatten([torch.from_numpy(np.asarray(o)) for o in outs], self._out_spec)
+
+
+def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict) -> ShapedModule:
+    """Every bucket of ``dim_plan`` imported, checked and given its plan, then compiled into one artifact of
+    shape buckets under the cache directory (keyed by the buckets' modules and plans)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    import collage_runtime
+
+    from .frontends import cache_dir
+    from .graph import number_ops
+    from .shaped import BucketModel, compile_shaped
+
+    with torch.no_grad():
+        _, out_spec = pytree.tree_flatten(model(*example))
+    grid = dim_plan.grid()
+    budget = options["tune_budget"] and options["tune_budget"] / len(grid)
+    declared = [[d.name, d.min, d.opt, d.max] for d in dim_plan.dims] + [list(dim_plan.pad)]
+    models, key = [], hashlib.sha256(json.dumps(declared).encode())
+    for values in grid:
+        inputs = resized(example, axes, values)
+        arrays = [a.detach().cpu().numpy() for a in inputs]
+        module = import_torch(model, inputs, new_context())
+        if options["check_import"]:
+            check(module, torch_source(model, inputs), arrays, where=f"torch:{type(model).__name__} at "
+                                                                 f"{dims_label(values)}")
+        number_ops(module)
+        tuning = options["plan"] == "tune" or bool(budget)
+        choice = choose_plan(module, options["plan"], tune_budget=budget, backends=options["backends"],
+                             seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None)
+        models.append(BucketModel(module, choice.plan, choice.provenance))
+        key.update(module.operation.get_asm(binary=True))
+        key.update(json.dumps([choice.plan.to_json(), choice.provenance], sort_keys=True).encode())
+    out = cache_dir() / "compiled" / f"{key.hexdigest()[:16]}.collage"
+    if not out.exists():
+        compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,
+                       source=f"torch:{type(model).__name__}")
+    return ShapedModule(collage_runtime.load(out, threads=options["threads"]), out_spec)
 
 
 def dynamo_backend(gm, example_inputs: Sequence, options: dict | None = None) -> Callable[..., Any]:

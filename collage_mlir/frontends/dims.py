@@ -302,6 +302,43 @@ def argument_axes(examples: Sequence, dims: Sequence[DimRange]) -> Axes:
     return tuple(tuple(named.get((k, a)) for a in range(len(e.shape))) for k, e in enumerate(examples))
 
 
+def exported_dims(program, examples: Sequence) -> tuple[list[DimRange], Axes]:
+    """The dynamic dims of a ``torch.export.ExportedProgram`` and the axes of its (flattened, positional)
+    user inputs that carry them: each symbol named ``ARG.AXIS`` by its first axis (axes sharing a
+    ``torch.export.Dim`` share it), its range the program's ``range_constraints``, its OPT the example
+    inputs' size. A derived size (``2*batch``) or a range without a bound is one CollageError line."""
+    from torch.export.graph_signature import InputKind
+    from torch.utils._sympy.numbers import int_oo
+
+    user = {s.arg.name for s in program.graph_signature.input_specs if s.kind is InputKind.USER_INPUT}
+    holders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
+    names: dict = {}
+    dims: list[DimRange] = []
+    axes = []
+    for k, (node, example) in enumerate(zip(holders, examples)):
+        row = []
+        for a, size in enumerate(node.meta["val"].shape):
+            if isinstance(size, int):
+                row.append(None)
+                continue
+            symbol = size.node.expr
+            if symbol not in program.range_constraints or not symbol.is_Symbol:
+                raise CollageError(f"input {k} axis {a} of the exported program has size {symbol}: give each "
+                                   "dynamic axis a torch.export.Dim of its own (derived sizes are not taken)",
+                                   where="torch.export")
+            if symbol not in names:
+                bounds = program.range_constraints[symbol]
+                if bounds.upper == int_oo:
+                    raise CollageError(f"input {k} axis {a} has no upper bound: give its torch.export.Dim a max",
+                                       where="torch.export")
+                low, high = max(int(bounds.lower), 1), int(bounds.upper)
+                names[symbol] = f"{k}.{a}"
+                dims.append(DimRange(names[symbol], low, min(max(int(example.shape[a]), low), high), high))
+            row.append(names[symbol])
+        axes.append(tuple(row))
+    return dims, tuple(axes)
+
+
 def resized(examples: Sequence, axes: Axes, values: Mapping[str, int]) -> list:
     """The example tensors at a bucket's shape (repeated or cut along each dynamic axis)."""
     out = []

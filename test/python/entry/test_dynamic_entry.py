@@ -89,6 +89,30 @@ def test_jax_jit_declared_range_pads_between_buckets():
         run(np.zeros((5, 8), np.float32), w)
 
 
+def test_an_exported_program_with_dims_compiles_its_buckets(torch):
+    """collage_mlir.torch.compile(torch.export.export(..., dynamic_shapes={...: Dim(min, max)})): one program
+    per bucket (MIN, the example's size, MAX), padded between; out of range and an unbounded Dim are one
+    line each."""
+    import collage_mlir.torch
+    from collage_mlir.errors import CollageError
+    from collage_runtime.program import InputError
+
+    model = mlp()
+    batch = torch.export.Dim("batch", min=2, max=8)
+    example = (torch.randn(4, 32),)
+    program = torch.export.export(model, example, dynamic_shapes=({0: batch},))
+    run = collage_mlir.torch.compile(program, pad=["0.0"])
+    assert [dict(b.values) for b in run.program.table.buckets] == [{"0.0": 2}, {"0.0": 4}, {"0.0": 8}]
+    for n in (2, 3, 8):
+        x = torch.randn(n, 32)
+        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(InputError, match=r"dim '0.0'\) is 9, outside the declared range 2..8"):
+        run(torch.randn(9, 32))
+    unbounded = torch.export.export(model, example, dynamic_shapes=({0: torch.export.Dim("b")},))
+    with pytest.raises(CollageError, match="input 0 axis 0 has no upper bound: give its torch.export.Dim a max"):
+        collage_mlir.torch.compile(unbounded)
+
+
 EXIT = """
 import numpy as np, onnxruntime, torch, collage_runtime
 import collage_mlir.torch
