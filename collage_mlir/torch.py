@@ -147,6 +147,10 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     from .graph import number_ops
     from .shaped import BucketModel, compile_shaped
 
+    gap = dim_plan.unserved(fallback=False)
+    if gap is not None:
+        raise CollageError(f"nothing would serve {gap}: it is between buckets; list it in buckets=, or name the dim "
+                           "in pad= (rows independent along it, as a batch)")
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(model(*example))
     grid = dim_plan.grid()
