@@ -30,7 +30,7 @@ def lower_text(fn: Callable, args: Sequence) -> str:
         text = jax.jit(fn).lower(*args).as_text()
     except Exception as exc:  # noqa: BLE001  jax's tracing errors have many types
         raise CollageError(f"jax could not lower the function: {' '.join(str(exc).split())[:300]}") from None
-    if "tensor<?" in text:  # it calls a jax.export module with symbolic shapes: refined for ``args``' shapes
+    if refine.DYNAMIC_TYPE.search(text):  # it calls a jax.export module: refined for ``args``' shapes
         where = f"jax:{getattr(fn, '__name__', 'fn')}"
         with new_context() as context:
             text = str(parse_module(refine.refined(text.encode(), where), context, where=where))

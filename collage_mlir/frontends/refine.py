@@ -18,10 +18,12 @@ and comes back as bytecode, which IREE's MLIR reads.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from collage_runtime.shapes import Axes, dims_label
 
+from ..dialects.stablehlo import matching_ops
 from ..errors import CollageError
 from ..ir import ir, load_module
 from . import stablehlo
@@ -99,6 +101,9 @@ def load(path: str | Path, context: ir.Context, values: Mapping[str, int] | None
     module = load_module(path, context)
     axes = module_axes(module)
     if not dynamic_dims(axes):
+        # Static arguments, dynamic shapes inside: a JAX function that calls a jax.export module, as lowered.
+        if matching_ops(module, _dynamic_result):
+            return _refined(module, str(path))
         return stablehlo.normalize(module, where=str(path))
     if values is None:
         if not inputs:
@@ -131,9 +136,18 @@ def specialise(module: ir.Module, values: Mapping[str, int], *, where: str) -> i
             types.append(static)
         results = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).results
         main.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(types, results))
+    return _refined(module, where)
+
+
+def _refined(module: ir.Module, where: str) -> ir.Module:
+    """``module``, whose ``@main`` takes static shapes, refined (``refined``) and normalized, in its context."""
     static = stablehlo.parse(refined(str(module).encode(), where), module.context, where=where)
     _drop_unused_constants(static)
     return static
+
+
+def _dynamic_result(op: ir.Operation) -> bool:
+    return any(isinstance(r.type, ir.RankedTensorType) and not r.type.has_static_shape for r in op.results)
 
 
 def _drop_unused_constants(module: ir.Module) -> None:
@@ -142,6 +156,10 @@ def _drop_unused_constants(module: ir.Module) -> None:
     for op in list(_main(module).regions[0].blocks[0].operations):
         if op.operation.name == "stablehlo.constant" and not list(op.operation.result.uses):
             op.operation.erase()
+
+
+#: A tensor type with a dynamic dim, in MLIR text.
+DYNAMIC_TYPE = re.compile(r"tensor<(?:\d+x)*\?")
 
 
 def refined(text: bytes, where: str) -> bytes:

@@ -70,6 +70,14 @@ def test_a_bucket_is_static_and_rejected_shapes_are_one_line(tmp_path):
                                            r"value >= 1 for dimension variable 'b'") as err:
         load(path, new_context(), {"b": 0})
     assert "\n" not in str(err.value)
+    # A JAX function calling the exported module, lowered as jax lowers it: static @main, dynamic inside.
+    b, = jax.export.symbolic_shape("b")
+    exported = jax.export.export(jax.jit(net))(jax.ShapeDtypeStruct((b, 16), jnp.float32),
+                                               jax.ShapeDtypeStruct((b, 2), jnp.float32))
+    (tmp_path / "caller.mlir").write_text(jax.jit(exported.call).lower(np.zeros((4, 16), np.float32),
+                                                                       np.zeros((4, 2), np.float32)).as_text())
+    assert "tensor<?" in (tmp_path / "caller.mlir").read_text()
+    assert "?" not in str(load(tmp_path / "caller.mlir", new_context()))
     (tmp_path / "hand.mlir").write_text(HAND_WRITTEN)
     with pytest.raises(CollageError, match=r"at 0.0=3,1.0=4: .*'stablehlo.add' op requires the same shape"):
         load(tmp_path / "hand.mlir", new_context(), {"0.0": 3, "1.0": 4})
