@@ -5,15 +5,17 @@ fallback engine chosen by timing) against the peers that take the dynamic model 
 
 - per shape (every bucket, and shapes between buckets): collage; the static best (a collage artifact
   compiled for exactly that shape with the same plan); ONNX Runtime and OpenVINO on the dynamic model;
-  OpenVINO compiled for that shape (``reshape``);
-- a seeded request trace: total time of collage (nothing compiles), ORT and OpenVINO dynamic, and
-  OpenVINO reshaped per new shape with its compile time counted;
+  OpenVINO compiled for that shape (``reshape``); the PyTorch model under ``torch.compile(dynamic=True)``;
+- a seeded request trace: total time of collage (nothing compiles), ORT and OpenVINO dynamic, OpenVINO
+  reshaped per new shape with its compile time counted, and ``torch.compile(dynamic=True)`` (its compile
+  counted in the first pass);
 - collage's compile time and artifact size.
 
 Times are medians of interleaved rounds, 2 threads each. Writes ``dynamic_zoo.json``/``.md`` beside this
 file (or ``--out``). Run from the repository root:
 
     python -m studies.dynamic.dynamic_zoo --models resnet50,bert,bert-trace --rounds 3
+    python -m studies.dynamic.dynamic_zoo --models gpt2 --rounds 3 --name dynamic_zoo_gpt2
 
 ``bert-trace`` serves a skewed trace (most requests at four shapes) with buckets chosen for it
 (``--shapes``); the other cases have fixed buckets and a uniform trace.
@@ -85,17 +87,30 @@ def cases(n_trace: int) -> dict[str, Case]:
         "bert-trace": Case("bert", ("batch=1:1:4", "seq=8:64:128"), (), (),
                            tuple({"batch": b, "seq": s} for b, s in ((1, 32), (1, 64), (1, 40), (4, 128))),
                            _skewed(rng, n_trace)),
+        # GPT-2 prefill: one prompt of 8-256 tokens.
+        "gpt2": Case("gpt2", ("seq=8:64:256",), ("seq=8,32,64,128,256",), (),
+                     tuple({"seq": s} for s in (8, 64, 40, 200, 256)), _trace(rng, n_trace, seq=range(8, 257))),
     }
 
 
+#: The zoo model of each case's model.
+ZOO = {"resnet50": "resnet50", "bert": "bert_base", "gpt2": "gpt2_small"}
+
+
 def export(name: str, root: Path) -> Path:
-    """The zoo model as ONNX with its first axis (and a token model's second) dynamic."""
+    """The zoo model as ONNX with its first axis (and a token model's second) dynamic; GPT-2 (one prompt)
+    with its sequence axis dynamic, through torch.export's exporter (TorchScript's fails on transformers'
+    GPT-2)."""
     import torch
 
     from collage_mlir import zoo
 
-    model, inputs = zoo.build(name if name != "bert" else "bert_base")
+    model, inputs = zoo.build(ZOO[name])
     path = root / f"{name}.onnx"
+    if name == "gpt2":
+        torch.onnx.export(model, inputs, str(path), dynamo=True, input_names=["x"], output_names=["y"],
+                          dynamic_shapes=({1: torch.export.Dim("seq", min=8, max=256)},))
+        return path
     axes = {0: "batch"} if inputs[0].dtype.is_floating_point else {0: "batch", 1: "seq"}
     torch.onnx.export(model, inputs, str(path), dynamo=False, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": axes, "y": {0: "batch"}}, opset_version=17)
@@ -106,7 +121,28 @@ def example(name: str, values: dict, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if name == "bert":
         return rng.integers(0, 30000, (values["batch"], values["seq"]), dtype=np.int64)
+    if name == "gpt2":
+        return rng.integers(0, 50257, (1, values["seq"]), dtype=np.int64)
     return rng.standard_normal((values["batch"], 3, 224, 224)).astype(np.float32)
+
+
+def torch_dynamic(name: str, fresh: bool = False):
+    """The zoo model under ``torch.compile(dynamic=True)`` (Inductor): a call on a numpy array; Inductor's
+    compile happens on the first call (and on any recompile); ``fresh``: dynamo's caches cleared first."""
+    import torch
+
+    from collage_mlir import zoo
+
+    torch.set_num_threads(THREADS)
+    if fresh:
+        torch._dynamo.reset()
+    compiled = torch.compile(zoo.build(ZOO[name])[0].eval(), dynamic=True)
+
+    def call(x: np.ndarray):
+        with torch.no_grad():
+            return compiled(torch.from_numpy(x))
+
+    return call
 
 
 def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict:
@@ -136,6 +172,7 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict
     config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
     ov_dynamic = core.compile_model(str(model), "CPU", config).create_infer_request()
     ov_static: OrderedDict[tuple, object] = OrderedDict()
+    inductor = torch_dynamic(case.name)
 
     def ov_for(x: np.ndarray):
         """OpenVINO compiled for x's shape (reshaped), compiled on first use and kept in an LRU of
@@ -162,7 +199,8 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict
         request, _ = ov_for(x)
         runners = {"collage": lambda: program.invoke("main", x), "static best": lambda: static_program.invoke("main", x),
                    "ort dynamic": lambda: session.run(None, {"x": x}), "openvino dynamic": lambda: ov_dynamic.infer([x]),
-                   "openvino static": lambda r=request: r.infer([x])}
+                   "openvino static": lambda r=request: r.infer([x]),
+                   "torch.compile dynamic": lambda: inductor(x)}
         ms = interleaved_ms(runners, rounds)
         rows.append({"dims": values, "served": program.served(x), "ms": ms})
         print(case.name, values, program.served(x), {k: round(v, 2) for k, v in ms.items()}, flush=True)
@@ -172,9 +210,11 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict
     # the steady state. Passes alternate between the runners.
     requests = [example(case.name, v, seed=k) for k, v in enumerate(case.trace)]
     ov_static.clear()
+    inductor = torch_dynamic(case.name, fresh=True)  # its compile in the first pass, as OpenVINO's reshapes
     runners = {"collage": lambda x: program.invoke("main", x), "ort dynamic": lambda x: session.run(None, {"x": x}),
                "openvino dynamic": lambda x: ov_dynamic.infer([x]),
-               f"openvino reshaped per shape (LRU {OV_KEPT})": lambda x: ov_for(x)[0].infer([x])}
+               f"openvino reshaped per shape (LRU {OV_KEPT})": lambda x: ov_for(x)[0].infer([x]),
+               "torch.compile dynamic": inductor}
     totals: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(2):
         for label, call in runners.items():
@@ -218,13 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trace", type=int, default=40, help="requests in the trace")
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--name", default="dynamic_zoo", help="the result files' name")
     args = parser.parse_args(argv)
     all_cases = cases(args.trace)
-    result = header("dynamic_zoo") | {"date": time.strftime("%Y-%m-%d"), "rows": []}
+    result = header(args.name) | {"date": time.strftime("%Y-%m-%d"), "rows": []}
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix=f"collage-dyn-{name}-") as tmp:
             result["rows"].append(run_case(name, all_cases[name], Path(tmp), args.plan, args.rounds))
-        write_report(args.out, "dynamic_zoo", result, markdown(result))  # after each model: nothing lost
+        write_report(args.out, args.name, result, markdown(result))  # after each model: nothing lost
     return 0
 
 
