@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
 from collage_runtime.shapes import Axes, dims_label
 
 from ..dialects.stablehlo import matching_ops
@@ -30,12 +31,12 @@ from . import stablehlo
 from .dims import dynamic_dims, input_values, undeclared_line
 
 
-def _main(module: ir.Module) -> ir.Operation:
+def _main(module: ir.Module) -> ir.Operation | None:
     for op in module.body.operations:
         attrs = op.operation.attributes
         if op.operation.name == "func.func" and ir.StringAttr(attrs["sym_name"]).value == "main":
             return op.operation
-    raise CollageError("the module has no @main function: its dynamic dims are @main's argument axes")
+    return None
 
 
 def _argument_types(main: ir.Operation) -> list[ir.Type]:
@@ -44,8 +45,10 @@ def _argument_types(main: ir.Operation) -> list[ir.Type]:
 
 def module_axes(module: ir.Module) -> Axes:
     """Per argument of ``@main``, per axis: None where static, else the dim's name (a jax.export symbol, else
-    ``ARG.AXIS``)."""
+    ``ARG.AXIS``); none without a ``@main``."""
     main = _main(module)
+    if main is None:
+        return ()
     shapes = []
     for t in _argument_types(main):
         if isinstance(t, ir.UnrankedTensorType):
@@ -119,6 +122,8 @@ def specialise(module: ir.Module, values: Mapping[str, int], *, where: str) -> i
     where = f"{where} at {dims_label(values)}"
     axes = module_axes(module)
     main = _main(module)
+    if main is None:
+        raise CollageError("the module has no @main function: dynamic dims are @main's argument axes", where=where)
     with module.context, ir.Location.unknown():
         block = main.regions[0].blocks[0]
         types = []
@@ -153,7 +158,8 @@ def _dynamic_result(op: ir.Operation) -> bool:
 def _drop_unused_constants(module: ir.Module) -> None:
     """Erases ``@main``'s constants nothing uses: what refinement leaves of jax.export's shape assertions
     (their condition, a dimension's value)."""
-    for op in list(_main(module).regions[0].blocks[0].operations):
+    main = _main(module)
+    for op in list(main.regions[0].blocks[0].operations) if main is not None else ():
         if op.operation.name == "stablehlo.constant" and not list(op.operation.result.uses):
             op.operation.erase()
 

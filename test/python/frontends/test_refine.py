@@ -49,6 +49,8 @@ def argument_types(module: ir.Module) -> list[str]:
 def test_axes_are_named_by_the_exports_symbols_else_by_argument_and_axis():
     assert module_axes(parse_module(exported_text(), new_context())) == (("b", None), ("b", None))
     assert module_axes(parse_module(HAND_WRITTEN, new_context())) == (("0.0", None), ("1.0", None), (None, None))
+    # A module without @main has no dims (and loads as it is: its public functions are compiled as they are).
+    assert module_axes(parse_module(HAND_WRITTEN.replace("@main", "@forward"), new_context())) == ()
 
 
 @pytest.mark.fast
