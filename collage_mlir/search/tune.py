@@ -198,7 +198,7 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         fallback = not any(est.plan_known(p, "seed") and est.plan_time(p, "seed").usable for p in single.values())
         building = ThreadPoolExecutor(1, thread_name_prefix="collage-seeds")
         try:
-            seeds = building.submit(_build_seeds, single, backends, est, deadline, report, fallback)
+            seeds = building.submit(_build_seeds, single, backends, est, deadline, report, fallback, carried)
             found, _ = cached or candidate_regions(graph, backends, db, digest, maximal)
             index = CandidateIndex(SearchGraph.from_graph(graph), found, maximal, default_backend=default,
                                    float_regions=float_regions)
@@ -225,6 +225,7 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
     timings, transitions, regions, DP, evolution, finalists; stores the finished result in the DB."""
     default = measure.default_backend
     walls, seed_costs = _time_seeds(single, backends, est, deadline, report, build_s, fallback)
+    prebuilt = set(build_s)
     timed, build_s = set(walls), max(walls.values(), default=0.0)
     # A seed that is one region over every op but constants timed that region whole: the DP prices
     # the region by it (else the region, a whole-model build, comes last in the regions stage and
@@ -306,10 +307,11 @@ def _search(graph: Graph, backends, names, index, maximal, single: dict[str, Pla
         if plan.key not in seen:
             seen.add(plan.key)
             seeds.append((name, plan))
-    # A carried plan is timed where its build can end by the deadline (or the DB has it) and seeds the
-    # evolution where it runs.
+    # A carried plan is timed where it was built with the seeds (always, unless the build failed), the DB
+    # has it or its build can end by the deadline, and seeds the evolution where it runs.
     for k, plan in enumerate(carried):
-        if plan.key in seen or not (time.monotonic() + build_s <= deadline or est.plan_known(plan, "seed")):
+        if plan.key in seen or not (plan.key in prebuilt or est.plan_known(plan, "seed")
+                                    or time.monotonic() + build_s <= deadline):
             continue
         if est.plan_time(plan, tag="seed").usable:
             seen.add(plan.key)
@@ -391,15 +393,18 @@ def _backend_of(name: str, single: dict[str, Plan]) -> str:
 
 
 def _build_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
-                 report: OnProgress, fallback: bool = True) -> dict[PlanKey, float]:
+                 report: OnProgress, fallback: bool = True, carried: Sequence[Plan] = ()) -> dict[PlanKey, float]:
     """Builds the single-backend plans the DB cannot answer side by side (an engine's compile beside IREE's
     whole-model one), to be timed one by one; each build's seconds. A build still running when the builds'
     time is up is stopped (it would overrun the budget by a whole-model compile: ResNet-50's 120 s tune took
-    169 s); the default seed's never is while it is the ``fallback`` (no usable plan known)."""
+    169 s); the default seed's never is while it is the ``fallback`` (no usable plan known), nor a carried
+    plan's (another shape bucket's tuned plan: built right after the default, whatever the budget, so that
+    a bucket whose share of a budget is too short to build the engines' seeds still has it)."""
     order = _seed_order(single, backends, est.default_backend)
     report("seeds", 0, len(order), "building")
-    return est.prebuild([single[n] for n in order], "seed", deadline - SEED_TIMING_S * len(order),
-                        required=[single[est.default_backend]] if fallback else [])
+    first = single[est.default_backend]
+    return est.prebuild([first, *carried, *(single[n] for n in order[1:])], "seed",
+                        deadline - SEED_TIMING_S * len(order), required=[*([first] if fallback else []), *carried])
 
 
 def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,

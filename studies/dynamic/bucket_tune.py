@@ -53,12 +53,13 @@ def collage(*args: str) -> float:
 
 
 def plan_summary(path: Path) -> str:
+    """The plan's regions per backend, and which of the tune's finalists it was (a seed, ``carried``, ...)."""
     document = json.loads(path.read_text())
-    regions = document["regions"]
     by_backend: dict[str, int] = {}
-    for r in regions:
+    for r in document["regions"]:
         by_backend[r["backend"]] = by_backend.get(r["backend"], 0) + 1
-    return ", ".join(f"{b} x{n}" for b, n in sorted(by_backend.items())) or document["default_backend"] + " alone"
+    regions = ", ".join(f"{b} x{n}" for b, n in sorted(by_backend.items())) or document["default_backend"] + " alone"
+    return f"{regions} (from {document['tuning']['plan']['from']})"
 
 
 def main(argv: list[str] | None = None) -> int:
