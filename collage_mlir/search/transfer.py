@@ -10,6 +10,7 @@ refuses it, it is no longer convex) is dropped: its ops run on the default backe
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 
 from ..errors import CollageError
 from ..graph import Graph
@@ -17,24 +18,31 @@ from ..ir import ir
 from ..plan import Plan, Region
 
 
-def _signature(graph: Graph, oid: int) -> tuple:
-    op = graph.nodes[oid].op
-    results = tuple((str(t.element_type), t.rank) if isinstance(t, ir.RankedTensorType) else (str(t), -1)
-                    for t in (r.type for r in op.results))
-    return op.name, len(op.operands), results
+#: A module's ops in id order, each with what does not change with a dim's value (``op_sequence``): kept
+#: apart from the module, which compiling it changes.
+OpSequence = tuple[tuple[int, tuple], ...]
 
 
-def match_ops(source: Graph, target: Graph) -> dict[int, int]:
+def op_sequence(graph: Graph) -> OpSequence:
+    """Each op id of ``graph`` with its signature: name, operand count, result element types and ranks."""
+    def signature(op: ir.Operation) -> tuple:
+        results = tuple((str(t.element_type), t.rank) if isinstance(t, ir.RankedTensorType) else (str(t), -1)
+                        for t in (r.type for r in op.results))
+        return op.name, len(op.operands), results
+
+    return tuple((i, signature(graph.nodes[i].op)) for i in sorted(graph.nodes))
+
+
+def match_ops(source: OpSequence, target: OpSequence) -> dict[int, int]:
     """Source op id → target op id, for the ops the two modules' aligned op sequences share."""
-    a, b = sorted(source.nodes), sorted(target.nodes)
-    matcher = difflib.SequenceMatcher(None, [_signature(source, i) for i in a], [_signature(target, i) for i in b],
-                                      autojunk=False)
-    return {a[blk.a + k]: b[blk.b + k] for blk in matcher.get_matching_blocks() for k in range(blk.size)}
+    matcher = difflib.SequenceMatcher(None, [s for _, s in source], [s for _, s in target], autojunk=False)
+    return {source[blk.a + k][0]: target[blk.b + k][0]
+            for blk in matcher.get_matching_blocks() for k in range(blk.size)}
 
 
-def transfer(plan: Plan, source: Graph, target: Graph) -> Plan:
-    """``plan`` of ``source``'s module as a plan of ``target``'s (see the module docstring)."""
-    ids = match_ops(source, target)
+def transfer(plan: Plan, source: OpSequence, target: Graph) -> Plan:
+    """``plan`` of the module ``source`` was read from, as a plan of ``target``'s (see the module docstring)."""
+    ids = match_ops(source, op_sequence(target))
     regions: list[Region] = []
     for region in plan.regions:
         ops = frozenset(ids[i] for i in region.ops if i in ids)
@@ -47,3 +55,10 @@ def transfer(plan: Plan, source: Graph, target: Graph) -> Plan:
             continue
         regions.append(moved)
     return Plan(regions, plan.default_backend, f"carried from {plan.source}")
+
+
+def carried(tuned: Sequence[tuple[OpSequence, Plan]], target: Graph) -> list[Plan]:
+    """The plans tuned for other shape buckets (each with its module's ``op_sequence``), moved to ``target``:
+    the distinct ones that keep a region (an empty plan is the default seed, which every tune has)."""
+    moved = (transfer(plan, source, target) for source, plan in tuned)
+    return list({p.key: p for p in moved if p.regions}.values())

@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     from ..graph import Graph, number_ops
     from ..ir import new_context
     from ..measure.cluster import connect
-    from ..search.transfer import transfer
+    from ..search.transfer import carried, op_sequence
 
     started = time.monotonic()  # the budget is the command's: loading and checking the model count
     budget = parse_budget(args.budget)
@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     opt = {d.name: d.opt for d in dim_plan.dims}
     buckets = sorted(dim_plan.grid(), key=lambda values: values != opt)
-    tuned: list[tuple[Graph, Plan]] = []
+    tuned: list = []  # (op sequence, plan) of each bucket tuned so far
     for k, values in enumerate(buckets):
         left = budget - (time.monotonic() - started)
         # The OPT shape is tuned hardest (half the budget where there are other buckets); the later buckets
@@ -289,13 +289,11 @@ def run(args: argparse.Namespace) -> int:
         module, inputs = load_model(spec, new_context(), [], check_import=not args.no_import_check, dims=values)
         number_ops(module)
         graph = Graph(module)
-        carried = list({p.key: p for p in (transfer(plan, source, graph) for source, plan in tuned)
-                        if p.regions}.values())
         code, result = _tune_one(args, module, inputs, backends, max(share, 1.0), time.monotonic(),
-                                 out / f"{dims_label(values)}.json", carried)
+                                 out / f"{dims_label(values)}.json", carried(tuned, graph))
         if code:
             return code
-        tuned.append((graph, result.plan))
+        tuned.append((op_sequence(graph), result.plan))
     return 0
 
 

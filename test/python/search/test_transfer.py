@@ -50,7 +50,7 @@ def names(graph: Graph, ops) -> list[str]:
 
 @pytest.mark.fast
 def test_a_plan_carried_across_a_fold_keeps_its_regions(tmp_path):
-    from collage_mlir.search.transfer import transfer
+    from collage_mlir.search.transfer import op_sequence, transfer
 
     graphs = bucket_graphs(tmp_path)
     four, one = graphs[4], graphs[1]
@@ -60,7 +60,7 @@ def test_a_plan_carried_across_a_fold_keeps_its_regions(tmp_path):
     assert names(four, tail) == ["broadcast_in_dim", "subtract", "broadcast_in_dim", "maximum", "dot_general"]
     plan = Plan([Region("mm", "ort", frozenset({2, 3})), Region("tail", "openvino", tail),
                  Region("bcast", "ort", frozenset({head}))], source="batch=4")
-    carried = transfer(plan, four, one)
+    carried = transfer(plan, op_sequence(four), one)
     carried.validate(one)
     # The tail lost the broadcast that batch 1 folds; the region of that broadcast alone is gone.
     assert [(r.name, r.backend, names(one, r.ops)) for r in carried.regions] == [
