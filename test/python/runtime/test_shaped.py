@@ -176,6 +176,37 @@ def test_each_bucket_tuned_and_its_plan_compiled(dynamic_cnn, tmp_path, monkeypa
     assert collage(["tune", str(dynamic_cnn), *flags, "-o", str(tmp_path / "plan.json")]) == 2
 
 
+def test_compile_tune_carries_each_buckets_plan_to_the_next(dynamic_cnn, tmp_path, monkeypatch):
+    """`collage compile --dim ... --tune`: the second bucket's search is seeded with the first bucket's plan,
+    moved to its module, though the first bucket's module was compiled in between (holding its graph then
+    segfaulted). The search itself is a stand-in that returns ORT's whole-model plan and records what it was
+    given; the artifact equals ONNX Runtime on the source at a padded shape."""
+    from types import SimpleNamespace
+
+    import collage_mlir.entry
+    from collage_mlir.graph import Graph
+    from collage_mlir.search import resolve_plan
+    from collage_mlir.tools import tune_cmd
+
+    given = []
+
+    def search(module, examples, backends, budget, seed, db, carried=()):
+        given.append(list(carried))
+        return SimpleNamespace(plan=resolve_plan("whole:ort", Graph(module)), tuned=SimpleNamespace(record=None))
+
+    monkeypatch.setattr(tune_cmd, "tune_model", search)
+    monkeypatch.setattr(tune_cmd, "print_summary", lambda *a: None)
+    monkeypatch.setattr(collage_mlir.entry, "plan_provenance", lambda *a: {"plan": "tune"})
+    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:4:4", "--bucket", "batch=1,4", "--pad", "batch",
+                    "--tune", "-o", str(tmp_path / "art")]) == 0
+    assert [len(c) for c in given] == [0, 1]
+    assert [r.backend for r in given[1][0].regions] == ["ort"] and given[1][0].source.startswith("carried from")
+    x = np.random.default_rng(5).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    with collage_runtime.load(tmp_path / "art") as program:
+        assert program.served(x) == "padded to batch=4"
+        np.testing.assert_allclose(program.invoke("main", x)[0], reference(dynamic_cnn, x), rtol=RTOL, atol=ATOL)
+
+
 def test_buckets_and_the_fallback_share_one_copy_of_each_weight(tmp_path):
     """The buckets' ONNX regions and the fallback model take their weights from the artifact's one weight
     store, each distinct tensor once; results equal the source model's on every engine; a changed store is
