@@ -198,7 +198,8 @@ def tune(module: ir.Module, backends: Sequence[Backend], db: CostDB, work_dir: s
         fallback = not any(est.plan_known(p, "seed") and est.plan_time(p, "seed").usable for p in single.values())
         building = ThreadPoolExecutor(1, thread_name_prefix="collage-seeds")
         try:
-            seeds = building.submit(_build_seeds, single, backends, est, deadline, report, fallback, carried)
+            seeds = building.submit(_build_seeds, single, backends, est, started, deadline, report, fallback,
+                                    carried)
             found, _ = cached or candidate_regions(graph, backends, db, digest, maximal)
             index = CandidateIndex(SearchGraph.from_graph(graph), found, maximal, default_backend=default,
                                    float_regions=float_regions)
@@ -378,6 +379,10 @@ _SEED_ORDER = (BackendKind.GRAPH, BackendKind.LIBRARY, BackendKind.KERNEL, Backe
 #: ResNet-50 and BERT-base, under 1 s on small models): the seeds' builds stop this much per seed before the
 #: deadline, so that every seed built is timed by then.
 SEED_TIMING_S = 5.0
+#: ... but at most this share of the budget per seed: with 5 s a seed, a 10 s budget (one shape bucket's
+#: share of a 40 s tune) built no engine's seed at all, though a MobileNetV2 seed times in about a second;
+#: a large model's seeds built in a short budget are then timed past it (while none is usable, as ever).
+SEED_TIMING_SHARE = 0.1
 
 
 def _seed_order(single: dict[str, Plan], backends: Sequence[Backend], default: str) -> list[str]:
@@ -392,8 +397,9 @@ def _backend_of(name: str, single: dict[str, Plan]) -> str:
     return regions[0].backend if regions else name
 
 
-def _build_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,
-                 report: OnProgress, fallback: bool = True, carried: Sequence[Plan] = ()) -> dict[PlanKey, float]:
+def _build_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, started: float,
+                 deadline: float, report: OnProgress, fallback: bool = True,
+                 carried: Sequence[Plan] = ()) -> dict[PlanKey, float]:
     """Builds the single-backend plans the DB cannot answer side by side (an engine's compile beside IREE's
     whole-model one), to be timed one by one; each build's seconds. A build still running when the builds'
     time is up is stopped (it would overrun the budget by a whole-model compile: ResNet-50's 120 s tune took
@@ -403,8 +409,9 @@ def _build_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: Meas
     order = _seed_order(single, backends, est.default_backend)
     report("seeds", 0, len(order), "building")
     first = single[est.default_backend]
+    per_seed = min(SEED_TIMING_S, SEED_TIMING_SHARE * max(0.0, deadline - started))
     return est.prebuild([first, *carried, *(single[n] for n in order[1:])], "seed",
-                        deadline - SEED_TIMING_S * len(order), required=[*([first] if fallback else []), *carried])
+                        deadline - per_seed * len(order), required=[*([first] if fallback else []), *carried])
 
 
 def _time_seeds(single: dict[str, Plan], backends: Sequence[Backend], est: MeasuredEstimator, deadline: float,

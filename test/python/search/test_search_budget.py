@@ -196,7 +196,8 @@ def test_seeds_built_or_known_are_timed_past_the_deadline():
 
     def _seeds(single, backends, est, deadline, fallback=True):
         return _time_seeds(single, backends, est, deadline, lambda *a: None,
-                           _build_seeds(single, backends, est, deadline, lambda *a: None, fallback), fallback)
+                           _build_seeds(single, backends, est, time.monotonic(), deadline, lambda *a: None, fallback),
+                           fallback)
 
     names = ["iree-cpu", "openvino", "ort", "onednn"]
     single = {n: Plan([] if n == "iree-cpu" else [Region(n, n, frozenset({0}))], "iree-cpu") for n in names}
