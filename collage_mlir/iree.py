@@ -44,9 +44,10 @@ def compile_file(input_file: str | Path, *, output_dir: str | Path, plan: "str |
     manifest. ``check_import``: an ONNX model must match ONNX Runtime on generated inputs first.
 
     ``dims``: the model's dynamic dims (an ONNX model's ``dim_param``s, a StableHLO module's ``?`` axes named
-    as ``frontends.refine`` names them), each ``(MIN, OPT, MAX)`` or one value, as ``collage compile --dim``; ``buckets`` and ``pad`` as ``--bucket`` and ``--pad``. The artifact then holds a program per
-    shape bucket (``collage_mlir.shaped``), ``collage_runtime.load`` takes any shape in range, and the
-    result is its ``ShapeTable``."""
+    as ``frontends.refine`` names them), each ``(MIN, OPT, MAX)`` or one value, as ``collage compile --dim``;
+    ``buckets`` and ``pad`` as ``--bucket`` and ``--pad``. The artifact then holds a program per shape
+    bucket (``collage_mlir.shaped``), ``collage_runtime.load`` takes any shape in range, and the result is
+    its ``ShapeTable``."""
     if dims is not None:
         # Imported when used: at module load, its imports changed the interpreter's teardown order so that
         # nanobind reported the cached device as leaked at exit (test_exit_is_quiet_with_programs_...).

@@ -162,7 +162,8 @@ def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_i
             try:
                 module = load_checked(static, context, list(inputs) or None, check=check_import, where=where)
             except CollageError as exc:  # named by the user's model, not the temporary copy
-                raise CollageError(str(exc).replace(f"{static}: ", "").replace(f"{where}: ", ""), where=where) from None
+                raise CollageError(str(exc).replace(f"{static}: ", "").replace(f"{where}: ", ""),
+                                   where=where) from None
     number_ops(module)
     return module
 
