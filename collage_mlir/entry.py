@@ -117,13 +117,22 @@ def _provenance(tuned: TunedPlan, db_path: Path, key: str) -> dict:
     return plan_provenance("tuned", tuned.record or TuneRecord(), db_path) | {"module_hash": key}
 
 
-def compile_cached(module: ir.Module, choice: PlanChoice, source: str) -> Path:
-    """Compiles ``module`` with the chosen plan into the cache (keyed by module and plan); the artifact."""
+def artifact_key(module: ir.Module, choice: PlanChoice) -> str:
+    """What a compiled artifact of ``module`` with the chosen plan is cached under: module and plan, and the
+    provenance (the artifact's manifest records it)."""
     digest = hashlib.sha256(module.operation.get_asm(binary=True)).hexdigest()[:16]
-    # The provenance is part of the key: the artifact's manifest records it.
     record = json.dumps([choice.plan.to_json(), choice.provenance], sort_keys=True)
-    key = hashlib.sha256(f"{digest}:{record}".encode()).hexdigest()[:16]
-    out = cache_dir() / "compiled" / f"{key}.collage"
+    return hashlib.sha256(f"{digest}:{record}".encode()).hexdigest()[:16]
+
+
+def cached_artifact(key: str) -> Path:
+    """Where the compile cache keeps the artifact of ``key``."""
+    return cache_dir() / "compiled" / f"{key}.collage"
+
+
+def compile_cached(module: ir.Module, choice: PlanChoice, source: str) -> Path:
+    """Compiles ``module`` with the chosen plan into the cache (``artifact_key``); the artifact."""
+    out = cached_artifact(artifact_key(module, choice))
     if not out.exists():
         compile_module(module, choice.plan, out, source=source, provenance=choice.provenance)
     return out

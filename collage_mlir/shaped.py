@@ -71,11 +71,7 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
     serves."""
     if (fallback is Fallback.NONE) != (fallback_model is None):
         raise ValueError("a fallback engine goes with a fallback model")
-    gap = dim_plan.unserved(fallback is not Fallback.NONE)
-    if gap is not None:
-        raise CollageError(f"nothing would serve {gap}: it is between buckets and the model has no fallback engine; "
-                           "list it with --bucket, or declare the dim paddable with --pad (rows independent along "
-                           "it, as a batch)", where="--dim", exit_code=2)
+    dim_plan.require_served(fallback is not Fallback.NONE)
     out = Path(out_dir)
     with staged(out) as stage:
         results, buckets, shapes = [], [], []

@@ -28,7 +28,7 @@ import numpy as np
 
 from collage_runtime.shapes import bucket_for, dims_label
 
-from .entry import PlanChoice, choose_plan, compile_cached
+from .entry import PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached
 from .errors import CollageError
 from .frontends.dims import DimPlan, argument_axes, exported_dims, input_values, resized
 from .frontends.torch import import_torch
@@ -143,20 +143,16 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
 
     import collage_runtime
 
-    from .frontends import cache_dir
     from .graph import number_ops
     from .shaped import BucketModel, compile_shaped
 
-    gap = dim_plan.unserved(fallback=False)
-    if gap is not None:
-        raise CollageError(f"nothing would serve {gap}: it is between buckets; list it in buckets=, or name the dim "
-                           "in pad= (rows independent along it, as a batch)")
+    dim_plan.require_served(fallback=False)  # before any bucket is imported
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(model(*example))
     grid = dim_plan.grid()
     budget = options["tune_budget"] and options["tune_budget"] / len(grid)
     declared = [[d.name, d.min, d.opt, d.max] for d in dim_plan.dims] + [list(dim_plan.pad)]
-    models, key = [], hashlib.sha256(json.dumps(declared).encode())
+    models, key = [], hashlib.sha256(json.dumps(declared).encode())  # and each bucket's artifact key
     for values in grid:
         inputs = resized(example, axes, values)
         arrays = [a.detach().cpu().numpy() for a in inputs]
@@ -169,9 +165,8 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
         choice = choose_plan(module, options["plan"], tune_budget=budget, backends=options["backends"],
                              seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None)
         models.append(BucketModel(module, choice.plan, choice.provenance))
-        key.update(module.operation.get_asm(binary=True))
-        key.update(json.dumps([choice.plan.to_json(), choice.provenance], sort_keys=True).encode())
-    out = cache_dir() / "compiled" / f"{key.hexdigest()[:16]}.collage"
+        key.update(artifact_key(module, choice).encode())
+    out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
         compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,
                        source=f"torch:{type(model).__name__}")

@@ -118,6 +118,15 @@ class DimPlan:
         top = {d.name: d.max for d in self.dims}
         return None if top in self.grid() else dims_label(top)
 
+    def require_served(self, fallback: bool) -> None:
+        """One CollageError line where some shape in range would be served by nothing (``unserved``)."""
+        gap = self.unserved(fallback)
+        if gap is not None:
+            raise CollageError(f"nothing would serve {gap}: it is between buckets and the model has no fallback "
+                               "engine; list it among the buckets (--bucket, buckets=), or declare the dim "
+                               "paddable (--pad, pad=: rows independent along it, as a batch)", where="--dim",
+                               exit_code=2)
+
 
 @dataclass(frozen=True)
 class ShapeTrace:
@@ -273,6 +282,14 @@ def input_values(axes: Axes, arrays: Sequence) -> dict[str, int]:
                 raise CollageError(f"example input {k} gives dim '{name}' = {shape[axis]}, another input "
                                    f"{values[name]}", where="--input", exit_code=2)
     return values
+
+
+def inputs_values(axes: Axes, input_names: Sequence[str], inputs: Sequence, where: str) -> dict[str, int]:
+    """The value of each dynamic dim in example ``inputs`` (``input_values``); with none, one CollageError
+    naming each dim and the flag that declares it (``undeclared_line``)."""
+    if not inputs:
+        raise CollageError(undeclared_line(axes, input_names), where=where, exit_code=2)
+    return input_values(axes, inputs)
 
 
 def undeclared_line(axes: Axes, input_names: Sequence[str]) -> str:

@@ -28,7 +28,7 @@ from ..dialects.stablehlo import matching_ops
 from ..errors import CollageError
 from ..ir import ir, load_module
 from . import stablehlo
-from .dims import dynamic_dims, input_values, undeclared_line
+from .dims import dynamic_dims, inputs_values
 
 
 def _main(module: ir.Module) -> ir.Operation | None:
@@ -109,10 +109,7 @@ def load(path: str | Path, context: ir.Context, values: Mapping[str, int] | None
             return _refined(module, str(path))
         return stablehlo.normalize(module, where=str(path))
     if values is None:
-        if not inputs:
-            raise CollageError(undeclared_line(axes, [f"@main argument {k}" for k in range(len(axes))]),
-                               where=str(path), exit_code=2)
-        values = input_values(axes, inputs)
+        values = inputs_values(axes, [f"@main argument {k}" for k in range(len(axes))], inputs, str(path))
     return specialise(module, values, where=str(path))
 
 

@@ -10,7 +10,6 @@ refuses it, it is no longer convex) is dropped: its ops run on the default backe
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
 
 from ..errors import CollageError
 from ..graph import Graph
@@ -57,8 +56,18 @@ def transfer(plan: Plan, source: OpSequence, target: Graph) -> Plan:
     return Plan(regions, plan.default_backend, f"carried from {plan.source}")
 
 
-def carried(tuned: Sequence[tuple[OpSequence, Plan]], target: Graph) -> list[Plan]:
-    """The plans tuned for other shape buckets (each with its module's ``op_sequence``), moved to ``target``:
-    the distinct ones that keep a region (an empty plan is the default seed, which every tune has)."""
-    moved = (transfer(plan, source, target) for source, plan in tuned)
-    return list({p.key: p for p in moved if p.regions}.values())
+class TunedBuckets:
+    """The plans tuned for the shape buckets so far, each with its module's ``op_sequence``, read when it is
+    added: a bucket's module is compiled afterwards, which erases the ops a ``Graph`` of it holds."""
+
+    def __init__(self) -> None:
+        self._tuned: list[tuple[OpSequence, Plan]] = []
+
+    def add(self, graph: Graph, plan: Plan) -> None:
+        self._tuned.append((op_sequence(graph), plan))
+
+    def carried(self, target: Graph) -> list[Plan]:
+        """The plans so far moved to ``target``: the distinct ones that keep a region (an empty plan is the
+        default seed, which every tune has)."""
+        moved = (transfer(plan, source, target) for source, plan in self._tuned)
+        return list({p.key: p for p in moved if p.regions}.values())

@@ -80,7 +80,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     from ..ir import new_context
     from ..measure.db import default_db_path
     from ..search import resolve_plan
-    from ..search.transfer import carried, op_sequence
+    from ..search.transfer import TunedBuckets
     from ..shaped import BucketModel, compile_shaped
 
     if args.input:
@@ -97,7 +97,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     platform = args.device and Platform(args.device)
     buckets = dim_plan.grid()
     console = Console(stderr=True)
-    tuned_before: list = []  # (op sequence, plan) of each bucket tuned so far (its module is compiled since)
+    tuned_before = TunedBuckets()
 
     def bucket_model(values: dict[str, int]) -> BucketModel:
         label = dims_label(values)
@@ -108,9 +108,9 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
             graph = Graph(module)
             budget = tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET) / len(buckets)
             tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.parse_backends(None),
-                                        budget, 0, None, carried=carried(tuned_before, graph))
+                                        budget, 0, None, carried=tuned_before.carried(graph))
             tune_cmd.print_summary(tuned, f"(tuned for {label})")
-            tuned_before.append((op_sequence(graph), tuned.plan))
+            tuned_before.add(graph, tuned.plan)
             return BucketModel(module, tuned.plan, plan_provenance("tune", tuned.tuned.record, default_db_path()))
         number_ops(module)
         if args.plan == "tuned":

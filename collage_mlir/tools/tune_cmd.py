@@ -18,7 +18,7 @@ from collage_runtime.shapes import DimRange, dims_label
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
-from ..frontends.dims import dynamic_dims, input_values, read_onnx_axes, resized, argument_axes, undeclared_line
+from ..frontends.dims import argument_axes, dynamic_dims, inputs_values, read_onnx_axes, resized
 from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, held_out_samples, program_agreement,
                                         quantize_onnx)
 from . import backend_names, load_input_arrays, positive_int
@@ -102,9 +102,7 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
     if path.suffix == ".onnx":
         axes, names = read_onnx_axes(spec)
         if dims is None and dynamic_dims(axes):
-            if not inputs:
-                raise CollageError(undeclared_line(axes, names), where=str(path), exit_code=2)
-            dims = input_values(axes, inputs)
+            dims = inputs_values(axes, names, inputs, str(path))
         if dims:
             return load_bucket(spec, dims, context, check_import=check_import, inputs=inputs), inputs
     elif path.suffix in (".mlir", ".mlirbc"):  # `?` dims: specialised to dims, else to the inputs' shapes
@@ -254,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     from ..graph import Graph, number_ops
     from ..ir import new_context
     from ..measure.cluster import connect
-    from ..search.transfer import carried, op_sequence
+    from ..search.transfer import TunedBuckets
 
     started = time.monotonic()  # the budget is the command's: loading and checking the model count
     budget = parse_budget(args.budget)
@@ -280,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     opt = {d.name: d.opt for d in dim_plan.dims}
     buckets = sorted(dim_plan.grid(), key=lambda values: values != opt)
-    tuned: list = []  # (op sequence, plan) of each bucket tuned so far
+    tuned = TunedBuckets()
     for k, values in enumerate(buckets):
         left = budget - (time.monotonic() - started)
         # The OPT shape is tuned hardest (half the budget where there are other buckets); the later buckets
@@ -290,10 +288,10 @@ def run(args: argparse.Namespace) -> int:
         number_ops(module)
         graph = Graph(module)
         code, result = _tune_one(args, module, inputs, backends, max(share, 1.0), time.monotonic(),
-                                 out / f"{dims_label(values)}.json", carried(tuned, graph))
+                                 out / f"{dims_label(values)}.json", tuned.carried(graph))
         if code:
             return code
-        tuned.append((op_sequence(graph), result.plan))
+        tuned.add(graph, result.plan)
     return 0
 
 
