@@ -389,8 +389,8 @@ class DirectCall:
         return [results.get_as_object(k, rt.HalBufferView) for k in range(len(results))]
 
     def to_host(self, views: list[rt.HalBufferView]) -> tuple[np.ndarray, ...]:
-        """The results as host arrays: views of their mapped buffers (as ``DeviceArray.to_host`` gives)."""
-        return tuple(v.map().asarray(tuple(v.shape), dtype) if v.byte_length else np.empty(tuple(v.shape), dtype)
+        """The results as host arrays: views of their mapped buffers (see ``mapped_array``)."""
+        return tuple(mapped_array(v, tuple(v.shape), dtype) if v.byte_length else np.empty(tuple(v.shape), dtype)
                      for v, dtype in zip(views, self._outputs))
 
     def as_device_arrays(self, views: list[rt.HalBufferView]):
@@ -422,6 +422,15 @@ def check_inputs(function: str, signature: Signature, arrays: Sequence) -> None:
             raise InputError(f"{function}: input {k}: expected {spec}, got {array.dtype}{list(array.shape)}", k)
 
 
+def mapped_array(view: rt.HalBufferView, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A host array over ``view``'s mapped buffer, with the mapping (which holds the buffer) as its base, so
+    every view of it (a padded result cut back, a user's slice) keeps the buffer alive. Not IREE's
+    ``MappedMemory.asarray`` nor ``DeviceArray.to_host``: the array they return holds the mapping by
+    itself, its views do not, and a slice that outlived that array read a buffer IREE's allocator had
+    handed to the next call's result (IREE 3.13)."""
+    return np.ndarray(shape, dtype, view.map())
+
+
 def _to_host(value, spec: TensorSpec | None, raw: np.ndarray | None = None) -> np.ndarray:
     """A result as a host array; sub-byte integers unpacked one per byte, empty tensors as empty arrays
     (IREE's own conversion refuses both). ``raw``: the result's bytes already copied to the host (a
@@ -433,7 +442,7 @@ def _to_host(value, spec: TensorSpec | None, raw: np.ndarray | None = None) -> n
     if 0 in shape:
         return np.empty(shape, dtype)
     if spec is None or spec.element not in SUB_BYTE_BITS:
-        return value.to_host() if raw is None else raw.view(dtype).reshape(shape)
+        return mapped_array(value._buffer_view, shape, dtype) if raw is None else raw.view(dtype).reshape(shape)
     bits = SUB_BYTE_BITS[spec.element]
     packed = np.frombuffer(bytes(value._buffer_view.map()), np.uint8) if raw is None else raw
     count = int(np.prod(shape))

@@ -48,6 +48,7 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path, capsys):
     for name, art in (("padded", padded), ("dynamic", dynamic)):
         with collage_runtime.load(art) as program:
             assert isinstance(program, collage_runtime.ShapedProgram)
+            kept = []
             for batch, served in want[name].items():
                 x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
                 before = x.copy()
@@ -55,6 +56,9 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path, capsys):
                 assert program.served(x) == served
                 np.testing.assert_allclose(y, reference(dynamic_cnn, x), rtol=RTOL, atol=ATOL)
                 assert np.array_equal(x, before)  # padding copies; the caller's data stays untouched
+                kept.append((y.copy(), y))
+            for copy, y in kept:  # a padded result (a slice of the bucket's) holds its buffer through later calls
+                np.testing.assert_array_equal(y, copy)
             with pytest.raises(collage_runtime.program.InputError,
                                match=r"input 0 axis 0 \(dim 'batch'\) is 7, outside the declared range 1..6"):
                 program.invoke("main", np.zeros((7, 3, 8, 8), np.float32))
