@@ -26,10 +26,12 @@ from collage_runtime.engines import Engines, usable_cores
 from collage_runtime.manifest import sha256_file, write_manifest
 from collage_runtime.shaped import dynamic_runner
 from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, dims_label, write_shape_table
+from collage_runtime.types import byte_dtype
 from collage_runtime.weights import WEIGHTS, WeightWriter
 
 from .artifact import CompileResult, compile_module, staged
 from .backends import get_backend
+from .backends.iree_codegen import iree_compile
 from .backends.onnx_engine import OnnxGraphBackend
 from .dialects import collage
 from .errors import CollageError
@@ -37,7 +39,7 @@ from .frontends import refine
 from .frontends.dims import DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, load_module, new_context
-from .measure.import_check import load_checked
+from .measure.import_check import compare, load_checked
 from .plan import Plan
 from .search import resolve_plan
 
@@ -65,10 +67,11 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
                    source: str = "<module>", on_bucket: Callable[[dict[str, int], CompileResult], None] | None = None,
                    **compile_kwargs) -> ShapedResult:
     """Compiles every bucket of ``dim_plan`` (``bucket_model(values)`` gives its module and plan) into
-    ``out_dir`` (a directory, or one ``.collage`` file), with ``fallback_model`` (an ONNX model with
-    dynamic inputs) run by the ``fallback`` engine for shapes no bucket or padding serves. ``inputs``:
-    which input axes carry which dim. Refused before anything is built: a range some shape of which nothing
-    serves."""
+    ``out_dir`` (a directory, or one ``.collage`` file), with ``fallback_model`` (the model file with its
+    dynamic dims: ONNX, or StableHLO for ``Fallback.IREE``) run by the ``fallback`` engine for shapes no
+    bucket or padding serves. ``inputs``: which input axes carry which dim. Refused before anything is
+    built: a range some shape of which nothing serves. IREE's dynamic program is checked against the OPT
+    bucket's at that shape (``check_fallback``)."""
     if (fallback is Fallback.NONE) != (fallback_model is None):
         raise ValueError("a fallback engine goes with a fallback model")
     dim_plan.require_served(fallback is not Fallback.NONE)
@@ -76,6 +79,15 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
     with staged(out) as stage:
         results, buckets, shapes = [], [], []
         weights = WeightWriter(stage / WEIGHTS)
+        fallback_sha = None
+        if fallback_model is not None:  # first: a model the engine cannot take fails before any bucket compiles
+            target = stage / fallback.file
+            target.parent.mkdir(parents=True)
+            if fallback is Fallback.IREE:
+                target.write_bytes(_iree_dynamic(fallback_model))
+            else:
+                _write_sharing(fallback_model, target, weights)
+            fallback_sha = sha256_file(target)
         for values in dim_plan.grid():
             model = bucket_model(values)
             shapes.append(_result_shapes(model.module))
@@ -88,12 +100,9 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
             if on_bucket is not None:
                 on_bucket(values, result)
         outputs = output_axes(dim_plan, [b.values for b in buckets], shapes)
-        fallback_sha = None
-        if fallback_model is not None:
-            target = stage / fallback.file
-            target.parent.mkdir(parents=True)
-            _write_sharing(fallback_model, target, weights)
-            fallback_sha = sha256_file(target)
+        if fallback is Fallback.IREE:
+            opt = {d.name: d.opt for d in dim_plan.dims}
+            check_fallback(stage, fallback, next((b for b in buckets if dict(b.values) == opt), buckets[0]))
         store = weights.close()
         if not weights.size:  # nothing large enough to share
             (stage / WEIGHTS).unlink()
@@ -135,13 +144,62 @@ def _write_sharing(model: Path, target: Path, weights: WeightWriter) -> None:
     onnx.save(proto, str(target))
 
 
-def model_file_axes(path: str | Path) -> tuple[Axes, Path | None]:
+def model_file_axes(path: str | Path) -> tuple[Axes, Path]:
     """Which input axes of a model file carry which dynamic dims (an ONNX model's ``dim_param``s, a StableHLO
     module's ``?`` axes: ``frontends.refine``), and the model an engine that takes dynamic dims runs between
-    buckets: the ONNX file itself; None for StableHLO."""
+    buckets: the file itself (``fallback_kinds`` says which engines take it)."""
     if Path(path).suffix == ".onnx":
         return read_onnx_axes(path)[0], Path(path)
-    return refine.module_axes(load_module(path, new_context())), None
+    return refine.module_axes(load_module(path, new_context())), Path(path)
+
+
+def fallback_kinds(model: Path) -> tuple[Fallback, ...]:
+    """The engines that run ``model`` with its dynamic dims: ONNX Runtime and OpenVINO an ONNX model, IREE a
+    StableHLO module (``frontends.refine.for_iree``)."""
+    return (Fallback.ORT, Fallback.OPENVINO) if model.suffix == ".onnx" else (Fallback.IREE,)
+
+
+def _iree_dynamic(model: Path, values: Mapping[str, int] | None = None) -> bytes:
+    """IREE's CPU program of the StableHLO module at ``model``: with its dynamic dims (``refine.for_iree``),
+    or specialised to ``values``."""
+    where = str(model)
+    if values is not None:
+        return iree_compile(refine.load(model, new_context(), values), quiet=True)
+    module = refine.for_iree(load_module(model, new_context()), where=where)
+    try:
+        return iree_compile(module, quiet=True)
+    except CollageError as exc:
+        raise CollageError(f"IREE cannot compile the module with its dynamic dims ({exc}); list every value "
+                           "with --bucket, or declare --pad", where=where) from None
+
+
+def _runnable(model: Path, kind: Fallback, directory: Path) -> Path:
+    """The file ``kind``'s engine runs for ``model``: an ONNX model itself; IREE's dynamic program of a
+    StableHLO module, compiled into ``directory`` once."""
+    if kind is not Fallback.IREE:
+        return model
+    target = directory / "dynamic.vmfb"
+    if not target.exists():
+        target.write_bytes(_iree_dynamic(model))
+    return target
+
+
+def check_fallback(root: Path, kind: Fallback, bucket: Bucket) -> None:
+    """The fallback of the artifact staged at ``root`` against ``bucket``'s program, at the bucket's shape
+    on generated inputs (``measure.import_check.compare``'s tolerance); one CollageError where an output
+    differs."""
+    from collage_runtime.program import Program
+
+    engines = Engines(usable_cores(), sole=kind.value)
+    with Program(root / bucket.path) as program:
+        arrays = [_generated(s.shape, s.dtype, k) for k, s in enumerate(program.signature("main").inputs)]
+        want = [np.array(w) for w in program.invoke("main", *arrays)]
+    got = dynamic_runner(kind, root / kind.file, engines)(arrays)
+    for k, (g, w) in enumerate(zip(got, want)):
+        check = compare(k, f"result {k}", g, w)
+        if not check.ok:
+            raise CollageError(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its "
+                               f"shape: result {k}: {check.detail}", where=str(root))
 
 
 def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_import: bool = True,
@@ -168,13 +226,13 @@ def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan",
                         fallback: Fallback | None = None, check_import: bool = True, **compile_kwargs) -> ShapedResult:
     """A model file with dynamic dims (ONNX or StableHLO) compiled into one artifact of shape buckets, every
     bucket placed by ``plan`` (a plan spec such as ``whole:openvino``, or a ``Plan``); ``fallback``: the
-    engine for an ONNX model's shapes between buckets (None: the faster of ORT and OpenVINO, timed, where
-    buckets and padding leave a gap; a StableHLO module has none)."""
+    engine for shapes between buckets (None, where buckets and padding leave a gap: of ``fallback_kinds``,
+    the fastest, timed where there are several)."""
     axes, dynamic_model = model_file_axes(path)
     check_declared(axes, dim_plan.dims)
     if fallback is None:
-        fallback = Fallback.NONE if dynamic_model is None or dim_plan.unserved(fallback=False) is None else \
-            choose_fallback(dynamic_model, dim_plan, axes, [Fallback.ORT, Fallback.OPENVINO])[0]
+        fallback = Fallback.NONE if dim_plan.unserved(fallback=False) is None else \
+            choose_fallback(dynamic_model, dim_plan, axes)[0]
 
     def bucket(values: dict[str, int]) -> BucketModel:
         module = load_bucket(path, values, new_context(), check_import=check_import)
@@ -215,14 +273,19 @@ def output_axes(dim_plan: DimPlan, buckets: list[Mapping[str, int]], shapes: lis
     return tuple(out)
 
 
-def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequence[Fallback],
+def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequence[Fallback] | None = None,
                     repeats: int = 5) -> tuple[Fallback, dict[Fallback, float]]:
-    """The engine of ``kinds`` that runs the ONNX ``model`` (dynamic dims kept) fastest, timed at a shape
-    between buckets (each dim at the middle of its widest gap, or its OPT value where there is none):
-    (the fastest, seconds per call of each that ran). An engine that fails to load or run is left out; a
-    CollageError when none runs."""
+    """The engine of ``kinds`` (default ``fallback_kinds(model)``) that runs ``model`` (dynamic dims kept)
+    fastest, timed at a shape between buckets (each dim at the middle of its widest gap, or its OPT value
+    where there is none): (the fastest, seconds per call of each that ran; empty where only one engine
+    takes the model: it is not timed). An engine that fails to load or run is left out; a CollageError
+    when none runs."""
+    kinds = tuple(kinds or fallback_kinds(model))
+    if len(kinds) == 1:  # nothing to choose; compile_shaped builds it first and checks it
+        return kinds[0], {}
     values = {d.name: _between(d, dim_plan.values[d.name]) for d in dim_plan.dims}
-    times, problems = _engine_times(model, inputs, values, kinds, repeats)
+    with workdir() as tmp:
+        times, problems = _engine_times(model, inputs, values, kinds, repeats, Path(tmp))
     if not times:
         raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
                            "list every value with --bucket, or declare --pad", where=str(model))
@@ -231,47 +294,45 @@ def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequenc
 
 def dynamic_ratio(model: Path, dim_plan: DimPlan, inputs: Axes, fallback: Fallback, repeats: int = 5) -> float:
     """How much slower the ``fallback`` engine runs the dynamic ``model`` than a static program would: its
-    time over the faster of ONNX Runtime and OpenVINO on the model specialised to the shape (the engines a
-    bucket's plan places), the mean at the OPT shape and at the MIN shape (small shapes lose the most to
-    dynamism: BERT-base 1x16 1.17x, 1x64 1.04-1.10x); infinite without a fallback."""
+    time over the static model's (an ONNX model specialised to the shape on the faster of ONNX Runtime and
+    OpenVINO, the engines a bucket's plan places; a StableHLO module refined to it, on IREE), the mean at
+    the OPT shape and at the MIN shape (small shapes lose the most to dynamism: BERT-base 1x16 1.17x, 1x64
+    1.04-1.10x); infinite without a fallback."""
     if fallback is Fallback.NONE:
         return float("inf")
     ratios = []
-    for values in ({d.name: d.opt for d in dim_plan.dims}, {d.name: d.min for d in dim_plan.dims}):
-        if ratios and values == {d.name: d.opt for d in dim_plan.dims}:
-            continue
-        dynamic, _ = _engine_times(model, inputs, values, [fallback], repeats)
-        with workdir() as tmp:
-            static, _ = _engine_times(specialise_onnx(model, values, tmp), inputs, values,
-                                      [Fallback.ORT, Fallback.OPENVINO], repeats)
-        if not dynamic or not static:
-            raise CollageError("cannot time the model at its OPT shape to choose buckets", where=str(model))
-        ratios.append(dynamic[fallback] / min(static.values()))
+    opt = {d.name: d.opt for d in dim_plan.dims}
+    with workdir() as name:
+        tmp = Path(name)
+        for values in (opt, {d.name: d.min for d in dim_plan.dims}):
+            if ratios and values == opt:
+                continue
+            dynamic, problems = _engine_times(model, inputs, values, [fallback], repeats, tmp)
+            if model.suffix == ".onnx":
+                static, more = _engine_times(specialise_onnx(model, values, tmp), inputs, values,
+                                             [Fallback.ORT, Fallback.OPENVINO], repeats, tmp)
+            else:
+                program = tmp / f"static-{_digest(values)}.vmfb"
+                program.write_bytes(_iree_dynamic(model, values))
+                static, more = _engine_times(model, inputs, values, [Fallback.IREE], repeats, tmp, runnable=program)
+            if not dynamic or not static:
+                raise CollageError("cannot time the model at its OPT shape to choose buckets "
+                                   f"({'; '.join(problems + more)})", where=str(model))
+            ratios.append(dynamic[fallback] / min(static.values()))
     return float(np.mean(ratios))
 
 
-def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback],
-                  repeats: int) -> tuple[dict[Fallback, float], list[str]]:
+def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback], repeats: int,
+                  directory: Path, runnable: Path | None = None) -> tuple[dict[Fallback, float], list[str]]:
     """Median seconds per call of each engine of ``kinds`` on ``model`` at the dims ``values`` (inputs
-    generated), and what went wrong with those that did not run."""
-    import onnx
-
-    proto = onnx.load(str(model), load_external_data=False)
-    constants = {t.name for t in proto.graph.initializer}
-    graph_inputs = [i for i in proto.graph.input if i.name not in constants]
-    rng = np.random.default_rng(0)
-    arrays = []
-    for tensor, axes in zip(graph_inputs, inputs):
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.type.tensor_type.elem_type)
-        shape = [values[n] if n is not None else d.dim_value
-                 for n, d in zip(axes, tensor.type.tensor_type.shape.dim)]
-        # Integer inputs are often indices (token ids, masks): zeros are valid for any of them.
-        arrays.append(rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype))
+    generated), and what went wrong with those that did not run. ``directory``: where IREE's program of a
+    StableHLO module is compiled (``_runnable``); ``runnable``: a file to run instead (a static program)."""
+    arrays = _example_inputs(model, inputs, values)
     threads = usable_cores()
     times, problems = {}, []
     for kind in kinds:
         try:
-            run = dynamic_runner(kind, model, Engines(threads, sole=kind.value))
+            run = dynamic_runner(kind, runnable or _runnable(model, kind, directory), Engines(threads, sole=kind.value))
             run(arrays)
             samples = []
             for _ in range(repeats):
@@ -282,6 +343,34 @@ def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: S
         except Exception as exc:  # noqa: BLE001  an engine that cannot run the model is left out
             problems.append(f"{kind.value}: {' '.join(str(exc).split())[:120]}")
     return times, problems
+
+
+def _example_inputs(model: Path, inputs: Axes, values: Mapping[str, int]) -> list[np.ndarray]:
+    """Generated inputs of ``model`` (ONNX graph inputs, or ``@main``'s arguments) at the dims ``values``."""
+    if model.suffix == ".onnx":
+        import onnx
+
+        proto = onnx.load(str(model), load_external_data=False)
+        constants = {t.name for t in proto.graph.initializer}
+        specs = [(onnx.helper.tensor_dtype_to_np_dtype(t.type.tensor_type.elem_type),
+                  [d.dim_value for d in t.type.tensor_type.shape.dim])
+                 for t in proto.graph.input if t.name not in constants]
+    else:
+        main = next(f for f in public_funcs(load_module(model, new_context())) if collage.symbol_name(f) == "main")
+        types = map(ir.RankedTensorType, ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs)
+        specs = [(byte_dtype(str(t.element_type)), [None if t.is_dynamic_dim(a) else t.get_dim_size(a)
+                                                    for a in range(t.rank)]) for t in types]
+    return [_generated([values[n] if n is not None else size for n, size in zip(axes, shape)], dtype, k)
+            for k, ((dtype, shape), axes) in enumerate(zip(specs, inputs))]
+
+
+def _generated(shape: Sequence[int], dtype: np.dtype, seed: int) -> np.ndarray:
+    """A generated input: normal floats; zeros for integers, which are often indices (token ids, masks):
+    zeros are valid for any of them."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return np.random.default_rng(seed).standard_normal(tuple(shape)).astype(dtype)
+    return np.zeros(tuple(shape), dtype)
 
 
 def _between(dim, buckets: Sequence[int]) -> int:

@@ -170,7 +170,8 @@ def choose_buckets(plan: DimPlan, trace: ShapeTrace, ratio: float, max_buckets: 
     to its shape's size (the product of its dims): on a bucket that serves it, its bucket's size (padding
     included); else ``ratio`` times its own (the fallback engine on the dynamic model, ``ratio`` its time
     over a static program's, measured). Without a fallback (``ratio`` infinite) the top bucket (every
-    dim at MAX) comes first, as padding needs it."""
+    dim at MAX) comes first, as padding needs it. At least one bucket: the OPT shape where no bucket cuts
+    the time (a fallback timed as fast as a static program)."""
     def size(shape: Mapping[str, int]) -> float:
         return float(np.prod([shape[d.name] for d in plan.dims]))
 
@@ -196,6 +197,8 @@ def choose_buckets(plan: DimPlan, trace: ShapeTrace, ratio: float, max_buckets: 
             break
         chosen.append(candidates[k])
         now = best
+    if not chosen:  # the fallback measured as fast as a static program: still one bucket, the OPT shape
+        chosen.append({d.name: d.opt for d in plan.dims})
     return sorted(chosen, key=lambda b: [b[d.name] for d in plan.dims])
 
 

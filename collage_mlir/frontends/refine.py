@@ -179,3 +179,57 @@ def refined(text: bytes, where: str) -> bytes:
         text = " ".join(str(exc).split())
         detail = text.split("error: ", 1)[-1]  # MLIR's diagnostic, without jaxlib's status prefixes
         raise CollageError(f"the module does not refine to static shapes: {detail[:300]}", where=where) from None
+
+
+def for_iree(module: ir.Module, *, where: str) -> ir.Module:
+    """A copy of the dynamic ``module`` in the form iree-compile takes with its ``?`` dims kept: IREE's
+    CPU program of it serves the shapes between buckets (``Fallback.IREE``). IREE 3.13 refuses two ops
+    as jax.export writes them:
+
+    - ``stablehlo.dynamic_reshape`` (no legalization): it becomes ``tensor.reshape``, which IREE lowers;
+    - ``stablehlo.dynamic_broadcast_in_dim`` whose operand has a ``?`` dim: IREE lowers it only where each
+      operand dim is known to expand (size 1 broadcast) or not. A static size-1 dim that meets a larger or
+      ``?`` result dim expands (right for any size), other static dims do not. A ``?`` operand dim does not
+      expand in a jax.export module (``jax.uses_shape_polymorphism``): jax broadcasts a symbolic dim only to
+      itself (its shape polymorphism refuses to trace any other broadcast). In any other module a ``?``
+      operand dim stays unknown and IREE refuses the op, which is then one CollageError.
+
+    The module is inlined and canonicalized first (IREE's StableHLO canonicalizer merges chained broadcasts
+    into new ops: the marks go on what it leaves). jax.export's ``@shape_assertion`` calls are dropped: the
+    runtime checks each dim against its declared range and that axes sharing a dim agree."""
+    from iree.compiler import passmanager
+
+    copy = stablehlo.parse(module.operation.get_asm(binary=True), module.context, where=where)
+    jax_export = "jax.uses_shape_polymorphism" in copy.operation.attributes and \
+        ir.BoolAttr(copy.operation.attributes["jax.uses_shape_polymorphism"]).value
+    with copy.context, ir.Location.unknown():
+        for op in matching_ops(copy, lambda o: o.name == "stablehlo.custom_call" and ir.StringAttr(
+                o.attributes["call_target_name"]).value == "shape_assertion"):
+            op.erase()
+        try:
+            passmanager.PassManager.parse(
+                "builtin.module(inline,func.func(iree-stablehlo-canonicalize),cse,symbol-dce)").run(copy.operation)
+        except Exception as exc:  # noqa: BLE001  MLIR's pass failure, with its diagnostics
+            raise CollageError(f"the dynamic module does not canonicalize: {' '.join(str(exc).split())[:300]}",
+                               where=where) from None
+        for op in matching_ops(copy, lambda o: o.name == "stablehlo.dynamic_reshape"):
+            with ir.InsertionPoint(op):
+                reshape = ir.Operation.create("tensor.reshape", results=[op.result.type], operands=list(op.operands))
+            op.result.replace_all_uses_with(reshape.result)
+            op.erase()
+        for op in matching_ops(copy, lambda o: o.name == "stablehlo.dynamic_broadcast_in_dim"):
+            operand, result = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.result.type)
+            into = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+            expanding, kept = [], []
+            for d in range(operand.rank):
+                if operand.is_dynamic_dim(d):
+                    if jax_export:
+                        kept.append(d)
+                elif operand.get_dim_size(d) == 1 and (result.is_dynamic_dim(into[d])
+                                                       or result.get_dim_size(into[d]) != 1):
+                    expanding.append(d)
+                else:
+                    kept.append(d)
+            op.attributes["known_expanding_dimensions"] = ir.DenseI64ArrayAttr.get(expanding)
+            op.attributes["known_nonexpanding_dimensions"] = ir.DenseI64ArrayAttr.get(kept)
+    return copy

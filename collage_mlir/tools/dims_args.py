@@ -11,7 +11,7 @@ from collage_runtime.shapes import Axes, Fallback, dims_label
 from ..errors import CollageError
 from ..frontends.dims import (DimPlan, ShapeTrace, argument_axes, check_declared, choose_buckets, parse_bucket,
                               parse_dim)
-from ..shaped import choose_fallback, dynamic_ratio, model_file_axes
+from ..shaped import choose_fallback, dynamic_ratio, fallback_kinds, model_file_axes
 from . import positive_int
 
 
@@ -30,23 +30,31 @@ def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
                              "model measured on the model, instead of --bucket's grid")
     parser.add_argument("--max-buckets", type=positive_int, default=8, help="with --shapes: at most this many buckets")
     parser.add_argument("--fallback", choices=["auto", *(f.value for f in Fallback)], default="auto",
-                        help="the engine that runs an ONNX model's shapes between buckets with its dynamic dims "
-                             "(default auto: the faster of ort and openvino, timed here; none: refuse such shapes)")
+                        help="the engine that runs the model's shapes between buckets with its dynamic dims (ort or "
+                             "openvino an ONNX model, iree a StableHLO module; default auto: of those, the faster, "
+                             "timed here; none: refuse such shapes)")
 
 
 def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan, axes: Axes) -> Fallback:
     """The engine that serves shapes between buckets: none where buckets and padding serve every shape or
-    the model is not ONNX; else the one named, or (auto) the faster, timed on the model."""
+    the model is not a file (a torch factory); else the one named, or (auto) the faster of those that take
+    the model (``fallback_kinds``), timed on it."""
     from rich.console import Console
 
     if model is None or args.fallback == Fallback.NONE.value or dim_plan.unserved(fallback=False) is None:
         return Fallback.NONE
+    kinds = fallback_kinds(model)
     if args.fallback != "auto":
+        if Fallback(args.fallback) not in kinds:
+            raise CollageError(f"{args.fallback} does not run this model with its dynamic dims; "
+                               + " or ".join(k.value for k in kinds) + " does", where="--fallback", exit_code=2)
         return Fallback(args.fallback)
     with Console(stderr=True).status("timing the fallback engines on the model with dynamic dims"):
-        chosen, times = choose_fallback(model, dim_plan, axes, [Fallback.ORT, Fallback.OPENVINO])
-    Console(stderr=True).print("between buckets: " + ", ".join(f"{k.value} {v * 1e3:.2f} ms" for k, v in times.items())
-                               + f" → {chosen.value}", highlight=False)
+        chosen, times = choose_fallback(model, dim_plan, axes, kinds)
+    if times:
+        Console(stderr=True).print("between buckets: " + ", ".join(f"{k.value} {v * 1e3:.2f} ms"
+                                                                   for k, v in times.items())
+                                   + f" → {chosen.value}", highlight=False)
     return chosen
 
 
@@ -86,7 +94,7 @@ def traced_plan(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
 
 def model_axes(spec: str, dim_plan: DimPlan) -> tuple[Axes, Path | None]:
     """Which input axes carry the declared dims, and the model an engine that takes dynamic dims runs
-    between buckets (an ONNX model itself; None for a StableHLO module or a torch factory). Every dynamic
+    between buckets (the model file itself; None for a torch factory). Every dynamic
     dim of a model file must be declared, and every declared dim must be one of them."""
     if Path(spec).suffix in (".onnx", ".mlir", ".mlirbc"):
         axes, dynamic_model = model_file_axes(spec)

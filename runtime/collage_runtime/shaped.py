@@ -1,8 +1,8 @@
 """ShapedProgram: an artifact of shape buckets (``shapes.json``) loaded as one program that takes any
 shape in its declared ranges. Each call picks what serves the inputs' shape: the bucket compiled for it;
 else, where every dim that differs is declared paddable, the smallest bucket that holds the shape (inputs
-zero-padded, outputs sliced back); else the fallback engine (ONNX Runtime or OpenVINO) on the source
-model with its dynamic dims. Nothing compiles at request time: every bucket is loaded with the program."""
+zero-padded, outputs sliced back); else the fallback engine (ONNX Runtime or OpenVINO on the source
+ONNX model, IREE on a StableHLO module) with its dynamic dims. Nothing compiles at request time: every bucket is loaded with the program."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .engines import Engines, usable_cores
+from .engines import Engines, iree_device, usable_cores
 from .manifest import ArtifactError
 from .package import is_package, unpack
-from .program import InputError, Program
+from .program import InputError, Program, mapped_array
 from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, dims_label, load_shape_table, pad_to
 from .weights import WEIGHTS, WeightStore
 
@@ -148,7 +148,8 @@ class ShapedProgram:
 
 
 def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[Sequence[np.ndarray]], tuple]:
-    """A callable running the ONNX ``model`` (dynamic dims kept) on ``kind``'s engine: arrays in, arrays out."""
+    """A callable running ``model`` (dynamic dims kept: an ONNX model, or IREE's program of a StableHLO
+    module) on ``kind``'s engine: arrays in, arrays out."""
     if kind is Fallback.ORT:
         import onnxruntime as ort  # the engines are imported only where a fallback runs on them
 
@@ -179,5 +180,19 @@ def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[S
 
         run.weights = keep  # type: ignore[attr-defined]
         return run
+    if kind is Fallback.IREE:
+        import iree.runtime as rt
+
+        device = iree_device("local-task", engines.threads)
+        config = rt.Config(device=device)
+        module = rt.VmModule.mmap(config.vm_instance, str(model))
+        main = getattr(rt.SystemContext(vm_modules=[module], config=config).modules, module.name)["main"]
+
+        def run_iree(arrays: Sequence[np.ndarray]) -> tuple:
+            results = main(*(np.ascontiguousarray(a) for a in arrays))
+            results = results if isinstance(results, tuple) else (results,)
+            return tuple(mapped_array(r._buffer_view, tuple(r.shape), r.dtype) for r in results)
+
+        return run_iree
     raise ValueError(f"no dynamic runner for {kind}")
 

@@ -10,7 +10,8 @@ dimension, the declared ranges, the buckets, and what serves a shape between buc
   inputs are zero-padded up to the smallest bucket that holds them and the outputs sliced back;
 - ``fallback``: an engine that takes dynamic dims runs the source model, ``fallback/model.onnx``
   (``Fallback.ORT``: ONNX Runtime; ``Fallback.OPENVINO``: OpenVINO, the model compiled once with its
-  dynamic dims);
+  dynamic dims), or a StableHLO module compiled by IREE with its dynamic dims, ``fallback/main.vmfb``
+  (``Fallback.IREE``);
 - nothing: a shape between buckets is refused (the compiler refuses to build such an artifact unless
   every value in range is a bucket).
 
@@ -80,11 +81,14 @@ class Fallback(str, Enum):
     NONE = "none"
     ORT = "ort"            # ONNX Runtime on the source ONNX model, whose inputs keep their dynamic dims
     OPENVINO = "openvino"  # OpenVINO's CPU plugin on the same model, compiled with dynamic dims
+    IREE = "iree"          # IREE's CPU program of a StableHLO module, compiled with its dynamic dims
 
     @property
     def file(self) -> str | None:
         """The fallback's model file inside the artifact."""
-        return None if self is Fallback.NONE else "fallback/model.onnx"
+        if self is Fallback.NONE:
+            return None
+        return "fallback/main.vmfb" if self is Fallback.IREE else "fallback/model.onnx"
 
 
 #: Per input (or output), per axis: the dimension's name, or None for a static axis.

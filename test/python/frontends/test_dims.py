@@ -95,8 +95,8 @@ def test_buckets_chosen_for_a_trace():
     # seq 32 would cut 0.8 % of what is left: below min_gain (1 %), not worth a compile.
     assert choose_buckets(plan, trace, 1.1, 8) == [{"batch": 1, "seq": 64}, {"batch": 4, "seq": 100}]
     assert len(choose_buckets(plan, trace, 1.1, 8, min_gain=0.001)) == 3
-    # No gain, no bucket: the fallback as fast as a static program.
-    assert choose_buckets(plan, trace, 1.0, 8) == []
+    # No gain: the fallback as fast as a static program. Still one bucket (an artifact holds one), at OPT.
+    assert choose_buckets(plan, trace, 1.0, 8) == [{"batch": 1, "seq": 64}]
     # Padding along seq: one bucket at seq 64 serves seq 32 too, where padding costs less than the fallback.
     padded = DimPlan.of(plan.dims, pad=["seq"])
     assert {"batch": 1, "seq": 32} not in choose_buckets(padded, trace, 3.0, 2)

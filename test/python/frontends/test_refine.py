@@ -125,3 +125,58 @@ def test_jax_jit_of_an_exported_function_takes_its_symbols():
     with pytest.raises(CollageError, match="'c' is not a dynamic dim of the model"):
         collage_mlir.jax.jit(exported, dims={"c": (1, 2, 4)})(np.zeros((2, 16), np.float32),
                                                              np.zeros((2, 2), np.float32))
+
+
+def test_shapes_between_buckets_run_on_iree_with_the_dims_kept(tmp_path, monkeypatch, capsys):
+    """Without --pad, IREE's program of the module with its `?` dims kept serves the shapes between buckets
+    (`refine.for_iree`: jax.export's dynamic reshape and broadcasts in the form IREE takes); equal to jax
+    (rtol 1e-5, atol 1e-5) at buckets and between them, results outliving later calls. An engine that does
+    not take the module, a module IREE cannot compile dynamic, and a fallback that disagrees with a bucket
+    are one line each."""
+    import collage_runtime
+    import collage_mlir.shaped
+    from collage_mlir.tools.cli import main as collage
+
+    path = tmp_path / "net.mlir"
+    path.write_text(exported_text())
+    assert collage(["compile", str(path), "--dim", "b=1:2:8", "--bucket", "b=2,8", "-o", str(tmp_path / "art")]) == 0
+    rng = np.random.default_rng(3)
+    kept = []
+    with collage_runtime.load(tmp_path / "art") as program:
+        for batch, served in ((2, "bucket b=2"), (5, "iree fallback"), (1, "iree fallback"), (8, "bucket b=8")):
+            x, mask = rng.standard_normal((batch, 16), np.float32), rng.standard_normal((batch, 2), np.float32)
+            (got,) = program.invoke("main", x, mask)
+            assert program.served(x, mask) == served
+            np.testing.assert_allclose(got, net(x, mask), rtol=1e-5, atol=1e-5)
+            kept.append((got.copy(), got))
+    for copy, got in kept:
+        np.testing.assert_array_equal(got, copy)
+
+    capsys.readouterr()
+    assert collage(["compile", str(path), "--dim", "b=1:2:8", "--fallback", "ort", "-o", str(tmp_path / "no")]) == 2
+    assert capsys.readouterr().err == ("collage: error: --fallback: ort does not run this model with its dynamic "
+                                       "dims; iree does\n")
+    broadcast = tmp_path / "broadcast.mlir"  # a hand-written module: a `?` dim may expand, IREE cannot tell
+    broadcast.write_text("""
+func.func @main(%x: tensor<?xf32>, %s: tensor<2xi32>) -> tensor<?x4xf32> {
+  %0 = stablehlo.dynamic_broadcast_in_dim %x, %s, dims = [0] : (tensor<?xf32>, tensor<2xi32>) -> tensor<?x4xf32>
+  return %0 : tensor<?x4xf32>
+}""")
+    with pytest.raises(CollageError, match="IREE cannot compile the module with its dynamic dims"):
+        collage_mlir.shaped.compile_file_shaped(
+            broadcast, collage_mlir.frontends.dims.DimPlan.of([collage_mlir.frontends.dims.parse_dim("0.0=1:2:4")]),
+            "default", tmp_path / "refused", check_import=False)
+    assert not (tmp_path / "refused").exists()
+
+    def other_model(model, values=None):  # a module that computes something else: the check must catch it
+        wrong = tmp_path / "wrong.mlir"
+        wrong.write_text(exported_text().replace("stablehlo.multiply", "stablehlo.add", 1))
+        return real(wrong, values)
+
+    real = collage_mlir.shaped._iree_dynamic
+    monkeypatch.setattr(collage_mlir.shaped, "_iree_dynamic", other_model)
+    assert collage(["compile", str(path), "--dim", "b=1:2:8", "--bucket", "b=2,8", "-o", str(tmp_path / "wrong")]) == 1
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "error" in line] == err.splitlines()[-1:]
+    assert "the iree fallback disagrees with bucket b=2 at its shape: result 0: max error" in err
+    assert not (tmp_path / "wrong").exists()
