@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collage_runtime.shapes import Axes, bucket_for, cut_to, pad_to
+from collage_runtime.shapes import Axes, bucket_for, cut_to, dims_label, pad_to
 
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
@@ -78,7 +78,9 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
     call out of range is a CollageError, every bucket (each dim's MIN, OPT and MAX) is compiled at the
     first call, and with ``pad`` (dims rows are independent along, such as a batch) a shape between
     buckets runs on the next bucket up, zero-padded, its results cut back: no compile per shape in range.
-    Without ``pad`` a shape between buckets is compiled on first use, as ``jax.jit`` does."""
+    Without ``pad`` a shape between buckets of an ``Exported`` runs on IREE's program of its module with the
+    symbolic dims kept (``shaped.dynamic_program``, compiled with the buckets and checked against the OPT
+    bucket); of a function, it is compiled on first use, as ``jax.jit`` does."""
     import jax
 
     exported = fn if isinstance(fn, jax.export.Exported) else None
@@ -106,12 +108,19 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
         values = input_values(axes, leaves)
         plan_of_dims.check(values)
         if "outputs" not in state:  # every bucket compiled at once; which result axes carry the dims
-            shapes = []
+            shapes, opt = [], {d.name: d.opt for d in plan_of_dims.dims}
             for bucket in plan_of_dims.grid():
                 grown = [_resize(a, names, bucket) for a, names in zip(leaves, axes)]
-                shapes.append([np.shape(o) for o in jax.tree_util.tree_leaves(signature_call(grown, tree))])
+                results, state["out_tree"] = jax.tree_util.tree_flatten(signature_call(grown, tree))
+                shapes.append([np.shape(o) for o in results])
+                if dict(bucket) == opt or "check" not in state:
+                    state["check"] = (grown, [np.array(r) for r in results], dims_label(bucket))
             state["outputs"] = output_axes(plan_of_dims, plan_of_dims.grid(), shapes)
+            if exported is not None and plan_of_dims.unserved(fallback=False) is not None:
+                state["dynamic"] = _dynamic_runner(exported, *state.pop("check"))
         target = bucket_for(plan_of_dims.grid(), values, plan_of_dims.pad)
+        if target is None and "dynamic" in state:
+            return jax.tree_util.tree_unflatten(state["out_tree"], list(state["dynamic"](leaves)))
         if target is None or dict(target) == values:
             return signature_call(leaves, tree)
         result = signature_call([pad_to(a, names, target) for a, names in zip(leaves, axes)], tree)
@@ -120,6 +129,30 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
                                                        for r, names in zip(results, state["outputs"])])
 
     return call
+
+
+def _dynamic_runner(exported, arrays: list, want: list, bucket: str) -> Callable:
+    """IREE's program of ``exported``'s module with its symbolic dims kept (``shaped.dynamic_program``):
+    flat arrays in, flat arrays out; checked to give ``want`` (bucket ``bucket``'s results) on ``arrays``."""
+    import tempfile
+    import weakref
+
+    from collage_runtime.engines import Engines, usable_cores
+    from collage_runtime.shaped import dynamic_runner
+    from collage_runtime.shapes import Fallback
+
+    from .frontends import stablehlo
+    from .shaped import check_agrees, dynamic_program
+
+    where = "jax.export"
+    program = dynamic_program(stablehlo.parse(exported.mlir_module(), new_context(), where=where), where)
+    directory = tempfile.TemporaryDirectory(prefix="collage-dynamic-")
+    path = Path(directory.name) / "dynamic.vmfb"
+    path.write_bytes(program)
+    run = dynamic_runner(Fallback.IREE, path, Engines(usable_cores(), sole=Fallback.IREE.value))
+    weakref.finalize(run, directory.cleanup)  # the program's file lives as long as its runner
+    check_agrees(f"IREE's dynamic program disagrees with bucket {bucket} at its shape", run(arrays), want, where)
+    return run
 
 
 def _callable(fn):

@@ -160,17 +160,30 @@ def fallback_kinds(model: Path) -> tuple[Fallback, ...]:
 
 
 def _iree_dynamic(model: Path, values: Mapping[str, int] | None = None) -> bytes:
-    """IREE's CPU program of the StableHLO module at ``model``: with its dynamic dims (``refine.for_iree``),
+    """IREE's CPU program of the StableHLO module at ``model``: with its dynamic dims (``dynamic_program``),
     or specialised to ``values``."""
-    where = str(model)
     if values is not None:
         return iree_compile(refine.load(model, new_context(), values), quiet=True)
-    module = refine.for_iree(load_module(model, new_context()), where=where)
+    return dynamic_program(load_module(model, new_context()), str(model))
+
+
+def dynamic_program(module: ir.Module, where: str) -> bytes:
+    """IREE's CPU program of the StableHLO ``module`` with its dynamic dims kept (``refine.for_iree``); one
+    CollageError where IREE cannot compile it."""
     try:
-        return iree_compile(module, quiet=True)
+        return iree_compile(refine.for_iree(module, where=where), quiet=True)
     except CollageError as exc:
         raise CollageError(f"IREE cannot compile the module with its dynamic dims ({exc}); list every value "
                            "with --bucket, or declare --pad", where=where) from None
+
+
+def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], where: str) -> None:
+    """A fallback's results ``got`` against a bucket's ``want`` on the same inputs (``measure.import_check
+    .compare``'s tolerance); one CollageError, saying ``what`` disagrees, where an output differs."""
+    for k, (g, w) in enumerate(zip(got, want)):
+        check = compare(k, f"result {k}", g, w)
+        if not check.ok:
+            raise CollageError(f"{what}: result {k}: {check.detail}", where=where)
 
 
 def _runnable(model: Path, kind: Fallback, directory: Path) -> Path:
@@ -195,11 +208,8 @@ def check_fallback(root: Path, kind: Fallback, bucket: Bucket) -> None:
         arrays = [_generated(s.shape, s.dtype, k) for k, s in enumerate(program.signature("main").inputs)]
         want = [np.array(w) for w in program.invoke("main", *arrays)]
     got = dynamic_runner(kind, root / kind.file, engines)(arrays)
-    for k, (g, w) in enumerate(zip(got, want)):
-        check = compare(k, f"result {k}", g, w)
-        if not check.ok:
-            raise CollageError(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its "
-                               f"shape: result {k}: {check.detail}", where=str(root))
+    check_agrees(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its shape", got,
+                 want, str(root))
 
 
 def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_import: bool = True,

@@ -109,9 +109,9 @@ def test_compile_a_jax_export_with_dims_and_run_every_shape(tmp_path):
     assert "dim 'b') is 5, outside the declared range 1..4" in run.stderr
 
 
-def test_jax_jit_of_an_exported_function_takes_its_symbols():
+def test_jax_jit_of_an_exported_function_takes_its_symbols(monkeypatch):
     """`collage_mlir.jax.jit(exported, dims={"b": ...}, pad=["b"])`: buckets compiled once, shapes between them
-    padded; equal to jax (rtol 1e-5, atol 1e-5)."""
+    padded; without pad, run by IREE's dynamic program; equal to jax (rtol 1e-5, atol 1e-5)."""
     import collage_mlir.jax
 
     b, = jax.export.symbolic_shape("b")
@@ -122,6 +122,16 @@ def test_jax_jit_of_an_exported_function_takes_its_symbols():
     for batch in (3, 1):
         x, mask = rng.standard_normal((batch, 16), np.float32), rng.standard_normal((batch, 2), np.float32)
         np.testing.assert_allclose(run(x, mask), net(x, mask), rtol=1e-5, atol=1e-5)
+    # Without pad: IREE's dynamic program of the exported module between buckets, nothing compiled per shape.
+    import collage_mlir.jax as entry
+
+    compiled, real_compile = [], entry.compile
+    monkeypatch.setattr(entry, "compile", lambda *a, **k: compiled.append(a[1:]) or real_compile(*a, **k))
+    dynamic = collage_mlir.jax.jit(exported, dims={"b": (1, 2, 8)})
+    for batch in (3, 5, 1, 8):
+        x, mask = rng.standard_normal((batch, 16), np.float32), rng.standard_normal((batch, 2), np.float32)
+        np.testing.assert_allclose(dynamic(x, mask), net(x, mask), rtol=1e-5, atol=1e-5)
+    assert sorted(np.shape(a[0])[0] for a in compiled) == [1, 2, 8]  # the buckets alone
     with pytest.raises(CollageError, match="'c' is not a dynamic dim of the model"):
         collage_mlir.jax.jit(exported, dims={"c": (1, 2, 4)})(np.zeros((2, 16), np.float32),
                                                              np.zeros((2, 2), np.float32))
