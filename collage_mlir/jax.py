@@ -78,9 +78,11 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
     call out of range is a CollageError, every bucket (each dim's MIN, OPT and MAX) is compiled at the
     first call, and with ``pad`` (dims rows are independent along, such as a batch) a shape between
     buckets runs on the next bucket up, zero-padded, its results cut back: no compile per shape in range.
-    Without ``pad`` a shape between buckets of an ``Exported`` runs on IREE's program of its module with the
-    symbolic dims kept (``shaped.dynamic_program``, compiled with the buckets and checked against the OPT
-    bucket); of a function, it is compiled on first use, as ``jax.jit`` does."""
+    Without ``pad`` a shape between buckets runs on IREE's program of the module with symbolic dims kept
+    (``shaped.dynamic_program``, compiled with the buckets and checked against the OPT bucket): an
+    ``Exported``'s own module, or ``fn`` exported with a symbol per declared dim. Where jax cannot export
+    ``fn`` so (its Python depends on a dim's value), a warning says why and such a shape is compiled on
+    first use, as ``jax.jit`` does."""
     import jax
 
     exported = fn if isinstance(fn, jax.export.Exported) else None
@@ -116,8 +118,10 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
                 if dict(bucket) == opt or "check" not in state:
                     state["check"] = (grown, [np.array(r) for r in results], dims_label(bucket))
             state["outputs"] = output_axes(plan_of_dims, plan_of_dims.grid(), shapes)
-            if exported is not None and plan_of_dims.unserved(fallback=False) is not None:
-                state["dynamic"] = _dynamic_runner(exported, *state.pop("check"))
+            if plan_of_dims.unserved(fallback=False) is not None:
+                source = exported if exported is not None else _exported(fn, leaves, tree, axes)
+                if source is not None:
+                    state["dynamic"] = _dynamic_runner(source, *state.pop("check"))
         target = bucket_for(plan_of_dims.grid(), values, plan_of_dims.pad)
         if target is None and "dynamic" in state:
             return jax.tree_util.tree_unflatten(state["out_tree"], list(state["dynamic"](leaves)))
@@ -129,6 +133,26 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
                                                        for r, names in zip(results, state["outputs"])])
 
     return call
+
+
+def _exported(fn: Callable, leaves: list, tree, axes: Axes):
+    """``fn`` exported by ``jax.export`` for ``leaves``' dtypes and shapes with a symbol for each declared dim
+    (``d0``, ``d1``, ... in the order the axes name them), or None with a warning where jax refuses."""
+    import warnings
+
+    import jax
+
+    names = list(dict.fromkeys(n for names in axes for n in names if n is not None))
+    symbols = dict(zip(names, jax.export.symbolic_shape(", ".join(f"d{k}" for k in range(len(names))))))
+    specs = [jax.ShapeDtypeStruct(tuple(symbols[n] if n is not None else size for n, size in zip(names_, np.shape(a))),
+                                  np.asarray(a).dtype) for a, names_ in zip(leaves, axes)]
+    try:
+        return jax.export.export(jax.jit(fn))(*jax.tree_util.tree_unflatten(tree, specs))
+    except Exception as exc:  # noqa: BLE001  jax's shape-polymorphism errors have several types
+        warnings.warn(f"collage_mlir.jax.jit: the function does not export with symbolic dims "
+                      f"({' '.join(str(exc).split())[:200]}); a shape between buckets compiles on first use",
+                      stacklevel=3)
+        return None
 
 
 def _dynamic_runner(exported, arrays: list, want: list, bucket: str) -> Callable:

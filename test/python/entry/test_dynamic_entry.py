@@ -89,6 +89,39 @@ def test_jax_jit_declared_range_pads_between_buckets():
         run(np.zeros((5, 8), np.float32), w)
 
 
+def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypatch):
+    """Without pad, a shape between buckets runs on IREE's program of ``fn`` exported with a symbol per dim
+    (a pytree in and out); nothing compiles after the first call; equal to jax (rtol 1e-4, atol 1e-5). A
+    function whose Python branches on a dim's value does not export: one warning, then a compile per shape."""
+    import jax.numpy as jnp
+
+    import collage_mlir.jax as entry
+
+    w = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+
+    def f(x, w):
+        return {"y": jnp.tanh(x @ w), "total": jnp.sum(w)}
+
+    compiled, real = [], entry.compile
+    monkeypatch.setattr(entry, "compile", lambda *a, **k: compiled.append(np.shape(a[1])) or real(*a, **k))
+    run = entry.jit(f, dims={"0.0": (1, 2, 6)})
+    for batch in (3, 1, 5, 6, 4):
+        x = np.random.default_rng(batch).standard_normal((batch, 8)).astype(np.float32)
+        got, want = run(x, w), f(x, w)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got["total"], want["total"], rtol=1e-4, atol=1e-5)
+    assert sorted(compiled) == [(1, 8), (2, 8), (6, 8)]  # the buckets alone
+
+    def branches(x):
+        return x * 2 if x.shape[0] > 3 else x
+
+    compiled.clear()
+    with pytest.warns(UserWarning, match="does not export with symbolic dims"):
+        stepwise = entry.jit(branches, dims={"0.0": (1, 2, 6)})
+        assert np.asarray(stepwise(np.ones((5, 4), np.float32)))[0, 0] == 2.0
+    assert (5, 4) in compiled
+
+
 def test_an_exported_program_with_dims_compiles_its_buckets(torch):
     """collage_mlir.torch.compile(torch.export.export(..., dynamic_shapes={...: Dim(min, max)})): one program
     per bucket (MIN, the example's size, MAX), padded between; out of range and an unbounded Dim are one
