@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,12 +27,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from collage_runtime.shapes import bucket_for, dims_label
+from collage_runtime.shapes import Fallback, bucket_for, dims_label
 
 from .entry import PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached
 from .errors import CollageError
 from .frontends.dims import DimPlan, argument_axes, exported_dims, input_values, resized
-from .frontends.torch import import_torch
+from .frontends.torch import import_exported_dynamic, import_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
 
@@ -96,7 +97,8 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         options = dict(plan=plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db, threads=threads,
                        check_import=check_import)
         if dims:
-            return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad), axes, options)
+            return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad), axes, options,
+                                   program=model)
         model, example_inputs = model.module(), list(args)
     elif example_inputs is None:
         raise CollageError("example inputs are needed to compile a torch model (its shapes and dtypes)")
@@ -135,9 +137,11 @@ class ShapedModule:
         return pytree.tree_unflatten([torch.from_numpy(np.asarray(o)) for o in outs], self._out_spec)
 
 
-def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict) -> ShapedModule:
+def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict, program=None) -> ShapedModule:
     """Every bucket of ``dim_plan`` imported, checked and given its plan, then compiled into one artifact of
-    shape buckets under the cache directory (keyed by the buckets' modules and plans)."""
+    shape buckets under the cache directory (keyed by the buckets' modules and plans). Shapes between
+    buckets that padding does not serve run on IREE's program of the exported ``program`` imported with its
+    dynamic dims (``frontends.torch.import_exported_dynamic``; checked against the OPT bucket)."""
     import torch
     from torch.utils import _pytree as pytree
 
@@ -146,7 +150,11 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     from .graph import number_ops
     from .shaped import BucketModel, compile_shaped
 
-    dim_plan.require_served(fallback=False)  # before any bucket is imported
+    dynamic = None
+    if dim_plan.unserved(fallback=False) is not None:
+        if program is None:
+            dim_plan.require_served(fallback=False)  # before any bucket is imported: one line
+        dynamic = import_exported_dynamic(program, new_context())
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(model(*example))
     grid = dim_plan.grid()
@@ -166,10 +174,19 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
                              seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None)
         models.append(BucketModel(module, choice.plan, choice.provenance))
         key.update(artifact_key(module, choice).encode())
+    if dynamic is not None:
+        key.update(dynamic.operation.get_asm(binary=True))
     out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
-        compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,
-                       source=f"torch:{type(model).__name__}")
+        with tempfile.TemporaryDirectory(prefix="collage-dynamic-") as tmp:
+            fallback = None
+            if dynamic is not None:
+                fallback = Path(tmp) / "dynamic.mlirbc"
+                with open(fallback, "wb") as f:
+                    dynamic.operation.write_bytecode(f)
+            compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,
+                           source=f"torch:{type(model).__name__}", fallback_model=fallback,
+                           fallback=Fallback.IREE if fallback is not None else Fallback.NONE)
     return ShapedModule(collage_runtime.load(out, threads=options["threads"]), out_spec)
 
 

@@ -181,6 +181,11 @@ def refined(text: bytes, where: str) -> bytes:
         raise CollageError(f"the module does not refine to static shapes: {detail[:300]}", where=where) from None
 
 
+#: A module attribute: the module's ``?`` dims are symbolic dims that a broadcast never expands (an import
+#: of a ``torch.export`` program; a jax.export module says so by ``jax.uses_shape_polymorphism``).
+SYMBOLIC_DIMS = "collage.symbolic_dims"
+
+
 def for_iree(module: ir.Module, *, where: str) -> ir.Module:
     """A copy of the dynamic ``module`` in the form iree-compile takes with its ``?`` dims kept: IREE's
     CPU program of it serves the shapes between buckets (``Fallback.IREE``). IREE 3.13 refuses two ops
@@ -192,23 +197,28 @@ def for_iree(module: ir.Module, *, where: str) -> ir.Module:
       ``?`` result dim expands (right for any size), other static dims do not. A ``?`` operand dim does not
       expand in a jax.export module (``jax.uses_shape_polymorphism``): jax broadcasts a symbolic dim only to
       itself (its shape polymorphism refuses to trace any other broadcast). In any other module a ``?``
-      operand dim stays unknown and IREE refuses the op, which is then one CollageError.
+      operand dim stays unknown and IREE refuses the op, which is then one CollageError. A ``torch.export``
+      program's import (``SYMBOLIC_DIMS``) is taken as jax.export's: torch.export decides any other
+      broadcast of a symbolic dim by a guard when it traces.
 
     The module is inlined and canonicalized first (IREE's StableHLO canonicalizer merges chained broadcasts
-    into new ops: the marks go on what it leaves). jax.export's ``@shape_assertion`` calls are dropped: the
-    runtime checks each dim against its declared range and that axes sharing a dim agree."""
+    into new ops: the marks go on what it leaves). jax.export's ``@shape_assertion`` calls and torch-mlir's
+    ``shape.cstr_*`` constraints are dropped: the runtime checks each dim against its declared range and that
+    axes sharing a dim agree."""
     from iree.compiler import passmanager
 
     copy = stablehlo.parse(module.operation.get_asm(binary=True), module.context, where=where)
-    jax_export = "jax.uses_shape_polymorphism" in copy.operation.attributes and \
-        ir.BoolAttr(copy.operation.attributes["jax.uses_shape_polymorphism"]).value
+    attrs = copy.operation.attributes
+    symbolic = SYMBOLIC_DIMS in attrs or ("jax.uses_shape_polymorphism" in attrs
+                                          and ir.BoolAttr(attrs["jax.uses_shape_polymorphism"]).value)
     with copy.context, ir.Location.unknown():
         for op in matching_ops(copy, lambda o: o.name == "stablehlo.custom_call" and ir.StringAttr(
                 o.attributes["call_target_name"]).value == "shape_assertion"):
             op.erase()
         try:
             passmanager.PassManager.parse(
-                "builtin.module(inline,func.func(iree-stablehlo-canonicalize),cse,symbol-dce)").run(copy.operation)
+                "builtin.module(func.func(remove-shape-constraints,canonicalize),inline,"
+                "func.func(iree-stablehlo-canonicalize),cse,symbol-dce)").run(copy.operation)
         except Exception as exc:  # noqa: BLE001  MLIR's pass failure, with its diagnostics
             raise CollageError(f"the dynamic module does not canonicalize: {' '.join(str(exc).split())[:300]}",
                                where=where) from None
@@ -223,7 +233,7 @@ def for_iree(module: ir.Module, *, where: str) -> ir.Module:
             expanding, kept = [], []
             for d in range(operand.rank):
                 if operand.is_dynamic_dim(d):
-                    if jax_export:
+                    if symbolic:
                         kept.append(d)
                 elif operand.get_dim_size(d) == 1 and (result.is_dynamic_dim(into[d])
                                                        or result.get_dim_size(into[d]) != 1):

@@ -115,3 +115,27 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
     if path is not None:
         write_cache(path, data)
     return parse_module(data, context, where=f"torch:{type(model).__name__}")
+
+
+def import_exported_dynamic(program, context: ir.Context) -> ir.Module:
+    """A ``torch.export.ExportedProgram`` with ``Dim`` ranges imported as StableHLO with its dynamic dims kept
+    (``?``), marked ``refine.SYMBOLIC_DIMS``: torch.export traces a symbolic dim's broadcast only to itself
+    (its guards decide any other). For IREE's dynamic program between buckets (``refine.for_iree``)."""
+    from torch_mlir import fx
+
+    from .refine import SYMBOLIC_DIMS
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
+        try:
+            imported = fx.export_and_import(program, output_type="stablehlo")
+        except Exception as exc:  # noqa: BLE001  torch-mlir's import errors have several types
+            raise CollageError(f"torch-mlir cannot import the program with its dynamic dims "
+                               f"({' '.join(str(exc).split())[:200]})") from None
+    buf = io.BytesIO()
+    imported.operation.write_bytecode(buf)
+    module = parse_module(buf.getvalue(), context, where="torch.export")
+    with context:
+        module.operation.attributes[SYMBOLIC_DIMS] = ir.UnitAttr.get()
+    return module
+

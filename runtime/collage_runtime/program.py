@@ -43,13 +43,20 @@ class ProgramClosed(RuntimeError):
 
 #: Every program not closed yet: closed at exit, before the interpreter tears modules down (a context
 #: still alive then, say one a torch.compile cache holds, is reported by nanobind as leaked).
-_OPEN: "weakref.WeakSet[Program]" = weakref.WeakSet()
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # open programs (and other IREE contexts: close_at_exit)
 
 
 @atexit.register
 def _close_open_programs() -> None:
     for program in list(_OPEN):
         program.close()
+
+
+def close_at_exit(closable) -> None:
+    """Has ``closable`` (anything holding an IREE context: a program, a shaped artifact's IREE fallback)
+    closed at interpreter exit if it is still open, as every ``Program`` is: what outlives IREE's devices
+    nanobind reports as leaked."""
+    _OPEN.add(closable)
 
 
 class Program:

@@ -17,7 +17,7 @@ import numpy as np
 from .engines import Engines, iree_device, usable_cores
 from .manifest import ArtifactError
 from .package import is_package, unpack
-from .program import InputError, Program, mapped_array
+from .program import InputError, Program, close_at_exit, mapped_array
 from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, dims_label, load_shape_table, pad_to
 from .weights import WEIGHTS, WeightStore
 
@@ -181,18 +181,31 @@ def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[S
         run.weights = keep  # type: ignore[attr-defined]
         return run
     if kind is Fallback.IREE:
+        return IreeRunner(model, engines)
+    raise ValueError(f"no dynamic runner for {kind}")
+
+
+class IreeRunner:
+    """IREE's CPU program of a module with dynamic dims (``main.vmfb``), on the process's IREE device: host
+    arrays in, host arrays out (each over its own result buffer, as ``Program.invoke`` gives them). Closed
+    at exit if still open (``program.close_at_exit``)."""
+
+    def __init__(self, path: Path, engines: Engines):
         import iree.runtime as rt
 
-        device = iree_device("local-task", engines.threads)
-        config = rt.Config(device=device)
-        module = rt.VmModule.mmap(config.vm_instance, str(model))
-        main = getattr(rt.SystemContext(vm_modules=[module], config=config).modules, module.name)["main"]
+        config = rt.Config(device=iree_device("local-task", engines.threads))
+        module = rt.VmModule.mmap(config.vm_instance, str(path))
+        self._context = rt.SystemContext(vm_modules=[module], config=config)
+        self._main = getattr(self._context.modules, module.name)["main"]
+        close_at_exit(self)
 
-        def run_iree(arrays: Sequence[np.ndarray]) -> tuple:
-            results = main(*(np.ascontiguousarray(a) for a in arrays))
-            results = results if isinstance(results, tuple) else (results,)
-            return tuple(mapped_array(r._buffer_view, tuple(r.shape), r.dtype) for r in results)
+    def __call__(self, arrays: Sequence[np.ndarray]) -> tuple:
+        if self._main is None:
+            raise ArtifactError("the IREE fallback is closed")
+        results = self._main(*(np.ascontiguousarray(a) for a in arrays))
+        results = results if isinstance(results, tuple) else (results,)
+        return tuple(mapped_array(r._buffer_view, tuple(r.shape), r.dtype) for r in results)
 
-        return run_iree
-    raise ValueError(f"no dynamic runner for {kind}")
+    def close(self) -> None:
+        self._main = self._context = None
 

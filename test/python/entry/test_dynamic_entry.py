@@ -124,8 +124,8 @@ def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypat
 
 def test_an_exported_program_with_dims_compiles_its_buckets(torch):
     """collage_mlir.torch.compile(torch.export.export(..., dynamic_shapes={...: Dim(min, max)})): one program
-    per bucket (MIN, the example's size, MAX), padded between; out of range and an unbounded Dim are one
-    line each."""
+    per bucket (MIN, the example's size, MAX), padded between, or else IREE's dynamic program between; out of
+    range and an unbounded Dim are one line each."""
     import collage_mlir.torch
     from collage_mlir.errors import CollageError
     from collage_runtime.program import InputError
@@ -141,6 +141,12 @@ def test_an_exported_program_with_dims_compiles_its_buckets(torch):
         torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
     with pytest.raises(InputError, match=r"dim '0.0'\) is 9, outside the declared range 2..8"):
         run(torch.randn(9, 32))
+    # Without pad: IREE's program of the program imported with its dynamic dims serves the shapes between.
+    dynamic = collage_mlir.torch.compile(program)
+    for n in (3, 5, 4):
+        x = torch.randn(n, 32)
+        assert dynamic.program.served(x.numpy()) == ("bucket 0.0=4" if n == 4 else "iree fallback")
+        torch.testing.assert_close(dynamic(x), model(x), rtol=1e-4, atol=1e-5)
     unbounded = torch.export.export(model, example, dynamic_shapes=({0: torch.export.Dim("b")},))
     with pytest.raises(CollageError, match="input 0 axis 0 has no upper bound: give its torch.export.Dim a max"):
         collage_mlir.torch.compile(unbounded)
