@@ -23,7 +23,7 @@ from collage_runtime.shapes import Axes, bucket_for, cut_to, dims_label, pad_to
 
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
-from .frontends.dims import DimPlan, argument_axes, check_declared, input_values
+from .frontends.dims import PYTHON, DimPlan, argument_axes, check_declared, input_values
 from .frontends.jax import import_jax
 from .ir import new_context
 from .measure.import_check import check_import as check, jax_source
@@ -105,7 +105,7 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
         leaves = [np.asarray(a) for a in leaves]
         if "axes" not in state:
             state["axes"] = symbol_axes(exported, plan_of_dims.dims) if exported is not None \
-                else argument_axes(leaves, plan_of_dims.dims)
+                else argument_axes(leaves, plan_of_dims.dims, PYTHON)
         axes = state["axes"]
         values = input_values(axes, leaves)
         plan_of_dims.check(values)
@@ -195,7 +195,7 @@ def symbol_axes(exported, dims: Sequence) -> Axes:
             if name is not None and not name.isidentifier():
                 raise CollageError(f"argument {k} axis {a} of the exported function is '{name}': declare dims "
                                    "for its symbols' axes of their own (an expression is not taken)", where="dims")
-    check_declared(axes, dims)
+    check_declared(axes, dims, PYTHON)
     return axes
 
 

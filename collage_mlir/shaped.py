@@ -36,7 +36,7 @@ from .backends.onnx_engine import OnnxGraphBackend
 from .dialects import collage
 from .errors import CollageError
 from .frontends import refine
-from .frontends.dims import DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
+from .frontends.dims import PYTHON, DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, load_module, new_context
 from .measure.import_check import compare, load_checked
@@ -239,7 +239,7 @@ def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan",
     engine for shapes between buckets (None, where buckets and padding leave a gap: of ``fallback_kinds``,
     the fastest, timed where there are several)."""
     axes, dynamic_model = model_file_axes(path)
-    check_declared(axes, dim_plan.dims)
+    check_declared(axes, dim_plan.dims, PYTHON)  # the Python API's
     if fallback is None:
         fallback = Fallback.NONE if dim_plan.unserved(fallback=False) is None else \
             choose_fallback(dynamic_model, dim_plan, axes)[0]

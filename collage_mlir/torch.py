@@ -31,7 +31,7 @@ from collage_runtime.shapes import Fallback, bucket_for, dims_label
 
 from .entry import PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached
 from .errors import CollageError
-from .frontends.dims import DimPlan, argument_axes, exported_dims, input_values, resized
+from .frontends.dims import PYTHON, DimPlan, argument_axes, exported_dims, input_values, resized
 from .frontends.torch import import_exported_dynamic, import_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
@@ -97,7 +97,7 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         options = dict(plan=plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db, threads=threads,
                        check_import=check_import)
         if dims:
-            return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad), axes, options,
+            return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
                                    program=model)
         model, example_inputs = model.module(), list(args)
     elif example_inputs is None:
@@ -272,7 +272,8 @@ class DynamicGraph:
         self._plan = None
         if dims:
             self._plan = DimPlan.declared(dims, pad=pad)
-            self._axes = argument_axes([example_inputs[t] for t in self._tensors], self._plan.dims)
+            self._axes = argument_axes([example_inputs[t] for t in self._tensors], self._plan.dims,
+                                       PYTHON)
             self._outputs = None
         elif pad:
             raise CollageError("the 'pad' option goes with 'dims'")

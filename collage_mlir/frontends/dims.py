@@ -68,21 +68,24 @@ class DimPlan:
 
     @classmethod
     def of(cls, dims: Sequence[DimRange], buckets: Mapping[str, Sequence[int]] = {},
-           pad: Sequence[str] = ()) -> "DimPlan":
+           pad: Sequence[str] = (), words: "DimWords | None" = None) -> "DimPlan":
+        """The plan of declared ``dims``; ``words``: how the user declared them, for error lines (default the
+        command line's flags, ``CLI``)."""
+        words = words or CLI
         names = [d.name for d in dims]
         if len(set(names)) != len(names):
-            raise CollageError("a dim is declared twice", where="--dim", exit_code=2)
+            raise CollageError("a dim is declared twice", where=words.dim, exit_code=2)
         for name in [*buckets, *pad]:
             if name not in names:
                 raise CollageError(f"'{name}' is not a declared dim (declared: {', '.join(names) or 'none'})",
-                                   where="--bucket/--pad", exit_code=2)
+                                   where=words.pad if name in pad else words.bucket, exit_code=2)
         values = {}
         for d in dims:
             chosen = tuple(sorted(set(buckets.get(d.name, (d.min, d.opt, d.max)))))
             outside = [v for v in chosen if v not in d]
             if outside:
                 raise CollageError(f"bucket value {outside[0]} of '{d.name}' is outside its range {d.min}..{d.max}",
-                                   where="--bucket", exit_code=2)
+                                   where=words.bucket, exit_code=2)
             values[d.name] = chosen
         return cls(tuple(dims), values, tuple(pad))
 
@@ -90,7 +93,8 @@ class DimPlan:
     def declared(cls, dims: Mapping[str, "int | tuple[int, int, int]"], buckets: Mapping[str, Sequence[int]] = {},
                  pad: Sequence[str] = ()) -> "DimPlan":
         """From Python's form: each dim's ``(MIN, OPT, MAX)`` or one value (``dims={"batch": (1, 8, 32)}``)."""
-        return cls.of([DimRange(n, *((v, v, v) if isinstance(v, int) else v)) for n, v in dims.items()], buckets, pad)
+        return cls.of([DimRange(n, *((v, v, v) if isinstance(v, int) else v)) for n, v in dims.items()], buckets, pad,
+                      PYTHON)
 
     def check(self, values: Mapping[str, int]) -> None:
         """A CollageError naming the first dim whose value lies outside its declared range."""
@@ -238,17 +242,38 @@ def dynamic_dims(axes: Axes) -> list[str]:
     return list(dict.fromkeys(n for a in axes for n in a if n is not None))
 
 
-def check_declared(axes: Axes, dims: Sequence[DimRange]) -> None:
-    """Every dynamic dim of an ONNX model declared, and every declared dim one of them (else one line)."""
+def check_declared(axes: Axes, dims: Sequence[DimRange], words: "DimWords | None" = None) -> None:
+    """Every dynamic dim of the model declared, and every declared dim one of them (else one line, in
+    ``words``: the command line's by default)."""
+    words = words or CLI
     declared, dynamic = [d.name for d in dims], dynamic_dims(axes)
     unknown = [n for n in declared if n not in dynamic]
     if unknown:
         raise CollageError(f"'{unknown[0]}' is not a dynamic dim of the model (it has: {', '.join(dynamic) or 'none'})",
-                           where="--dim", exit_code=2)
+                           where=words.dim, exit_code=2)
     missing = [n for n in dynamic if n not in declared]
     if missing:
-        raise CollageError(f"dynamic dim '{missing[0]}' has no range: give --dim {missing[0]}=MIN:OPT:MAX "
-                           "(or --dim NAME=VALUE to fix it)", where="--dim", exit_code=2)
+        raise CollageError(f"dynamic dim '{missing[0]}' has no range: give {words.range_of(missing[0])}",
+                           where=words.dim, exit_code=2)
+
+
+@dataclass(frozen=True)
+class DimWords:
+    """How a user declares dims, for the error lines that name them: the command line's flags or Python's
+    keywords."""
+
+    dim: str
+    bucket: str
+    pad: str
+    #: How a range of dim NAME is written.
+    range_form: str
+
+    def range_of(self, name: str) -> str:
+        return self.range_form.format(name=name)
+
+
+CLI = DimWords("--dim", "--bucket", "--pad", "--dim {name}=MIN:OPT:MAX (or --dim {name}=VALUE to fix it)")
+PYTHON = DimWords("dims", "buckets", "pad", "dims={{'{name}': (MIN, OPT, MAX)}} (or one value to fix it)")
 
 
 def specialise_onnx(path: str | Path, values: Mapping[str, int], out_dir: str | Path) -> Path:
@@ -307,7 +332,7 @@ def undeclared_line(axes: Axes, input_names: Sequence[str]) -> str:
 # --- torch and JAX (positional inputs) ----------------------------------------------------------------------
 
 
-def argument_axes(examples: Sequence, dims: Sequence[DimRange]) -> Axes:
+def argument_axes(examples: Sequence, dims: Sequence[DimRange], words: "DimWords | None" = None) -> Axes:
     """The axes of positional example inputs (a torch factory's tensors, a JAX function's flattened
     arrays) that ``dims`` name (``ARG.AXIS``)."""
     named = {}
@@ -317,7 +342,7 @@ def argument_axes(examples: Sequence, dims: Sequence[DimRange]) -> Axes:
                 and int(axis) < len(examples[int(arg)].shape)):
             raise CollageError(f"dim '{d.name}': a torch or JAX model's dims are named ARGUMENT.AXIS (e.g. 0.0 for "
                                f"argument 0's axis 0) within its {len(examples)} example input(s)",
-                               where="--dim", exit_code=2)
+                               where=(words or CLI).dim, exit_code=2)
         named[(int(arg), int(axis))] = d.name
     return tuple(tuple(named.get((k, a)) for a in range(len(e.shape))) for k, e in enumerate(examples))
 

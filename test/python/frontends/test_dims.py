@@ -8,8 +8,8 @@ import onnx
 import pytest
 
 from collage_mlir.errors import CollageError
-from collage_mlir.frontends.dims import (DimPlan, ShapeTrace, choose_buckets, onnx_axes, parse_bucket, parse_dim,
-                                       specialise_onnx, undeclared_line)
+from collage_mlir.frontends.dims import (PYTHON, DimPlan, ShapeTrace, check_declared, choose_buckets, onnx_axes,
+                                       parse_bucket, parse_dim, specialise_onnx, undeclared_line)
 from collage_mlir.shaped import output_axes
 from collage_runtime.manifest import ArtifactError
 from collage_runtime.shapes import Bucket, DimRange, Fallback, ShapeTable
@@ -28,6 +28,22 @@ def test_parse_dim_and_bucket():
         with pytest.raises(CollageError) as err:
             parse_dim(bad)
         assert err.value.exit_code == 2 and "\n" not in str(err.value)
+
+
+@pytest.mark.fast
+def test_errors_name_the_flags_or_the_keywords_the_user_wrote():
+    """The command line's dims are refused by their flags, Python's (``DimPlan.declared``, the API entry
+    points) by their keywords."""
+    for make, words in ((lambda: DimPlan.of([parse_dim("b=1:2:4")], {}, ["q"]), "--pad: "),
+                        (lambda: DimPlan.declared({"b": (1, 2, 4)}, pad=["q"]), "pad: "),
+                        (lambda: DimPlan.declared({"b": (1, 2, 4)}, {"b": [9]}), "buckets: ")):
+        with pytest.raises(CollageError) as err:
+            make()
+        assert str(err.value).startswith(words)
+    with pytest.raises(CollageError, match=r"^dims: dynamic dim 'b' has no range: give dims=\{'b': \(MIN, OPT, MAX\)\}"):
+        check_declared((("b", None),), [], PYTHON)
+    with pytest.raises(CollageError, match="^--dim: dynamic dim 'b' has no range: give --dim b=MIN:OPT:MAX"):
+        check_declared((("b", None),), [])
 
 
 def test_buckets_are_the_grid_of_each_dims_values():
