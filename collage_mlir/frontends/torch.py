@@ -130,8 +130,9 @@ def import_exported_dynamic(program, context: ir.Context) -> ir.Module:
         try:
             imported = fx.export_and_import(program, output_type="stablehlo")
         except Exception as exc:  # noqa: BLE001  torch-mlir's import errors have several types
-            raise CollageError(f"torch-mlir cannot import the program with its dynamic dims "
-                               f"({' '.join(str(exc).split())[:200]})") from None
+            raise CollageError(f"torch-mlir cannot import the program with its dynamic dims, so no fallback serves "
+                               f"the shapes between buckets ({' '.join(str(exc).split())[:160]}); list every value "
+                               "in buckets=, or declare the dim paddable with pad=") from None
     buf = io.BytesIO()
     imported.operation.write_bytecode(buf)
     module = parse_module(buf.getvalue(), context, where="torch.export")
