@@ -24,7 +24,7 @@ import numpy as np
 
 from collage_runtime.engines import Engines, usable_cores
 from collage_runtime.manifest import sha256_file, write_manifest
-from collage_runtime.shaped import dynamic_runner
+from collage_runtime.shaped import ShapedProgram, dynamic_runner
 from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, dims_label, write_shape_table
 from collage_runtime.types import byte_dtype
 from collage_runtime.weights import WEIGHTS, WeightWriter
@@ -100,9 +100,6 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
             if on_bucket is not None:
                 on_bucket(values, result)
         outputs = output_axes(dim_plan, [b.values for b in buckets], shapes)
-        if fallback is Fallback.IREE:
-            opt = {d.name: d.opt for d in dim_plan.dims}
-            check_fallback(stage, fallback, next((b for b in buckets if dict(b.values) == opt), buckets[0]))
         store = weights.close()
         if not weights.size:  # nothing large enough to share
             (stage / WEIGHTS).unlink()
@@ -110,6 +107,9 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         table = ShapeTable(dim_plan.dims, inputs, outputs, tuple(buckets), dim_plan.pad, fallback, fallback_sha,
                            weights_sha256=store)
         write_shape_table(stage, table)
+        if fallback is Fallback.IREE:  # the staged artifact as it loads; not written where it disagrees
+            opt = {d.name: d.opt for d in dim_plan.dims}
+            check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]))
     return ShapedResult(out, table, tuple(results))
 
 
@@ -197,17 +197,16 @@ def _runnable(model: Path, kind: Fallback, directory: Path) -> Path:
     return target
 
 
-def check_fallback(root: Path, kind: Fallback, bucket: Bucket) -> None:
-    """The fallback of the artifact staged at ``root`` against ``bucket``'s program, at the bucket's shape
+def check_fallback(root: Path, bucket: Bucket) -> None:
+    """The fallback of the shaped artifact at ``root`` against ``bucket``'s program, at the bucket's shape
     on generated inputs (``measure.import_check.compare``'s tolerance); one CollageError where an output
     differs."""
-    from collage_runtime.program import Program
-
-    engines = Engines(usable_cores(), sole=kind.value)
-    with Program(root / bucket.path) as program:
-        arrays = [_generated(s.shape, s.dtype, k) for k, s in enumerate(program.signature("main").inputs)]
-        want = [np.array(w) for w in program.invoke("main", *arrays)]
-    got = dynamic_runner(kind, root / kind.file, engines)(arrays)
+    with ShapedProgram(root) as program:
+        kind = program.table.fallback
+        bucket_program = program.program(bucket)
+        arrays = [_generated(s.shape, s.dtype, k) for k, s in enumerate(bucket_program.signature("main").inputs)]
+        want = [np.array(w) for w in bucket_program.invoke("main", *arrays)]
+        got = [np.array(g) for g in program.invoke_fallback(*arrays)]
     check_agrees(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its shape", got,
                  want, str(root))
 

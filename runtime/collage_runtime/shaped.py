@@ -130,6 +130,14 @@ class ShapedProgram:
         with self._lock:  # one call at a time, as a Program's
             return self._fallback(arrays)
 
+    def invoke_fallback(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The fallback engine on ``arrays`` whatever their shape (a bucket's too): to check it against a
+        bucket. An ArtifactError where the artifact has none."""
+        if self._fallback is None:
+            raise ArtifactError(f"{self.root}: the artifact has no fallback engine")
+        with self._lock:
+            return self._fallback(arrays)
+
     def close(self) -> None:
         for p in self._programs.values():
             p.close()

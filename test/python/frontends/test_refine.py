@@ -162,6 +162,19 @@ def test_shapes_between_buckets_run_on_iree_with_the_dims_kept(tmp_path, monkeyp
     for copy, got in kept:
         np.testing.assert_array_equal(got, copy)
 
+    # Buckets on ONNX Runtime, their weights in the artifact's store: the check loads the staged artifact whole.
+    b, = jax.export.symbolic_shape("b")
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((16, 64)), jnp.float32)  # 4 KiB: into weights.bin
+    wide = tmp_path / "wide.mlir"
+    wide.write_text(jax.export.export(jax.jit(lambda x: jnp.tanh(x @ w)))(
+        jax.ShapeDtypeStruct((b, 16), jnp.float32)).mlir_module())
+    assert collage(["compile", str(wide), "--dim", "b=1:2:8", "--bucket", "b=2,8", "--plan", "whole:ort",
+                    "-o", str(tmp_path / "ort")]) == 0
+    with collage_runtime.load(tmp_path / "ort") as program:
+        x = rng.standard_normal((5, 16), np.float32)
+        assert program.served(x) == "iree fallback" and (tmp_path / "ort" / "weights.bin").exists()
+        np.testing.assert_allclose(program.invoke("main", x)[0], np.tanh(x @ np.asarray(w)), rtol=1e-5, atol=1e-5)
+
     capsys.readouterr()
     assert collage(["compile", str(path), "--dim", "b=1:2:8", "--fallback", "ort", "-o", str(tmp_path / "no")]) == 2
     assert capsys.readouterr().err == ("collage: error: --fallback: ort does not run this model with its dynamic "
