@@ -201,8 +201,9 @@ def for_iree(module: ir.Module, *, where: str) -> ir.Module:
       program's import (``SYMBOLIC_DIMS``) is taken as jax.export's: torch.export decides any other
       broadcast of a symbolic dim by a guard when it traces.
 
-    The module is inlined and canonicalized first (IREE's StableHLO canonicalizer merges chained broadcasts
-    into new ops: the marks go on what it leaves). jax.export's ``@shape_assertion`` calls and torch-mlir's
+    The module is inlined, canonicalized and put through IREE's own StableHLO preprocessing first: it merges
+    chained broadcasts into new ops and flattens batched ``dot_general``s with new dynamic reshapes (the
+    rewrites and marks go on what it leaves; run again inside iree-compile, it finds nothing more to do). jax.export's ``@shape_assertion`` calls and torch-mlir's
     ``shape.cstr_*`` constraints are dropped: the runtime checks each dim against its declared range and that
     axes sharing a dim agree."""
     from iree.compiler import passmanager
@@ -218,6 +219,7 @@ def for_iree(module: ir.Module, *, where: str) -> ir.Module:
         try:
             passmanager.PassManager.parse(
                 "builtin.module(func.func(remove-shape-constraints,canonicalize),inline,"
+                "func.func(iree-stablehlo-canonicalize),iree-stablehlo-to-stablehlo-preprocessing,"
                 "func.func(iree-stablehlo-canonicalize),cse,symbol-dce)").run(copy.operation)
         except Exception as exc:  # noqa: BLE001  MLIR's pass failure, with its diagnostics
             raise CollageError(f"the dynamic module does not canonicalize: {' '.join(str(exc).split())[:300]}",

@@ -175,6 +175,20 @@ def test_shapes_between_buckets_run_on_iree_with_the_dims_kept(tmp_path, monkeyp
         assert program.served(x) == "iree fallback" and (tmp_path / "ort" / "weights.bin").exists()
         np.testing.assert_allclose(program.invoke("main", x)[0], np.tanh(x @ np.asarray(w)), rtol=1e-5, atol=1e-5)
 
+    # Two symbols and a batched matmul (IREE's own preprocessing flattens it with dynamic reshapes).
+    b, s = jax.export.symbolic_shape("b, s")
+
+    def attention(x):
+        return jax.nn.softmax(x @ x.transpose(0, 2, 1), axis=-1) @ x
+
+    two = tmp_path / "two.mlir"
+    two.write_text(jax.export.export(jax.jit(attention))(jax.ShapeDtypeStruct((b, s, 8), jnp.float32)).mlir_module())
+    assert collage(["compile", str(two), "--dim", "b=1:1:4", "--dim", "s=2:2:8", "-o", str(tmp_path / "two")]) == 0
+    with collage_runtime.load(tmp_path / "two") as program:
+        x = rng.standard_normal((3, 5, 8), np.float32)
+        assert program.served(x) == "iree fallback"
+        np.testing.assert_allclose(program.invoke("main", x)[0], attention(x), rtol=1e-5, atol=1e-5)
+
     capsys.readouterr()
     assert collage(["compile", str(path), "--dim", "b=1:2:8", "--fallback", "ort", "-o", str(tmp_path / "no")]) == 2
     assert capsys.readouterr().err == ("collage: error: --fallback: ort does not run this model with its dynamic "
