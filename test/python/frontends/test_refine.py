@@ -175,11 +175,14 @@ def test_shapes_between_buckets_run_on_iree_with_the_dims_kept(tmp_path, monkeyp
         assert program.served(x) == "iree fallback" and (tmp_path / "ort" / "weights.bin").exists()
         np.testing.assert_allclose(program.invoke("main", x)[0], np.tanh(x @ np.asarray(w)), rtol=1e-5, atol=1e-5)
 
-    # Two symbols and a batched matmul (IREE's own preprocessing flattens it with dynamic reshapes).
+    # Two symbols, a projection of a 3-d input and a batched matmul (IREE's own preprocessing flattens the
+    # projection with a new dynamic reshape).
     b, s = jax.export.symbolic_shape("b, s")
+    project = jnp.asarray(np.random.default_rng(2).standard_normal((8, 8)), jnp.float32)
 
     def attention(x):
-        return jax.nn.softmax(x @ x.transpose(0, 2, 1), axis=-1) @ x
+        h = jnp.tanh(x @ project)
+        return jax.nn.softmax(h @ h.transpose(0, 2, 1), axis=-1) @ h
 
     two = tmp_path / "two.mlir"
     two.write_text(jax.export.export(jax.jit(attention))(jax.ShapeDtypeStruct((b, s, 8), jnp.float32)).mlir_module())
