@@ -174,7 +174,8 @@ def dynamic_program(module: ir.Module, where: str) -> bytes:
         return iree_compile(refine.for_iree(module, where=where), quiet=True)
     except CollageError as exc:
         raise CollageError(f"IREE cannot compile the module with its dynamic dims ({exc}); list every value "
-                           "with --bucket, or declare --pad", where=where) from None
+                           "among the buckets (--bucket, buckets=), or declare the dim paddable (--pad, pad=)",
+                           where=where) from None
 
 
 def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], where: str) -> None:
