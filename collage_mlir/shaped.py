@@ -68,10 +68,10 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
                    **compile_kwargs) -> ShapedResult:
     """Compiles every bucket of ``dim_plan`` (``bucket_model(values)`` gives its module and plan) into
     ``out_dir`` (a directory, or one ``.collage`` file), with ``fallback_model`` (the model file with its
-    dynamic dims: ONNX, or StableHLO for ``Fallback.IREE``) run by the ``fallback`` engine for shapes no
-    bucket or padding serves. ``inputs``: which input axes carry which dim. Refused before anything is
-    built: a range some shape of which nothing serves. IREE's dynamic program is checked against the OPT
-    bucket's at that shape (``check_fallback``)."""
+    dynamic dims, ONNX or StableHLO) run by the ``fallback`` engine for shapes no bucket or padding serves.
+    ``inputs``: which input axes carry which dim. Refused before anything is built: a range some shape of
+    which nothing serves. A StableHLO module's fallback (IREE's dynamic program, or the module translated
+    to ONNX) is checked against the OPT bucket's program at that shape (``check_fallback``)."""
     if (fallback is Fallback.NONE) != (fallback_model is None):
         raise ValueError("a fallback engine goes with a fallback model")
     dim_plan.require_served(fallback is not Fallback.NONE)
@@ -86,7 +86,8 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
             if fallback is Fallback.IREE:
                 target.write_bytes(_iree_dynamic(fallback_model))
             else:
-                _write_sharing(fallback_model, target, weights)
+                with workdir() as tmp:
+                    _write_sharing(_runnable(fallback_model, fallback, Path(tmp)), target, weights)
             fallback_sha = sha256_file(target)
         for values in dim_plan.grid():
             model = bucket_model(values)
@@ -107,7 +108,8 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         table = ShapeTable(dim_plan.dims, inputs, outputs, tuple(buckets), dim_plan.pad, fallback, fallback_sha,
                            weights_sha256=store)
         write_shape_table(stage, table)
-        if fallback is Fallback.IREE:  # the staged artifact as it loads; not written where it disagrees
+        if fallback_model is not None and fallback_model.suffix != ".onnx":  # a translation: checked, on the
+            # staged artifact as it loads; not written where it disagrees
             opt = {d.name: d.opt for d in dim_plan.dims}
             check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]))
     return ShapedResult(out, table, tuple(results))
@@ -154,9 +156,24 @@ def model_file_axes(path: str | Path) -> tuple[Axes, Path]:
 
 
 def fallback_kinds(model: Path) -> tuple[Fallback, ...]:
-    """The engines that run ``model`` with its dynamic dims: ONNX Runtime and OpenVINO an ONNX model, IREE a
-    StableHLO module (``frontends.refine.for_iree``)."""
-    return (Fallback.ORT, Fallback.OPENVINO) if model.suffix == ".onnx" else (Fallback.IREE,)
+    """The engines that may run ``model`` with its dynamic dims: ONNX Runtime and OpenVINO an ONNX model; a
+    StableHLO module IREE (``frontends.refine.for_iree``), and ONNX Runtime and OpenVINO where its ops
+    translate to ONNX with dynamic dims (``dynamic_onnx``)."""
+    return (Fallback.ORT, Fallback.OPENVINO) if model.suffix == ".onnx" else \
+        (Fallback.IREE, Fallback.ORT, Fallback.OPENVINO)
+
+
+def dynamic_onnx(module: ir.Module, where: str):
+    """The StableHLO ``module``'s ``@main`` as an ONNX model with its dynamic dims kept (``refine.prepared``,
+    then ``onnx.translate(dynamic=True)``): ONNX Runtime and OpenVINO run it between buckets. One
+    CollageError naming the first op the translation does not take."""
+    from .onnx import translate
+
+    ready = refine.prepared(module, where=where)
+    main = next((f for f in public_funcs(ready) if collage.symbol_name(f) == "main"), None)
+    if main is None:
+        raise CollageError("the module has no @main function", where=where)
+    return translate(main, dynamic=True)
 
 
 def _iree_dynamic(model: Path, values: Mapping[str, int] | None = None) -> bytes:
@@ -188,13 +205,16 @@ def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray
 
 
 def _runnable(model: Path, kind: Fallback, directory: Path) -> Path:
-    """The file ``kind``'s engine runs for ``model``: an ONNX model itself; IREE's dynamic program of a
-    StableHLO module, compiled into ``directory`` once."""
-    if kind is not Fallback.IREE:
+    """The file ``kind``'s engine runs for ``model``: an ONNX model itself; for a StableHLO module, IREE's
+    dynamic program of it or its ONNX translation (``dynamic_onnx``), made in ``directory`` once."""
+    if model.suffix == ".onnx":
         return model
-    target = directory / "dynamic.vmfb"
+    target = directory / ("dynamic.vmfb" if kind is Fallback.IREE else "dynamic.onnx")
     if not target.exists():
-        target.write_bytes(_iree_dynamic(model))
+        if kind is Fallback.IREE:
+            target.write_bytes(_iree_dynamic(model))
+        else:
+            target.write_bytes(dynamic_onnx(load_module(model, new_context()), str(model)).SerializeToString())
     return target
 
 

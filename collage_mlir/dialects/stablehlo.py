@@ -356,6 +356,14 @@ def quant_type(element: str) -> QuantType | None:
                      None if lo is None else (int(lo), int(hi)))
 
 
+def ranked_type(value: ir.Value) -> tuple[tuple[int | None, ...], str] | None:
+    """(shape, element type) of a ranked tensor value, None for each dynamic dim; None for anything else."""
+    t = value.type
+    if not isinstance(t, ir.RankedTensorType):
+        return None
+    return tuple(None if t.is_dynamic_dim(a) else t.get_dim_size(a) for a in range(t.rank)), str(t.element_type)
+
+
 def tensor_type(value: ir.Value) -> tuple[tuple[int, ...], str] | None:
     """(shape, element type) of a statically shaped tensor value, else None."""
     t = value.type

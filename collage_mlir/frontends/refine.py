@@ -181,6 +181,29 @@ def refined(text: bytes, where: str) -> bytes:
         raise CollageError(f"the module does not refine to static shapes: {detail[:300]}", where=where) from None
 
 
+def prepared(module: ir.Module, *, where: str, extra: str = "") -> ir.Module:
+    """A copy of the dynamic ``module`` as its dynamic forms take it (``for_iree``, and the ONNX
+    translation of ``collage_mlir.shaped``): jax.export's ``@shape_assertion`` calls and torch-mlir's
+    ``shape.cstr_*`` constraints dropped (the runtime checks each dim against its declared range and that
+    axes sharing a dim agree), calls inlined, canonicalized (IREE's StableHLO canonicalizer folds the shape
+    arithmetic); ``extra``: passes (pipeline text, each ending in a comma) run after canonicalizing."""
+    from iree.compiler import passmanager
+
+    copy = stablehlo.parse(module.operation.get_asm(binary=True), module.context, where=where)
+    with copy.context, ir.Location.unknown():
+        for op in matching_ops(copy, lambda o: o.name == "stablehlo.custom_call" and ir.StringAttr(
+                o.attributes["call_target_name"]).value == "shape_assertion"):
+            op.erase()
+        try:
+            passmanager.PassManager.parse(
+                "builtin.module(func.func(remove-shape-constraints,canonicalize),inline,"
+                f"func.func(iree-stablehlo-canonicalize),{extra}cse,symbol-dce)").run(copy.operation)
+        except Exception as exc:  # noqa: BLE001  MLIR's pass failure, with its diagnostics
+            raise CollageError(f"the dynamic module does not canonicalize: {' '.join(str(exc).split())[:300]}",
+                               where=where) from None
+    return copy
+
+
 #: A module attribute: the module's ``?`` dims are symbolic dims that a broadcast never expands (an import
 #: of a ``torch.export`` program; a jax.export module says so by ``jax.uses_shape_polymorphism``).
 SYMBOLIC_DIMS = "collage.symbolic_dims"
@@ -201,29 +224,15 @@ def for_iree(module: ir.Module, *, where: str) -> ir.Module:
       program's import (``SYMBOLIC_DIMS``) is taken as jax.export's: torch.export decides any other
       broadcast of a symbolic dim by a guard when it traces.
 
-    The module is inlined, canonicalized and put through IREE's own StableHLO preprocessing first: it merges
-    chained broadcasts into new ops and flattens batched ``dot_general``s with new dynamic reshapes (the
-    rewrites and marks go on what it leaves; run again inside iree-compile, it finds nothing more to do). jax.export's ``@shape_assertion`` calls and torch-mlir's
-    ``shape.cstr_*`` constraints are dropped: the runtime checks each dim against its declared range and that
-    axes sharing a dim agree."""
-    from iree.compiler import passmanager
-
-    copy = stablehlo.parse(module.operation.get_asm(binary=True), module.context, where=where)
+    The module is ``prepared``, then put through IREE's own StableHLO preprocessing: it merges chained
+    broadcasts into new ops and flattens batched ``dot_general``s with new dynamic reshapes (the rewrites
+    and marks go on what it leaves; run again inside iree-compile, it finds nothing more to do)."""
+    copy = prepared(module, where=where, extra="iree-stablehlo-to-stablehlo-preprocessing,"
+                                                "func.func(iree-stablehlo-canonicalize),")
     attrs = copy.operation.attributes
     symbolic = SYMBOLIC_DIMS in attrs or ("jax.uses_shape_polymorphism" in attrs
                                           and ir.BoolAttr(attrs["jax.uses_shape_polymorphism"]).value)
     with copy.context, ir.Location.unknown():
-        for op in matching_ops(copy, lambda o: o.name == "stablehlo.custom_call" and ir.StringAttr(
-                o.attributes["call_target_name"]).value == "shape_assertion"):
-            op.erase()
-        try:
-            passmanager.PassManager.parse(
-                "builtin.module(func.func(remove-shape-constraints,canonicalize),inline,"
-                "func.func(iree-stablehlo-canonicalize),iree-stablehlo-to-stablehlo-preprocessing,"
-                "func.func(iree-stablehlo-canonicalize),cse,symbol-dce)").run(copy.operation)
-        except Exception as exc:  # noqa: BLE001  MLIR's pass failure, with its diagnostics
-            raise CollageError(f"the dynamic module does not canonicalize: {' '.join(str(exc).split())[:300]}",
-                               where=where) from None
         for op in matching_ops(copy, lambda o: o.name == "stablehlo.dynamic_reshape"):
             with ir.InsertionPoint(op):
                 reshape = ir.Operation.create("tensor.reshape", results=[op.result.type], operands=list(op.operands))

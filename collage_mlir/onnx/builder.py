@@ -12,12 +12,12 @@ from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..ir import ir
 from .op_ids import _ids_doc
-from .registry import OPS
+from .registry import OPS, dynamic, known_types, static_known_types
 from .values import DTYPES
 
 
 class _Builder:
-    def __init__(self, ties_by_index: bool = True):
+    def __init__(self, ties_by_index: bool = True, dynamic: bool = False):
         from onnx import helper
 
         self.helper = helper
@@ -36,6 +36,9 @@ class _Builder:
         #: them, the translator's own).
         self.opsets: dict[str, int] = {}
         self.ir_version = 0
+        #: Values may have dynamic dims (``translate(dynamic=True)``): an op with one needs a rule that takes
+        #: them (``OnnxOp.dynamic``), held to ``known_types`` instead of ``static_known_types``.
+        self.dynamic = dynamic
 
     def fresh(self, hint: str = "t") -> str:
         self.count += 1
@@ -97,8 +100,12 @@ def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
     translation, or failing its constraints, is one CollageError naming it."""
     for op in ops:
         spec = OPS.get(op.name)
+        when = () if spec is None else spec.when
+        if spec is not None and b.dynamic and dynamic(op):
+            when = (lambda o: None if spec.dynamic else "no translation with dynamic dims",
+                    *(known_types if c is static_known_types else c for c in when))
         why = f"{op.name} has no ONNX translation" if spec is None else \
-            next((r for r in (c(op) for c in spec.when) if r), None)
+            next((r for r in (c(op) for c in when) if r), None)
         if why:
             raise CollageError(f"{op.location}: cannot export to ONNX: {why}")
         outer, oid = b.op_id, collage.op_id(op)

@@ -33,64 +33,64 @@ def supported_compare(op: ir.Operation) -> str | None:
     """EQ/NE/LT/LE/GT/GE (i1: EQ/NE only), not unsigned"""
     if "compare_type" in op.attributes and "UNSIGNED" in str(op.attributes["compare_type"]):
         return "no unsigned compare"
-    if sh.tensor_type(op.operands[0])[1] == "i1" and _direction(op) not in ("EQ", "NE"):
+    if _dtype(op.operands[0]) == "i1" and _direction(op) not in ("EQ", "NE"):
         return "i1 compares only EQ/NE"
     return None if _direction(op) in COMPARE else "unknown comparison direction"
 
 
-@register("stablehlo.power", when=(static_known_types, float_operands))
-@register(*(name for name in BINARY if name != "stablehlo.power"), when=_NUM)
+@register("stablehlo.power", when=(static_known_types, float_operands), dynamic=True)
+@register(*(name for name in BINARY if name != "stablehlo.power"), when=_NUM, dynamic=True)
 def _binary(b: _Builder, op, ins):
     return [b.node(BINARY[op.name], ins)]
 
 
-@register("stablehlo.remainder", when=_NUM)
+@register("stablehlo.remainder", when=_NUM, dynamic=True)
 def _remainder(b: _Builder, op, ins):
     """``stablehlo.remainder`` truncates (the result takes the dividend's sign, C's fmod): ONNX ``Mod`` with
     ``fmod=1``, for integers and floats alike."""
     return [b.node("Mod", ins, fmod=1)]
 
 
-@register(*LOGICAL, when=(static_known_types, bool_operands))
+@register(*LOGICAL, when=(static_known_types, bool_operands), dynamic=True)
 def _logical(b: _Builder, op, ins):
     return [b.node(LOGICAL[op.name], ins)]
 
 
-@register("stablehlo.not", when=(static_known_types, bool_operands))
+@register("stablehlo.not", when=(static_known_types, bool_operands), dynamic=True)
 def _not(b: _Builder, op, ins):
     return [b.node("Not", ins)]
 
 
-@register("stablehlo.negate", "stablehlo.abs", when=_NUM)
+@register("stablehlo.negate", "stablehlo.abs", when=_NUM, dynamic=True)
 @register(*(name for name in UNARY if name not in ("stablehlo.negate", "stablehlo.abs")),
-          when=(static_known_types, float_operands))
+          when=(static_known_types, float_operands), dynamic=True)
 def _unary(b: _Builder, op, ins):
     return [b.node(UNARY[op.name], ins)]
 
 
-@register("stablehlo.rsqrt", when=(static_known_types, float_operands))
+@register("stablehlo.rsqrt", when=(static_known_types, float_operands), dynamic=True)
 def _rsqrt(b: _Builder, op, ins):
     return [b.node("Reciprocal", [b.node("Sqrt", ins)])]
 
 
-@register("chlo.square", when=_NUM)
+@register("chlo.square", when=_NUM, dynamic=True)
 def _square(b: _Builder, op, ins):
     return [b.node("Mul", [ins[0], ins[0]])]
 
 
-@register("chlo.erf", when=(static_known_types, float_operands))
+@register("chlo.erf", when=(static_known_types, float_operands), dynamic=True)
 def _erf(b: _Builder, op, ins):
     return [b.node("Erf", ins)]
 
 
-@register("chlo.erfc", when=(static_known_types, float_operands))
+@register("chlo.erfc", when=(static_known_types, float_operands), dynamic=True)
 def _erfc(b: _Builder, op, ins):
     """1 - erf(x): exact to f32's absolute precision (JAX's exact GELU is x * erfc(-x / sqrt 2) / 2)."""
     one = b.const(np.ones((), DTYPES[_dtype(op.results[0])][0]), "one")
     return [b.node("Sub", [one, b.node("Erf", ins)])]
 
 
-@register("stablehlo.compare", when=(static_known_types, supported_compare))
+@register("stablehlo.compare", when=(static_known_types, supported_compare), dynamic=True)
 def _compare(b: _Builder, op, ins):
     d = _direction(op)
     if d == "NE":
@@ -98,17 +98,17 @@ def _compare(b: _Builder, op, ins):
     return [b.node(COMPARE[d], ins)]
 
 
-@register("stablehlo.select", when=(static_known_types,))
+@register("stablehlo.select", when=(static_known_types,), dynamic=True)
 def _select(b: _Builder, op, ins):
     return [b.node("Where", ins)]
 
 
-@register("stablehlo.convert", when=(static_known_types,))
+@register("stablehlo.convert", when=(static_known_types,), dynamic=True)
 def _convert(b: _Builder, op, ins):
     return [b.node("Cast", ins, to=DTYPES[_dtype(op.results[0])][1])]
 
 
-@register("stablehlo.clamp", when=_NUM)
+@register("stablehlo.clamp", when=_NUM, dynamic=True)
 def _clamp(b: _Builder, op, ins):
     lo, x, hi = ins
     if all(ir.RankedTensorType(v.type).rank == 0 for v in (op.operands[0], op.operands[2])):

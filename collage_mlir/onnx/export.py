@@ -18,24 +18,28 @@ OPSET = 18
 IR_VERSION = 10
 
 
-def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool = True):
+def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool = True, dynamic: bool = False):
     """The ``onnx.ModelProto`` equal to the region function ``func`` (a ``func.func`` with a body),
     simplified by ``optimize`` unless ``simplify`` is False (the op-by-op translation).
-    ``ties_by_index``: whether the engine's ``TopK`` orders equal values by index (``_Builder``)."""
+    ``ties_by_index``: whether the engine's ``TopK`` orders equal values by index (``_Builder``).
+    ``dynamic``: values may have dynamic dims (a whole model with its ``?`` dims kept, for an engine that
+    takes dynamic shapes): an input's dynamic dim becomes the ``dim_param`` ``ARG.AXIS``, and each op with
+    one needs a rule that takes them (``OnnxOp.dynamic``)."""
     import onnx
     from onnx import helper
 
     func = func.operation
     block = func.regions[0].blocks[0]
-    b = _Builder(ties_by_index)
+    b = _Builder(ties_by_index, dynamic)
     graph_inputs, graph_outputs = [], []
     for i, arg in enumerate(block.arguments):
-        shape, dtype = _spec(arg, func)
+        shape, dtype = _spec(arg, func, dynamic)
+        shape = [f"{i}.{a}" if n is None else n for a, n in enumerate(shape)]
         graph_inputs.append(helper.make_tensor_value_info(f"in{i}", BOUNDARY_DTYPES[dtype][1], shape))
     b.constants = _read_constants([o for o in nested_ops(func) if o.name in CONSTANT_OPS])
     results = _block_results(b, block, [f"in{i}" for i in range(len(block.arguments))])
     for k, (v, name) in enumerate(zip(sh.returned(block), results)):
-        shape, dtype = _spec(v, func)
+        shape, dtype = _spec(v, func, dynamic)
         b.nodes.append(helper.make_node("Identity", [name], [f"out{k}"], name=f"out{k}"))
         graph_outputs.append(helper.make_tensor_value_info(f"out{k}", BOUNDARY_DTYPES[dtype][1], shape))
     graph = helper.make_graph(b.nodes, str(func.attributes["sym_name"]).strip('"'), graph_inputs, graph_outputs,
@@ -55,8 +59,9 @@ def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool 
     return model
 
 
-def _spec(v: ir.Value, func: ir.Operation) -> tuple[list[int], str]:
-    tt = sh.tensor_type(v)
-    if tt is None or tt[1] not in BOUNDARY_DTYPES:
+def _spec(v: ir.Value, func: ir.Operation, dynamic: bool = False) -> tuple[list[int | None], str]:
+    """(shape, element type) of a graph input or output; None for a dynamic dim (a dynamic translation's)."""
+    tt = sh.ranked_type(v)
+    if tt is None or tt[1] not in BOUNDARY_DTYPES or (None in tt[0] and not dynamic):
         raise CollageError(f"{func.location}: region value of type {v.type} cannot cross into ONNX")
     return list(tt[0]), tt[1]

@@ -8,8 +8,8 @@ import numpy as np
 from ..dialects import stablehlo as sh
 from ..ir import ir
 from .builder import _Builder
-from .registry import register, static_known_types
-from .values import DTYPES, _dtype, _int_attr, _shape
+from .registry import known_types, register, static_known_types
+from .values import DTYPES, _dims, _dtype, _int_attr, _shape
 
 
 @register("stablehlo.reshape", when=(static_known_types,))
@@ -17,7 +17,7 @@ def _reshape(b: _Builder, op, ins):
     return [b.reshape(ins[0], _shape(op.results[0]))]
 
 
-@register("stablehlo.transpose", when=(static_known_types,))
+@register("stablehlo.transpose", when=(static_known_types,), dynamic=True)
 def _transpose(b: _Builder, op, ins):
     return [b.node("Transpose", ins, perm=sh.permutation(op))]
 
@@ -41,7 +41,7 @@ def _broadcast(b: _Builder, op, ins):
     return [x]
 
 
-@register("stablehlo.concatenate", when=(static_known_types,))
+@register("stablehlo.concatenate", when=(static_known_types,), dynamic=True)
 def _concatenate(b: _Builder, op, ins):
     return [b.node("Concat", ins, axis=_int_attr(op, "dimension"))]
 
@@ -115,3 +115,33 @@ def _flip(b: _Builder, x: str, axes: list[int], shape: list[int]) -> str:
     one before the first element (not at INT64_MIN: OpenVINO's i64 constants must fit 32 bits)."""
     n = len(axes)
     return b.node("Slice", [x, b.ints([-1] * n), b.ints([-shape[a] - 1 for a in axes]), b.ints(axes), b.ints([-1] * n)])
+
+
+# --- Shape arithmetic with dynamic dims (a model's dynamic translation: ``translate(dynamic=True)``) -----
+
+
+@register("stablehlo.get_dimension_size", when=(known_types,), dynamic=True)
+def _dimension_size(b: _Builder, op, ins):
+    d = _int_attr(op, "dimension")
+    size = b.node("Shape", ins, start=d, end=d + 1)
+    return [b.node("Cast", [b.reshape(size, [])], to=DTYPES[_dtype(op.results[0])][1])]
+
+
+@register("stablehlo.dynamic_reshape", when=(known_types,), dynamic=True)
+def _dynamic_reshape(b: _Builder, op, ins):
+    return [b.node("Reshape", [ins[0], b.node("Cast", [ins[1]], to=DTYPES["i64"][1])])]
+
+
+@register("stablehlo.dynamic_broadcast_in_dim", when=(known_types,), dynamic=True)
+def _dynamic_broadcast(b: _Builder, op, ins):
+    """The operand's dims put in the result's order, unit axes inserted where the result has dims of its
+    own, then ``Expand`` to the shape operand: numpy broadcasting, so an operand dim expands where it is 1
+    and must equal the result's elsewhere (as ``dynamic_broadcast_in_dim`` asks)."""
+    dims = sh.broadcast_dims(op)
+    rank = len(_dims(op.results[0]))
+    order = sorted(range(len(dims)), key=lambda k: dims[k])
+    x = b.transpose(ins[0], order)
+    missing = [a for a in range(rank) if a not in dims]
+    if missing:
+        x = b.node("Unsqueeze", [x, b.ints(missing)])
+    return [b.node("Expand", [x, b.node("Cast", [ins[1]], to=DTYPES["i64"][1])])]

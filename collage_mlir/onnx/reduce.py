@@ -46,7 +46,7 @@ COMBINE = {"add": "Add", "mul": "Mul", "max": "Max", "min": "Min", "and": "And",
 IDENTITY = {"add": 0, "mul": 1, "max": -np.inf, "min": np.inf, "and": True, "or": False}
 
 
-@register("stablehlo.reduce", when=(static_known_types, reduce_body))
+@register("stablehlo.reduce", when=(static_known_types, reduce_body), dynamic=True)
 def _reduce(b: _Builder, op, ins):
     kind = _reduce_kind(op)
     dims = sh._array_attr(op, "dimensions", [])

@@ -22,6 +22,9 @@ class OnnxOp:
     translate: Callable
     when: tuple = ()
     nested: bool = False
+    #: The rule also takes values with dynamic dims (a model's dynamic translation: ``translate(dynamic=
+    #: True)``), where ``known_types`` stands in for ``static_known_types``.
+    dynamic: bool = False
 
 
 #: The op table, by op name, in the order the rules registered (the package imports its rule modules in
@@ -29,15 +32,17 @@ class OnnxOp:
 OPS: dict[str, OnnxOp] = {}
 
 
-def register(*names: str, when: tuple = (), nested: bool = False) -> Callable[[Callable], Callable]:
+def register(*names: str, when: tuple = (), nested: bool = False, dynamic: bool = False
+             ) -> Callable[[Callable], Callable]:
     """Registers the decorated rule as the translation of the ops ``names``, each meeting the constraints
-    ``when`` (``nested``: see ``OnnxOp``). An op has one rule: a second registration is an error."""
+    ``when`` (``nested``, ``dynamic``: see ``OnnxOp``). An op has one rule: a second registration is an
+    error."""
 
     def add(rule: Callable) -> Callable:
         for name in names:
             if name in OPS:
                 raise ValueError(f"{name} already has an ONNX rule ({OPS[name].translate.__qualname__})")
-            OPS[name] = OnnxOp(rule, tuple(when), nested)
+            OPS[name] = OnnxOp(rule, tuple(when), nested, dynamic)
         return rule
 
     return add
@@ -62,19 +67,35 @@ def static_known_types(op: ir.Operation) -> str | None:
     return None
 
 
+def known_types(op: ir.Operation) -> str | None:
+    """ranked tensors (dynamic dims too) of f32, f64, i32, i64 or i1"""
+    for v in list(op.operands) + list(op.results):
+        tt = sh.ranked_type(v)
+        if tt is None:
+            return "needs ranked tensors"
+        if tt[1] not in DTYPES:
+            return f"element type {tt[1]} has no ONNX mapping here"
+    return None
+
+
+def dynamic(op: ir.Operation) -> bool:
+    """Whether a value of ``op`` has a dynamic dim."""
+    return any((tt := sh.ranked_type(v)) is not None and None in tt[0] for v in (*op.operands, *op.results))
+
+
 def float_operands(op: ir.Operation) -> str | None:
     """floating-point operands"""
-    return None if all(sh.tensor_type(v)[1] in FLOATS for v in op.operands) else "needs f32/f64 operands"
+    return None if all(sh.ranked_type(v)[1] in FLOATS for v in op.operands) else "needs f32/f64 operands"
 
 
 def numeric_operands(op: ir.Operation) -> str | None:
     """numeric (not i1) operands"""
-    return "i1 operands are not arithmetic" if any(sh.tensor_type(v)[1] == "i1" for v in op.operands) else None
+    return "i1 operands are not arithmetic" if any(sh.ranked_type(v)[1] == "i1" for v in op.operands) else None
 
 
 def bool_operands(op: ir.Operation) -> str | None:
     """i1 operands"""
-    return None if all(sh.tensor_type(v)[1] == "i1" for v in op.operands) else "logical ops on i1 only"
+    return None if all(sh.ranked_type(v)[1] == "i1" for v in op.operands) else "logical ops on i1 only"
 
 
 def static_result(op: ir.Operation) -> str | None:

@@ -26,7 +26,13 @@ def _shape(v: ir.Value) -> list[int]:
 
 
 def _dtype(v: ir.Value) -> str:
-    return sh.tensor_type(v)[1]
+    """The element type of a ranked tensor value (static or with dynamic dims)."""
+    return sh.ranked_type(v)[1]
+
+
+def _dims(v: ir.Value) -> list[int | None]:
+    """The shape of a ranked tensor value, None for each dynamic dim."""
+    return list(sh.ranked_type(v)[0])
 
 
 def _int_attr(op: ir.Operation, name: str) -> int:

@@ -137,11 +137,12 @@ def test_jax_jit_of_an_exported_function_takes_its_symbols(monkeypatch):
                                                              np.zeros((2, 2), np.float32))
 
 
-def test_shapes_between_buckets_run_on_iree_with_the_dims_kept(tmp_path, monkeypatch, capsys):
-    """Without --pad, IREE's program of the module with its `?` dims kept serves the shapes between buckets
-    (`refine.for_iree`: jax.export's dynamic reshape and broadcasts in the form IREE takes); equal to jax
-    (rtol 1e-5, atol 1e-5) at buckets and between them, results outliving later calls. An engine that does
-    not take the module, a module IREE cannot compile dynamic, and a fallback that disagrees with a bucket
+def test_shapes_between_buckets_run_with_the_dims_kept(tmp_path, monkeypatch, capsys):
+    """Without --pad, an engine that takes the module with its `?` dims kept serves the shapes between
+    buckets: IREE's program of it (`refine.for_iree`: jax.export's dynamic reshape and broadcasts in the form
+    IREE takes), or its ONNX translation with dynamic dims on ONNX Runtime or OpenVINO (`shaped.dynamic_onnx`),
+    by default the fastest, timed. Equal to jax (rtol 1e-5, atol 1e-5) at buckets and between them, results
+    outliving later calls. A module IREE cannot compile dynamic and a fallback that disagrees with a bucket
     are one line each."""
     import collage_runtime
     import collage_mlir.shaped
@@ -149,16 +150,22 @@ def test_shapes_between_buckets_run_on_iree_with_the_dims_kept(tmp_path, monkeyp
 
     path = tmp_path / "net.mlir"
     path.write_text(exported_text())
-    assert collage(["compile", str(path), "--dim", "b=1:2:8", "--bucket", "b=2,8", "-o", str(tmp_path / "art")]) == 0
     rng = np.random.default_rng(3)
     kept = []
-    with collage_runtime.load(tmp_path / "art") as program:
-        for batch, served in ((2, "bucket b=2"), (5, "iree fallback"), (1, "iree fallback"), (8, "bucket b=8")):
-            x, mask = rng.standard_normal((batch, 16), np.float32), rng.standard_normal((batch, 2), np.float32)
-            (got,) = program.invoke("main", x, mask)
-            assert program.served(x, mask) == served
-            np.testing.assert_allclose(got, net(x, mask), rtol=1e-5, atol=1e-5)
-            kept.append((got.copy(), got))
+    for engine in ("iree", "openvino", "auto"):
+        art = tmp_path / engine
+        assert collage(["compile", str(path), "--dim", "b=1:2:8", "--bucket", "b=2,8", "--fallback", engine,
+                        "-o", str(art)]) == 0
+        with collage_runtime.load(art) as program:
+            between = program.table.fallback.value + " fallback"
+            assert engine == "auto" or between == f"{engine} fallback"
+            for batch, served in ((2, "bucket b=2"), (5, between), (1, between), (8, "bucket b=8")):
+                x, mask = rng.standard_normal((batch, 16), np.float32), rng.standard_normal((batch, 2), np.float32)
+                (got,) = program.invoke("main", x, mask)
+                assert program.served(x, mask) == served
+                np.testing.assert_allclose(got, net(x, mask), rtol=1e-5, atol=1e-5)
+                kept.append((got.copy(), got))
+        assert "between buckets: iree " in capsys.readouterr().err or engine != "auto"  # timed, all three
     for copy, got in kept:
         np.testing.assert_array_equal(got, copy)
 
@@ -172,7 +179,7 @@ def test_shapes_between_buckets_run_on_iree_with_the_dims_kept(tmp_path, monkeyp
                     "-o", str(tmp_path / "ort")]) == 0
     with collage_runtime.load(tmp_path / "ort") as program:
         x = rng.standard_normal((5, 16), np.float32)
-        assert program.served(x) == "iree fallback" and (tmp_path / "ort" / "weights.bin").exists()
+        assert program.served(x).endswith(" fallback") and (tmp_path / "ort" / "weights.bin").exists()
         np.testing.assert_allclose(program.invoke("main", x)[0], np.tanh(x @ np.asarray(w)), rtol=1e-5, atol=1e-5)
 
     # Two symbols, a projection of a 3-d input and a batched matmul (IREE's own preprocessing flattens the
@@ -186,16 +193,14 @@ def test_shapes_between_buckets_run_on_iree_with_the_dims_kept(tmp_path, monkeyp
 
     two = tmp_path / "two.mlir"
     two.write_text(jax.export.export(jax.jit(attention))(jax.ShapeDtypeStruct((b, s, 8), jnp.float32)).mlir_module())
-    assert collage(["compile", str(two), "--dim", "b=1:1:4", "--dim", "s=2:2:8", "-o", str(tmp_path / "two")]) == 0
+    assert collage(["compile", str(two), "--dim", "b=1:1:4", "--dim", "s=2:2:8", "--fallback", "iree",
+                    "-o", str(tmp_path / "two")]) == 0
     with collage_runtime.load(tmp_path / "two") as program:
         x = rng.standard_normal((3, 5, 8), np.float32)
         assert program.served(x) == "iree fallback"
         np.testing.assert_allclose(program.invoke("main", x)[0], attention(x), rtol=1e-5, atol=1e-5)
 
     capsys.readouterr()
-    assert collage(["compile", str(path), "--dim", "b=1:2:8", "--fallback", "ort", "-o", str(tmp_path / "no")]) == 2
-    assert capsys.readouterr().err == ("collage: error: --fallback: ort does not run this model with its dynamic "
-                                       "dims; iree does\n")
     broadcast = tmp_path / "broadcast.mlir"  # a hand-written module: a `?` dim may expand, IREE cannot tell
     broadcast.write_text("""
 func.func @main(%x: tensor<?xf32>, %s: tensor<2xi32>) -> tensor<?x4xf32> {
@@ -205,7 +210,7 @@ func.func @main(%x: tensor<?xf32>, %s: tensor<2xi32>) -> tensor<?x4xf32> {
     with pytest.raises(CollageError, match="IREE cannot compile the module with its dynamic dims"):
         collage_mlir.shaped.compile_file_shaped(
             broadcast, collage_mlir.frontends.dims.DimPlan.of([collage_mlir.frontends.dims.parse_dim("0.0=1:2:4")]),
-            "default", tmp_path / "refused", check_import=False)
+            "default", tmp_path / "refused", fallback=collage_runtime.shapes.Fallback.IREE, check_import=False)
     assert not (tmp_path / "refused").exists()
 
     def other_model(model, values=None):  # a module that computes something else: the check must catch it
@@ -215,7 +220,8 @@ func.func @main(%x: tensor<?xf32>, %s: tensor<2xi32>) -> tensor<?x4xf32> {
 
     real = collage_mlir.shaped._iree_dynamic
     monkeypatch.setattr(collage_mlir.shaped, "_iree_dynamic", other_model)
-    assert collage(["compile", str(path), "--dim", "b=1:2:8", "--bucket", "b=2,8", "-o", str(tmp_path / "wrong")]) == 1
+    assert collage(["compile", str(path), "--dim", "b=1:2:8", "--bucket", "b=2,8", "--fallback", "iree",
+                    "-o", str(tmp_path / "wrong")]) == 1
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if "error" in line] == err.splitlines()[-1:]
     assert "the iree fallback disagrees with bucket b=2 at its shape: result 0: max error" in err

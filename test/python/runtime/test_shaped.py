@@ -72,6 +72,11 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path, capsys):
         assert table.fallback is Fallback.OPENVINO and table.outputs == (("batch", None),)
         # Each bucket is placed by the plan given: prefer:ort puts every region on ONNX Runtime.
         assert all({r.backend for r in program.program(b).manifest.regions} == {"ort"} for b in table.buckets)
+    capsys.readouterr()  # IREE takes StableHLO: an ONNX model's fallback is ORT or OpenVINO, one line
+    assert collage(["compile", str(dynamic_cnn), "--dim", "batch=1:2:6", "--fallback", "iree", "-o",
+                    str(tmp_path / "no")]) == 2
+    assert capsys.readouterr().err == ("collage: error: --fallback: iree does not run this model with its dynamic "
+                                       "dims; ort or openvino does\n")
     # `collage report` reports one program: it names the buckets' directories, and reports one of them with
     # its graph (the source model drawn at the bucket's shape) and its regions' measured times.
     assert collage(["report", str(dynamic), "--no-run", "-o", str(tmp_path / "r.html")]) == 2
