@@ -78,9 +78,10 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
     call out of range is a CollageError, every bucket (each dim's MIN, OPT and MAX) is compiled at the
     first call, and with ``pad`` (dims rows are independent along, such as a batch) a shape between
     buckets runs on the next bucket up, zero-padded, its results cut back: no compile per shape in range.
-    Without ``pad`` a shape between buckets runs on IREE's program of the module with symbolic dims kept
-    (``shaped.dynamic_program``, compiled with the buckets and checked against the OPT bucket): an
-    ``Exported``'s own module, or ``fn`` exported with a symbol per declared dim. Where jax cannot export
+    Without ``pad`` a shape between buckets runs on the fastest engine that takes the module with symbolic
+    dims kept (``shaped.fastest_dynamic``: IREE, or the module's ONNX translation on ONNX Runtime or
+    OpenVINO; built with the buckets and checked against the OPT bucket): an ``Exported``'s own module, or
+    ``fn`` exported with a symbol per declared dim. Where jax cannot export
     ``fn`` so (its Python depends on a dim's value), a warning says why and such a shape is compiled on
     first use, as ``jax.jit`` does."""
     import jax
@@ -156,26 +157,21 @@ def _exported(fn: Callable, leaves: list, tree, axes: Axes):
 
 
 def _dynamic_runner(exported, arrays: list, want: list, bucket: str) -> Callable:
-    """IREE's program of ``exported``'s module with its symbolic dims kept (``shaped.dynamic_program``):
-    flat arrays in, flat arrays out; checked to give ``want`` (bucket ``bucket``'s results) on ``arrays``."""
+    """The fastest engine that runs ``exported``'s module with its symbolic dims kept
+    (``shaped.fastest_dynamic``: IREE's program of it, or its ONNX translation on ONNX Runtime or OpenVINO):
+    flat arrays in, flat arrays out; each checked to give ``want`` (bucket ``bucket``'s results) on
+    ``arrays``."""
     import tempfile
     import weakref
 
-    from collage_runtime.engines import Engines, usable_cores
-    from collage_runtime.shaped import dynamic_runner
-    from collage_runtime.shapes import Fallback
-
     from .frontends import stablehlo
-    from .shaped import check_agrees, dynamic_program
+    from .shaped import fastest_dynamic
 
     where = "jax.export"
-    program = dynamic_program(stablehlo.parse(exported.mlir_module(), new_context(), where=where), where)
     directory = tempfile.TemporaryDirectory(prefix="collage-dynamic-")
-    path = Path(directory.name) / "dynamic.vmfb"
-    path.write_bytes(program)
-    run = dynamic_runner(Fallback.IREE, path, Engines(usable_cores(), sole=Fallback.IREE.value))
-    weakref.finalize(run, directory.cleanup)  # the program's file lives as long as its runner
-    check_agrees(f"IREE's dynamic program disagrees with bucket {bucket} at its shape", run(arrays), want, where)
+    run = fastest_dynamic(stablehlo.parse(exported.mlir_module(), new_context(), where=where), where, arrays, want,
+                          bucket, Path(directory.name))
+    weakref.finalize(run, directory.cleanup)  # the engine's file lives as long as its runner
     return run
 
 

@@ -195,6 +195,44 @@ def dynamic_program(module: ir.Module, where: str) -> bytes:
                            where=where) from None
 
 
+def fastest_dynamic(module: ir.Module, where: str, arrays: Sequence[np.ndarray], want: Sequence[np.ndarray],
+                    bucket: str, directory: Path, repeats: int = 5) -> Callable:
+    """Of the engines that run the StableHLO ``module`` with its dynamic dims (IREE's program of it, its ONNX
+    translation on ONNX Runtime and OpenVINO: ``fallback_kinds``), the fastest on ``arrays`` (median of
+    ``repeats`` calls) among those that give ``want`` there (bucket ``bucket``'s results); their files are
+    written into ``directory``. An engine that cannot take the module, or disagrees, is left out with a
+    warning saying why; one CollageError where none is left."""
+    import warnings
+
+    runners, problems = {}, []
+    for kind in (Fallback.IREE, Fallback.ORT, Fallback.OPENVINO):
+        try:
+            path = directory / ("dynamic.vmfb" if kind is Fallback.IREE else "dynamic.onnx")
+            if not path.exists():
+                path.write_bytes(dynamic_program(module, where) if kind is Fallback.IREE
+                                 else dynamic_onnx(module, where).SerializeToString())
+            run = dynamic_runner(kind, path, Engines(usable_cores(), sole=kind.value))
+            check_agrees(f"{kind.value} on the dynamic module disagrees with bucket {bucket} at its shape",
+                         run(arrays), want, where)
+            runners[kind] = run
+        except Exception as exc:  # noqa: BLE001  an engine that cannot take the module is routed around
+            problems.append(f"{kind.value}: {' '.join(str(exc).split())[:160]}")
+    if problems and runners:
+        warnings.warn(f"between buckets, left out: {'; '.join(problems)}", RuntimeWarning, stacklevel=3)
+    if not runners:
+        raise CollageError(f"no engine runs the module with its dynamic dims ({'; '.join(problems)}); list every "
+                           "value among the buckets, or declare the dim paddable", where=where)
+    times = {}
+    for kind, run in runners.items():
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run(arrays)
+            samples.append(time.perf_counter() - start)
+        times[kind] = float(np.median(samples))
+    return runners[min(times, key=times.get)]
+
+
 def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], where: str) -> None:
     """A fallback's results ``got`` against a bucket's ``want`` on the same inputs (``measure.import_check
     .compare``'s tolerance); one CollageError, saying ``what`` disagrees, where an output differs."""

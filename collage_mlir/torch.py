@@ -141,14 +141,16 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     """Every bucket of ``dim_plan`` imported, checked and given its plan, then compiled into one artifact of
     shape buckets under the cache directory (keyed by the buckets' modules and plans). Shapes between
     buckets that padding does not serve run on IREE's program of the exported ``program`` imported with its
-    dynamic dims (``frontends.torch.import_exported_dynamic``; checked against the OPT bucket)."""
+    dynamic dims (``frontends.torch.import_exported_dynamic``): IREE's dynamic program of it, or its ONNX
+    translation on ONNX Runtime or OpenVINO, the fastest (``shaped.choose_fallback``; checked against the
+    OPT bucket)."""
     import torch
     from torch.utils import _pytree as pytree
 
     import collage_runtime
 
     from .graph import number_ops
-    from .shaped import BucketModel, compile_shaped
+    from .shaped import BucketModel, choose_fallback, compile_shaped
 
     dynamic = None
     if dim_plan.unserved(fallback=False) is not None:
@@ -179,14 +181,14 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
         with tempfile.TemporaryDirectory(prefix="collage-dynamic-") as tmp:
-            fallback = None
-            if dynamic is not None:
+            fallback, kind = None, Fallback.NONE
+            if dynamic is not None:  # the fastest engine that runs it: IREE, or its ONNX translation
                 fallback = Path(tmp) / "dynamic.mlirbc"
                 with open(fallback, "wb") as f:
                     dynamic.operation.write_bytecode(f)
+                kind = choose_fallback(fallback, dim_plan, axes)[0]
             compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,
-                           source=f"torch:{type(model).__name__}", fallback_model=fallback,
-                           fallback=Fallback.IREE if fallback is not None else Fallback.NONE)
+                           source=f"torch:{type(model).__name__}", fallback_model=fallback, fallback=kind)
     return ShapedModule(collage_runtime.load(out, threads=options["threads"]), out_spec)
 
 
