@@ -8,7 +8,9 @@ three differ only in how the shape is served):
 - **fallback**: buckets at MIN, OPT and MAX, nothing else declared: a shape between them runs on IREE's
   program of the module with its ``?`` dims kept (``Fallback.IREE``);
 - **padded**: the same buckets with the dim declared paddable: the next bucket on zero-padded inputs;
-- **static**: a program compiled for exactly that shape (what a bucket there would run).
+- **static**: a program compiled for exactly that shape (what a bucket there would run);
+- **ort** (a last column): the module's ONNX translation with dynamic dims on ONNX Runtime as the fallback,
+  where its ops translate.
 
 At each shape between buckets the three are timed side by side (interleaved rounds, median), and the
 fallback's results are checked against jax's. Writes ``iree_fallback.json``/``.md`` beside this file (or
@@ -102,11 +104,14 @@ def main() -> None:
     args = parser.parse_args()
 
     import collage_runtime
+    from collage_mlir.errors import CollageError
     from collage_mlir.iree import compile_file
+    from collage_runtime.shapes import Fallback
 
     result = header("iree_fallback") | {"rounds": args.rounds, "models": {}}
     lines = ["| model | shape | static ms | fallback ms | padded to | padded ms | fallback / static | "
-             "padded / static | fallback max err vs jax |", "|---|---|---|---|---|---|---|---|---|"]
+             "padded / static | fallback max err vs jax | ORT fallback / static |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     chosen = models()
     for name in args.model or chosen:
         fn, shape, symbol, (lo, opt, hi), between, paddable = chosen[name]
@@ -115,13 +120,21 @@ def main() -> None:
             source = root / f"{name}.mlir"
             source.write_text(exported(fn, shape, symbol))
             dims = {symbol: (lo, opt, hi)}
-            compile_file(source, output_dir=root / "fallback", dims=dims)
+            compile_file(source, output_dir=root / "fallback", dims=dims, fallback=Fallback.IREE)
             compile_file(source, output_dir=root / "padded", dims=dims, pad=[symbol] if paddable else [])
+            try:  # the module's ONNX translation with dynamic dims on ONNX Runtime, where its ops translate
+                compile_file(source, output_dir=root / "ort", dims=dims, fallback=Fallback.ORT)
+                ort = collage_runtime.load(root / "ort")
+            except CollageError as exc:
+                print(f"{name}: no ORT fallback ({exc})", flush=True)
+                ort = None
             rows = []
             with collage_runtime.load(root / "fallback") as fallback, collage_runtime.load(root / "padded") as padded:
                 runners = {"fallback": lambda: fallback.invoke("main", x)}
                 if paddable:
                     runners["padded"] = lambda: padded.invoke("main", x)
+                if ort is not None:
+                    runners["ort"] = lambda: ort.invoke("main", x)
                 for value in between:
                     compile_file(source, output_dir=root / f"static{value}", dims={symbol: value})
                     x = np.random.default_rng(value).standard_normal(
@@ -135,9 +148,13 @@ def main() -> None:
                     rows.append(row)
                     pad_ms, pad_ratio = ((f"{ms['padded']:.3f}", f"{ms['padded'] / ms['static']:.2f}x") if paddable
                                          else ("-", "-"))
+                    ort_ratio = f"{ms['ort'] / ms['static']:.2f}x" if ort is not None else "-"
                     lines.append(f"| {name} | {symbol}={value} | {ms['static']:.3f} | {ms['fallback']:.3f} | {to} | "
-                                 f"{pad_ms} | {ms['fallback'] / ms['static']:.2f}x | {pad_ratio} | {error:.1e} |")
+                                 f"{pad_ms} | {ms['fallback'] / ms['static']:.2f}x | {pad_ratio} | {error:.1e} | "
+                                 f"{ort_ratio} |")
                     print(lines[-1], flush=True)
+            if ort is not None:
+                ort.close()
         result["models"][name] = {"dim": [lo, opt, hi], "rows": rows}
     write_report(args.out, "iree_fallback", result,
                  f"# IREE's dynamic program between buckets\n\nCommand: `{result['command']}`; "
