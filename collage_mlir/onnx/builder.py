@@ -39,6 +39,22 @@ class _Builder:
         #: Values may have dynamic dims (``translate(dynamic=True)``): an op with one needs a rule that takes
         #: them (``OnnxOp.dynamic``), held to ``known_types`` instead of ``static_known_types``.
         self.dynamic = dynamic
+        #: Broadcasts left to ONNX's implicit broadcasting (a dynamic translation's): the name of a tensor
+        #: of the broadcast's rank whose dims are 1 or the result's → its shape operand (i32 or i64). A rule
+        #: that broadcasts (``OnnxOp.broadcasts``) takes it as it is; any other gets it ``Expand``ed
+        #: (``expanded``), as do the graph's outputs.
+        self.lazy: dict[str, str] = {}
+        self._expanded: dict[str, str] = {}
+
+    def expanded(self, name: str) -> str:
+        """``name``, or where it is a broadcast left to the consumer (``lazy``), the ``Expand`` to its shape
+        (one per name)."""
+        if name not in self.lazy:
+            return name
+        if name not in self._expanded:
+            shape = self.node("Cast", [self.lazy[name]], to=DTYPES["i64"][1])
+            self._expanded[name] = self.node("Expand", [name, shape])
+        return self._expanded[name]
 
     def fresh(self, hint: str = "t") -> str:
         self.count += 1
@@ -82,7 +98,7 @@ class _Builder:
         names it gives StableHLO values are forgotten after it. ``inputs`` and what ``build`` returns are
         (name, element type, shape) of its inputs and outputs (each output written by an ``Identity``)."""
         helper = self.helper
-        saved = self.nodes, self.initializers, dict(self.names)
+        saved = self.nodes, self.initializers, dict(self.names), dict(self._expanded)
         self.nodes, self.initializers = [], []
         try:
             outputs = []
@@ -91,8 +107,8 @@ class _Builder:
                 outputs.append(helper.make_tensor_value_info(out, DTYPES[dtype][1], shape))
             return helper.make_graph(self.nodes, name, [helper.make_tensor_value_info(n, DTYPES[d][1], s)
                                                         for n, d, s in inputs], outputs, initializer=self.initializers)
-        finally:
-            self.nodes, self.initializers, self.names = saved
+        finally:  # an Expand made inside is the subgraph's own
+            self.nodes, self.initializers, self.names, self._expanded = saved
 
 
 def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
@@ -111,7 +127,13 @@ def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
         outer, oid = b.op_id, collage.op_id(op)
         b.op_id = outer if oid is None else oid
         try:
-            for r, name in zip(op.results, spec.translate(b, op, [b.names[v] for v in op.operands])):
+            ins = [b.names[v] for v in op.operands]
+            if b.lazy:
+                if not spec.broadcasts:
+                    ins = [b.expanded(n) for n in ins]
+                elif all(n in b.lazy for n in ins):  # one at the result's shape makes the rest broadcast to it
+                    ins[0] = b.expanded(ins[0])
+            for r, name in zip(op.results, spec.translate(b, op, ins)):
                 b.names[r] = name
         finally:
             b.op_id = outer
@@ -122,4 +144,4 @@ def _block_results(b: _Builder, block: ir.Block, args: list[str]) -> list[str]:
     for arg, name in zip(block.arguments, args):
         b.names[arg] = name
     _translate_ops(b, sh.block_ops(block))
-    return [b.names[v] for v in sh.returned(block)]
+    return [b.expanded(b.names[v]) for v in sh.returned(block)]

@@ -38,8 +38,8 @@ def supported_compare(op: ir.Operation) -> str | None:
     return None if _direction(op) in COMPARE else "unknown comparison direction"
 
 
-@register("stablehlo.power", when=(static_known_types, float_operands), dynamic=True)
-@register(*(name for name in BINARY if name != "stablehlo.power"), when=_NUM, dynamic=True)
+@register("stablehlo.power", when=(static_known_types, float_operands), dynamic=True, broadcasts=True)
+@register(*(name for name in BINARY if name != "stablehlo.power"), when=_NUM, dynamic=True, broadcasts=True)
 def _binary(b: _Builder, op, ins):
     return [b.node(BINARY[op.name], ins)]
 
@@ -51,7 +51,7 @@ def _remainder(b: _Builder, op, ins):
     return [b.node("Mod", ins, fmod=1)]
 
 
-@register(*LOGICAL, when=(static_known_types, bool_operands), dynamic=True)
+@register(*LOGICAL, when=(static_known_types, bool_operands), dynamic=True, broadcasts=True)
 def _logical(b: _Builder, op, ins):
     return [b.node(LOGICAL[op.name], ins)]
 
@@ -90,7 +90,7 @@ def _erfc(b: _Builder, op, ins):
     return [b.node("Sub", [one, b.node("Erf", ins)])]
 
 
-@register("stablehlo.compare", when=(static_known_types, supported_compare), dynamic=True)
+@register("stablehlo.compare", when=(static_known_types, supported_compare), dynamic=True, broadcasts=True)
 def _compare(b: _Builder, op, ins):
     d = _direction(op)
     if d == "NE":
@@ -98,7 +98,7 @@ def _compare(b: _Builder, op, ins):
     return [b.node(COMPARE[d], ins)]
 
 
-@register("stablehlo.select", when=(static_known_types,), dynamic=True)
+@register("stablehlo.select", when=(static_known_types,), dynamic=True, broadcasts=True)
 def _select(b: _Builder, op, ins):
     return [b.node("Where", ins)]
 

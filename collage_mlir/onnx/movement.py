@@ -136,7 +136,9 @@ def _dynamic_reshape(b: _Builder, op, ins):
 def _dynamic_broadcast(b: _Builder, op, ins):
     """The operand's dims put in the result's order, unit axes inserted where the result has dims of its
     own, then ``Expand`` to the shape operand: numpy broadcasting, so an operand dim expands where it is 1
-    and must equal the result's elsewhere (as ``dynamic_broadcast_in_dim`` asks)."""
+    and must equal the result's elsewhere (as ``dynamic_broadcast_in_dim`` asks). The ``Expand`` waits for a
+    consumer that needs it (``_Builder.lazy``): an elementwise op with an operand at the result's shape
+    broadcasts the unexpanded tensor itself."""
     dims = sh.broadcast_dims(op)
     rank = len(_dims(op.results[0]))
     order = sorted(range(len(dims)), key=lambda k: dims[k])
@@ -144,4 +146,7 @@ def _dynamic_broadcast(b: _Builder, op, ins):
     missing = [a for a in range(rank) if a not in dims]
     if missing:
         x = b.node("Unsqueeze", [x, b.ints(missing)])
-    return [b.node("Expand", [x, b.node("Cast", [ins[1]], to=DTYPES["i64"][1])])]
+    elif x == ins[0]:
+        x = b.node("Identity", [x])  # a name of its own, to be left unexpanded
+    b.lazy[x] = ins[1]  # expanded where a consumer needs the result's shape (``_Builder.expanded``)
+    return [x]

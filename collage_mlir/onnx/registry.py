@@ -25,6 +25,9 @@ class OnnxOp:
     #: The rule also takes values with dynamic dims (a model's dynamic translation: ``translate(dynamic=
     #: True)``), where ``known_types`` stands in for ``static_known_types``.
     dynamic: bool = False
+    #: The ONNX node broadcasts its inputs (numpy rules) and computes the same where one of them is at the
+    #: result's shape: it takes a dynamic translation's unexpanded broadcasts (``_Builder.lazy``).
+    broadcasts: bool = False
 
 
 #: The op table, by op name, in the order the rules registered (the package imports its rule modules in
@@ -32,17 +35,17 @@ class OnnxOp:
 OPS: dict[str, OnnxOp] = {}
 
 
-def register(*names: str, when: tuple = (), nested: bool = False, dynamic: bool = False
+def register(*names: str, when: tuple = (), nested: bool = False, dynamic: bool = False, broadcasts: bool = False
              ) -> Callable[[Callable], Callable]:
     """Registers the decorated rule as the translation of the ops ``names``, each meeting the constraints
-    ``when`` (``nested``, ``dynamic``: see ``OnnxOp``). An op has one rule: a second registration is an
-    error."""
+    ``when`` (``nested``, ``dynamic``, ``broadcasts``: see ``OnnxOp``). An op has one rule: a second
+    registration is an error."""
 
     def add(rule: Callable) -> Callable:
         for name in names:
             if name in OPS:
                 raise ValueError(f"{name} already has an ONNX rule ({OPS[name].translate.__qualname__})")
-            OPS[name] = OnnxOp(rule, tuple(when), nested, dynamic)
+            OPS[name] = OnnxOp(rule, tuple(when), nested, dynamic, broadcasts)
         return rule
 
     return add
