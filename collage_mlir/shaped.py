@@ -222,15 +222,18 @@ def fastest_dynamic(module: ir.Module, where: str, arrays: Sequence[np.ndarray],
     if not runners:
         raise CollageError(f"no engine runs the module with its dynamic dims ({'; '.join(problems)}); list every "
                            "value among the buckets, or declare the dim paddable", where=where)
-    times = {}
-    for kind, run in runners.items():
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run(arrays)
-            samples.append(time.perf_counter() - start)
-        times[kind] = float(np.median(samples))
+    times = {kind: _median_seconds(run, arrays, repeats) for kind, run in runners.items()}
     return runners[min(times, key=times.get)]
+
+
+def _median_seconds(run: Callable, arrays: Sequence[np.ndarray], repeats: int) -> float:
+    """Median seconds of ``repeats`` calls of ``run(arrays)``."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(arrays)
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
 
 
 def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], where: str) -> None:
@@ -402,12 +405,7 @@ def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: S
         try:
             run = dynamic_runner(kind, runnable or _runnable(model, kind, directory), Engines(threads, sole=kind.value))
             run(arrays)
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run(arrays)
-                samples.append(time.perf_counter() - start)
-            times[kind] = float(np.median(samples))
+            times[kind] = _median_seconds(run, arrays, repeats)
         except Exception as exc:  # noqa: BLE001  an engine that cannot run the model is left out
             problems.append(f"{kind.value}: {' '.join(str(exc).split())[:120]}")
     return times, problems
