@@ -24,10 +24,11 @@ from collage_runtime.shapes import Axes, bucket_for, cut_to, dims_label, pad_to
 from .entry import PlanChoice, choose_plan, compile_cached
 from .errors import CollageError
 from .frontends.dims import PYTHON, DimPlan, argument_axes, check_declared, input_values
+from .frontends import stablehlo
 from .frontends.jax import import_jax
 from .ir import new_context
 from .measure.import_check import check_import as check, jax_source
-from .shaped import output_axes
+from .shaped import fastest_dynamic, output_axes
 
 
 class CompiledFunction:
@@ -163,9 +164,6 @@ def _dynamic_runner(exported, arrays: list, want: list, bucket: str) -> Callable
     ``arrays``."""
     import tempfile
     import weakref
-
-    from .frontends import stablehlo
-    from .shaped import fastest_dynamic
 
     where = "jax.export"
     directory = tempfile.TemporaryDirectory(prefix="collage-dynamic-")

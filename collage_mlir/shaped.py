@@ -40,6 +40,7 @@ from .frontends.dims import PYTHON, DimPlan, check_declared, read_onnx_axes, spe
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, load_module, new_context
 from .measure.import_check import compare, load_checked
+from .onnx import translate
 from .plan import Plan
 from .search import resolve_plan
 
@@ -167,8 +168,6 @@ def dynamic_onnx(module: ir.Module, where: str):
     """The StableHLO ``module``'s ``@main`` as an ONNX model with its dynamic dims kept (``refine.prepared``,
     then ``onnx.translate(dynamic=True)``): ONNX Runtime and OpenVINO run it between buckets. One
     CollageError naming the first op the translation does not take."""
-    from .onnx import translate
-
     ready = refine.prepared(module, where=where)
     main = next((f for f in public_funcs(ready) if collage.symbol_name(f) == "main"), None)
     if main is None:

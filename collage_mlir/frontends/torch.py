@@ -21,6 +21,7 @@ from ..errors import CollageError
 from ..ir import ir, new_context, parse_module
 from . import cache_dir, write_cache
 from .onnx import import_onnx
+from .refine import SYMBOLIC_DIMS
 
 
 def model_key(model, example_inputs: Sequence) -> str:
@@ -122,8 +123,6 @@ def import_exported_dynamic(program, context: ir.Context) -> ir.Module:
     (``?``), marked ``refine.SYMBOLIC_DIMS``: torch.export traces a symbolic dim's broadcast only to itself
     (its guards decide any other). For IREE's dynamic program between buckets (``refine.for_iree``)."""
     from torch_mlir import fx
-
-    from .refine import SYMBOLIC_DIMS
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
