@@ -206,11 +206,8 @@ def fastest_dynamic(module: ir.Module, where: str, arrays: Sequence[np.ndarray],
     runners, problems = {}, []
     for kind in (Fallback.IREE, Fallback.ORT, Fallback.OPENVINO):
         try:
-            path = directory / ("dynamic.vmfb" if kind is Fallback.IREE else "dynamic.onnx")
-            if not path.exists():
-                path.write_bytes(dynamic_program(module, where) if kind is Fallback.IREE
-                                 else dynamic_onnx(module, where).SerializeToString())
-            run = dynamic_runner(kind, path, Engines(usable_cores(), sole=kind.value))
+            run = dynamic_runner(kind, _dynamic_file(lambda: module, kind, directory, where),
+                                 Engines(usable_cores(), sole=kind.value))
             check_agrees(f"{kind.value} on the dynamic module disagrees with bucket {bucket} at its shape",
                          run(arrays), want, where)
             runners[kind] = run
@@ -249,12 +246,17 @@ def _runnable(model: Path, kind: Fallback, directory: Path) -> Path:
     dynamic program of it or its ONNX translation (``dynamic_onnx``), made in ``directory`` once."""
     if model.suffix == ".onnx":
         return model
+    return _dynamic_file(lambda: load_module(model, new_context()), kind, directory, str(model))
+
+
+def _dynamic_file(module: Callable[[], ir.Module], kind: Fallback, directory: Path, where: str) -> Path:
+    """What ``kind``'s engine runs for a StableHLO module with its dynamic dims (``module()`` reads it):
+    IREE's program of it (``dynamic_program``) or its ONNX translation (``dynamic_onnx``), made in
+    ``directory`` once."""
     target = directory / ("dynamic.vmfb" if kind is Fallback.IREE else "dynamic.onnx")
     if not target.exists():
-        if kind is Fallback.IREE:
-            target.write_bytes(_iree_dynamic(model))
-        else:
-            target.write_bytes(dynamic_onnx(load_module(model, new_context()), str(model)).SerializeToString())
+        target.write_bytes(dynamic_program(module(), where) if kind is Fallback.IREE
+                           else dynamic_onnx(module(), where).SerializeToString())
     return target
 
 

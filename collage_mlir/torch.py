@@ -150,6 +150,8 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     import collage_runtime
 
     from .graph import number_ops
+    # Imported when used, as collage_mlir.iree does: at module load, shaped's imports change the interpreter's
+    # teardown order so that nanobind reports the cached device as leaked (test_exit_is_quiet_...).
     from .shaped import BucketModel, choose_fallback, compile_shaped
 
     dynamic = None
