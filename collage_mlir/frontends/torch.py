@@ -8,7 +8,9 @@ torch / torch-mlir versions: importing a big model is slow, re-importing it is n
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import inspect
 import io
 import tempfile
 import warnings
@@ -25,11 +27,15 @@ from .refine import SYMBOLIC_DIMS
 
 
 def model_key(model, example_inputs: Sequence) -> str:
-    """Hash of the model's code path, structure, weights, input signature and importer versions."""
+    """Hash of the model's code (each module's class source; a traced graph's generated code, which is all
+    that tells two of dynamo's weightless graphs apart), structure, weights, input signature and importer
+    versions."""
     import torch
 
     h = hashlib.sha256()
     h.update(f"{type(model).__module__}.{type(model).__qualname__}\n{model!r}\n".encode())
+    for sub in model.modules():
+        h.update(_code(sub).encode())
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().contiguous().cpu()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
@@ -38,6 +44,21 @@ def model_key(model, example_inputs: Sequence) -> str:
         h.update(f"in:{tuple(x.shape)}:{x.dtype}\n".encode())
     h.update(f"torch={torch.__version__} torch-mlir={version('torch-mlir')}".encode())
     return h.hexdigest()[:32]
+
+
+def _code(module) -> str:
+    """What ``module`` runs: a GraphModule's generated code, else its class's source where Python has it."""
+    import torch
+
+    return module.code if isinstance(module, torch.fx.GraphModule) else _class_source(type(module))
+
+
+@functools.cache
+def _class_source(cls) -> str:
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):  # defined in a REPL or a C extension: its name (in the key already) alone
+        return ""
 
 
 @contextmanager

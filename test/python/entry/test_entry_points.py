@@ -34,6 +34,16 @@ def test_a_graph_collage_cannot_take_runs_eagerly_with_one_warning(torch):
     torch.testing.assert_close(y, torch.fft.fft(x).real)
 
 
+def test_weightless_graphs_of_one_shape_are_told_apart(torch):
+    """Two functions with no weights and the same input: dynamo's graphs differ only in their code, which the
+    import cache's key must read (it once returned the first function's program for the second)."""
+    x = torch.ones(2, 3)
+    for scale in (2.0, 3.0, 2.0):
+        torch._dynamo.reset()
+        got = torch.compile(lambda t, s=scale: torch.tanh(t) * s, backend="collage")(x)
+        torch.testing.assert_close(got, torch.tanh(x) * scale, rtol=1e-4, atol=1e-5)
+
+
 def test_unknown_plan_is_a_collage_error(torch):
     import collage_mlir.torch
     from collage_mlir.errors import CollageError
