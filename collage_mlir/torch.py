@@ -18,6 +18,7 @@ frozen back in (``DynamoGraph``): the same module as ``compile(model, ...)``, so
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import tempfile
 import warnings
@@ -252,15 +253,19 @@ class DynamoGraph:
 
 class DynamicGraph:
     """A graph dynamo captured with dynamic shapes (``torch.compile(..., dynamic=True)``, or a second
-    shape): its size arguments (SymInts) and tensor axes take a new value on each call. Each shape is
-    compiled as a static graph (``DynamoGraph`` of the graph with the sizes bound), once: programs are
-    kept per shape, and ``compile_cached`` keeps artifacts across processes.
+    shape): its size arguments (SymInts) and tensor axes take a new value on each call.
 
     ``dims`` (option ``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the graph's tensor inputs) declares
-    ranges: every bucket (MIN, OPT and MAX of each dim) is compiled at the first call, a shape outside a
-    range is a CollageError, and with ``pad`` (the dims rows are independent along, such as a batch) a
-    shape between buckets runs on the next bucket up, zero-padded, its outputs cut back: nothing compiles
-    at request time. Without ``pad``, a shape between buckets is compiled on first use."""
+    ranges, served by one shape-bucket artifact (``ShapedModule``) built at the first call: the graph, its
+    weights frozen in and its sizes read off its tensors (``_SizedGraph``), is exported with a
+    ``torch.export.Dim`` per dim and compiled as ``compile`` compiles an exported program: a program per
+    bucket (MIN, OPT and MAX of each dim), along the dims in ``pad`` (rows independent along them, such as a
+    batch) the next bucket up, zero-padded, and between buckets the fastest engine on the graph with its
+    dims kept. Nothing compiles at request time; a shape outside a range is a CollageError. A graph that does
+    not export with symbolic dims (Python branching on a size) warns once and compiles the shapes no bucket
+    or padding serves on first use. Without ``dims``, each shape is compiled as a static graph
+    (``DynamoGraph`` of the graph with the sizes bound), once: programs are kept per shape, and
+    ``compile_cached`` keeps artifacts across processes."""
 
     def __init__(self, gm, example_inputs: Sequence, options: dict, dims: dict | None, pad: Sequence[str]):
         import torch
@@ -274,11 +279,12 @@ class DynamicGraph:
         self._size_axes = {k: _axis_of(holders[k], [holders[t] for t in self._tensors]) for k in self._sizes}
         self._programs: dict[tuple, DynamoGraph] = {}
         self._plan = None
+        # Per the sizes of the undeclared axes: the range's artifact, or None where the graph does not export.
+        self._ranges: dict[tuple, ShapedModule | None] = {}
+        self._seen: list | None = None
         if dims:
             self._plan = DimPlan.declared(dims, pad=pad)
-            self._axes = argument_axes([example_inputs[t] for t in self._tensors], self._plan.dims,
-                                       PYTHON)
-            self._outputs = None
+            self._axes = argument_axes([example_inputs[t] for t in self._tensors], self._plan.dims, PYTHON)
         elif pad:
             raise CollageError("the 'pad' option goes with 'dims'")
 
@@ -291,51 +297,64 @@ class DynamicGraph:
         return self._programs[key]
 
     def __call__(self, *args):
+        tensors = [args[t] for t in self._tensors]
         if self._plan is None:
             return self._program(args)(*[a for k, a in enumerate(args) if k not in self._sizes])
-        if self._outputs is None:
-            self._compile_buckets(args)
-        values = input_values(self._axes, [args[t] for t in self._tensors])
+        values = input_values(self._axes, tensors)
         self._plan.check(values)
-        target = bucket_for(self._plan.grid(), values, self._plan.pad)
-        if target is None or target == values:
+        seen = [_identity(args[k]) for k in sorted(self._weights)]
+        if seen != self._seen:  # the first call, or weights replaced or changed in place: built again
+            self._ranges, self._seen = {}, seen
+        fixed = tuple(tuple(None if name else n for n, name in zip(t.shape, names))
+                      for t, names in zip(tensors, self._axes))
+        if fixed not in self._ranges:
+            self._ranges[fixed] = self._compile_range(args)
+        shaped = self._ranges[fixed]
+        if shaped is None:
             return self._program(args)(*[a for k, a in enumerate(args) if k not in self._sizes])
-        grown = self._resized(args, target)
-        outs = self._program(grown)(*[a for k, a in enumerate(grown) if k not in self._sizes])
-        return _cut(outs, self._outputs, values)
+        return shaped(*tensors)
 
-    def _resized(self, args: Sequence, values: dict) -> list:
-        """``args`` at the bucket ``values``: tensors zero-padded or cut along the dims, size arguments set to
-        the new sizes."""
+    def _compile_range(self, args: Sequence) -> "ShapedModule | None":
+        """The declared range's artifact for the graph at ``args``; None (and a warning) where the graph does
+        not export with symbolic dims and padding does not reach every shape in range."""
         import torch
 
-        out = list(args)
-        for t, names in zip(self._tensors, self._axes):
-            tensor = args[t]
-            for axis, name in enumerate(names):
-                if name is not None and tensor.shape[axis] < values[name]:
-                    shape = list(tensor.shape)
-                    shape[axis] = values[name] - tensor.shape[axis]
-                    tensor = torch.cat([tensor, tensor.new_zeros(shape)], dim=axis)
-                elif name is not None:
-                    tensor = tensor.narrow(axis, 0, values[name])
-            out[t] = tensor
-        for k, (position, axis) in self._size_axes.items():
-            out[k] = out[self._tensors[position]].shape[axis]
-        return out
+        model = _sized_graph(self._gm, {k: args[k] for k in self._weights}, self._tensors, self._size_axes)
+        example = [args[t] for t in self._tensors]
+        symbols = {d.name: torch.export.Dim("d" + d.name.replace(".", "_"), min=d.min, max=d.max)
+                   for d in self._plan.dims}
+        shapes = tuple({a: symbols[name] for a, name in enumerate(names) if name} for names in self._axes)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
+                program = torch.export.export(model, tuple(example), dynamic_shapes=shapes)
+        except Exception as exc:  # noqa: BLE001  torch.export raises many types (guards, constraints, unsupported)
+            program = None
+            if self._plan.unserved(fallback=False) is not None:
+                why = " ".join(str(exc).split())[:160]
+                warnings.warn(f"collage: the graph does not export with symbolic dims ({why}); shapes no bucket "
+                              "or padding serves compile on first use", RuntimeWarning, stacklevel=3)
+                return None
+        defaults = {name: inspect.signature(compile).parameters[name].default for name in DYNAMO_OPTIONS}
+        return _compile_shaped(model, example, self._plan, self._axes, defaults | self._options, program=program)
 
-    def _compile_buckets(self, args: Sequence) -> None:
-        """Every bucket compiled, and which output axes carry the dims read from their results."""
-        from torch.utils import _pytree as pytree
 
-        from .shaped import output_axes
+def _sized_graph(gm, weights: dict, tensors: Sequence[int], size_axes: Mapping[int, tuple[int, int]]):
+    """Dynamo graph ``gm`` with ``weights`` frozen in (``freeze_weights``) as a graph of its tensor inputs
+    alone: each size placeholder (``size_axes``: its position → (tensor input position, axis)) becomes that
+    axis's size read off the tensor, so that torch.export traces it as the axis's symbol."""
+    import torch
 
-        grid, shapes = self._plan.grid(), []
-        for values in grid:
-            grown = self._resized(args, values)
-            outs = self._program(grown)(*[a for k, a in enumerate(grown) if k not in self._sizes])
-            shapes.append([tuple(o.shape) for o in pytree.tree_leaves(outs)])
-        self._outputs = output_axes(self._plan, grid, shapes)
+    frozen = freeze_weights(gm, weights)
+    kept = [k for k in range(len(weights) + len(_placeholders(frozen))) if k not in weights]
+    holders = dict(zip(kept, _placeholders(frozen)))
+    with frozen.graph.inserting_after(holders[kept[-1]]):
+        for k, (position, axis) in size_axes.items():
+            size = frozen.graph.call_function(torch.ops.aten.sym_size.int, (holders[tensors[position]], axis))
+            holders[k].replace_all_uses_with(size)
+            frozen.graph.erase_node(holders[k])
+    frozen.recompile()
+    return frozen
 
 
 class _BoundSizes:
@@ -366,20 +385,6 @@ def _axis_of(holder, tensor_holders: list) -> tuple[int, int]:
             if str(size) == symbol:
                 return position, axis
     raise CollageError(f"size argument {holder.name} is not the size of any input's axis")
-
-
-def _cut(outs, axes, values: dict):
-    """The results of a padded call cut back to ``values`` along the axes that carry the dims."""
-    from torch.utils import _pytree as pytree
-
-    leaves, spec = pytree.tree_flatten(outs)
-    cut = []
-    for leaf, names in zip(leaves, axes):
-        for axis, name in enumerate(names):
-            if name is not None:
-                leaf = leaf.narrow(axis, 0, values[name])
-        cut.append(leaf)
-    return pytree.tree_unflatten(cut, spec)
 
 
 def freeze_weights(gm, weights: dict):

@@ -25,30 +25,69 @@ def test_torch_compile_dynamic_runs_every_batch_size_compiled(torch):
     assert not [w for w in caught if "eagerly" in str(w.message)]
 
 
-def test_torch_compile_declared_range_pads_between_buckets(torch):
+def test_torch_compile_declared_range_is_one_artifact(torch, monkeypatch):
+    """A declared range builds one artifact at the first call (buckets 2, 4, 8): with pad, 3 and 5 run padded
+    on 4 and 8; without, the fastest engine on the graph exported with its dims serves them. Nothing
+    compiles after the first call; out of range is one line; equal to eager (rtol 1e-4, atol 1e-5)."""
+    import collage_mlir.torch as collage_torch
     from collage_mlir.errors import CollageError
-    from collage_mlir.torch import DynamicGraph
 
     model = mlp()
+    compiles, real = [], collage_torch._compile_shaped
+    monkeypatch.setattr(collage_torch, "_compile_shaped", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    for pad, between in ((["0.0"], "padded to 0.0={}"), ([], "{} fallback")):
+        torch._dynamo.reset()
+        graphs, compiles[:] = [], []
+
+        def backend(gm, example_inputs):
+            graphs.append(collage_torch.dynamo_backend(gm, example_inputs, {"dims": {"0.0": (2, 4, 8)}, "pad": pad}))
+            return graphs[-1]
+
+        run = torch.compile(model, backend=backend, dynamic=True)
+        for batch in (3, 5, 8, 2):
+            x = torch.randn(batch, 32)
+            torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+            (shaped,) = graphs[0]._ranges.values()
+            served = shaped.program.served(x.numpy())
+            if batch in (2, 8):
+                assert served == f"bucket 0.0={batch}"
+            elif pad:
+                assert served == between.format(4 if batch == 3 else 8)
+            else:
+                assert served.endswith(" fallback")
+        (graph,) = graphs
+        assert [dict(b.values) for b in shaped.program.table.buckets] == [{"0.0": 2}, {"0.0": 4}, {"0.0": 8}]
+        assert compiles == [1] and not graph._programs  # one artifact, no program per shape
+        with pytest.raises(CollageError, match=r"dim '0.0' is 9, outside the declared range 2..8"):
+            run(torch.randn(9, 32))
+        if pad:  # weights changed in place (an optimizer step): the range is built again with them
+            with torch.no_grad():
+                model[0].weight.mul_(2.0)
+            x = torch.randn(3, 32)
+            torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+            assert compiles == [1, 1]
+
+
+def test_torch_compile_declared_range_of_a_graph_that_specialises_its_dim(torch):
+    """A graph whose code fixes the declared dim (dynamo specialised it) does not export with it: one
+    warning, and its shape compiles on first use; equal to eager."""
+    import collage_mlir.torch as collage_torch
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x.reshape(4, -1)) if x.shape[0] == 4 else x - 1
+
     torch._dynamo.reset()
     graphs = []
-    from collage_mlir import torch as collage_torch
 
     def backend(gm, example_inputs):
-        compiled = collage_torch.dynamo_backend(gm, example_inputs, {"dims": {"0.0": (2, 4, 8)}, "pad": ["0.0"]})
-        graphs.append(compiled)
-        return compiled
+        graphs.append(collage_torch.dynamo_backend(gm, example_inputs, {"dims": {"0.0": (2, 4, 8)}}))
+        return graphs[-1]
 
-    run = torch.compile(model, backend=backend, dynamic=True)
-    for batch in (3, 5, 8):
-        x = torch.randn(batch, 32)
-        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
-    (graph,) = graphs
-    assert isinstance(graph, DynamicGraph)
-    # The buckets (2, 4, 8), compiled at the first call; 3 and 5 were padded to 4 and 8, not compiled.
-    assert sorted(k[0][0] for k in graph._programs) == [2, 4, 8]
-    with pytest.raises(CollageError, match=r"dim '0.0' is 9, outside the declared range 2..8"):
-        run(torch.randn(9, 32))
+    x = torch.randn(4, 6)
+    with pytest.warns(RuntimeWarning, match="the graph does not export with symbolic dims"):
+        torch.testing.assert_close(torch.compile(Fixed(), backend=backend, dynamic=True)(x), torch.tanh(x))
+    assert list(graphs[0]._ranges.values()) == [None] and len(graphs[0]._programs) == 1
 
 
 def test_compile_file_with_dims(tmp_path):
