@@ -23,6 +23,7 @@ import json
 import tempfile
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -231,22 +232,21 @@ class DynamoGraph:
     again with the current ones when not. Where dynamo splits a model into several graphs (graph breaks),
     each is a module of its own, and a plan tuned for the whole model fits none of them."""
 
-    def __init__(self, gm, example_inputs: Sequence, options: dict):
+    def __init__(self, gm, example_inputs: Sequence, options: dict, roles: "_Roles | None" = None):
         self._gm, self._options = gm, options
-        self._weights = [k for k, node in enumerate(_placeholders(gm)) if _is_weight(node, example_inputs[k])]
+        self._roles = roles or _Roles.of(gm, example_inputs)
         self._compile(example_inputs)
 
     def _compile(self, args: Sequence) -> None:
-        frozen = freeze_weights(self._gm, {k: args[k] for k in self._weights})
-        self._seen = [_identity(args[k]) for k in self._weights]
+        frozen = freeze_weights(self._gm, {k: args[k] for k in self._roles.weights}, self._roles.scalars)
+        self._seen = self._roles.state(args)
         self.compiled = compile(frozen, self._real(args), **self._options)
 
     def _real(self, args: Sequence) -> list:
-        weights = set(self._weights)
-        return [a for k, a in enumerate(args) if k not in weights]
+        return [a for k, a in enumerate(args) if k not in self._roles.weights]
 
     def __call__(self, *args):
-        if [_identity(args[k]) for k in self._weights] != self._seen:
+        if self._roles.state(args) != self._seen:
             self._compile(args)
         return self.compiled(*self._real(args))
 
@@ -272,12 +272,13 @@ class DynamicGraph:
 
         self._gm, self._options = gm, options
         holders = _placeholders(gm)
-        self._weights = {k for k, node in enumerate(holders) if _is_weight(node, example_inputs[k])}
+        self._roles = _Roles.of(gm, example_inputs)  # now: dynamo drops the placeholders' grapharg after the backend
+        self._weights = self._roles.weights
         self._sizes = [k for k, e in enumerate(example_inputs) if not isinstance(e, torch.Tensor)]
         self._tensors = [k for k in range(len(holders)) if k not in self._weights and k not in self._sizes]
         # Each size argument is the size of some tensor input's axis: its symbol names it.
         self._size_axes = {k: _axis_of(holders[k], [holders[t] for t in self._tensors]) for k in self._sizes}
-        self._programs: dict[tuple, DynamoGraph] = {}
+        self._programs: dict[tuple, DynamoGraph | None] = {}  # None: eager at that shape
         self._plan = None
         # Per the sizes of the undeclared axes: the range's artifact, or None where the graph does not export.
         self._ranges: dict[tuple, ShapedModule | None] = {}
@@ -288,21 +289,31 @@ class DynamicGraph:
         elif pad:
             raise CollageError("the 'pad' option goes with 'dims'")
 
-    def _program(self, args: Sequence) -> "DynamoGraph":
+    def _run_per_shape(self, args: Sequence):
+        """``args``' shape on its own static program, compiled on first use; eagerly, with one warning, where
+        collage cannot compile it (as dynamo_backend falls back for a whole graph)."""
         key = tuple(tuple(args[t].shape) for t in self._tensors)
         if key not in self._programs:
             sizes = {k: args[k] for k in self._sizes}
-            self._programs[key] = DynamoGraph(_BoundSizes(self._gm, sizes), [a for k, a in enumerate(args)
-                                                                             if k not in self._sizes], self._options)
-        return self._programs[key]
+            try:
+                self._programs[key] = DynamoGraph(_BoundSizes(self._gm, sizes),
+                                                  [a for k, a in enumerate(args) if k not in self._sizes],
+                                                  self._options, self._roles.without(self._sizes))
+            except Exception as exc:  # noqa: BLE001  any failure falls back, as torch backends do
+                why = " ".join(str(exc).split())[:200] or type(exc).__name__
+                warnings.warn(f"collage: running this graph eagerly at shape {list(key)}: {why}", RuntimeWarning,
+                              stacklevel=3)
+                self._programs[key] = None
+        program = self._programs[key]
+        return self._gm(*args) if program is None else program(*[a for k, a in enumerate(args) if k not in self._sizes])
 
     def __call__(self, *args):
         tensors = [args[t] for t in self._tensors]
         if self._plan is None:
-            return self._program(args)(*[a for k, a in enumerate(args) if k not in self._sizes])
+            return self._run_per_shape(args)
         values = input_values(self._axes, tensors)
         self._plan.check(values)
-        seen = [_identity(args[k]) for k in sorted(self._weights)]
+        seen = self._roles.state(args)
         if seen != self._seen:  # the first call, or weights replaced or changed in place: built again
             self._ranges, self._seen = {}, seen
         fixed = tuple(tuple(None if name else n for n, name in zip(t.shape, names))
@@ -311,7 +322,7 @@ class DynamicGraph:
             self._ranges[fixed] = self._compile_range(args)
         shaped = self._ranges[fixed]
         if shaped is None:
-            return self._program(args)(*[a for k, a in enumerate(args) if k not in self._sizes])
+            return self._run_per_shape(args)
         return shaped(*tensors)
 
     def _compile_range(self, args: Sequence) -> "ShapedModule | None":
@@ -319,7 +330,8 @@ class DynamicGraph:
         not export with symbolic dims and padding does not reach every shape in range."""
         import torch
 
-        model = _sized_graph(self._gm, {k: args[k] for k in self._weights}, self._tensors, self._size_axes)
+        model = _sized_graph(self._gm, {k: args[k] for k in self._weights}, self._roles.scalars, self._tensors,
+                             self._size_axes)
         example = [args[t] for t in self._tensors]
         symbols = {d.name: torch.export.Dim("d" + d.name.replace(".", "_"), min=d.min, max=d.max)
                    for d in self._plan.dims}
@@ -339,13 +351,13 @@ class DynamicGraph:
         return _compile_shaped(model, example, self._plan, self._axes, defaults | self._options, program=program)
 
 
-def _sized_graph(gm, weights: dict, tensors: Sequence[int], size_axes: Mapping[int, tuple[int, int]]):
+def _sized_graph(gm, weights: dict, scalars: frozenset, tensors: Sequence[int], size_axes: Mapping[int, tuple[int, int]]):
     """Dynamo graph ``gm`` with ``weights`` frozen in (``freeze_weights``) as a graph of its tensor inputs
     alone: each size placeholder (``size_axes``: its position → (tensor input position, axis)) becomes that
     axis's size read off the tensor, so that torch.export traces it as the axis's symbol."""
     import torch
 
-    frozen = freeze_weights(gm, weights)
+    frozen = freeze_weights(gm, weights, scalars)
     kept = [k for k in range(len(weights) + len(_placeholders(frozen))) if k not in weights]
     holders = dict(zip(kept, _placeholders(frozen)))
     with frozen.graph.inserting_after(holders[kept[-1]]):
@@ -368,9 +380,7 @@ class _BoundSizes:
         bound = torch.fx.GraphModule(gm, graph)
         for k, node in enumerate(_placeholders(bound)):
             if k in sizes:
-                for user in list(node.users):
-                    user.args = tuple(sizes[k] if a is node else a for a in user.args)
-                    user.kwargs = {n: sizes[k] if a is node else a for n, a in user.kwargs.items()}
+                _substitute(node, sizes[k])
                 graph.erase_node(node)
         bound.recompile()
         return bound
@@ -387,9 +397,11 @@ def _axis_of(holder, tensor_holders: list) -> tuple[int, int]:
     raise CollageError(f"size argument {holder.name} is not the size of any input's axis")
 
 
-def freeze_weights(gm, weights: dict):
+def freeze_weights(gm, weights: dict, scalars: frozenset = frozenset()):
     """A copy of fx graph ``gm`` whose placeholders ``weights`` (position → tensor) read attributes
-    holding those tensors (not copied): parameters stay parameters, buffers buffers."""
+    holding those tensors (not copied): parameters stay parameters, buffers buffers. The ``scalars`` among
+    them (a module's number that dynamo passes as a tensor: ``_Roles``) become their value where the graph
+    reads them."""
     import torch
 
     graph = torch.fx.Graph()  # a copy node by node: deepcopy warns about torch's own pytree specs
@@ -397,6 +409,12 @@ def freeze_weights(gm, weights: dict):
     frozen = torch.fx.GraphModule(gm, graph)
     for k, node in enumerate(_placeholders(frozen)):
         if k not in weights:
+            continue
+        if k in scalars:
+            for read in list(node.users):
+                _substitute(read, weights[k].item())
+                graph.erase_node(read)
+            graph.erase_node(node)
             continue
         name = f"_collage_weight_{k}"
         tensor = weights[k].detach()
@@ -410,6 +428,14 @@ def freeze_weights(gm, weights: dict):
         graph.erase_node(node)
     frozen.recompile()
     return frozen
+
+
+def _substitute(node, value) -> None:
+    """Every use of fx ``node`` replaced by the constant ``value``, nested ones too (a slice's bound, a list)."""
+    import torch
+
+    for user in list(node.users):
+        user.args, user.kwargs = torch.fx.node.map_arg((user.args, user.kwargs), lambda a: value if a is node else a)
 
 
 def _placeholders(gm) -> list:
@@ -426,6 +452,38 @@ def _is_weight(node, example) -> bool:
     return source.guard_source.is_unspecialized_nn_module() or source.guard_source.is_specialized_nn_module()
 
 
-def _identity(tensor) -> tuple[int, int, int]:
-    # The version counter counts in-place changes (an optimizer step, copy_ under no_grad).
-    return id(tensor), tensor.data_ptr(), tensor._version
+@dataclass(frozen=True)
+class _Roles:
+    """Which of a dynamo graph's placeholders are weights (a module's parameters and buffers, frozen into the
+    graph) and which of those are ``scalars``: a module's Python number that dynamo passes as a 0-d tensor
+    the graph only reads back with ``.item()`` (with ``dynamic=True``: a LayerNorm's ``eps``, a Dropout's
+    ``p``, an attention's ``scaling``), which torch.export cannot trace (a data-dependent value) and which
+    is bound in by value. Read from the placeholders' ``grapharg`` while the backend runs: dynamo drops it
+    after."""
+
+    weights: frozenset
+    scalars: frozenset
+
+    @classmethod
+    def of(cls, gm, example_inputs: Sequence) -> "_Roles":
+        import torch
+
+        holders = _placeholders(gm)
+        weights = frozenset(k for k, node in enumerate(holders) if _is_weight(node, example_inputs[k]))
+        scalars = frozenset(k for k in weights if getattr(holders[k].meta.get("grapharg"), "pass_arg_as_tensor", False)
+                            and all((u.op == "call_method" and u.target == "item") or u.target is torch.ops.aten.item.default
+                                    for u in holders[k].users))
+        return cls(weights, scalars)
+
+    def without(self, removed: Sequence[int]) -> "_Roles":
+        """The roles once the placeholders at ``removed`` are gone (the others move up)."""
+        def shift(k: int) -> int:
+            return k - sum(r < k for r in removed)
+        return _Roles(frozenset(map(shift, self.weights)), frozenset(map(shift, self.scalars)))
+
+    def state(self, args: Sequence) -> list:
+        """What the frozen weights were: each tensor's identity (storage and version counter; the version
+        counts in-place changes: an optimizer step, ``copy_`` under no_grad), each scalar's value (dynamo
+        wraps the number in a new tensor per call)."""
+        return [args[k].item() if k in self.scalars else (id(args[k]), args[k].data_ptr(), args[k]._version)
+                for k in sorted(self.weights)]

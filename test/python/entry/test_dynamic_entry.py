@@ -25,6 +25,43 @@ def test_torch_compile_dynamic_runs_every_batch_size_compiled(torch):
     assert not [w for w in caught if "eagerly" in str(w.message)]
 
 
+def test_torch_compile_dynamic_binds_a_modules_numbers(torch):
+    """With dynamic=True dynamo passes a LayerNorm's eps and a Dropout's p as 0-d tensors read back with
+    .item(), which torch.export cannot trace: they are bound in by value (shape 5 and 7 once ended in a
+    traceback), and the weights are frozen in though the per-shape graph is built after dynamo dropped their
+    sources; equal to eager."""
+    from collage_mlir.torch import DynamicGraph
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Dropout(0.1)).eval()
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from collage_mlir import torch as collage_torch
+
+        graphs.append(collage_torch.dynamo_backend(gm, example_inputs))
+        return graphs[-1]
+
+    run = torch.compile(model, backend=backend, dynamic=True)
+    for batch in (5, 7):
+        x = torch.randn(batch, 16)
+        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+    (graph,) = graphs
+    assert isinstance(graph, DynamicGraph) and len(graph._roles.scalars) == 2 and len(graph._programs) == 2
+    assert all(len(p._roles.weights) == len(graph._roles.weights) == 6 for p in graph._programs.values())
+
+
+def test_torch_compile_dynamic_shape_collage_cannot_take_runs_eagerly(torch):
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.fft(x).real  # complex FFT: the StableHLO lowering refuses it
+
+    torch._dynamo.reset()
+    run = torch.compile(Spectrum(), backend="collage", dynamic=True)
+    with pytest.warns(RuntimeWarning, match=r"collage: running this graph eagerly at shape \[\(3, 8\)\]"):
+        torch.testing.assert_close(run(x := torch.randn(3, 8)), torch.fft.fft(x).real)
+
+
 def test_torch_compile_declared_range_is_one_artifact(torch, monkeypatch):
     """A declared range builds one artifact at the first call (buckets 2, 4, 8): with pad, 3 and 5 run padded
     on 4 and 8; without, the fastest engine on the graph exported with its dims serves them. Nothing
