@@ -710,7 +710,8 @@ def _users_index(g: _Graph) -> dict[str, list]:
 
 
 def _softmax(g: _Graph) -> bool:
-    """``Div(e, Reshape(ReduceSum(e)))`` with ``e = Exp(Sub(x, Reshape(ReduceMax(x))))`` over one axis."""
+    """``Div(e, Reshape(ReduceSum(e)))`` with ``e = Exp(Sub(x, Reshape(ReduceMax(x))))`` over one axis (the
+    maximum maybe floored at -inf, as jax writes it)."""
     from onnx import helper
 
     users = _users_index(g)
@@ -725,7 +726,11 @@ def _softmax(g: _Graph) -> bool:
     def reduced(name: str, op_type: str, x: str):
         """The reduction axis when ``name`` is Reshape(op_type(x, [axis], keepdims=0)) back to x's rank."""
         r = only(name, "Reshape")
-        red = r and only(r.input[0], op_type)
+        floor = r and only(r.input[0], "Max")  # jax's max(x, initial=-inf): a Max with -inf after the ReduceMax
+        if floor and op_type == "ReduceMax" and any(_is_splat(g, i, -np.inf) for i in floor.input):
+            red = only(next(i for i in floor.input if not _is_splat(g, i, -np.inf)), op_type)
+        else:
+            red, floor = r and only(r.input[0], op_type), None
         if not red or red.input[0] != x or len(red.input) < 2 or red.input[1] not in g.consts:
             return None
         axes = g.consts[red.input[1]].reshape(-1)
@@ -733,7 +738,7 @@ def _softmax(g: _Graph) -> bool:
         if shape is None or len(axes) != 1 or g.shapes.get(r.output[0]) != \
                 tuple(1 if k == axes[0] % len(shape) else d for k, d in enumerate(shape)):
             return None
-        return int(axes[0]) % len(shape), [r, red]
+        return int(axes[0]) % len(shape), [r, red] + ([floor] if floor else [])
 
     for div in list(g.nodes):
         if div.op_type != "Div":
@@ -765,7 +770,7 @@ WINDOW = 48
 
 
 #: Ops a layer-norm subgraph may hold besides the elementwise ones.
-NORMALIZING = ELEMENTWISE | {"ReduceMean", "ReduceSum", "Reshape", "Cast", "Pow"}
+NORMALIZING = ELEMENTWISE | {"ReduceMean", "ReduceSum", "Reshape", "Cast", "Pow", "Relu"}  # Relu: jax clamps the variance
 
 
 def _evaluate(g: _Graph, nodes: list, x: str, probe: np.ndarray, scalars: bool) -> np.ndarray | None:
@@ -785,13 +790,12 @@ def _evaluate(g: _Graph, nodes: list, x: str, probe: np.ndarray, scalars: bool) 
     return np.asarray(env[nodes[-1].output[0]], dtype=np.float64)
 
 
-def _subgraphs(g: _Graph, k: int, allowed: frozenset, users: dict, const_ok):
-    """Growing sets of the nodes after ``g.nodes[k]`` that read only its output ``x``, each other and
-    constants (``const_ok``), yielded (as lists, graph order) whenever exactly one value leaves the set
-    and it has ``x``'s shape."""
-    x = g.nodes[k].output[0]
+def _subgraphs(g: _Graph, x: str, after: int, allowed: frozenset, users: dict, const_ok):
+    """Growing sets of the nodes from ``g.nodes[after]`` on that read only ``x``, each other and constants
+    (``const_ok``), yielded (as lists, graph order) whenever exactly one value leaves the set and it has
+    ``x``'s shape (``x`` itself may have other readers: a residual connection's)."""
     live, taken = {x}, []
-    for n in g.nodes[k + 1:k + 1 + WINDOW]:
+    for n in g.nodes[after:after + WINDOW]:
         ins = [i for i in n.input if i]
         if n.op_type not in allowed or not any(i in live for i in ins) or \
                 not all(i in live or (i in g.consts and const_ok(g.consts[i])) for i in ins):
@@ -799,7 +803,7 @@ def _subgraphs(g: _Graph, k: int, allowed: frozenset, users: dict, const_ok):
         taken.append(n)
         live.add(n.output[0])
         inside = {id(t) for t in taken}
-        escaping = {v for v in live if v in g.outputs or any(id(u) not in inside for u in users.get(v, []))}
+        escaping = {v for v in live - {x} if v in g.outputs or any(id(u) not in inside for u in users.get(v, []))}
         if escaping == {n.output[0]} and g.shapes.get(n.output[0]) == g.shapes.get(x):
             yield list(taken)
 
@@ -812,23 +816,52 @@ def _replace(g: _Graph, old: list, new: list) -> None:
         g.nodes.remove(n)
 
 
+#: The tanh approximation of GELU as ONNX Runtime's FastGeluFusion matches it (its second formula:
+#: ``(x * 0.5) * (1 + tanh(0.7978845834732056 * (x + 0.044715 * x ** 3)))``), op by op.
+GELU_TANH_OPS = ("Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul")
+
+
+def _gelu_tanh_nodes(g: _Graph, x: str, taken: list) -> list:
+    """``GELU_TANH_OPS`` computing what ``taken`` computes from ``x``, into its output."""
+    from onnx import helper
+
+    dtype = next(g.consts[i].dtype for n in taken for i in n.input if i in g.consts)
+    c = {v: g.fresh_const(np.asarray(v, dtype), "gelu") for v in (3.0, 0.044715, 0.7978845834732056, 1.0, 0.5)}
+    out = taken[-1].output[0]
+    v = [f"{out}_gelu{j}" for j in range(7)] + [out]
+    inputs = [[x, c[3.0]], [v[0], c[0.044715]], [x, v[1]], [v[2], c[0.7978845834732056]], [v[3]], [v[4], c[1.0]],
+              [x, c[0.5]], [v[6], v[5]]]
+    return [helper.make_node(op, ins, [v[j]], name=v[j]) for j, (op, ins) in enumerate(zip(GELU_TANH_OPS, inputs))]
+
+
 def _gelu(g: _Graph) -> bool:
+    """A subgraph of elementwise ops that computes GELU: the erf form → the one ORT fuses to ``Gelu``, the
+    tanh approximation → the one it fuses to ``FastGelu`` (OpenVINO fuses either); an erf approximation
+    alone → ``Erf``."""
     from onnx import helper
 
     changed = False
     users = _users_index(g)
-    for start in list(g.nodes):
-        x = start.output[0]
-        if not any(u.op_type in ELEMENTWISE for u in users.get(x, [])) or not _present(g, start):
+    for x in _starts(g):
+        after = _after(g, x)
+        if after is None or not any(u.op_type in ELEMENTWISE for u in users.get(x, [])):
             continue
-        best = erf = None
-        for taken in _subgraphs(g, g.nodes.index(start), ELEMENTWISE, users, lambda c: c.size == 1):
+        best = erf = tanh = None
+        for taken in _subgraphs(g, x, after, ELEMENTWISE, users, lambda c: c.size == 1):
             f = _evaluate(g, taken, x, PROBE, scalars=True) if len(taken) > 5 else None
             act = classify(f) if f is not None else None
             if act is not None and act.name == "gelu" and act.algorithm == "none":
                 best = taken
+            elif act is not None and act.name == "gelu" and act.algorithm == "tanh" and \
+                    [n.op_type for n in taken] != list(GELU_TANH_OPS):
+                tanh = taken
             elif best is None and f is not None and np.all(np.abs(f - ERF) <= 2e-6):
                 erf = taken
+        if best is None and tanh is not None:
+            _replace(g, tanh, _gelu_tanh_nodes(g, x, tanh))
+            users = _users_index(g)
+            changed = True
+            continue
         if best is None and erf is not None:
             # An erf approximation alone (a quantized GELU: a QuantizeLinear splits it after the erf) → Erf.
             _replace(g, erf, [helper.make_node("Erf", [x], [erf[-1].output[0]], name=erf[-1].output[0])])
@@ -851,8 +884,20 @@ def _gelu(g: _Graph) -> bool:
     return changed
 
 
-def _present(g: _Graph, node) -> bool:
-    return any(n is node for n in g.nodes)
+def _starts(g: _Graph) -> list[str]:
+    """The values a subgraph may start from: the graph's inputs, then each node's first output."""
+    produced = {o for n in g.nodes for o in n.output}
+    inputs = [i for n in g.nodes for i in _reads(n) if i and i not in produced and i not in g.consts]
+    return list(dict.fromkeys(inputs)) + [n.output[0] for n in g.nodes]
+
+
+def _after(g: _Graph, x: str) -> int | None:
+    """Where the nodes that may read ``x`` begin: 0 for a graph input, after its producer; None once a
+    rewrite removed its producer."""
+    k = next((k for k, n in enumerate(g.nodes) if x in n.output), None)
+    if k is not None:
+        return k + 1
+    return 0 if any(x in _reads(n) for n in g.nodes) else None
 
 
 def _layer_norm(g: _Graph) -> bool:
@@ -865,16 +910,14 @@ def _layer_norm(g: _Graph) -> bool:
     changed = False
     users = _users_index(g)
     rng = np.random.default_rng(0)
-    for start in list(g.nodes):
-        x = start.output[0]
-        shape = g.shapes.get(x)
-        if not shape or g.types.get(x) != onnx.TensorProto.FLOAT or not _present(g, start) or \
+    for x in _starts(g):
+        shape, after = g.shapes.get(x), _after(g, x)
+        if not shape or after is None or g.types.get(x) != onnx.TensorProto.FLOAT or \
                 not any(u.op_type in ("ReduceMean", "ReduceSum", "Cast") for u in users.get(x, [])):
             continue
-        k = g.nodes.index(start)
         probe = (rng.standard_normal(shape) * 3.0 + 1.0).astype(np.float32)
         found = None
-        for taken in _subgraphs(g, k, NORMALIZING, users, lambda c: True):
+        for taken in _subgraphs(g, x, after, NORMALIZING, users, lambda c: True):
             if not any(n.op_type in ("ReduceMean", "ReduceSum") for n in taken) or len(taken) < 5:
                 continue
             f = _evaluate(g, taken, x, probe, scalars=False)

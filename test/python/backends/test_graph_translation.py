@@ -75,6 +75,42 @@ def test_encoder_onnx_has_the_fused_forms(torch):
     np.testing.assert_allclose(session.run(None, {"in0": ids.numpy()})[0], want, rtol=1e-4, atol=1e-5)
 
 
+def test_jax_encoder_onnx_has_the_fused_forms(tmp_path):
+    """A JAX encoder written with jax.nn (standardize, softmax, tanh-approximate gelu; a residual reads each
+    normalized input too): LayerNormalization, Softmax (jax floors the max at -inf) and the tanh GELU in the
+    form ONNX Runtime fuses into FastGelu; the simplified graph computes what jax does."""
+    jax = pytest.importorskip("jax")
+    ort = pytest.importorskip("onnxruntime")
+    import jax.numpy as jnp
+
+    from collage_mlir.frontends import stablehlo
+
+    rng = np.random.default_rng(0)
+    w = {k: (rng.standard_normal(s) * 0.1).astype(np.float32) for k, s in
+         {"qkv": (32, 96), "out": (32, 32), "up": (32, 64), "down": (64, 32)}.items()}
+
+    def encoder(x):
+        q, k, v = jnp.split(jax.nn.standardize(x, axis=-1, epsilon=1e-5) @ w["qkv"], 3, axis=-1)
+        x = x + jax.nn.softmax(q @ k.T / 32 ** 0.5, axis=-1) @ v @ w["out"]
+        return x + jax.nn.gelu(jax.nn.standardize(x, axis=-1, epsilon=1e-5) @ w["up"]) @ w["down"]
+
+    x = rng.standard_normal((16, 32)).astype(np.float32)
+    path = tmp_path / "enc.mlir"
+    path.write_text(jax.jit(encoder).lower(x).as_text())
+    module = stablehlo.load(path, new_context())
+    model = translate(_main(module))
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    assert ops["LayerNormalization"] == 2 and ops["Softmax"] == 1 and ops["Tanh"] == ops["Pow"] == 1, ops
+    assert not {"ReduceMean", "ReduceSum", "ReduceMax", "Sqrt", "Exp"} & set(ops), ops
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    import onnx
+
+    assert "FastGelu" in {n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node}
+    np.testing.assert_allclose(session.run(None, {"in0": x})[0], np.asarray(jax.jit(encoder)(x)), rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def references(torch, tmp_path_factory):
     """Per model: (input, IREE-alone output)."""
