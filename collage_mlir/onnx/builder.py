@@ -41,8 +41,8 @@ class _Builder:
         self.dynamic = dynamic
         #: Broadcasts left to ONNX's implicit broadcasting (a dynamic translation's): the name of a tensor
         #: of the broadcast's rank whose dims are 1 or the result's → its shape operand (i32 or i64). A rule
-        #: that broadcasts (``OnnxOp.broadcasts``) takes it as it is; any other gets it ``Expand``ed
-        #: (``expanded``), as do the graph's outputs.
+        #: that broadcasts (``OnnxOp.broadcasts``) takes it as it is (its result unexpanded too where every
+        #: operand is); any other gets it ``Expand``ed (``expanded``), as do the graph's outputs.
         self.lazy: dict[str, str] = {}
         self._expanded: dict[str, str] = {}
 
@@ -128,13 +128,15 @@ def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
         b.op_id = outer if oid is None else oid
         try:
             ins = [b.names[v] for v in op.operands]
-            if b.lazy:
-                if not spec.broadcasts:
-                    ins = [b.expanded(n) for n in ins]
-                elif all(n in b.lazy for n in ins):  # one at the result's shape makes the rest broadcast to it
-                    ins[0] = b.expanded(ins[0])
+            # Broadcasting commutes with elementwise ops: on unexpanded operands only, the result is itself
+            # unexpanded (each dim the result's or 1), its shape the operands'.
+            lazy = b.lazy.get(ins[0]) if ins and spec.broadcasts and all(n in b.lazy for n in ins) else None
+            if b.lazy and not spec.broadcasts:
+                ins = [b.expanded(n) for n in ins]
             for r, name in zip(op.results, spec.translate(b, op, ins)):
                 b.names[r] = name
+                if lazy is not None:
+                    b.lazy[name] = lazy
         finally:
             b.op_id = outer
 

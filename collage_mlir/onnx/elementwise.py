@@ -44,7 +44,7 @@ def _binary(b: _Builder, op, ins):
     return [b.node(BINARY[op.name], ins)]
 
 
-@register("stablehlo.remainder", when=_NUM, dynamic=True)
+@register("stablehlo.remainder", when=_NUM, dynamic=True, broadcasts=True)
 def _remainder(b: _Builder, op, ins):
     """``stablehlo.remainder`` truncates (the result takes the dividend's sign, C's fmod): ONNX ``Mod`` with
     ``fmod=1``, for integers and floats alike."""
@@ -56,34 +56,34 @@ def _logical(b: _Builder, op, ins):
     return [b.node(LOGICAL[op.name], ins)]
 
 
-@register("stablehlo.not", when=(static_known_types, bool_operands), dynamic=True)
+@register("stablehlo.not", when=(static_known_types, bool_operands), dynamic=True, broadcasts=True)
 def _not(b: _Builder, op, ins):
     return [b.node("Not", ins)]
 
 
-@register("stablehlo.negate", "stablehlo.abs", when=_NUM, dynamic=True)
+@register("stablehlo.negate", "stablehlo.abs", when=_NUM, dynamic=True, broadcasts=True)
 @register(*(name for name in UNARY if name not in ("stablehlo.negate", "stablehlo.abs")),
-          when=(static_known_types, float_operands), dynamic=True)
+          when=(static_known_types, float_operands), dynamic=True, broadcasts=True)
 def _unary(b: _Builder, op, ins):
     return [b.node(UNARY[op.name], ins)]
 
 
-@register("stablehlo.rsqrt", when=(static_known_types, float_operands), dynamic=True)
+@register("stablehlo.rsqrt", when=(static_known_types, float_operands), dynamic=True, broadcasts=True)
 def _rsqrt(b: _Builder, op, ins):
     return [b.node("Reciprocal", [b.node("Sqrt", ins)])]
 
 
-@register("chlo.square", when=_NUM, dynamic=True)
+@register("chlo.square", when=_NUM, dynamic=True, broadcasts=True)
 def _square(b: _Builder, op, ins):
     return [b.node("Mul", [ins[0], ins[0]])]
 
 
-@register("chlo.erf", when=(static_known_types, float_operands), dynamic=True)
+@register("chlo.erf", when=(static_known_types, float_operands), dynamic=True, broadcasts=True)
 def _erf(b: _Builder, op, ins):
     return [b.node("Erf", ins)]
 
 
-@register("chlo.erfc", when=(static_known_types, float_operands), dynamic=True)
+@register("chlo.erfc", when=(static_known_types, float_operands), dynamic=True, broadcasts=True)
 def _erfc(b: _Builder, op, ins):
     """1 - erf(x): exact to f32's absolute precision (JAX's exact GELU is x * erfc(-x / sqrt 2) / 2)."""
     one = b.const(np.ones((), DTYPES[_dtype(op.results[0])][0]), "one")
@@ -103,7 +103,7 @@ def _select(b: _Builder, op, ins):
     return [b.node("Where", ins)]
 
 
-@register("stablehlo.convert", when=(static_known_types,), dynamic=True)
+@register("stablehlo.convert", when=(static_known_types,), dynamic=True, broadcasts=True)
 def _convert(b: _Builder, op, ins):
     return [b.node("Cast", ins, to=DTYPES[_dtype(op.results[0])][1])]
 

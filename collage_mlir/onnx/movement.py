@@ -54,6 +54,16 @@ def _slice(b: _Builder, op, ins):
     return [b.node("Slice", [ins[0], b.ints(starts), b.ints(ends), b.ints(range(len(starts))), b.ints(steps)])]
 
 
+@register("stablehlo.real_dynamic_slice", when=(known_types,), dynamic=True)
+def _real_dynamic_slice(b: _Builder, op, ins):
+    """Starts, limits and strides computed from the dims (jax slices a dynamic tensor so along a static axis,
+    as ``jnp.split`` does): ONNX ``Slice`` takes them as tensors. In range, as StableHLO requires."""
+    bounds = [v if _dtype(o) == "i64" else b.node("Cast", [v], to=DTYPES["i64"][1])
+              for v, o in zip(ins[1:], list(op.operands)[1:])]
+    rank = len(_dims(op.results[0]))
+    return [b.node("Slice", [ins[0], bounds[0], bounds[1], b.ints(range(rank)), bounds[2]])]
+
+
 def _clamped_starts(b: _Builder, starts: list[str], dtype: str, hi: list[int]) -> str:
     """The rank-0 start indices ``starts`` as one i64 vector, each clamped into ``[0, hi]`` as StableHLO
     clamps dynamic slice starts."""
@@ -132,13 +142,14 @@ def _dynamic_reshape(b: _Builder, op, ins):
     return [b.node("Reshape", [ins[0], b.node("Cast", [ins[1]], to=DTYPES["i64"][1])])]
 
 
-@register("stablehlo.dynamic_broadcast_in_dim", when=(known_types,), dynamic=True)
+@register("stablehlo.dynamic_broadcast_in_dim", when=(known_types,), dynamic=True, broadcasts=True)
 def _dynamic_broadcast(b: _Builder, op, ins):
     """The operand's dims put in the result's order, unit axes inserted where the result has dims of its
     own, then ``Expand`` to the shape operand: numpy broadcasting, so an operand dim expands where it is 1
     and must equal the result's elsewhere (as ``dynamic_broadcast_in_dim`` asks). The ``Expand`` waits for a
     consumer that needs it (``_Builder.lazy``): an elementwise op with an operand at the result's shape
-    broadcasts the unexpanded tensor itself."""
+    broadcasts the unexpanded tensor itself. An unexpanded operand stays so: its dims are 1 or the
+    result's."""
     dims = sh.broadcast_dims(op)
     rank = len(_dims(op.results[0]))
     order = sorted(range(len(dims)), key=lambda k: dims[k])

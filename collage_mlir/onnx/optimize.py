@@ -67,6 +67,10 @@ class _Graph:
     outputs: set[str]
     #: ONNX element type (TensorProto number) of each value shape inference typed.
     types: dict[str, int] = field(default_factory=dict)
+    #: Shapes whose dims may be symbols (a dynamic translation's ``dim_param``s, as strings): where only
+    #: shapes' equality matters (the subgraphs layer norm and softmax are found in). ``shapes`` holds the
+    #: static ones alone, which most rules compute with.
+    dims: dict[str, tuple[int | str, ...]] = field(default_factory=dict)
     count: int = field(default=0)
     #: Set in a loop body: its new constants' names must differ from the enclosing graph's.
     scope: str = ""
@@ -81,7 +85,7 @@ class _Graph:
         self.count += 1
         name = f"{hint}_opt{self.scope}{self.count}"
         self.consts[name] = value
-        self.shapes[name] = tuple(value.shape)
+        self.shapes[name] = self.dims[name] = tuple(value.shape)
         return name
 
     def rename_uses(self, old: str, new: str) -> None:
@@ -118,15 +122,17 @@ def optimize(model):
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(model)
-    shapes, types = {}, {}
+    shapes, types, symbolic = {}, {}, {}
     for vi in _value_infos(inferred.graph):
         types[vi.name] = vi.type.tensor_type.elem_type
         dims = vi.type.tensor_type.shape.dim
         if all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(d.dim_value for d in dims)
+        if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") or d.dim_param for d in dims):
+            symbolic[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    _simplify(out.graph, shapes, types, {})
+    _simplify(out.graph, shapes, types, {}, symbolic)
     return out
 
 
@@ -139,7 +145,7 @@ def _value_infos(graph) -> list:
     return found
 
 
-def _simplify(graph, shapes: dict, types: dict, outer: dict[str, np.ndarray]) -> None:
+def _simplify(graph, shapes: dict, types: dict, outer: dict[str, np.ndarray], dims: dict | None = None) -> None:
     """Rewrites the ``onnx.GraphProto`` ``graph`` in place to the fixed point of ``RULES``, then its loop
     bodies, which fold the enclosing graphs' constants ``outer`` they read into constants of their own."""
     from onnx import numpy_helper
@@ -147,7 +153,8 @@ def _simplify(graph, shapes: dict, types: dict, outer: dict[str, np.ndarray]) ->
     consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     g = _Graph([_copy(n) for n in graph.node], {**outer, **consts},
                {**shapes, **{k: tuple(v.shape) for k, v in consts.items()}}, {o.name for o in graph.output},
-               dict(types), scope=f"_{graph.name}_" if outer else "")
+               dict(types), scope=f"_{graph.name}_" if outer else "",
+               dims={**(dims or shapes), **{k: tuple(v.shape) for k, v in consts.items()}})
     while any([rule(g) for rule in RULES]):
         pass
     for n in g.nodes:
@@ -724,8 +731,9 @@ def _softmax(g: _Graph) -> bool:
         return n if ok else None
 
     def reduced(name: str, op_type: str, x: str):
-        """The reduction axis when ``name`` is Reshape(op_type(x, [axis], keepdims=0)) back to x's rank."""
-        r = only(name, "Reshape")
+        """The reduction axis when ``name`` is Reshape(op_type(x, [axis], keepdims=0)) back to x's rank (or
+        the Unsqueeze of the axis: a dynamic translation's)."""
+        r = only(name, "Reshape") or only(name, "Unsqueeze")
         floor = r and only(r.input[0], "Max")  # jax's max(x, initial=-inf): a Max with -inf after the ReduceMax
         if floor and op_type == "ReduceMax" and any(_is_splat(g, i, -np.inf) for i in floor.input):
             red = only(next(i for i in floor.input if not _is_splat(g, i, -np.inf)), op_type)
@@ -734,8 +742,8 @@ def _softmax(g: _Graph) -> bool:
         if not red or red.input[0] != x or len(red.input) < 2 or red.input[1] not in g.consts:
             return None
         axes = g.consts[red.input[1]].reshape(-1)
-        shape = g.shapes.get(x)
-        if shape is None or len(axes) != 1 or g.shapes.get(r.output[0]) != \
+        shape = _dims_of(g, x)
+        if shape is None or len(axes) != 1 or _dims_of(g, r.output[0]) != \
                 tuple(1 if k == axes[0] % len(shape) else d for k, d in enumerate(shape)):
             return None
         return int(axes[0]) % len(shape), [r, red] + ([floor] if floor else [])
@@ -770,7 +778,7 @@ WINDOW = 48
 
 
 #: Ops a layer-norm subgraph may hold besides the elementwise ones.
-NORMALIZING = ELEMENTWISE | {"ReduceMean", "ReduceSum", "Reshape", "Cast", "Pow", "Relu"}  # Relu: jax clamps the variance
+NORMALIZING = ELEMENTWISE | {"ReduceMean", "ReduceSum", "Reshape", "Unsqueeze", "Cast", "Pow", "Relu"}  # Relu: jax clamps the variance
 
 
 def _evaluate(g: _Graph, nodes: list, x: str, probe: np.ndarray, scalars: bool) -> np.ndarray | None:
@@ -804,7 +812,7 @@ def _subgraphs(g: _Graph, x: str, after: int, allowed: frozenset, users: dict, c
         live.add(n.output[0])
         inside = {id(t) for t in taken}
         escaping = {v for v in live - {x} if v in g.outputs or any(id(u) not in inside for u in users.get(v, []))}
-        if escaping == {n.output[0]} and g.shapes.get(n.output[0]) == g.shapes.get(x):
+        if escaping == {n.output[0]} and _dims_of(g, n.output[0]) == _dims_of(g, x):
             yield list(taken)
 
 
@@ -884,6 +892,12 @@ def _gelu(g: _Graph) -> bool:
     return changed
 
 
+def _dims_of(g: _Graph, name: str) -> tuple | None:
+    """``name``'s shape, its dims maybe symbols (``_Graph.dims``); the static one where known (rules keep
+    ``shapes`` up to date as they rewrite)."""
+    return g.shapes.get(name, g.dims.get(name))
+
+
 def _starts(g: _Graph) -> list[str]:
     """The values a subgraph may start from: the graph's inputs, then each node's first output."""
     produced = {o for n in g.nodes for o in n.output}
@@ -911,11 +925,12 @@ def _layer_norm(g: _Graph) -> bool:
     users = _users_index(g)
     rng = np.random.default_rng(0)
     for x in _starts(g):
-        shape, after = g.shapes.get(x), _after(g, x)
-        if not shape or after is None or g.types.get(x) != onnx.TensorProto.FLOAT or \
-                not any(u.op_type in ("ReduceMean", "ReduceSum", "Cast") for u in users.get(x, [])):
+        shape, after = _dims_of(g, x), _after(g, x)
+        if not shape or not isinstance(shape[-1], int) or after is None or g.types.get(x) != onnx.TensorProto.FLOAT \
+                or not any(u.op_type in ("ReduceMean", "ReduceSum", "Cast") for u in users.get(x, [])):
             continue
-        probe = (rng.standard_normal(shape) * 3.0 + 1.0).astype(np.float32)
+        # A symbolic dim (a dynamic translation's) gets a size of its own in the probe.
+        probe = (rng.standard_normal([d if isinstance(d, int) else 3 for d in shape]) * 3.0 + 1.0).astype(np.float32)
         found = None
         for taken in _subgraphs(g, x, after, NORMALIZING, users, lambda c: True):
             if not any(n.op_type in ("ReduceMean", "ReduceSum") for n in taken) or len(taken) < 5:
@@ -944,7 +959,7 @@ def _layer_norm(g: _Graph) -> bool:
                 break
             other = next((i for i in after[0].input if i != taken[-1].output[0]), None)
             c = g.consts.get(other)
-            if c is None or c.size != width or g.shapes.get(after[0].output[0]) != shape:
+            if c is None or c.size != width or _dims_of(g, after[0].output[0]) != shape:
                 break
             if op_type == "Mul":
                 scale = c.reshape(-1).astype(np.float32)

@@ -25,8 +25,9 @@ class OnnxOp:
     #: The rule also takes values with dynamic dims (a model's dynamic translation: ``translate(dynamic=
     #: True)``), where ``known_types`` stands in for ``static_known_types``.
     dynamic: bool = False
-    #: The ONNX node broadcasts its inputs (numpy rules) and computes the same where one of them is at the
-    #: result's shape: it takes a dynamic translation's unexpanded broadcasts (``_Builder.lazy``).
+    #: The rule takes a dynamic translation's unexpanded broadcasts (``_Builder.lazy``): its ONNX node
+    #: broadcasts its inputs (numpy rules), so computes the same unexpanded (a broadcast of one is a
+    #: broadcast itself).
     broadcasts: bool = False
 
 

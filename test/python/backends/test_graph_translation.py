@@ -78,7 +78,8 @@ def test_encoder_onnx_has_the_fused_forms(torch):
 def test_jax_encoder_onnx_has_the_fused_forms(tmp_path):
     """A JAX encoder written with jax.nn (standardize, softmax, tanh-approximate gelu; a residual reads each
     normalized input too): LayerNormalization, Softmax (jax floors the max at -inf) and the tanh GELU in the
-    form ONNX Runtime fuses into FastGelu; the simplified graph computes what jax does."""
+    form ONNX Runtime fuses into FastGelu, at a static shape and with the sequence dynamic; the simplified
+    graphs compute what jax does (rtol 1e-4, atol 1e-5)."""
     jax = pytest.importorskip("jax")
     ort = pytest.importorskip("onnxruntime")
     import jax.numpy as jnp
@@ -109,6 +110,23 @@ def test_jax_encoder_onnx_has_the_fused_forms(tmp_path):
 
     assert "FastGelu" in {n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node}
     np.testing.assert_allclose(session.run(None, {"in0": x})[0], np.asarray(jax.jit(encoder)(x)), rtol=1e-4, atol=1e-5)
+
+    # The same with the sequence dynamic (jax.export's symbol; the fallback between shape buckets): its
+    # broadcasts left to ONNX's, the same fused forms, no Expand.
+    from collage_mlir.shaped import dynamic_onnx
+
+    (s,) = jax.export.symbolic_shape("s")
+    path.write_text(jax.export.export(jax.jit(encoder))(jax.ShapeDtypeStruct((s, 32), np.float32)).mlir_module())
+    module = stablehlo.load(path, new_context())
+    dynamic = dynamic_onnx(module, str(path))
+    ops = collections.Counter(n.op_type for n in dynamic.graph.node)
+    assert ops["LayerNormalization"] == 2 and ops["Softmax"] == 1 and ops["Tanh"] == ops["Pow"] == 1, ops
+    assert not {"ReduceSum", "ReduceMax", "Exp", "Expand"} & set(ops), ops
+    session = ort.InferenceSession(dynamic.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (5, 16, 23):
+        x = rng.standard_normal((n, 32)).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"in0": x})[0], np.asarray(jax.jit(encoder)(x)), rtol=1e-4,
+                                   atol=1e-5)
 
 
 @pytest.fixture(scope="module")
