@@ -66,13 +66,15 @@ class ShapedResult:
 def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict[str, int]], BucketModel],
                    out_dir: str | Path, *, fallback_model: Path | None = None, fallback: Fallback = Fallback.NONE,
                    source: str = "<module>", on_bucket: Callable[[dict[str, int], CompileResult], None] | None = None,
-                   **compile_kwargs) -> ShapedResult:
+                   check: Callable[[Path], None] | None = None, **compile_kwargs) -> ShapedResult:
     """Compiles every bucket of ``dim_plan`` (``bucket_model(values)`` gives its module and plan) into
     ``out_dir`` (a directory, or one ``.collage`` file), with ``fallback_model`` (the model file with its
     dynamic dims, ONNX or StableHLO) run by the ``fallback`` engine for shapes no bucket or padding serves.
     ``inputs``: which input axes carry which dim. Refused before anything is built: a range some shape of
     which nothing serves. A StableHLO module's fallback (IREE's dynamic program, or the module translated
-    to ONNX) is checked against the OPT bucket's program at that shape (``check_fallback``)."""
+    to ONNX) is checked against the OPT bucket's program at that shape (``check_fallback``). ``check``, where
+    given, runs on the staged artifact last (an int8 model's program check); what it raises leaves nothing
+    written."""
     if (fallback is Fallback.NONE) != (fallback_model is None):
         raise ValueError("a fallback engine goes with a fallback model")
     dim_plan.require_served(fallback is not Fallback.NONE)
@@ -113,6 +115,8 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
             # staged artifact as it loads; not written where it disagrees
             opt = {d.name: d.opt for d in dim_plan.dims}
             check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]))
+        if check is not None:
+            check(stage)
     return ShapedResult(out, table, tuple(results))
 
 

@@ -90,7 +90,8 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     if tuning and args.device not in (None, Platform.CPU.value):
         raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
                            "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
-    spec = tune_cmd.quantized_spec(args.model, tune_cmd.calibration_of(args))
+    calibration = tune_cmd.calibration_of(args)
+    spec = tune_cmd.quantized_spec(args.model, calibration)
     axes, dynamic_model = dims_args.model_axes(spec, dim_plan)
     fallback = dims_args.fallback_of(args, dynamic_model, dim_plan, axes)
     dim_plan = dims_args.traced_plan(args, dynamic_model, dim_plan, axes, fallback)
@@ -126,7 +127,8 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     with console.status(f"compiling {args.model} for {len(buckets)} shape buckets"):
         result = compile_shaped(dim_plan, axes, bucket_model, args.output, fallback=fallback,
                                 fallback_model=dynamic_model if fallback is not Fallback.NONE else None,
-                                source=str(args.model), on_bucket=compiled, iree_args=passthrough)
+                                source=str(args.model), on_bucket=compiled, iree_args=passthrough,
+                                check=tune_cmd.program_check(args.model, calibration))
     rest = ("padding to the next bucket along " + ", ".join(dim_plan.pad)) if dim_plan.pad else ""
     if fallback is not Fallback.NONE:
         rest = (rest + "; else " if rest else "") + f"{fallback.value} on the model with dynamic dims"

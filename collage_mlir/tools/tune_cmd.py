@@ -8,13 +8,16 @@ dynamic dims), each shape bucket is tuned in turn within a share of the budget, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from collage_runtime.shapes import DimRange, dims_label
+import numpy as np
+
+from collage_runtime.shapes import DimRange, ShapeTable, dims_label
 from collage_runtime.types import Platform
 
 from ..errors import CollageError
@@ -170,7 +173,9 @@ def program_check(spec: str, calibration):
 
         held_out = held_out_samples(spec, calibration)
         with collage_runtime.load(artifact) as program:
-            agreement = program_agreement(spec, lambda feeds: program.invoke("main", *feeds.values())[0], held_out)
+            table = getattr(program, "table", None)  # a shape-bucket artifact: every way it serves a batch
+            feeds = held_out if table is None else across_batches(held_out, table)
+            agreement = program_agreement(spec, lambda f: program.invoke("main", *f.values())[0], feeds)
         if agreement.exceeds(calibration.max_drop):
             raise CollageError(f"{agreement.line()}: above --max-drop {calibration.max_drop:g}; nothing was "
                                "written (the int8 model met it: the engines' int8 kernels round differently)",
@@ -178,6 +183,28 @@ def program_check(spec: str, calibration):
         Console(stderr=True).print(agreement.line(), highlight=False)
 
     return check
+
+
+def across_batches(samples: Sequence[Mapping[str, np.ndarray]], table: ShapeTable) -> list[dict[str, np.ndarray]]:
+    """``samples`` regrouped along the leading axis, where every input's carries the same dim (a batch), into
+    feeds of each bucket's size of it and of a size between each two buckets (padded or the fallback's),
+    in turn while samples last: so a program check runs each way the shape table serves a batch. As they
+    are where the leading axis is no dim."""
+    names = {axes[0] if axes else None for axes in table.inputs}
+    if len(names) != 1 or None in names:
+        return list(samples)
+    (name,) = names
+    sizes = sorted({b.values[name] for b in table.buckets})
+    sizes += [(a + b) // 2 for a, b in zip(sizes, sizes[1:]) if b - a > 1]
+    rows = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+    total, start, feeds = len(next(iter(rows.values()))), 0, []
+    for n in itertools.cycle(sizes):
+        n = min(n, total - start)
+        if n not in table.dim(name):  # none left, or fewer than the range's least (dropped)
+            return feeds
+        feeds.append({k: v[start:start + n] for k, v in rows.items()})
+        start += n
+    return feeds
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

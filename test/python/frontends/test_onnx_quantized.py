@@ -39,12 +39,15 @@ FORMS = {
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    """(directory with ``f32.onnx``, held-out images, labels, calibration images): ``models.digits_cnn``."""
+    """(directory with ``f32.onnx`` and ``dynamic.onnx`` (its batch a dim), held-out images, labels,
+    calibration images): ``models.digits_cnn``."""
     model, x, y = digits_cnn()
     root = tmp_path_factory.mktemp("digits")
     held_x, held_y = x[1400:1784], y[1400:1784]  # 384 images, batch 64
     torch.onnx.export(model, torch.tensor(x[:64]), str(root / "f32.onnx"), dynamo=False, input_names=["x"],
                       opset_version=17)
+    torch.onnx.export(model, torch.tensor(x[:8]), str(root / "dynamic.onnx"), dynamo=False, input_names=["x"],
+                      opset_version=17, dynamic_axes={"x": {0: "batch"}})
     return root, held_x, held_y, x[:256]
 
 
@@ -223,6 +226,31 @@ def test_a_program_above_max_drop_is_not_written(digits, tmp_path):
         compile_module(module, resolve_plan("whole:openvino", Graph(module)), out,
                        check=program_check(str(root / "f32.onnx"), Calibration(tmp_path / "dim.npy", max_drop=0.0)))
     assert (out / "manifest.json").read_bytes() == before and not list(tmp_path.glob(".out.*"))
+
+
+def test_int8_with_dims_checks_the_program_each_way_it_serves_a_batch(digits, tmp_path):
+    """`collage compile dynamic.onnx --precision int8 --calibrate DATA --dim batch=...`: the program check runs
+    the held-out samples through the shape-bucket artifact in batches of each bucket and of a size between
+    (padded), and reports it; the artifact classifies held-out digits."""
+    from collage_runtime.shapes import Bucket, DimRange, ShapeTable
+    from collage_mlir.tools.tune_cmd import across_batches
+
+    table = ShapeTable((DimRange("batch", 1, 4, 8),), (("batch", None),), (("batch", None),),
+                       (Bucket({"batch": 4}, "a"), Bucket({"batch": 8}, "b")), ("batch",))
+    feeds = across_batches([{"x": np.full((1, 3), k, np.float32)} for k in range(21)], table)
+    assert [len(f["x"]) for f in feeds] == [4, 8, 6, 3] and np.concatenate([f["x"] for f in feeds])[:, 0].tolist() \
+        == list(range(21))
+    root, x, labels, calibration = digits
+    np.save(tmp_path / "calib.npy", calibration)
+    r = _cli("compile", str(root / "dynamic.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "calib.npy"),
+             "--dim", "batch=1:4:8", "--bucket", "batch=4,8", "--pad", "batch", "--plan", "whole:ort", "-o",
+             str(tmp_path / "int8"))
+    assert r.returncode == 0, r.stderr
+    assert "the program against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
+    with collage_runtime.load(tmp_path / "int8") as program:
+        assert program.served(x[:6]) == "padded to batch=8"
+        got = np.concatenate([program.invoke("main", x[i:i + 6])[0] for i in range(0, 384, 6)])
+    assert (got.argmax(1) == labels).mean() > 0.9
 
 
 def test_max_drop_keeps_the_most_sensitive_nodes_in_f32(digits, tmp_path):
