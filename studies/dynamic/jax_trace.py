@@ -7,7 +7,10 @@ short, a long tail), so most lengths occur once or twice. Each way serves the wh
 
 - **collage**: ``collage compile enc.mlir --dim s=8:64:256 --shapes trace.json`` (the jax.export module;
   buckets chosen for the trace, between them the fastest engine that takes the module with its dynamic
-  dims), compiled ahead: nothing compiles at request time. Its compile time is reported apart;
+  dims), compiled ahead: nothing compiles at request time. With ``--tune SECONDS`` the buckets chosen are
+  then tuned (``collage tune --dim ... --bucket ...``, a cost DB of the study's own) and compiled again
+  with their tuned plans (``--plan tuned``), as a user who tunes does. Compile and tune times are reported
+  apart;
 - **jax.jit**: compiles each length on its first request (counted: that is what serving it costs), and
   again with every length already compiled (steady);
 - **ort** / **openvino**: the model exported to ONNX with the dynamic axis by jax2onnx (how a JAX user reaches
@@ -16,13 +19,14 @@ short, a long tail), so most lengths occur once or twice. Each way serves the wh
 Results are checked against jax's on every request of the first pass. Writes ``jax_trace.json``/``.md``
 beside this file (or ``--out``):
 
-    python -m studies.dynamic.jax_trace --requests 200 --passes 3
+    python -m studies.dynamic.jax_trace --requests 200 --passes 3 [--tune 60]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--passes", type=int, default=3, help="steady passes over the trace (median)")
+    parser.add_argument("--tune", type=float, default=0.0, help="tune the buckets chosen for this many seconds")
     parser.add_argument("--out", default=str(HERE))
     args = parser.parse_args()
 
@@ -77,12 +82,26 @@ def main() -> None:
         root = Path(tmp)
         (root / "enc.mlir").write_text(exported(encoder, shape, symbol))
         (root / "trace.json").write_text(json.dumps([{symbol: n} for n in lengths]))
+        cli = [sys.executable, "-m", "collage_mlir.tools.cli"]
+        dim = ["--dim", f"{symbol}={lo}:{opt}:{hi}"]
+        env = os.environ | {"COLLAGE_DB": str(root / "costs.sqlite")}  # the study's own tunes, not the user's
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "compile", str(root / "enc.mlir"), "--dim",
-                        f"{symbol}={lo}:{opt}:{hi}", "--shapes", str(root / "trace.json"), "-o", str(root / "art")],
-                       check=True)
+        subprocess.run([*cli, "compile", str(root / "enc.mlir"), *dim, "--shapes", str(root / "trace.json"), "-o",
+                        str(root / "art")], check=True, env=env)
         result["collage_compile_s"] = time.perf_counter() - start
+        if args.tune:
+            with collage_runtime.load(root / "art") as chosen:
+                values = ",".join(str(b.values[symbol]) for b in chosen.table.buckets)
+            start = time.perf_counter()
+            subprocess.run([*cli, "tune", str(root / "enc.mlir"), *dim, "--bucket", f"{symbol}={values}", "--budget",
+                            f"{args.tune:g}s", "-o", str(root / "plans")], check=True, env=env)
+            subprocess.run([*cli, "compile", str(root / "enc.mlir"), *dim, "--bucket", f"{symbol}={values}",
+                            "--plan", "tuned", "-o", str(root / "art")], check=True, env=env)
+            result["collage_tune_s"] = time.perf_counter() - start
         program = collage_runtime.load(root / "art")
+        result["plans"] = {b.label: sorted({r["backend"] for r in json.loads(
+            (root / "art" / b.path / "manifest.json").read_text())["plan"]["regions"]} or {"iree-cpu"})
+            for b in program.table.buckets}
         result["buckets"] = [dict(b.values) for b in program.table.buckets]
         result["fallback"] = program.table.fallback.value
 
@@ -121,7 +140,10 @@ def main() -> None:
                  f"Command: `{result['command']}`; device: {result['device']}\n\n"
                  f"collage: buckets {', '.join(str(b[symbol]) for b in result['buckets'])}, and between them "
                  f"{result['fallback']} on the module with its dynamic dims (the fastest of IREE, ONNX Runtime "
-                 f"and OpenVINO, timed at compile time), compiled ahead in {result['collage_compile_s']:.1f} s.\n"
+                 f"and OpenVINO, timed at compile time), compiled ahead in {result['collage_compile_s']:.1f} s"
+                 + (f", then tuned for {args.tune:g} s and compiled again ({result['collage_tune_s']:.1f} s)"
+                    if args.tune else "")
+                 + "; bucket plans: " + "; ".join(f"{k}: {'+'.join(v)}" for k, v in result["plans"].items()) + ".\n"
                  f"jax.jit's first pass, compiling each length on its first request: "
                  f"{first:.2f} s ({args.requests / first:.0f} requests/s).\n\n"
                  "Steady passes (median of interleaved passes):\n\n"
