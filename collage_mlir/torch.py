@@ -348,7 +348,12 @@ class DynamicGraph:
                               "or padding serves compile on first use", RuntimeWarning, stacklevel=3)
                 return None
         defaults = {name: inspect.signature(compile).parameters[name].default for name in DYNAMO_OPTIONS}
-        return _compile_shaped(model, example, self._plan, self._axes, defaults | self._options, program=program)
+        try:
+            return _compile_shaped(model, example, self._plan, self._axes, defaults | self._options, program=program)
+        except CollageError as exc:  # torch-mlir cannot import it with its dims, say: shape by shape, as above
+            warnings.warn(f"collage: the declared range is not served by one artifact ({exc}); shapes compile on "
+                          "first use", RuntimeWarning, stacklevel=3)
+            return None
 
 
 def _sized_graph(gm, weights: dict, scalars: frozenset, tensors: Sequence[int], size_axes: Mapping[int, tuple[int, int]]):

@@ -127,6 +127,31 @@ def test_torch_compile_declared_range_of_a_graph_that_specialises_its_dim(torch)
     assert list(graphs[0]._ranges.values()) == [None] and len(graphs[0]._programs) == 1
 
 
+def test_torch_compile_declared_range_torch_mlir_cannot_import_dynamically(torch, monkeypatch):
+    """Where torch-mlir cannot import the exported graph with its dims (GPT-2's attention here), the range has
+    no one artifact: one warning, and each shape compiles on first use; equal to eager."""
+    import collage_mlir.torch as collage_torch
+    from collage_mlir.errors import CollageError
+
+    def refuse(program, context):
+        raise CollageError("torch-mlir cannot import the program with its dynamic dims (as GPT-2's)")
+
+    monkeypatch.setattr(collage_torch, "import_exported_dynamic", refuse)
+    model = mlp()
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(collage_torch.dynamo_backend(gm, example_inputs, {"dims": {"0.0": (2, 4, 8)}}))
+        return graphs[-1]
+
+    run = torch.compile(model, backend=backend, dynamic=True)
+    with pytest.warns(RuntimeWarning, match="the declared range is not served by one artifact.*as GPT-2's"):
+        x = torch.randn(3, 32)
+        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+    assert list(graphs[0]._ranges.values()) == [None] and len(graphs[0]._programs) == 1
+
+
 def test_compile_file_with_dims(tmp_path):
     import onnxruntime as ort
 
