@@ -40,6 +40,7 @@ from .frontends.dims import PYTHON, DimPlan, check_declared, read_onnx_axes, spe
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, load_module, new_context
 from .measure.import_check import compare, load_checked
+from .measure.reference import generated_array
 from .onnx import translate
 from .plan import Plan
 from .search import resolve_plan
@@ -271,7 +272,8 @@ def check_fallback(root: Path, bucket: Bucket) -> None:
     with ShapedProgram(root) as program:
         kind = program.table.fallback
         bucket_program = program.program(bucket)
-        arrays = [_generated(s.shape, s.dtype, k) for k, s in enumerate(bucket_program.signature("main").inputs)]
+        arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k))
+                  for k, s in enumerate(bucket_program.signature("main").inputs)]
         want = [np.array(w) for w in bucket_program.invoke("main", *arrays)]
         got = [np.array(g) for g in program.invoke_fallback(*arrays)]
     check_agrees(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its shape", got,
@@ -431,17 +433,9 @@ def _example_inputs(model: Path, inputs: Axes, values: Mapping[str, int]) -> lis
         types = map(ir.RankedTensorType, ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs)
         specs = [(byte_dtype(str(t.element_type)), [None if t.is_dynamic_dim(a) else t.get_dim_size(a)
                                                     for a in range(t.rank)]) for t in types]
-    return [_generated([values[n] if n is not None else size for n, size in zip(axes, shape)], dtype, k)
+    return [generated_array([values[n] if n is not None else size for n, size in zip(axes, shape)], dtype,
+                            np.random.default_rng(k))
             for k, ((dtype, shape), axes) in enumerate(zip(specs, inputs))]
-
-
-def _generated(shape: Sequence[int], dtype: np.dtype, seed: int) -> np.ndarray:
-    """A generated input: normal floats; zeros for integers, which are often indices (token ids, masks):
-    zeros are valid for any of them."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return np.random.default_rng(seed).standard_normal(tuple(shape)).astype(dtype)
-    return np.zeros(tuple(shape), dtype)
 
 
 def _between(dim, buckets: Sequence[int]) -> int:

@@ -41,7 +41,12 @@ def generated_input(type_: ir.Type, rng: np.random.Generator) -> np.ndarray:
     dtype = byte_dtype(et)
     if dtype is None:
         raise CollageError(f"cannot generate {et} data; pass example inputs with --input")
-    shape = tuple(tt.shape)
+    return generated_array(tuple(tt.shape), dtype, rng)
+
+
+def generated_array(shape: Sequence[int], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """Data of ``shape`` and ``dtype``: standard normal floats, integers in [0, INT_RANGE), random booleans."""
+    shape, dtype = tuple(shape), np.dtype(dtype)
     if dtype == np.bool_:
         return rng.integers(0, 2, size=shape).astype(np.bool_)
     if np.issubdtype(dtype, np.integer):
