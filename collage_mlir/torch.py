@@ -460,11 +460,11 @@ def _is_weight(node, example) -> bool:
 @dataclass(frozen=True)
 class _Roles:
     """Which of a dynamo graph's placeholders are weights (a module's parameters and buffers, frozen into the
-    graph) and which of those are ``scalars``: a module's Python number that dynamo passes as a 0-d tensor
-    the graph only reads back with ``.item()`` (with ``dynamic=True``: a LayerNorm's ``eps``, a Dropout's
-    ``p``, an attention's ``scaling``), which torch.export cannot trace (a data-dependent value) and which
-    is bound in by value. Read from the placeholders' ``grapharg`` while the backend runs: dynamo drops it
-    after."""
+    graph) and which of those are ``scalars``: a module's or a global's Python number that dynamo passes as
+    a 0-d tensor the graph only reads back with ``.item()`` (with ``dynamic=True``: a LayerNorm's ``eps``, a
+    Dropout's ``p``, an attention's ``scaling``, ``math.pi`` in Hugging Face's GELU), which torch.export
+    cannot trace (a data-dependent value) and which is bound in by value (a number the caller passes stays
+    an input). Read from the placeholders' ``grapharg`` while the backend runs: dynamo drops it after."""
 
     weights: frozenset
     scalars: frozenset
@@ -473,12 +473,17 @@ class _Roles:
     def of(cls, gm, example_inputs: Sequence) -> "_Roles":
         import torch
 
+        from torch._guards import GuardSource
+
         holders = _placeholders(gm)
         weights = frozenset(k for k, node in enumerate(holders) if _is_weight(node, example_inputs[k]))
-        scalars = frozenset(k for k in weights if getattr(holders[k].meta.get("grapharg"), "pass_arg_as_tensor", False)
-                            and all((u.op == "call_method" and u.target == "item") or u.target is torch.ops.aten.item.default
-                                    for u in holders[k].users))
-        return cls(weights, scalars)
+        scalars = frozenset(
+            k for k, node in enumerate(holders)
+            if getattr(node.meta.get("grapharg"), "pass_arg_as_tensor", False)
+            and (k in weights or node.meta["grapharg"].source.guard_source in (GuardSource.GLOBAL, GuardSource.CONSTANT))
+            and all((u.op == "call_method" and u.target == "item") or u.target is torch.ops.aten.item.default
+                    for u in node.users))
+        return cls(weights | scalars, scalars)
 
     def without(self, removed: Sequence[int]) -> "_Roles":
         """The roles once the placeholders at ``removed`` are gone (the others move up)."""

@@ -5,6 +5,7 @@ Results equal eager PyTorch or ONNX Runtime (rtol 1e-4, atol 1e-5)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -25,14 +26,26 @@ def test_torch_compile_dynamic_runs_every_batch_size_compiled(torch):
     assert not [w for w in caught if "eagerly" in str(w.message)]
 
 
+def _gelu_new():
+    """Hugging Face's gelu_new: a module-level global's number (``math.pi``) in the graph."""
+    import torch
+
+    class GeluNew(torch.nn.Module):
+        def forward(self, x):
+            return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    return GeluNew()
+
+
 def test_torch_compile_dynamic_binds_a_modules_numbers(torch):
-    """With dynamic=True dynamo passes a LayerNorm's eps and a Dropout's p as 0-d tensors read back with
-    .item(), which torch.export cannot trace: they are bound in by value (shape 5 and 7 once ended in a
-    traceback), and the weights are frozen in though the per-shape graph is built after dynamo dropped their
-    sources; equal to eager."""
+    """With dynamic=True dynamo passes a LayerNorm's eps, a Dropout's p and a global's math.pi as 0-d tensors
+    read back with .item(), which torch.export cannot trace: they are bound in by value (shape 5 and 7 once
+    ended in a traceback; math.pi kept Hugging Face's GPT-2 eager), and the weights are frozen in though the
+    per-shape graph is built after dynamo dropped their sources; equal to eager."""
     from collage_mlir.torch import DynamicGraph
 
-    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Dropout(0.1)).eval()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Dropout(0.1),
+                                _gelu_new()).eval()
     torch._dynamo.reset()
     graphs = []
 
@@ -47,8 +60,9 @@ def test_torch_compile_dynamic_binds_a_modules_numbers(torch):
         x = torch.randn(batch, 16)
         torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
     (graph,) = graphs
-    assert isinstance(graph, DynamicGraph) and len(graph._roles.scalars) == 2 and len(graph._programs) == 2
-    assert all(len(p._roles.weights) == len(graph._roles.weights) == 6 for p in graph._programs.values())
+    assert isinstance(graph, DynamicGraph) and len(graph._roles.scalars) == 3 and len(graph._programs) == 2
+    # Compiled (none eager), the 4 tensors and 3 numbers frozen in.
+    assert all(p is not None and len(p._roles.weights) == len(graph._roles.weights) == 7 for p in graph._programs.values())
 
 
 def test_torch_compile_dynamic_shape_collage_cannot_take_runs_eagerly(torch):
