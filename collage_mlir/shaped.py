@@ -67,13 +67,15 @@ class ShapedResult:
 def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict[str, int]], BucketModel],
                    out_dir: str | Path, *, fallback_model: Path | None = None, fallback: Fallback = Fallback.NONE,
                    source: str = "<module>", on_bucket: Callable[[dict[str, int], CompileResult], None] | None = None,
-                   check: Callable[[Path], None] | None = None, **compile_kwargs) -> ShapedResult:
+                   check: Callable[[Path], None] | None = None, translated: bool | None = None,
+                   **compile_kwargs) -> ShapedResult:
     """Compiles every bucket of ``dim_plan`` (``bucket_model(values)`` gives its module and plan) into
     ``out_dir`` (a directory, or one ``.collage`` file), with ``fallback_model`` (the model file with its
     dynamic dims, ONNX or StableHLO) run by the ``fallback`` engine for shapes no bucket or padding serves.
     ``inputs``: which input axes carry which dim. Refused before anything is built: a range some shape of
     which nothing serves. A StableHLO module's fallback (IREE's dynamic program, or the module translated
-    to ONNX) is checked against the OPT bucket's program at that shape (``check_fallback``). ``check``, where
+    to ONNX), and any ``translated`` one (an ONNX model some exporter wrote from the model's source), is
+    checked against the OPT bucket's program at that shape (``check_fallback``). ``check``, where
     given, runs on the staged artifact last (an int8 model's program check); what it raises leaves nothing
     written."""
     if (fallback is Fallback.NONE) != (fallback_model is None):
@@ -112,8 +114,9 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         table = ShapeTable(dim_plan.dims, inputs, outputs, tuple(buckets), dim_plan.pad, fallback, fallback_sha,
                            weights_sha256=store)
         write_shape_table(stage, table)
-        if fallback_model is not None and fallback_model.suffix != ".onnx":  # a translation: checked, on the
-            # staged artifact as it loads; not written where it disagrees
+        if translated is None:
+            translated = fallback_model is not None and fallback_model.suffix != ".onnx"
+        if translated:  # checked on the staged artifact as it loads; not written where it disagrees
             opt = {d.name: d.opt for d in dim_plan.dims}
             check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]))
         if check is not None:

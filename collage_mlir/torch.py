@@ -34,7 +34,7 @@ from collage_runtime.shapes import Fallback, bucket_for, dims_label
 from .entry import PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached
 from .errors import CollageError
 from .frontends.dims import PYTHON, DimPlan, argument_axes, exported_dims, input_values, resized
-from .frontends.torch import import_exported_dynamic, import_torch
+from .frontends.torch import export_onnx, import_exported_dynamic, import_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
 
@@ -142,10 +142,11 @@ class ShapedModule:
 def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict, program=None) -> ShapedModule:
     """Every bucket of ``dim_plan`` imported, checked and given its plan, then compiled into one artifact of
     shape buckets under the cache directory (keyed by the buckets' modules and plans). Shapes between
-    buckets that padding does not serve run on IREE's program of the exported ``program`` imported with its
-    dynamic dims (``frontends.torch.import_exported_dynamic``): IREE's dynamic program of it, or its ONNX
-    translation on ONNX Runtime or OpenVINO, the fastest (``shaped.choose_fallback``; checked against the
-    OPT bucket)."""
+    buckets that padding does not serve run on the exported ``program`` with its dynamic dims kept:
+    imported by torch-mlir (``frontends.torch.import_exported_dynamic``), IREE's dynamic program of it or its
+    ONNX translation on ONNX Runtime or OpenVINO, the fastest (``shaped.choose_fallback``); where none of
+    them takes it (torch-mlir's dynamic lowering leaves shape arithmetic: GPT-2), torch's ONNX exporter's
+    model on ONNX Runtime or OpenVINO. Checked against the OPT bucket."""
     import torch
     from torch.utils import _pytree as pytree
 
@@ -156,11 +157,14 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     # teardown order so that nanobind reports the cached device as leaked (test_exit_is_quiet_...).
     from .shaped import BucketModel, choose_fallback, compile_shaped
 
-    dynamic = None
-    if dim_plan.unserved(fallback=False) is not None:
+    needed, dynamic, refused = dim_plan.unserved(fallback=False) is not None, None, None
+    if needed:
         if program is None:
             dim_plan.require_served(fallback=False)  # before any bucket is imported: one line
-        dynamic = import_exported_dynamic(program, new_context())
+        try:
+            dynamic = import_exported_dynamic(program, new_context())
+        except CollageError as exc:  # torch's ONNX exporter, below
+            refused = str(exc)
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(model(*example))
     grid = dim_plan.grid()
@@ -180,8 +184,8 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
                              seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None)
         models.append(BucketModel(module, choice.plan, choice.provenance))
         key.update(artifact_key(module, choice).encode())
-    if dynamic is not None:
-        key.update(dynamic.operation.get_asm(binary=True))
+    if needed:
+        key.update(dynamic.operation.get_asm(binary=True) if dynamic is not None else program.graph_module.code.encode())
     out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
         with tempfile.TemporaryDirectory(prefix="collage-dynamic-") as tmp:
@@ -190,9 +194,19 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
                 fallback = Path(tmp) / "dynamic.mlirbc"
                 with open(fallback, "wb") as f:
                     dynamic.operation.write_bytecode(f)
-                kind = choose_fallback(fallback, dim_plan, axes)[0]
+                try:
+                    kind = choose_fallback(fallback, dim_plan, axes)[0]
+                except CollageError as exc:
+                    refused, fallback = str(exc), None
+            if needed and fallback is None:  # torch's own ONNX export, dims kept, on ORT or OpenVINO
+                try:
+                    fallback = export_onnx(program, (), Path(tmp) / "dynamic.onnx", "the exported program")
+                    kind = choose_fallback(fallback, dim_plan, axes)[0]
+                except CollageError as exc:
+                    raise CollageError(f"{refused}; and {exc}") from None
             compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,
-                           source=f"torch:{type(model).__name__}", fallback_model=fallback, fallback=kind)
+                           source=f"torch:{type(model).__name__}", fallback_model=fallback, fallback=kind,
+                           translated=fallback is not None)
     return ShapedModule(collage_runtime.load(out, threads=options["threads"]), out_spec)
 
 

@@ -90,19 +90,26 @@ def _through_onnx(model, example_inputs: Sequence, func_name: str) -> bytes:
     torch-mlir's fx importer cannot legalize ``dequantize_per_channel``'s zero points (an int64
     ``torch.vtensor.literal``), while torch.export's ONNX writes each quantize/dequantize as
     ``QuantizeLinear``/``DequantizeLinear``, which the ONNX frontend keeps quantized (``onnx_qdq``)."""
-    import torch
 
     with tempfile.TemporaryDirectory(prefix="collage-pt2e-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        try:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-                warnings.simplefilter("ignore")
-                torch.onnx.export(model, tuple(example_inputs), str(path), dynamo=True)
-        except Exception as exc:  # noqa: BLE001  the exporter raises any type
-            raise CollageError(f"cannot export the PT2E-quantized model to ONNX: {' '.join(str(exc).split())[:300]}"
-                               ) from None
+        path = export_onnx(model, tuple(example_inputs), Path(tmp) / "model.onnx", "the PT2E-quantized model")
         module = import_onnx(path, new_context(), func_name=func_name)
         return module.operation.get_asm(binary=True)
+
+
+def export_onnx(model, args: tuple, path: Path, what: str) -> Path:
+    """``model`` (a module, or an ``ExportedProgram`` with ``args`` empty: its dynamic dims kept as
+    ``dim_param``s) written to ``path`` by torch's ONNX exporter (torch.export's); one CollageError line
+    naming ``what`` where it cannot."""
+    import torch
+
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, args, str(path), dynamo=True)
+    except Exception as exc:  # noqa: BLE001  the exporter raises any type
+        raise CollageError(f"cannot export {what} to ONNX: {' '.join(str(exc).split())[:300]}") from None
+    return path
 
 
 def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_name: str = "main",

@@ -142,28 +142,43 @@ def test_torch_compile_declared_range_of_a_graph_that_specialises_its_dim(torch)
 
 
 def test_torch_compile_declared_range_torch_mlir_cannot_import_dynamically(torch, monkeypatch):
-    """Where torch-mlir cannot import the exported graph with its dims (GPT-2's attention here), the range has
-    no one artifact: one warning, and each shape compiles on first use; equal to eager."""
+    """Where torch-mlir cannot import the exported graph with its dims (GPT-2's shape arithmetic), torch's ONNX
+    exporter writes the fallback (its dims kept; ORT or OpenVINO, checked against the OPT bucket): still one
+    artifact. Where that fails too, one warning, and each shape compiles on first use. Equal to eager."""
     import collage_mlir.torch as collage_torch
     from collage_mlir.errors import CollageError
 
-    def refuse(program, context):
-        raise CollageError("torch-mlir cannot import the program with its dynamic dims (as GPT-2's)")
+    def refuse(*args, **kwargs):
+        raise CollageError("cannot do it here (as for GPT-2)")
 
     monkeypatch.setattr(collage_torch, "import_exported_dynamic", refuse)
-    model = mlp()
-    torch._dynamo.reset()
-    graphs = []
+    for exporter_fails in (False, True):
+        model = mlp()
+        if exporter_fails:  # other weights: not the artifact cached above
+            monkeypatch.setattr(collage_torch, "export_onnx", refuse)
+            with torch.no_grad():
+                model[0].weight.mul_(0.5)
+        torch._dynamo.reset()
+        graphs = []
 
-    def backend(gm, example_inputs):
-        graphs.append(collage_torch.dynamo_backend(gm, example_inputs, {"dims": {"0.0": (2, 4, 8)}}))
-        return graphs[-1]
+        def backend(gm, example_inputs):
+            graphs.append(collage_torch.dynamo_backend(gm, example_inputs, {"dims": {"0.0": (2, 4, 8)}}))
+            return graphs[-1]
 
-    run = torch.compile(model, backend=backend, dynamic=True)
-    with pytest.warns(RuntimeWarning, match="the declared range is not served by one artifact.*as GPT-2's"):
+        run = torch.compile(model, backend=backend, dynamic=True)
         x = torch.randn(3, 32)
-        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
-    assert list(graphs[0]._ranges.values()) == [None] and len(graphs[0]._programs) == 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+        ours = [str(w.message) for w in caught if "collage:" in str(w.message)]
+        (shaped,) = graphs[0]._ranges.values()
+        if exporter_fails:
+            assert shaped is None and len(graphs[0]._programs) == 1 and len(ours) == 1
+            assert "the declared range is not served by one artifact" in ours[0] and "as for GPT-2" in ours[0]
+        else:
+            assert not ours and not graphs[0]._programs
+            assert shaped.program.served(x.numpy()) in ("ort fallback", "openvino fallback")
+            assert shaped.program.table.fallback_sha256 is not None
 
 
 def test_compile_file_with_dims(tmp_path):
