@@ -271,7 +271,7 @@ class DynamicGraph:
 
     ``dims`` (option ``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the graph's tensor inputs) declares
     ranges, served by one shape-bucket artifact (``ShapedModule``) built at the first call: the graph, its
-    weights frozen in and its sizes read off its tensors (``_SizedGraph``), is exported with a
+    weights frozen in and its sizes read off its tensors (``_sized_graph``), is exported with a
     ``torch.export.Dim`` per dim and compiled as ``compile`` compiles an exported program: a program per
     bucket (MIN, OPT and MAX of each dim), along the dims in ``pad`` (rows independent along them, such as a
     batch) the next bucket up, zero-padded, and between buckets the fastest engine on the graph with its
