@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from collage_runtime.shapes import Fallback, bucket_for, dims_label
+from collage_runtime.shapes import Fallback, dims_label
 
 from .entry import PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached
 from .errors import CollageError
@@ -287,9 +287,8 @@ class DynamicGraph:
         self._gm, self._options = gm, options
         holders = _placeholders(gm)
         self._roles = _Roles.of(gm, example_inputs)  # now: dynamo drops the placeholders' grapharg after the backend
-        self._weights = self._roles.weights
         self._sizes = [k for k, e in enumerate(example_inputs) if not isinstance(e, torch.Tensor)]
-        self._tensors = [k for k in range(len(holders)) if k not in self._weights and k not in self._sizes]
+        self._tensors = [k for k in range(len(holders)) if k not in self._roles.weights and k not in self._sizes]
         # Each size argument is the size of some tensor input's axis: its symbol names it.
         self._size_axes = {k: _axis_of(holders[k], [holders[t] for t in self._tensors]) for k in self._sizes}
         self._programs: dict[tuple, DynamoGraph | None] = {}  # None: eager at that shape
@@ -344,7 +343,7 @@ class DynamicGraph:
         not export with symbolic dims and padding does not reach every shape in range."""
         import torch
 
-        model = _sized_graph(self._gm, {k: args[k] for k in self._weights}, self._roles.scalars, self._tensors,
+        model = _sized_graph(self._gm, {k: args[k] for k in self._roles.weights}, self._roles.scalars, self._tensors,
                              self._size_axes)
         example = [args[t] for t in self._tensors]
         symbols = {d.name: torch.export.Dim("d" + d.name.replace(".", "_"), min=d.min, max=d.max)

@@ -67,9 +67,9 @@ class _Graph:
     outputs: set[str]
     #: ONNX element type (TensorProto number) of each value shape inference typed.
     types: dict[str, int] = field(default_factory=dict)
-    #: Shapes whose dims may be symbols (a dynamic translation's ``dim_param``s, as strings): where only
-    #: shapes' equality matters (the subgraphs layer norm and softmax are found in). ``shapes`` holds the
-    #: static ones alone, which most rules compute with.
+    #: The shapes with a symbolic dim (a dynamic translation's ``dim_param``, as a string), which ``shapes``
+    #: (static, what most rules compute with) lacks: read through ``_dims_of`` where only shapes' equality
+    #: matters (the subgraphs layer norm and softmax are found in).
     dims: dict[str, tuple[int | str, ...]] = field(default_factory=dict)
     count: int = field(default=0)
     #: Set in a loop body: its new constants' names must differ from the enclosing graph's.
@@ -85,7 +85,7 @@ class _Graph:
         self.count += 1
         name = f"{hint}_opt{self.scope}{self.count}"
         self.consts[name] = value
-        self.shapes[name] = self.dims[name] = tuple(value.shape)
+        self.shapes[name] = tuple(value.shape)
         return name
 
     def rename_uses(self, old: str, new: str) -> None:
@@ -128,7 +128,7 @@ def optimize(model):
         dims = vi.type.tensor_type.shape.dim
         if all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(d.dim_value for d in dims)
-        if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") or d.dim_param for d in dims):
+        elif vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") or d.dim_param for d in dims):
             symbolic[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims)
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -153,8 +153,7 @@ def _simplify(graph, shapes: dict, types: dict, outer: dict[str, np.ndarray], di
     consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     g = _Graph([_copy(n) for n in graph.node], {**outer, **consts},
                {**shapes, **{k: tuple(v.shape) for k, v in consts.items()}}, {o.name for o in graph.output},
-               dict(types), scope=f"_{graph.name}_" if outer else "",
-               dims={**(dims or shapes), **{k: tuple(v.shape) for k, v in consts.items()}})
+               dict(types), scope=f"_{graph.name}_" if outer else "", dims=dict(dims or {}))
     while any([rule(g) for rule in RULES]):
         pass
     for n in g.nodes:
@@ -893,8 +892,8 @@ def _gelu(g: _Graph) -> bool:
 
 
 def _dims_of(g: _Graph, name: str) -> tuple | None:
-    """``name``'s shape, its dims maybe symbols (``_Graph.dims``); the static one where known (rules keep
-    ``shapes`` up to date as they rewrite)."""
+    """``name``'s shape, static where known (rules keep ``shapes`` up to date as they rewrite), else with
+    its symbolic dims (``_Graph.dims``)."""
     return g.shapes.get(name, g.dims.get(name))
 
 

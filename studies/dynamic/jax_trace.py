@@ -70,6 +70,8 @@ def main() -> None:
     from jax2onnx import to_onnx
 
     import collage_runtime
+    from collage_mlir.plan import Plan
+    from collage_runtime.manifest import load_manifest
     from studies.dynamic.iree_fallback import exported, models
 
     encoder, shape, symbol, (lo, opt, hi), _, _ = models()["encoder"]
@@ -99,9 +101,8 @@ def main() -> None:
                             "--plan", "tuned", "-o", str(root / "art")], check=True, env=env)
             result["collage_tune_s"] = time.perf_counter() - start
         program = collage_runtime.load(root / "art")
-        result["plans"] = {b.label: sorted({r["backend"] for r in json.loads(
-            (root / "art" / b.path / "manifest.json").read_text())["plan"]["regions"]} or {"iree-cpu"})
-            for b in program.table.buckets}
+        result["plans"] = {b.label: sorted({r.backend for r in Plan.from_json(load_manifest(root / "art" / b.path).plan)
+                                            .regions} or {"iree-cpu"}) for b in program.table.buckets}
         result["buckets"] = [dict(b.values) for b in program.table.buckets]
         result["fallback"] = program.table.fallback.value
 
