@@ -184,5 +184,6 @@ class TritonTf32Backend(TritonBackend):
     name = "triton-tf32"
     f32_precision = "tf32"
     opt_in = True  # lower precision than an f32 model states: only where named
+    computes_in = "tf32"
     #: TF32 keeps 10 mantissa bits of each f32 input: ~2^-11 relative per product, growing with k.
     tolerance = Tolerance(rtol=1e-2, atol=1e-2)

@@ -18,6 +18,19 @@ def available_backends(platform: Platform = Platform.CPU) -> list:
             if i.backend is not None and not i.problem and platform in i.backend.platforms and not i.backend.opt_in]
 
 
+def reduced_precision_backends(number_format: str, platform: Platform = Platform.CPU) -> list:
+    """Every registered backend that computes f32 math in ``number_format`` (``bf16``: its ``computes_in``)
+    and is usable here in a ``platform`` program, in name order; one CollageError naming why each is not
+    where none is (``collage tune --precision bf16``)."""
+    found = [i for i in registry().values() if i.backend is not None and i.backend.computes_in == number_format]
+    usable = [i.backend for i in found if not i.problem and platform in i.backend.platforms]
+    if not usable:
+        why = "; ".join(f"{i.backend.name}: {i.problem or f'runs no {platform.value} regions'}" for i in found)
+        raise CollageError(f"no backend computes in {number_format} here ({why or 'none is registered'})",
+                           where="--precision", exit_code=2)
+    return usable
+
+
 def resolve_plan(spec: "str | Plan", graph: Graph, platform: Platform | None = None) -> Plan:
     """A plan from ``default``, ``random:SEED``, ``prefer:B1,B2``, ``whole:B`` (B alone, taking all it
     can: a tune's seed plan) or a plan JSON file path, for a program on ``platform`` (None: a plan given as

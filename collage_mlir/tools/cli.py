@@ -35,6 +35,9 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     from ..measure.db import default_db_path
 
     check_artifact_dir(args.output)
+    if args.precision == "bf16" and not (args.tune or args.plan == "tune"):
+        raise CollageError("--precision bf16 lets a tune place regions on bf16 backends: add --tune, or name one in "
+                           "the plan (--plan whole:openvino-bf16)", where="--precision", exit_code=2)
     dim_plan = dims_args.dim_plan_of(args)
     if dim_plan is not None:
         return _compile_buckets(args, passthrough, dim_plan)
@@ -51,7 +54,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
                            "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
     if args.tune or plan == "tune":  # every available backend, the default budget and DB
-        tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.parse_backends(None),
+        tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.backends_for(args),
                                     tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET), 0, None)
         tune_cmd.print_summary(tuned, "(tuned)")
         plan = tuned.plan
@@ -108,7 +111,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
             number_ops(module)
             graph = Graph(module)
             budget = tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET) / len(buckets)
-            tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.parse_backends(None),
+            tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.backends_for(args),
                                         budget, 0, None, carried=tuned_before.carried(graph))
             tune_cmd.print_summary(tuned, f"(tuned for {label})")
             tuned_before.add(graph, tuned.plan)

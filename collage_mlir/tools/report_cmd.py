@@ -23,6 +23,7 @@ from collage_runtime.profile import Breakdown, profile
 from collage_runtime.program import InputError
 
 from ..errors import CollageError
+from ..backends import registry
 from ..graph import region_precision
 from ..plan import Plan
 from ..search.record import TunedPlan
@@ -110,6 +111,15 @@ def _graph_svg(graph, owner: dict[int, str], colours: dict[str, str]) -> str:
     return svg[svg.index("<svg"):]
 
 
+def _precision(graph, region) -> str:
+    """What ``region`` computes in: ``region_precision``, or the number format its backend computes f32 math
+    in (``openvino-bf16``: bf16)."""
+    shown = region_precision(graph, region.ops, region.precision)
+    info = registry().get(region.backend)
+    reduced = info.backend.computes_in if info is not None and info.backend is not None else None
+    return reduced if reduced and shown == "f32" else shown
+
+
 def _region_costs(graph, regions, db_path) -> dict[str, dict[str, str]]:
     """Region name → backend → its measured cost (or failure status) in the cost DB, for this device."""
     from ..measure.db import CostDB, default_db_path
@@ -180,7 +190,7 @@ def render(tuned: TunedPlan | dict, manifest: Manifest | None, graph, db_path, b
         c = choices.get(r.name)
         runner = f"{e(str(c.runner_up))} ({_ms(c.runner_up_cost_s)})" if c and c.runner_up else "—"
         parts.append(f"<tr><td>{e(r.name)}</td><td><span class='sw' style='background:{colours[r.backend]}'>"
-                     f"</span>{e(r.backend)}</td><td>{e(region_precision(graph, r.ops, r.precision) if graph is not None else '—')}"
+                     f"</span>{e(r.backend)}</td><td>{e(_precision(graph, r) if graph is not None else '—')}"
                      f"</td><td>{e(ops)}</td><td>{_ms(c.cost_s if c else None)}</td><td>{runner}</td>"
                      f"<td>{e(c.why if c else '—')}</td>"
                      + "".join(f"<td>{e(costs.get(r.name, {}).get(b, '—'))}</td>" for b in backends) + "</tr>")

@@ -63,10 +63,12 @@ def parse_backends(text: str | None, platform: Platform = Platform.CPU) -> list:
 
 
 def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--precision int8 --calibrate DATA [--calibration-method M] [--max-drop X]`` (an ONNX model)."""
-    parser.add_argument("--precision", choices=["f32", "int8"], default="f32",
+    """``--precision int8 --calibrate DATA [--calibration-method M] [--max-drop X]`` (an ONNX model), or
+    ``--precision bf16`` (a tune may place regions on backends computing in bf16)."""
+    parser.add_argument("--precision", choices=["f32", "bf16", "int8"], default="f32",
                         help="int8: quantize an f32 ONNX model first (ONNX Runtime's quantizer, QDQ, per-channel "
-                             "weights) from --calibrate samples")
+                             "weights) from --calibrate samples; bf16: the tune also tries each backend computing "
+                             "in bf16 where this CPU has it (openvino-bf16), within that backend's tolerance")
     parser.add_argument("--calibrate", metavar="DATA", help="calibration samples: .npy (one input) or .npz (one "
                         "array per input name), a whole number of the model's batches; the last quarter is held out")
     parser.add_argument("--calibration-method", choices=[m.value for m in CalibrationMethod], default="minmax")
@@ -86,6 +88,17 @@ def calibration_of(args: argparse.Namespace):
     if args.max_drop is not None and not 0 <= args.max_drop <= 1:
         raise CollageError(f"--max-drop is a share of samples in [0, 1], got {args.max_drop}", exit_code=2)
     return Calibration(Path(args.calibrate), CalibrationMethod(args.calibration_method), args.max_drop)
+
+
+def backends_for(args: argparse.Namespace, platform: Platform = Platform.CPU) -> list:
+    """The backends a tune measures: ``--backends`` (default: every available one) and, with ``--precision
+    bf16``, each usable backend computing in bf16 (``search.reduced_precision_backends``)."""
+    from ..search import reduced_precision_backends
+
+    backends = parse_backends(getattr(args, "backends", None), platform)  # `collage compile --tune`: every one
+    if args.precision == "bf16":
+        backends += [b for b in reduced_precision_backends("bf16", platform) if b not in backends]
+    return backends
 
 
 def load_model(spec: str, context, inputs: list, check_import: bool = False, calibration=None,
@@ -286,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     platform = Platform(args.device)
     if args.cluster:  # before any work: a missing Ray or an unreachable cluster is one line at once
         connect(args.cluster, platform)
-    backends = parse_backends(args.backends, platform)
+    backends = backends_for(args, platform)
     dim_plan = dim_plan_of(args)
     if dim_plan is None:
         module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),

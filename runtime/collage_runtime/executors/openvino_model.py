@@ -1,6 +1,8 @@
 """Runs an ONNX model with OpenVINO's CPU plugin, compiled on the program's one ``ov.Core`` with its
 thread budget (see ``collage_runtime.engines``): f32 inference precision (stated explicitly, as the CPU
-may support bf16), one stream, latency hint.
+may support bf16), one stream, latency hint. ``load_bf16`` (executor ``openvino_bf16_model``) compiles it
+with bf16 inference precision instead: OpenVINO's CPU plugin then runs its matmuls and convolutions on bf16
+inputs with f32 accumulation, as it does by default on a CPU with bf16.
 
 Input tensors share memory with the mapped IREE input buffers; output tensors are set to the mapped
 result buffers so results land in place. Where OpenVINO's output element type differs from the
@@ -121,11 +123,11 @@ def read_model(core, path: Path, engines: Engines) -> tuple[object, list]:
     return model, list(external.values())
 
 
-def load(path: Path, engines: Engines) -> Run:
-    """The callable that runs the ONNX model stored at ``path``."""
+def load(path: Path, engines: Engines, precision: str = "f32") -> Run:
+    """The callable that runs the ONNX model stored at ``path`` (float math in ``precision``)."""
     core = engines.openvino_core()
     model, keep = read_model(core, path, engines)
-    config = engines.openvino_config(work(model))
+    config = engines.openvino_config(work(model), precision)
     if PROFILED is not None:
         import openvino.properties as props
 
@@ -164,5 +166,11 @@ def load(path: Path, engines: Engines) -> Run:
     return run
 
 
+def load_bf16(path: Path, engines: Engines) -> Run:
+    """``load`` with bf16 inference precision."""
+    return load(path, engines, "bf16")
+
+
 # ov.Core is thread-safe and compile_model releases the GIL: a program's regions compile on its threads at once.
 load.concurrent_load = True  # type: ignore[attr-defined]
+load_bf16.concurrent_load = True  # type: ignore[attr-defined]

@@ -1,0 +1,101 @@
+"""openvino-bf16: OpenVINO with bf16 inference precision, an opt-in backend where the CPU has bf16.
+
+Its regions must compute what bf16 inputs with f32 sums compute (not f32, not another rounding), within the
+tolerance the backend states of f32; `--precision bf16` adds it to a tune, and where the CPU lacks bf16 it is
+one line naming why.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+import collage_runtime
+from collage_mlir.backends import get_backend, registry
+from collage_mlir.errors import CollageError
+from collage_mlir.iree import compile_module
+from collage_mlir.ir import new_context, parse_module
+
+MATMUL = """
+func.func @main(%x: tensor<64x512xf32>, %w: tensor<512x64xf32>) -> tensor<64x64xf32> {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x512xf32>, tensor<512x64xf32>) -> tensor<64x64xf32>
+  return %0 : tensor<64x64xf32>
+}
+"""
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to bf16 (nearest, ties to even), as f64."""
+    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def bf16_backend():
+    pytest.importorskip("openvino")
+    info = registry()["openvino-bf16"]
+    if info.problem:
+        pytest.skip(f"openvino-bf16 is not usable here: {info.problem}")
+    return info.backend
+
+
+def test_regions_compute_bf16_products_with_f32_sums(bf16_backend, tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 512)).astype(np.float32)
+    w = rng.standard_normal((512, 64)).astype(np.float32)
+    art = compile_module(parse_module(MATMUL, new_context()), "prefer:openvino-bf16", tmp_path)
+    (region,) = art.manifest.regions
+    assert region.backend == "openvino-bf16" and region.executor.endswith("openvino_bf16_model")
+    with collage_runtime.load(art.out_dir) as program:
+        (got,) = [np.asarray(y) for y in program.invoke("main", x, w)]
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    scale = np.abs(exact).max()
+    error = np.abs(got - exact).max() / scale
+    tol = bf16_backend.tolerance
+    assert error <= tol.rtol, "beyond the tolerance the backend states"
+    assert error > 1e-4, "as close to f32 as an f32 engine: the region did not run in bf16"
+    # bf16 inputs, f64 sums: what the engine computes, up to its f32 sums' rounding.
+    assert np.abs(got - _bf16(x) @ _bf16(w)).max() / scale < 1e-5
+
+
+def _args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"backends": "ort,iree-cpu", "precision": "f32", **kw})
+
+
+@pytest.mark.fast
+def test_precision_bf16_adds_the_bf16_backends_to_a_tune(bf16_backend):
+    from collage_mlir.tools.tune_cmd import backends_for
+
+    assert [b.name for b in backends_for(_args())] == ["ort", "iree-cpu"]
+    assert [b.name for b in backends_for(_args(precision="bf16"))] == ["ort", "iree-cpu", "openvino-bf16"]
+    assert "openvino-bf16" not in [b.name for b in backends_for(_args(backends=None))]  # opt-in
+
+
+@pytest.mark.fast
+def test_precision_bf16_without_bf16_here_is_one_line(monkeypatch):
+    from collage_mlir.backends import BackendInfo
+    from collage_mlir.tools.tune_cmd import backends_for
+
+    pytest.importorskip("openvino")
+    info = registry()["openvino-bf16"]
+    why = "this CPU has no bf16 arithmetic (AVX-512 BF16 or AMX)"
+    lacking = {**registry(), "openvino-bf16": BackendInfo("openvino-bf16", info.backend, why)}
+    monkeypatch.setattr("collage_mlir.search.registry", lambda: lacking)
+    with pytest.raises(CollageError, match=r"no backend computes in bf16 here \(openvino-bf16: this CPU has no "
+                                           r"bf16 arithmetic"):
+        backends_for(_args(precision="bf16"))
+
+
+@pytest.mark.fast
+def test_compile_precision_bf16_needs_a_tune(tmp_path, capsys):
+    from collage_mlir.tools.cli import main
+
+    model = tmp_path / "m.mlir"
+    model.write_text(MATMUL)
+    assert main(["compile", str(model), "--precision", "bf16", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--precision bf16 lets a tune place regions on bf16 backends" in err and err.count("\n") == 1
+    assert get_backend("openvino").computes_in is None
