@@ -1,4 +1,6 @@
-"""An f32 ONNX model made int8 from calibration data the user gives (``--precision int8 --calibrate DATA``).
+"""An f32 ONNX model made int8 from calibration data the user gives (``--precision int8 --calibrate DATA``),
+and compiled programs checked against the f32 model on held-out samples (``HeldOut``: ``--held-out DATA``, or
+the calibration data's last quarter).
 
 ONNX Runtime's quantizer (``quantize_static``) writes the QDQ model: per-channel int8 weights, per-tensor
 int8 activations, ranges by min-max, a percentile or entropy (``CalibrationMethod``) over the calibration
@@ -48,6 +50,23 @@ class Calibration:
     data: Path
     method: CalibrationMethod = CalibrationMethod.MINMAX
     max_drop: float | None = None
+
+    @property
+    def held_out(self) -> HeldOut:
+        """The samples the int8 model and its programs are checked on: the data's last quarter."""
+        return HeldOut(self.data, self.max_drop, last_quarter=True)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Samples a compiled program is checked on against the f32 model (``program_agreement``), and the largest
+    share of them whose top class may change (None: reported, not bounded): ``--held-out DATA [--max-drop
+    X]`` (every batch of the file), or what ``--precision int8`` holds out of its calibration data (its last
+    quarter: ``Calibration.held_out``)."""
+
+    data: Path
+    max_drop: float | None = None
+    last_quarter: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,12 +135,13 @@ def _held(batches: int) -> int:
     return max(1, batches // 4)
 
 
-def held_out_samples(path: str | Path, calibration: Calibration) -> list[dict[str, np.ndarray]]:
-    """The batches of ``calibration``'s data that ``quantize_onnx`` holds out for the f32 model at ``path``."""
+def held_out_samples(path: str | Path, held: HeldOut) -> list[dict[str, np.ndarray]]:
+    """The batches of ``held``'s data for the f32 model at ``path`` (where they are the last quarter of
+    calibration data: those ``quantize_onnx`` holds out)."""
     import onnx
 
-    batches = _batches(onnx.load(str(path), load_external_data=False), calibration.data)
-    return batches[-_held(len(batches)):]
+    batches = _batches(onnx.load(str(path), load_external_data=False), held.data)
+    return batches[-_held(len(batches)):] if held.last_quarter else batches
 
 
 def program_agreement(f32: str | Path, run, held_out: list[dict[str, np.ndarray]]) -> Agreement:

@@ -66,7 +66,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     with Console(stderr=True).status(f"compiling {args.model}"):  # a spinner while IREE and the engines build
         result = compile_module(module, plan, args.output, platform=args.device and Platform(args.device), source=str(args.model),
                                 iree_args=passthrough, provenance=provenance,
-                                check=tune_cmd.program_check(args.model, calibration))
+                                check=tune_cmd.program_check(args.model, tune_cmd.held_out_of(args)))
     regions = result.manifest.regions
     _print_placement(result.plan)
     print(f"wrote {result.out_dir} ({len(result.plan.regions)} plan regions, {len(regions)} library regions)")
@@ -131,7 +131,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
         result = compile_shaped(dim_plan, axes, bucket_model, args.output, fallback=fallback,
                                 fallback_model=dynamic_model if fallback is not Fallback.NONE else None,
                                 source=str(args.model), on_bucket=compiled, iree_args=passthrough,
-                                check=tune_cmd.program_check(args.model, calibration))
+                                check=tune_cmd.program_check(args.model, tune_cmd.held_out_of(args)))
     rest = ("padding to the next bucket along " + ", ".join(dim_plan.pad)) if dim_plan.pad else ""
     if fallback is not Fallback.NONE:
         rest = (rest + "; else " if rest else "") + f"{fallback.value} on the model with dynamic dims"

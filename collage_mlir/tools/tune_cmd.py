@@ -22,8 +22,8 @@ from collage_runtime.types import Platform
 
 from ..errors import CollageError
 from ..frontends.dims import argument_axes, dynamic_dims, inputs_values, read_onnx_axes, resized
-from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, held_out_samples, program_agreement,
-                                        quantize_onnx)
+from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, HeldOut, held_out_samples,
+                                        program_agreement, quantize_onnx)
 from . import backend_names, load_input_arrays, positive_int
 from .dims_args import dim_plan_of
 
@@ -72,22 +72,40 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibrate", metavar="DATA", help="calibration samples: .npy (one input) or .npz (one "
                         "array per input name), a whole number of the model's batches; the last quarter is held out")
     parser.add_argument("--calibration-method", choices=[m.value for m in CalibrationMethod], default="minmax")
+    parser.add_argument("--held-out", metavar="DATA", help="samples (as --calibrate takes them) the compiled "
+                        "program is checked on against the f32 ONNX model, reported beside speed (with --precision "
+                        "int8: the last quarter of --calibrate)")
     parser.add_argument("--max-drop", type=float, default=None, metavar="SHARE",
-                        help="refuse an int8 model whose top class differs from f32's on more than this share of "
-                             "the held-out samples (e.g. 0.01)")
+                        help="refuse an int8 model, and any compiled program, whose top class differs from the f32 "
+                             "model's on more than this share of the held-out samples (e.g. 0.01)")
 
 
 def calibration_of(args: argparse.Namespace):
-    """The ``Calibration`` the arguments ask for, or None (f32)."""
+    """The ``Calibration`` the arguments ask for, or None (no quantization)."""
+    if args.max_drop is not None and not 0 <= args.max_drop <= 1:
+        raise CollageError(f"--max-drop is a share of samples in [0, 1], got {args.max_drop}", exit_code=2)
     if args.precision != "int8":
-        if args.calibrate or args.max_drop is not None:
-            raise CollageError("--calibrate and --max-drop go with --precision int8", exit_code=2)
+        if args.calibrate:
+            raise CollageError("--calibrate goes with --precision int8 (check another precision on --held-out DATA)",
+                               exit_code=2)
+        if args.max_drop is not None and not args.held_out:
+            raise CollageError("--max-drop needs samples to check on: --held-out DATA (or --precision int8 "
+                               "--calibrate DATA)", exit_code=2)
         return None
     if not args.calibrate:
         raise CollageError("--precision int8 needs calibration samples: --calibrate DATA", exit_code=2)
-    if args.max_drop is not None and not 0 <= args.max_drop <= 1:
-        raise CollageError(f"--max-drop is a share of samples in [0, 1], got {args.max_drop}", exit_code=2)
+    if args.held_out:
+        raise CollageError("--precision int8 holds out the last quarter of --calibrate; --held-out goes with f32 "
+                           "and bf16", exit_code=2)
     return Calibration(Path(args.calibrate), CalibrationMethod(args.calibration_method), args.max_drop)
+
+
+def held_out_of(args: argparse.Namespace) -> HeldOut | None:
+    """The samples a compiled program is checked on (``--held-out``, or int8's calibration data), or None."""
+    calibration = calibration_of(args)
+    if calibration is not None:
+        return calibration.held_out
+    return HeldOut(Path(args.held_out), args.max_drop) if args.held_out else None
 
 
 def backends_for(args: argparse.Namespace, platform: Platform = Platform.CPU) -> list:
@@ -173,25 +191,27 @@ def quantized_spec(spec: str, calibration) -> str:
     return str(quantized)
 
 
-def program_check(spec: str, calibration):
-    """With a ``calibration``, what ``compile_module(check=...)`` runs on a compiled artifact of the model
-    ``spec`` quantizes: the program against the f32 model on the held-out samples, printed; above
-    ``--max-drop`` one CollageError, and the artifact is not written. None without one."""
-    if calibration is None:
+def program_check(spec: str, held: HeldOut | None):
+    """With ``held``-out samples, what ``compile_module(check=...)`` runs on a compiled artifact of the ONNX
+    model ``spec`` (or of its int8 quantization): the program against the f32 model on those samples, printed;
+    above ``--max-drop`` one CollageError, and the artifact is not written. None without them."""
+    if held is None:
         return None
+    if Path(spec).suffix != ".onnx":
+        raise CollageError("--held-out checks a program against an ONNX model (.onnx)", where=spec, exit_code=2)
     from rich.console import Console
 
     def check(artifact: Path) -> None:
         import collage_runtime
 
-        held_out = held_out_samples(spec, calibration)
+        held_out = held_out_samples(spec, held)
         with collage_runtime.load(artifact) as program:
             table = getattr(program, "table", None)  # a shape-bucket artifact: every way it serves a batch
             feeds = held_out if table is None else across_batches(held_out, table)
             agreement = program_agreement(spec, lambda f: program.invoke("main", *f.values())[0], feeds)
-        if agreement.exceeds(calibration.max_drop):
-            raise CollageError(f"{agreement.line()}: above --max-drop {calibration.max_drop:g}; nothing was "
-                               "written (the int8 model met it: the engines' int8 kernels round differently)",
+        if agreement.exceeds(held.max_drop):
+            why = " (the int8 model met it: the engines' int8 kernels round differently)" if held.last_quarter else ""
+            raise CollageError(f"{agreement.line()}: above --max-drop {held.max_drop:g}; nothing was written{why}",
                                where=spec)
         Console(stderr=True).print(agreement.line(), highlight=False)
 

@@ -3,7 +3,9 @@ weights, int8 activations, calibrated on 8 seeded batches), then timed side by s
 
 - peers on the source files: ONNX Runtime f32 and int8, OpenVINO f32 and int8 (each engine alone, 2 threads);
 - collage programs of the int8 model: ``whole:ort``, ``whole:openvino``, IREE alone (``default``), and a
-  tuned plan where ``--plan`` names one.
+  tuned plan where ``--plan`` names one;
+- collage programs of the f32 model (``--f32-plans``): by default ``whole:openvino-bf16`` where the CPU has
+  bf16 (collage's bf16 against OpenVINO's own default).
 
 Writes ``int8_zoo.json`` and ``int8_zoo.md`` beside this file (or ``--out``). Run from the repository root:
 
@@ -74,7 +76,7 @@ def export(name: str, root: Path, exporter: str = "torchscript", exclude: tuple[
     return f32, int8, x
 
 
-def runners(f32: Path, int8: Path, x: np.ndarray, root: Path, plans: list[str]) -> dict:
+def runners(f32: Path, int8: Path, x: np.ndarray, root: Path, plans: list[str], f32_plans: list[str]) -> dict:
     import onnxruntime as ort
     import openvino as ov
 
@@ -108,17 +110,18 @@ def runners(f32: Path, int8: Path, x: np.ndarray, root: Path, plans: list[str]) 
             continue
         request = compiled.create_infer_request()
         found[label] = (lambda r: lambda: r.infer([x]))(request)
-    for plan in plans:
-        module = load_model(int8, new_context())
+    for source, plan in [(int8, p) for p in plans] + [(f32, p) for p in f32_plans]:
+        module = load_model(source, new_context())
         number_ops(module)
-        out = root / plan.replace(":", "_").replace("/", "_")
+        label = plan if source == int8 else f"{plan} (f32 file)"
+        out = root / label.replace(":", "_").replace("/", "_").replace(" ", "_")
         try:
             compile_module(module, resolve_plan(plan, Graph(module)), out)
         except Exception as exc:  # noqa: BLE001  a plan that cannot build is reported, not fatal
-            print(f"collage {plan}: {' '.join(str(exc).split())[:200]}", file=sys.stderr)
+            print(f"collage {label}: {' '.join(str(exc).split())[:200]}", file=sys.stderr)
             continue
         program = collage_runtime.load(out)
-        found[f"collage {plan}"] = (lambda p: lambda: p.invoke("main", x))(program)
+        found[f"collage {label}"] = (lambda p: lambda: p.invoke("main", x))(program)
     return found
 
 
@@ -128,18 +131,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plans", default="whole:ort,whole:openvino,default",
                         help="collage plans of the int8 model (plan specs or plan JSON files)")
+    parser.add_argument("--f32-plans", default=None,
+                        help="collage plans of the f32 model (default: whole:openvino-bf16 where usable, else none)")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript",
                         help="torch.onnx.export's exporter (dynamo for BERT-base: static shapes)")
     parser.add_argument("--name", default="int8_zoo", help="result file name (NAME.json, NAME.md)")
     args = parser.parse_args(argv)
+    if args.f32_plans is None:
+        from collage_mlir.backends import registry
+
+        args.f32_plans = "" if registry()["openvino-bf16"].problem else "whole:openvino-bf16"
     rows = []
     with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
         for name in args.models.split(","):
             root = Path(tmp) / name
             root.mkdir()
             f32, int8, x = export(name, root, args.exporter)
-            found = runners(f32, int8, x, root, args.plans.split(","))
+            found = runners(f32, int8, x, root, args.plans.split(","), [p for p in args.f32_plans.split(",") if p])
             times = interleaved_ms(found, args.rounds, min_time=0.3, warmup=2)
             rows.append({"model": name, "ms": times})
             print(name, {k: round(v, 2) for k, v in times.items()}, flush=True)

@@ -8,6 +8,7 @@ one line naming why.
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 import pytest
@@ -99,3 +100,41 @@ def test_compile_precision_bf16_needs_a_tune(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--precision bf16 lets a tune place regions on bf16 backends" in err and err.count("\n") == 1
     assert get_backend("openvino").computes_in is None
+
+
+def test_a_bf16_program_is_checked_on_held_out_digits(bf16_backend, tmp_path):
+    """`collage compile f32.onnx --plan whole:openvino-bf16 --held-out DATA --max-drop X`: the program against
+    the f32 model on the samples, reported (bf16: some error, no class changed on a trained CNN); above
+    --max-drop nothing is written."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from models import digits_cnn
+
+    model, x, labels = digits_cnn()
+    torch.onnx.export(model, torch.tensor(x[:64]), str(tmp_path / "f32.onnx"), dynamo=False, input_names=["x"],
+                      opset_version=17)
+    np.save(tmp_path / "held.npy", x[1400:1784])
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "compile", str(tmp_path / "f32.onnx"),
+                               "--plan", "whole:openvino-bf16", "--held-out", str(tmp_path / "held.npy"), *args],
+                              capture_output=True, text=True)
+
+    r = cli("--max-drop", "0.01", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    line = " ".join(r.stderr.split())
+    found = re.search(r"the program against f32 on 384 held-out samples: top class changed on ([\d.]+) %, max error "
+                      r"([\d.]+) % of the output's scale", line)
+    assert found, line
+    assert float(found[1]) <= 1.0 and 0 < float(found[2]) < 100 * bf16_backend.tolerance.rtol
+    with collage_runtime.load(tmp_path / "out") as program:
+        got = np.concatenate([program.invoke("main", x[i:i + 64])[0] for i in range(1400, 1784, 64)])
+    assert (got.argmax(1) == labels[1400:1784]).mean() > 0.9
+    # Samples of a wrong shape: one line, nothing written.
+    np.save(tmp_path / "held.npy", x[1400:1784, :, :4])
+    r = cli("-o", str(tmp_path / "bad"))
+    assert r.returncode != 0 and "input 'x' takes [64, 1, 8, 8]" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "bad").exists()

@@ -224,7 +224,8 @@ def test_a_program_above_max_drop_is_not_written(digits, tmp_path):
     with pytest.raises(CollageError, match="the program against f32 on 64 held-out samples: top class changed on "
                                            r"[1-9].*above --max-drop 0; nothing was written"):
         compile_module(module, resolve_plan("whole:openvino", Graph(module)), out,
-                       check=program_check(str(root / "f32.onnx"), Calibration(tmp_path / "dim.npy", max_drop=0.0)))
+                       check=program_check(str(root / "f32.onnx"),
+                                           Calibration(tmp_path / "dim.npy", max_drop=0.0).held_out))
     assert (out / "manifest.json").read_bytes() == before and not list(tmp_path.glob(".out.*"))
 
 
@@ -274,7 +275,9 @@ def test_max_drop_keeps_the_most_sensitive_nodes_in_f32(digits, tmp_path):
 @pytest.mark.fast
 @pytest.mark.parametrize("args, message", [
     (["--precision", "int8"], "--precision int8 needs calibration samples"),
-    (["--calibrate", "x.npy"], "--calibrate and --max-drop go with --precision int8"),
+    (["--calibrate", "x.npy"], "--calibrate goes with --precision int8"),
+    (["--max-drop", "0.01"], "--max-drop needs samples to check on: --held-out DATA"),
+    (["--precision", "int8", "--calibrate", "x.npy", "--held-out", "x.npy"], "holds out the last quarter"),
     (["--precision", "int8", "--calibrate", "x.npy", "--max-drop", "2"], "--max-drop is a share of samples"),
 ])
 def test_precision_arguments_are_one_line(args, message, tmp_path):
