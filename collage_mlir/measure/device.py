@@ -11,25 +11,15 @@ from functools import lru_cache
 
 from collage_runtime.types import Platform
 
+from ..backends.host import host_cpu
+
 #: ISA features that change which code backends generate (so timings from a CPU without them differ).
 _FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "asimd", "sve")
 
 
 @lru_cache(maxsize=1)
 def _cpu() -> str:
-    model, flags = "", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not model:
-                    model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    model = model or host.processor() or "unknown"
+    model, flags = host_cpu()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     features = "+".join(f for f in _FEATURES if f in flags) or "none"
     return f"cpu {host.machine()} '{model}' {cores} cores [{features}]"
