@@ -39,7 +39,7 @@ from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
 
 #: ``torch.compile(..., options={...})`` keys the ``collage`` backend takes (``compile``'s keywords).
-DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "seed", "db", "threads", "check_import")
+DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "precision", "seed", "db", "threads", "check_import")
 
 
 class CompiledModule:
@@ -70,13 +70,14 @@ class CompiledModule:
 
 
 def compile(model, example_inputs: Sequence | None = None, *, plan: str | None = None,  # noqa: A001
-            tune_budget: float | None = None, backends: Sequence[str] | None = None, seed: int = 0,
-            db: str | Path | None = None, threads: int | None = None, check_import: bool = True,
+            tune_budget: float | None = None, backends: Sequence[str] | None = None, precision: str = "f32",
+            seed: int = 0, db: str | Path | None = None, threads: int | None = None, check_import: bool = True,
             buckets: Mapping[str, Sequence[int]] | None = None,
             pad: Sequence[str] = ()) -> "CompiledModule | ShapedModule":
     """Compiles ``model`` for ``example_inputs``' shapes and dtypes; raises CollageError when it cannot.
     The plan: ``plan`` when given, else the one tuned before for this model's structure (cost DB
-    ``db``), else a tune over ``backends`` within ``tune_budget`` seconds when given, else the default.
+    ``db``), else a tune over ``backends`` (and with ``precision="bf16"`` the backends computing in bf16)
+    within ``tune_budget`` seconds when given, else the default.
     ``check_import``: the import runs with IREE alone on the example inputs and must match the eager
     model (``measure.import_check``; the verdict is cached).
 
@@ -96,8 +97,8 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         if kwargs:
             raise CollageError("the exported program takes keyword inputs: collage passes inputs by position")
         dims, axes = exported_dims(model, args)
-        options = dict(plan=plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db, threads=threads,
-                       check_import=check_import)
+        options = dict(plan=plan, tune_budget=tune_budget, backends=backends, precision=precision, seed=seed, db=db,
+                       threads=threads, check_import=check_import)
         if dims:
             return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
                                    program=model)
@@ -117,7 +118,7 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
     examples = {"main": [a.detach().cpu().numpy() for a in example_inputs]} if tuning else None
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
-                         examples=examples)
+                         examples=examples, precision=precision)
     out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")
     return CompiledModule(collage_runtime.load(out, threads=threads), out_spec, choice)
 
@@ -181,7 +182,8 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
         number_ops(module)
         tuning = options["plan"] == "tune" or bool(budget)
         choice = choose_plan(module, options["plan"], tune_budget=budget, backends=options["backends"],
-                             seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None)
+                             seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None,
+                             precision=options["precision"])
         models.append(BucketModel(module, choice.plan, choice.provenance))
         key.update(artifact_key(module, choice).encode())
     if needed:

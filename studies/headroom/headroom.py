@@ -72,13 +72,14 @@ def _median_ms(fn, min_calls: int = 20, seconds: float = 0.3, cold: bool = False
     return statistics.median(times) * 1e3
 
 
-def profile_openvino(path: Path, inputs, rounds: int = 20) -> tuple[float, dict[str, tuple[str, float]], dict]:
+def profile_openvino(path: Path, inputs, rounds: int = 20,
+                     precision: str = "f32") -> tuple[float, dict[str, tuple[str, float]], dict]:
     """Whole-model median ms; per OpenVINO node, (node type, median ms inside the graph); and per node the
-    original (ONNX) layers OpenVINO fused into it."""
+    original (ONNX) layers OpenVINO fused into it. ``precision``: OpenVINO's inference precision."""
     import openvino as ov
     import openvino.properties as props
 
-    config = Engines(THREADS).openvino_config() | {props.enable_profiling: True}
+    config = Engines(THREADS).openvino_config(precision=precision) | {props.enable_profiling: True}
     compiled = ov.Core().compile_model(str(path), "CPU", config)
     origins = {op.get_friendly_name(): op.get_rt_info()["originalLayersNames"].astype(str).split(",")
                for op in compiled.get_runtime_model().get_ordered_ops()}

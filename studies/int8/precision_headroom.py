@@ -11,6 +11,12 @@ The bound ``int8 whole / (int8 whole - sum of max(0, int8 in-graph - f32 in-grap
 precision change costs between nodes (a quantize or dequantize); the mixed file pays it.
 
     python -m studies.int8.precision_headroom --models mobilenet_v2,resnet50   # precision_headroom.{json,md}
+
+``--low bf16`` asks the same of bf16 on the f32 file (OpenVINO's inference precision f32 against bf16): the
+nodes faster in f32 and the bound; no mixed file is made (OpenVINO's CPU plugin takes one precision per
+compiled model, so a mix is regions on ``openvino`` beside ``openvino-bf16``, each boundary a call).
+
+    python -m studies.int8.precision_headroom --models mobilenet_v2,resnet50 --low bf16 --name precision_headroom_bf16
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import onnx
@@ -34,10 +39,10 @@ RESULTS = Path(__file__).parent
 MARGIN = 1.05
 
 
-def per_node(path: Path, x) -> tuple[float, dict[str, float]]:
-    """Whole-model median ms and each ONNX compute node's in-graph ms on OpenVINO."""
+def per_node(path: Path, x, precision: str = "f32") -> tuple[float, dict[str, float]]:
+    """Whole-model median ms and each ONNX compute node's in-graph ms on OpenVINO (inference ``precision``)."""
     nodes = {n.name: n for n in onnx.load(str(path), load_external_data=False).graph.node}
-    wall, profile, origins = h.profile_openvino(path, [x])
+    wall, profile, origins = h.profile_openvino(path, [x], precision=precision)
     times: dict[str, float] = collections.defaultdict(float)
     for ov_name, (_kind, ms) in profile.items():
         node = h._onnx_node(origins.get(ov_name, []), nodes)
@@ -61,9 +66,17 @@ def whole_times(paths: dict[str, Path], x, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def study(name: str, work: Path, rounds: int, exporter: str) -> dict:
+def study(name: str, work: Path, rounds: int, exporter: str, low: str = "int8") -> dict:
     f32, int8, x = export(name, work, exporter)
     f32_whole, f32_nodes = per_node(f32, x)
+    if low == "bf16":  # the f32 file in bf16; the "int8" fields hold bf16's figures
+        bf16_whole, bf16_nodes = per_node(f32, x, "bf16")
+        rows = [dict(node=n, f32_ms=f32_nodes[n], int8_ms=ms) for n, ms in bf16_nodes.items() if n in f32_nodes]
+        slower = [r["node"] for r in rows if r["int8_ms"] > MARGIN * r["f32_ms"]]
+        saving = sum(max(0.0, r["int8_ms"] - r["f32_ms"]) for r in rows)
+        return dict(model=name, low=low, profiled_whole_ms=dict(f32=f32_whole, int8=bf16_whole),
+                    whole_ms=dict(f32=f32_whole, int8=bf16_whole), rows=rows, slower_in_int8=slower,
+                    saving_ms=saving, bound=bf16_whole / (bf16_whole - saving))
     int8_whole, int8_nodes = per_node(int8, x)
     rows = [dict(node=n, f32_ms=f32_nodes[n], int8_ms=ms) for n, ms in int8_nodes.items() if n in f32_nodes]
     slower = [r["node"] for r in rows if r["int8_ms"] > MARGIN * r["f32_ms"]]
@@ -76,9 +89,10 @@ def study(name: str, work: Path, rounds: int, exporter: str) -> dict:
                 slower_in_int8=slower, saving_ms=saving, bound=int8_whole / (int8_whole - saving))
 
 
-def report(results: list[dict], command: str) -> str:
-    lines = ["# Precision headroom: OpenVINO's compute nodes in f32 and in int8", "", f"`{command}`", "",
-             "| model | f32 whole ms | int8 whole ms | nodes | slower in int8 | bound | mixed whole ms |",
+def report(results: list[dict], command: str, low: str = "int8") -> str:
+    lines = [f"# Precision headroom: OpenVINO's compute nodes in f32 and in {low}", "", f"`{command}`",
+             *([] if low == "int8" else ["", "(profiled whole-model times; columns named int8 hold bf16's)"]), "",
+             f"| model | f32 whole ms | {low} whole ms | nodes | slower in {low} | bound | mixed whole ms |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         w = r["whole_ms"]
@@ -86,8 +100,8 @@ def report(results: list[dict], command: str) -> str:
         lines.append(f"| {r['model']} | {w['f32']:.3f} | {w['int8']:.3f} | {len(r['rows'])} | "
                      f"{len(r['slower_in_int8'])} | {r['bound']:.3f}x | {mixed} |")
     for r in results:
-        lines += ["", f"## {r['model']}: the nodes int8 gains least on (in f32 where marked)", "",
-                  "| node | f32 ms | int8 ms | left in f32 |", "|---|---:|---:|---|"]
+        lines += ["", f"## {r['model']}: the nodes {low} gains least on (faster in f32 where marked)", "",
+                  f"| node | f32 ms | {low} ms | faster in f32 |", "|---|---:|---:|---|"]
         for row in sorted(r["rows"], key=lambda row: row["f32_ms"] / max(row["int8_ms"], 1e-9))[:8]:
             mark = "yes" if row["node"] in r["slower_in_int8"] else ""
             lines.append(f"| {row['node']} | {row['f32_ms']:.4f} | {row['int8_ms']:.4f} | {mark} |")
@@ -100,18 +114,20 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--name", default="precision_headroom")
     parser.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript")
+    parser.add_argument("--low", choices=("int8", "bf16"), default="int8",
+                        help="the precision set against f32: the int8 file, or the f32 file in bf16")
     args = parser.parse_args(argv)
     disable_engine_telemetry()
     found = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            r = study(name, Path(tmp), args.rounds, args.exporter)
-            print(f"{name}: {r['whole_ms']}, {len(r['slower_in_int8'])} nodes slower in int8, bound {r['bound']:.3f}x",
-                  flush=True)
+            r = study(name, Path(tmp), args.rounds, args.exporter, args.low)
+            print(f"{name}: {r['whole_ms']}, {len(r['slower_in_int8'])} nodes slower in {args.low}, "
+                  f"bound {r['bound']:.3f}x", flush=True)
             found.append(r)
     command = "python -m studies.int8.precision_headroom " + " ".join(argv if argv is not None else sys.argv[1:])
     (RESULTS / f"{args.name}.json").write_text(json.dumps(found, indent=1))
-    (RESULTS / f"{args.name}.md").write_text(report(found, command.strip()))
+    (RESULTS / f"{args.name}.md").write_text(report(found, command.strip(), args.low))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ class _FakeTune:
     def __call__(self, module, backends, db, work_dir, *, budget_s, seed=0, examples=None):
         from collage_mlir.search.record import TunedPlan
 
-        self.calls.append({"budget_s": budget_s, "seed": seed, "examples": examples})
+        self.calls.append({"budget_s": budget_s, "seed": seed, "examples": examples,
+                           "backends": [b.name for b in backends]})
         tuned = TunedPlan.from_json(self.document)
         return type("Result", (), {"plan": tuned.plan, "tuned": tuned})()
 
@@ -97,6 +98,29 @@ def test_dynamo_options_reach_the_plan_choice(torch, tmp_path, monkeypatch):
         y = torch.compile(model, backend="collage", options={"tune_budjet": 4})(x)
     assert [str(w.message) for w in caught if "tune_budjet" in str(w.message)], "a misspelt option is named"
     torch.testing.assert_close(y, model(x))  # and the graph ran eagerly
+
+
+def test_precision_bf16_adds_the_bf16_backends_to_an_entry_points_tune(torch, tmp_path, monkeypatch):
+    """`precision="bf16"` (a torch.compile option too) tunes over the backends given and each usable backend
+    computing in bf16, as `collage tune --precision bf16`; another precision is one CollageError."""
+    import collage_mlir.torch
+    from collage_mlir.backends import registry
+    from collage_mlir.errors import CollageError
+
+    if registry()["openvino-bf16"].problem:
+        pytest.skip(f"openvino-bf16 is not usable here: {registry()['openvino-bf16'].problem}")
+    model, x = mlp(), torch.randn(4, 32)
+    fake = _FakeTune({"format": "collage-plan", "version": 1, "regions": [], "tuning": {"seed": 0}})
+    monkeypatch.setattr(entry, "tune", fake)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to eager
+        y = torch.compile(model, backend="collage", options={"tune_budget": 4, "backends": ["ort"], "precision": "bf16",
+                                                             "db": str(tmp_path / "c.sqlite")})(x)
+    torch.testing.assert_close(y, model(x), rtol=1e-4, atol=1e-5)
+    assert [c["backends"] for c in fake.calls] == [["ort", "openvino-bf16"]]
+    with pytest.raises(CollageError, match="precision must be 'f32' or 'bf16'.*'int4'"):
+        collage_mlir.torch.compile(model, [x], tune_budget=4, precision="int4", db=tmp_path / "d.sqlite")
 
 
 def test_a_stored_plan_that_no_longer_fits_is_not_used(torch, tmp_path):
