@@ -39,7 +39,7 @@ from .frontends import refine
 from .frontends.dims import PYTHON, DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, load_module, new_context
-from .measure.import_check import compare, load_checked
+from .measure.import_check import FLOAT_TOLERANCE, compare, load_checked
 from .measure.reference import generated_array
 from .onnx import translate
 from .plan import Plan
@@ -118,7 +118,7 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
             translated = fallback_model is not None and fallback_model.suffix != ".onnx"
         if translated:  # checked on the staged artifact as it loads; not written where it disagrees
             opt = {d.name: d.opt for d in dim_plan.dims}
-            check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]))
+            check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]), source)
         if check is not None:
             check(stage)
     return ShapedResult(out, table, tuple(results))
@@ -240,11 +240,16 @@ def _median_seconds(run: Callable, arrays: Sequence[np.ndarray], repeats: int) -
     return float(np.median(samples))
 
 
-def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], where: str) -> None:
+def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], where: str,
+                 plan_rtol: float = 0.0) -> None:
     """A fallback's results ``got`` against a bucket's ``want`` on the same inputs (``measure.import_check
-    .compare``'s tolerance); one CollageError, saying ``what`` disagrees, where an output differs."""
+    .compare``'s tolerance, plus ``plan_rtol`` of each output's scale: what the bucket's plan may differ from
+    f32 by); one CollageError, saying ``what`` disagrees, where an output differs."""
     for k, (g, w) in enumerate(zip(got, want)):
-        check = compare(k, f"result {k}", g, w)
+        w = np.asarray(w)
+        finite = w[np.isfinite(w)] if plan_rtol and w.dtype.kind == "f" else w[:0]
+        scale = float(np.abs(finite).max()) if finite.size else 0.0
+        check = compare(k, f"result {k}", g, w, spread=plan_rtol * scale / 2)
         if not check.ok:
             raise CollageError(f"{what}: result {k}: {check.detail}", where=where)
 
@@ -268,19 +273,21 @@ def _dynamic_file(module: Callable[[], ir.Module], kind: Fallback, directory: Pa
     return target
 
 
-def check_fallback(root: Path, bucket: Bucket) -> None:
+def check_fallback(root: Path, bucket: Bucket, where: str) -> None:
     """The fallback of the shaped artifact at ``root`` against ``bucket``'s program, at the bucket's shape
-    on generated inputs (``measure.import_check.compare``'s tolerance); one CollageError where an output
-    differs."""
+    on generated inputs (``measure.import_check.compare``'s tolerance; where the bucket's plan has regions on
+    a backend looser than that, a bf16 one, the plan's own: 10x its loosest region's, as a tune validates
+    plans); one CollageError naming ``where`` (the model) where an output differs."""
     with ShapedProgram(root) as program:
         kind = program.table.fallback
         bucket_program = program.program(bucket)
+        loosest = max((r.tolerance.rtol for r in bucket_program.manifest.regions), default=0.0)
         arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k))
                   for k, s in enumerate(bucket_program.signature("main").inputs)]
         want = [np.array(w) for w in bucket_program.invoke("main", *arrays)]
         got = [np.array(g) for g in program.invoke_fallback(*arrays)]
     check_agrees(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its shape", got,
-                 want, str(root))
+                 want, where, 10 * loosest if loosest > FLOAT_TOLERANCE.rtol else 0.0)
 
 
 def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_import: bool = True,

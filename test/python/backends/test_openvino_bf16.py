@@ -138,3 +138,33 @@ def test_a_bf16_program_is_checked_on_held_out_digits(bf16_backend, tmp_path):
     r = cli("-o", str(tmp_path / "bad"))
     assert r.returncode != 0 and "input 'x' takes [64, 1, 8, 8]" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "bad").exists()
+
+
+DYNAMIC = """
+func.func @main(%x: tensor<?x512xf32>, %w: tensor<512x64xf32>) -> tensor<?x64xf32> {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<?x512xf32>, tensor<512x64xf32>) -> tensor<?x64xf32>
+  return %0 : tensor<?x64xf32>
+}
+"""
+
+
+def test_bf16_buckets_beside_an_f32_fallback(bf16_backend, tmp_path):
+    """`collage compile model.mlir --dim 0.0=1:4:8 --plan whole:openvino-bf16`: the fallback (f32, on the module
+    with its dims) is checked against the bf16 bucket within the bucket plan's tolerance (it was refused with
+    the import check's f32 tolerance), and both serve within it."""
+    from collage_mlir.tools.cli import main
+    from collage_runtime.shaped import ShapedProgram
+
+    (tmp_path / "m.mlir").write_text(DYNAMIC)
+    out = tmp_path / "out"
+    assert main(["compile", str(tmp_path / "m.mlir"), "--dim", "0.0=1:4:8", "--bucket", "0.0=4,8", "--plan",
+                 "whole:openvino-bf16", "-o", str(out)]) == 0
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((512, 64)).astype(np.float32)
+    with ShapedProgram(out) as program:
+        for rows, served in ((4, "bucket 0.0=4"), (3, "fallback")):
+            x = rng.standard_normal((rows, 512)).astype(np.float32)
+            assert served in program.served(x, w)
+            got = np.asarray(program.invoke("main", x, w)[0])
+            exact = x.astype(np.float64) @ w
+            assert np.abs(got - exact).max() <= bf16_backend.tolerance.rtol * np.abs(exact).max()
