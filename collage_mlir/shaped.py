@@ -30,7 +30,7 @@ from collage_runtime.types import byte_dtype
 from collage_runtime.weights import WEIGHTS, WeightWriter
 
 from .artifact import CompileResult, compile_module, staged
-from .backends import get_backend
+from .backends import get_backend, registry
 from .backends.iree_codegen import iree_compile
 from .backends.onnx_engine import OnnxGraphBackend
 from .dialects import collage
@@ -164,12 +164,16 @@ def model_file_axes(path: str | Path) -> tuple[Axes, Path]:
     return refine.module_axes(load_module(path, new_context())), Path(path)
 
 
-def fallback_kinds(model: Path) -> tuple[Fallback, ...]:
+def fallback_kinds(model: Path, bf16: bool = False) -> tuple[Fallback, ...]:
     """The engines that may run ``model`` with its dynamic dims: ONNX Runtime and OpenVINO an ONNX model; a
     StableHLO module IREE (``frontends.refine.for_iree``), and ONNX Runtime and OpenVINO where its ops
-    translate to ONNX with dynamic dims (``dynamic_onnx``)."""
-    return (Fallback.ORT, Fallback.OPENVINO) if model.suffix == ".onnx" else \
+    translate to ONNX with dynamic dims (``dynamic_onnx``); with ``bf16`` (the user allows it) OpenVINO in
+    bf16 too, where its backend is usable here (``openvino-bf16``)."""
+    kinds = (Fallback.ORT, Fallback.OPENVINO) if model.suffix == ".onnx" else \
         (Fallback.IREE, Fallback.ORT, Fallback.OPENVINO)
+    if bf16 and not registry()[Fallback.OPENVINO_BF16.value].problem:
+        kinds += (Fallback.OPENVINO_BF16,)
+    return kinds
 
 
 def dynamic_onnx(module: ir.Module, where: str):
@@ -281,7 +285,10 @@ def check_fallback(root: Path, bucket: Bucket, where: str) -> None:
     with ShapedProgram(root) as program:
         kind = program.table.fallback
         bucket_program = program.program(bucket)
-        loosest = max((r.tolerance.rtol for r in bucket_program.manifest.regions), default=0.0)
+        tolerances = [r.tolerance.rtol for r in bucket_program.manifest.regions]
+        if kind is Fallback.OPENVINO_BF16:
+            tolerances.append(get_backend(kind.value).tolerance.rtol)
+        loosest = max(tolerances, default=0.0)
         arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k))
                   for k, s in enumerate(bucket_program.signature("main").inputs)]
         want = [np.array(w) for w in bucket_program.invoke("main", *arrays)]
@@ -363,7 +370,7 @@ def output_axes(dim_plan: DimPlan, buckets: list[Mapping[str, int]], shapes: lis
 
 def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequence[Fallback] | None = None,
                     repeats: int = 5) -> tuple[Fallback, dict[Fallback, float]]:
-    """The engine of ``kinds`` (default ``fallback_kinds(model)``) that runs ``model`` (dynamic dims kept)
+    """The engine of ``kinds`` (default ``fallback_kinds(model)``, f32 ones) that runs ``model`` (dynamic dims kept)
     fastest, timed at a shape between buckets (each dim at the middle of its widest gap, or its OPT value
     where there is none): (the fastest, seconds per call of each that ran; empty where only one engine
     takes the model: it is not timed). An engine that fails to load or run is left out; a CollageError
@@ -397,8 +404,11 @@ def dynamic_ratio(model: Path, dim_plan: DimPlan, inputs: Axes, fallback: Fallba
                 continue
             dynamic, problems = _engine_times(model, inputs, values, [fallback], repeats, tmp)
             if model.suffix == ".onnx":
-                static, more = _engine_times(specialise_onnx(model, values, tmp), inputs, values,
-                                             [Fallback.ORT, Fallback.OPENVINO], repeats, tmp)
+                engines = [Fallback.ORT, Fallback.OPENVINO]
+                if fallback is Fallback.OPENVINO_BF16:  # bf16 buckets, then: static in bf16 too
+                    engines.append(fallback)
+                static, more = _engine_times(specialise_onnx(model, values, tmp), inputs, values, engines, repeats,
+                                             tmp)
             else:
                 program = tmp / f"static-{_digest(values)}.vmfb"
                 program.write_bytes(_iree_dynamic(model, values))

@@ -156,7 +156,7 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     from .graph import number_ops
     # Imported when used, as collage_mlir.iree does: at module load, shaped's imports change the interpreter's
     # teardown order so that nanobind reports the cached device as leaked (test_exit_is_quiet_...).
-    from .shaped import BucketModel, choose_fallback, compile_shaped
+    from .shaped import BucketModel, choose_fallback, compile_shaped, fallback_kinds
 
     needed, dynamic, refused = dim_plan.unserved(fallback=False) is not None, None, None
     if needed:
@@ -192,18 +192,19 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     if not out.exists():
         with tempfile.TemporaryDirectory(prefix="collage-dynamic-") as tmp:
             fallback, kind = None, Fallback.NONE
+            bf16 = options["precision"] == "bf16"  # the fallback may compute in bf16 too
             if dynamic is not None:  # the fastest engine that runs it: IREE, or its ONNX translation
                 fallback = Path(tmp) / "dynamic.mlirbc"
                 with open(fallback, "wb") as f:
                     dynamic.operation.write_bytecode(f)
                 try:
-                    kind = choose_fallback(fallback, dim_plan, axes)[0]
+                    kind = choose_fallback(fallback, dim_plan, axes, fallback_kinds(fallback, bf16))[0]
                 except CollageError as exc:
                     refused, fallback = str(exc), None
             if needed and fallback is None:  # torch's own ONNX export, dims kept, on ORT or OpenVINO
                 try:
                     fallback = export_onnx(program, (), Path(tmp) / "dynamic.onnx", "the exported program")
-                    kind = choose_fallback(fallback, dim_plan, axes)[0]
+                    kind = choose_fallback(fallback, dim_plan, axes, fallback_kinds(fallback, bf16))[0]
                 except CollageError as exc:
                     raise CollageError(f"{refused}; and {exc}") from None
             compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,

@@ -35,9 +35,10 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     from ..measure.db import default_db_path
 
     check_artifact_dir(args.output)
-    if args.precision == "bf16" and not (args.tune or args.plan == "tune"):
-        raise CollageError("--precision bf16 lets a tune place regions on bf16 backends: add --tune, or name one in "
-                           "the plan (--plan whole:openvino-bf16)", where="--precision", exit_code=2)
+    if args.precision == "bf16" and not (args.tune or args.plan == "tune" or args.dim):
+        raise CollageError("--precision bf16 lets a tune place regions on bf16 backends (and a --dim fallback run in "
+                           "bf16): add --tune, or name one in the plan (--plan whole:openvino-bf16)",
+                           where="--precision", exit_code=2)
     dim_plan = dims_args.dim_plan_of(args)
     if dim_plan is not None:
         return _compile_buckets(args, passthrough, dim_plan)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from collage_runtime.shapes import Axes, Fallback, dims_label
 
+from ..backends import registry
 from ..errors import CollageError
 from ..frontends.dims import (DimPlan, ShapeTrace, argument_axes, check_declared, choose_buckets, parse_bucket,
                               parse_dim)
@@ -31,8 +32,9 @@ def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-buckets", type=positive_int, default=8, help="with --shapes: at most this many buckets")
     parser.add_argument("--fallback", choices=["auto", *(f.value for f in Fallback)], default="auto",
                         help="the engine that runs the model's shapes between buckets with its dynamic dims (ort or "
-                             "openvino an ONNX model, iree a StableHLO module; default auto: of those, the faster, "
-                             "timed here; none: refuse such shapes)")
+                             "openvino an ONNX model, iree a StableHLO module, openvino-bf16 either where the CPU "
+                             "has bf16; default auto: of those, the fastest, timed here, openvino-bf16 only with "
+                             "--precision bf16; none: refuse such shapes)")
 
 
 def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan, axes: Axes) -> Fallback:
@@ -43,8 +45,11 @@ def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
 
     if model is None or args.fallback == Fallback.NONE.value or dim_plan.unserved(fallback=False) is None:
         return Fallback.NONE
-    kinds = fallback_kinds(model)
+    kinds = fallback_kinds(model, bf16=args.precision == "bf16" or args.fallback == Fallback.OPENVINO_BF16.value)
     if args.fallback != "auto":
+        if args.fallback == Fallback.OPENVINO_BF16.value and Fallback.OPENVINO_BF16 not in kinds:
+            raise CollageError(f"openvino-bf16 is not usable here: {registry()[args.fallback].problem}",
+                               where="--fallback", exit_code=2)
         if Fallback(args.fallback) not in kinds:
             raise CollageError(f"{args.fallback} does not run this model with its dynamic dims; "
                                + " or ".join(k.value for k in kinds) + " does", where="--fallback", exit_code=2)

@@ -173,12 +173,13 @@ def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[S
 
         run_ort.weights = keep  # type: ignore[attr-defined]  (the session reads them as long as it runs)
         return run_ort
-    if kind is Fallback.OPENVINO:
+    if kind in (Fallback.OPENVINO, Fallback.OPENVINO_BF16):
         from .executors.openvino_model import read_model
 
         core = engines.openvino_core()
         read, keep = read_model(core, model, engines)
-        compiled = core.compile_model(read, "CPU", engines.openvino_config())
+        precision = "bf16" if kind is Fallback.OPENVINO_BF16 else "f32"
+        compiled = core.compile_model(read, "CPU", engines.openvino_config(precision=precision))
         request = compiled.create_infer_request()
         count = len(compiled.outputs)
 

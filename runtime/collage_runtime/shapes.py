@@ -10,7 +10,7 @@ dimension, the declared ranges, the buckets, and what serves a shape between buc
   inputs are zero-padded up to the smallest bucket that holds them and the outputs sliced back;
 - ``fallback``: an engine that takes dynamic dims runs the source model, ``fallback/model.onnx``
   (``Fallback.ORT``: ONNX Runtime; ``Fallback.OPENVINO``: OpenVINO, the model compiled once with its
-  dynamic dims), or a StableHLO module compiled by IREE with its dynamic dims, ``fallback/main.vmfb``
+  dynamic dims; ``Fallback.OPENVINO_BF16``: the same in bf16, where the user allowed bf16), or a StableHLO module compiled by IREE with its dynamic dims, ``fallback/main.vmfb``
   (``Fallback.IREE``);
 - nothing: a shape between buckets is refused (the compiler refuses to build such an artifact unless
   every value in range is a bucket).
@@ -81,6 +81,7 @@ class Fallback(str, Enum):
     NONE = "none"
     ORT = "ort"            # ONNX Runtime on the source ONNX model, whose inputs keep their dynamic dims
     OPENVINO = "openvino"  # OpenVINO's CPU plugin on the same model, compiled with dynamic dims
+    OPENVINO_BF16 = "openvino-bf16"  # the same with bf16 inference precision (`--precision bf16`)
     IREE = "iree"          # IREE's CPU program of a StableHLO module, compiled with its dynamic dims
 
     @property

@@ -168,3 +168,40 @@ def test_bf16_buckets_beside_an_f32_fallback(bf16_backend, tmp_path):
             got = np.asarray(program.invoke("main", x, w)[0])
             exact = x.astype(np.float64) @ w
             assert np.abs(got - exact).max() <= bf16_backend.tolerance.rtol * np.abs(exact).max()
+
+
+def _dynamic_onnx(path, w: np.ndarray) -> None:
+    """x[batch, 512] @ w as an ONNX model whose batch is a dim_param."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+
+
+def test_precision_bf16_lets_the_fallback_run_in_bf16(bf16_backend, tmp_path, capsys):
+    """With --precision bf16 the engines timed for the shapes between buckets include OpenVINO in bf16;
+    `--fallback openvino-bf16` serves them in bf16 (within its tolerance, not as f32 does)."""
+    from collage_mlir.tools.cli import main
+    from collage_runtime.shaped import ShapedProgram
+    from collage_runtime.shapes import Fallback
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((512, 64)).astype(np.float32)
+    _dynamic_onnx(tmp_path / "m.onnx", w)
+    common = [str(tmp_path / "m.onnx"), "--dim", "batch=1:4:8", "--bucket", "batch=4,8", "--plan",
+              "whole:openvino-bf16", "--precision", "bf16"]
+    assert main(["compile", *common, "-o", str(tmp_path / "auto")]) == 0
+    timed = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("between buckets:"))
+    assert all(f"{k} " in timed for k in ("ort", "openvino", "openvino-bf16")), timed
+    assert main(["compile", *common, "--fallback", "openvino-bf16", "-o", str(tmp_path / "out")]) == 0
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    with ShapedProgram(tmp_path / "out") as program:
+        assert program.table.fallback is Fallback.OPENVINO_BF16 and program.served(x) == "openvino-bf16 fallback"
+        got = np.asarray(program.invoke("main", x)[0])
+    exact = x.astype(np.float64) @ w
+    error = np.abs(got - exact).max() / np.abs(exact).max()
+    assert 1e-4 < error <= bf16_backend.tolerance.rtol
