@@ -202,13 +202,7 @@ def program_check(spec: str, held: HeldOut | None):
     from rich.console import Console
 
     def check(artifact: Path) -> None:
-        import collage_runtime
-
-        held_out = held_out_samples(spec, held)
-        with collage_runtime.load(artifact) as program:
-            table = getattr(program, "table", None)  # a shape-bucket artifact: every way it serves a batch
-            feeds = held_out if table is None else across_batches(held_out, table)
-            agreement = program_agreement(spec, lambda f: program.invoke("main", *f.values())[0], feeds)
+        agreement = held_out_agreement(spec, held, artifact)
         if agreement.exceeds(held.max_drop):
             why = " (the int8 model met it: the engines' int8 kernels round differently)" if held.last_quarter else ""
             raise CollageError(f"{agreement.line()}: above --max-drop {held.max_drop:g}; nothing was written{why}",
@@ -216,6 +210,18 @@ def program_check(spec: str, held: HeldOut | None):
         Console(stderr=True).print(agreement.line(), highlight=False)
 
     return check
+
+
+def held_out_agreement(spec: str, held: HeldOut, artifact: Path):
+    """The compiled ``artifact`` against the f32 ONNX model ``spec`` on ``held``'s samples (``Agreement``); a
+    shape-bucket artifact gets them batched each way it serves a batch (``across_batches``)."""
+    import collage_runtime
+
+    held_out = held_out_samples(spec, held)
+    with collage_runtime.load(artifact) as program:
+        table = getattr(program, "table", None)  # a shape-bucket artifact: every way it serves a batch
+        feeds = held_out if table is None else across_batches(held_out, table)
+        return program_agreement(spec, lambda f: program.invoke("main", *f.values())[0], feeds)
 
 
 def across_batches(samples: Sequence[Mapping[str, np.ndarray]], table: ShapeTable) -> list[dict[str, np.ndarray]]:
@@ -331,6 +337,9 @@ def run(args: argparse.Namespace) -> int:
     if args.input:
         raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
                            exit_code=2)
+    if args.held_out:
+        raise CollageError("with --dim, held-out samples check the artifact: give --held-out to `collage compile "
+                           "--dim ... --plan tuned`", where="--held-out", exit_code=2)
     spec = quantized_spec(args.model, calibration_of(args))
     out = Path(args.output)
     if out.suffix == ".json":
@@ -364,9 +373,17 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
 
     platform = Platform(args.device)
     key = module_key(module)  # before the search touches it: collage_mlir.torch/jax look plans up by it
-    result = tune_model(module, {"main": inputs} if inputs else {}, backends, budget, args.seed, args.db, args.jobs,
-                        reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started,
-                        float_regions=not args.keep_quantized, carried=carried)
+    held = held_out_of(args)
+    pristine = module.operation.get_asm(binary=True) if held is not None else None  # what the check compiles
+
+    def search(chosen: list):
+        return tune_model(module, {"main": inputs} if inputs else {}, chosen, budget, args.seed, args.db, args.jobs,
+                          reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started,
+                          float_regions=not args.keep_quantized, carried=carried)
+
+    result = search(backends)
+    if held is not None and not result.interrupted:
+        result = _within_max_drop(args, result, pristine, held, backends, search)
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")
@@ -384,6 +401,46 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
     report.write_text(report_cmd.render(result.tuned, None, Graph(module), args.db))
     print(f"wrote {report}")
     return 0, result
+
+
+def _within_max_drop(args: argparse.Namespace, result, module_bytes: bytes, held: HeldOut, backends: list, search):
+    """The tuned plan's program against the f32 model on the held-out samples (``held_out_agreement``,
+    printed). Where it exceeds ``--max-drop`` and has regions on reduced-precision backends (bf16), those
+    revert to the model's precision: the tune again over the other backends (the rows measured so far are in
+    the DB), checked the same way; one CollageError where the bound is still not met (no plan written)."""
+    import tempfile
+
+    from rich.console import Console
+
+    from ..ir import new_context, parse_module
+    from ..iree import compile_module
+
+    if Path(args.model).suffix != ".onnx":
+        raise CollageError("--held-out checks a program against an ONNX model (.onnx)", where=args.model,
+                           exit_code=2)
+    console = Console(stderr=True)
+
+    def agreement_of(plan):
+        with tempfile.TemporaryDirectory(prefix="collage-held-out-") as tmp:
+            art = compile_module(parse_module(module_bytes, new_context()), plan, Path(tmp) / "art",
+                                 source=args.model).out_dir
+            agreement = held_out_agreement(args.model, held, art)
+        console.print(f"tuned plan: {agreement.line()}", highlight=False)
+        return agreement
+
+    agreement = agreement_of(result.plan)
+    if not agreement.exceeds(held.max_drop):
+        return result
+    reduced = {b.name for b in backends if b.computes_in}
+    if reduced & {r.backend for r in result.plan.regions}:
+        console.print(f"above --max-drop {held.max_drop:g}: the plan's regions on {', '.join(sorted(reduced))} "
+                      "revert to the model's precision", highlight=False)
+        result = search([b for b in backends if b.name not in reduced])
+        agreement = agreement_of(result.plan)
+        if not agreement.exceeds(held.max_drop):
+            return result
+    raise CollageError(f"{agreement.line()}: above --max-drop {held.max_drop:g}; no plan was written (every "
+                       "measurement is in the cost DB)", where=args.model)
 
 
 def print_summary(result, output: str) -> None:

@@ -145,7 +145,7 @@ def torch_dynamic(name: str, fresh: bool = False):
     return call
 
 
-def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict:
+def run_case(title: str, case: Case, root: Path, plan: str, rounds: int, precision: str = "f32") -> dict:
     import onnxruntime as ort
     import openvino as ov
 
@@ -160,6 +160,8 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict
         (root / "trace.json").write_text(json.dumps(ShapeTrace(case.trace).to_json()))
         flags += ["--shapes", str(root / "trace.json"), "--max-buckets", "6"]
     start = time.perf_counter()
+    if precision == "bf16":  # bf16 allowed: the fallback may be OpenVINO in bf16
+        flags += ["--precision", "bf16"]
     if collage(["compile", str(model), *flags, "--plan", plan, "-o", str(art)]) != 0:
         raise SystemExit(f"{case.name}: collage compile failed")
     compile_s = time.perf_counter() - start
@@ -169,7 +171,8 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int) -> dict
     options.intra_op_num_threads = THREADS
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     core = ov.Core()
-    config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    # OpenVINO in the precision compared: f32 stated, or bf16 (its own default where the CPU has it).
+    config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision}
     ov_dynamic = core.compile_model(str(model), "CPU", config).create_infer_request()
     ov_static: OrderedDict[tuple, object] = OrderedDict()
     inductor = torch_dynamic(case.name)
@@ -257,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", default="whole:openvino", help="the plan of every bucket and static artifact")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trace", type=int, default=40, help="requests in the trace")
+    parser.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                        help="bf16: OpenVINO's peers in bf16 (its default on a CPU with bf16), collage compiled with "
+                             "--precision bf16 (give --plan whole:openvino-bf16); ORT and Inductor stay f32")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--name", default="dynamic_zoo", help="the result files' name")
     args = parser.parse_args(argv)
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     result = header(args.name) | {"date": time.strftime("%Y-%m-%d"), "rows": []}
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix=f"collage-dyn-{name}-") as tmp:
-            result["rows"].append(run_case(name, all_cases[name], Path(tmp), args.plan, args.rounds))
+            result["rows"].append(run_case(name, all_cases[name], Path(tmp), args.plan, args.rounds, args.precision))
         write_report(args.out, args.name, result, markdown(result))  # after each model: nothing lost
     return 0
 

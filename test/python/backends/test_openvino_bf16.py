@@ -16,6 +16,7 @@ import pytest
 import collage_runtime
 from collage_mlir.backends import get_backend, registry
 from collage_mlir.errors import CollageError
+from collage_mlir.frontends.onnx_calibrate import HeldOut
 from collage_mlir.iree import compile_module
 from collage_mlir.ir import new_context, parse_module
 
@@ -205,3 +206,56 @@ def test_precision_bf16_lets_the_fallback_run_in_bf16(bf16_backend, tmp_path, ca
     exact = x.astype(np.float64) @ w
     error = np.abs(got - exact).max() / np.abs(exact).max()
     assert 1e-4 < error <= bf16_backend.tolerance.rtol
+
+
+def test_a_tuned_bf16_plan_above_max_drop_reverts_to_full_precision(bf16_backend, tmp_path, capsys):
+    """`collage tune --precision bf16 --held-out DATA --max-drop X`: the tuned plan's program is checked on the
+    samples; where its bf16 regions change more top classes than X, the tune runs again without the bf16
+    backends and that plan is checked. A model whose ten logits differ by less than bf16 resolves (columns of
+    its weight 1e-4 apart): f32 picks the last class, bf16 ties them all."""
+    import types
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from collage_mlir.frontends import load_model
+    from collage_mlir.graph import Graph, number_ops
+    from collage_mlir.ir import new_context
+    from collage_mlir.search import resolve_plan
+    from collage_mlir.tools.tune_cmd import _within_max_drop, parse_backends
+
+    rng = np.random.default_rng(0)
+    # bf16 values in [1, 2) (spaced 2^-7 there), then 1e-4 apart per column: in bf16 the columns are one.
+    base = _bf16(rng.choice([-1.0, 1.0], (512, 1)) * rng.uniform(1.0, 2.0, (512, 1))).astype(np.float32)
+    w = base + 1e-4 * np.arange(10, dtype=np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 10])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
+              str(tmp_path / "m.onnx"))
+    np.save(tmp_path / "held.npy", rng.uniform(0.5, 1.5, (64, 512)).astype(np.float32))
+    module = load_model(tmp_path / "m.onnx", new_context())
+    number_ops(module)
+    plan = {b: resolve_plan(f"whole:{b}", Graph(module)) for b in ("openvino-bf16", "ort")}
+    searched = []
+
+    def search(chosen):
+        searched.append([b.name for b in chosen])
+        return types.SimpleNamespace(plan=plan["ort"])
+
+    args = argparse.Namespace(model=str(tmp_path / "m.onnx"))
+    held = HeldOut(tmp_path / "held.npy", max_drop=0.0)
+    backends = parse_backends("ort,openvino-bf16")
+    bytes_ = module.operation.get_asm(binary=True)
+    kept = _within_max_drop(args, types.SimpleNamespace(plan=plan["openvino-bf16"]), bytes_, held, backends, search)
+    assert kept.plan is plan["ort"] and searched == [["ort"]]
+    err = " ".join(capsys.readouterr().err.split())
+    assert "tuned plan: the program against f32 on 64 held-out samples: top class changed on 100.0 %" in err
+    assert "above --max-drop 0: the plan's regions on openvino-bf16 revert to the model's precision" in err
+    assert "top class changed on 0.0 %" in err
+    # A plan with no bf16 region that misses the bound: one error, no second search.
+    with pytest.raises(CollageError, match=r"top class changed on 100.0 %.*above --max-drop 0; no plan was written"):
+        _within_max_drop(args, types.SimpleNamespace(plan=plan["openvino-bf16"]), bytes_, held,
+                         parse_backends("ort"), search)
+    assert searched == [["ort"]]
