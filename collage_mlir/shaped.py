@@ -26,7 +26,7 @@ from collage_runtime.engines import Engines, usable_cores
 from collage_runtime.manifest import sha256_file, write_manifest
 from collage_runtime.shaped import ShapedProgram, dynamic_runner
 from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, dims_label, write_shape_table
-from collage_runtime.types import byte_dtype
+from collage_runtime.types import byte_dtype, is_float
 from collage_runtime.weights import WEIGHTS, WeightWriter
 
 from .artifact import CompileResult, compile_module, staged
@@ -251,7 +251,7 @@ def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray
     f32 by); one CollageError, saying ``what`` disagrees, where an output differs."""
     for k, (g, w) in enumerate(zip(got, want)):
         w = np.asarray(w)
-        finite = w[np.isfinite(w)] if plan_rtol and w.dtype.kind == "f" else w[:0]
+        finite = w[np.isfinite(w)] if plan_rtol and is_float(w.dtype) else w[:0]
         scale = float(np.abs(finite).max()) if finite.size else 0.0
         check = compare(k, f"result {k}", g, w, spread=plan_rtol * scale / 2)
         if not check.ok:

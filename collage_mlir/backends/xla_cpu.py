@@ -9,7 +9,7 @@ converter requires ("Only dense elements attr are supported"). jaxlib 0.10.2 rea
 ``collage_runtime.executors.xla_pjrt`` compiles it once at load and runs it per call.
 
 Supported ops: every ``stablehlo.*`` and ``chlo.*`` op on static-shaped tensors of the element
-types it runs within its tolerance (f32/f64, i1/i8/i16/i32/i64, ui8), plus ``arith.constant`` tensors
+types it runs within its tolerance (f32/f64, bf16, i1/i8/i16/i32/i64, ui8), plus ``arith.constant`` tensors
 (f64 only inside a region: IREE demotes f64 and cannot pass it across a boundary);
 ops with regions (reduce, sort, while, ...) when their bodies hold only such ops. Excluded: ops with
 side effects or tokens (custom_call, infeed/outfeed, send/recv, tokens, optimization_barrier),
@@ -57,8 +57,10 @@ EXCLUDED = {
 #: Element types the collage runtime can hand to the executor and on which XLA stays within the
 #: tolerance. Not f16: XLA accumulates f16 in f32 where IREE rounds each step, a 16x512 · 512x16 matmul
 #: then tanh differed by 0.0044 (rel 0.12) and a 512-element sum then exp by rel 0.006. Not complex:
-#: no way to pass it across a boundary and results drift from IREE's by more than a few ULP.
-ELEMENT_TYPES = ("f32", "f64", "i1", "i8", "i16", "i32", "i64", "ui8")
+#: no way to pass it across a boundary and results drift from IREE's by more than a few ULP. bf16: crosses
+#: as ml_dtypes' bfloat16, and is checked at bf16's own tolerance (``validate.HALF_RTOL``); a JAX CNN in bf16
+#: whole on XLA is jax.jit's program (equal results, its speed: 2.57 ms against IREE alone's 3.25).
+ELEMENT_TYPES = ("f32", "f64", "bf16", "i1", "i8", "i16", "i32", "i64", "ui8")
 _DIALECTS = ("stablehlo", "chlo")
 _TERMINATORS = ("stablehlo.return", "chlo.return")
 _ATTR_DIALECT = re.compile(r'#"?([A-Za-z_]\w*)')

@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from collage_runtime.types import byte_dtype
+from collage_runtime.types import byte_dtype, is_float
 
 from ..dialects import collage
 from ..errors import CollageError
@@ -182,7 +182,7 @@ def compare(index: int, name: str, got: np.ndarray, want: np.ndarray, spread: fl
         why = " (the import made float64 float32)" if (got.dtype, want.dtype) == (np.float32, np.float64) else ""
         return OutputCheck(index, name, float("inf"), 0.0,
                            f"{got.dtype}{list(got.shape)}, the source gives {want.dtype}{list(want.shape)}{why}")
-    if want.dtype.kind not in "fc":  # integers and booleans: exactly
+    if not (is_float(want.dtype) or want.dtype.kind == "c"):  # integers and booleans: exactly
         same = np.asarray(got == want)
         if same.all():
             return OutputCheck(index, name, 0.0, 0.0)

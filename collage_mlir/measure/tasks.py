@@ -19,6 +19,8 @@ from typing import Protocol
 
 import numpy as np
 
+from collage_runtime.types import restored
+
 from ..errors import CollageError
 from ..ir import ir, new_context, parse_module
 from ..plan import Plan
@@ -94,11 +96,12 @@ def build_plan(module_file: str, plan: dict, out_dir: str) -> Built:
     return Built(time.perf_counter() - t0)
 
 
-def load_arrays(path: str, prefix: str) -> list[np.ndarray]:
-    """Arrays ``<prefix>0, <prefix>1, ...`` of an ``.npz`` file, in order."""
+def load_arrays(path, prefix: str) -> list[np.ndarray]:
+    """Arrays ``<prefix>0, <prefix>1, ...`` of an ``.npz`` file (a path or a file object), in order; bf16
+    arrays as bf16 (``collage_runtime.types.restored``)."""
     with np.load(path, allow_pickle=False) as data:
         count = sum(1 for k in data.files if k.startswith(prefix) and k[len(prefix):].isdigit())
-        return [data[f"{prefix}{k}"] for k in range(count)]
+        return [restored(data[f"{prefix}{k}"]) for k in range(count)]
 
 
 def time_artifact(artifact_dir: str, data_file: str, timing: dict | None, rtol: float | None = None,

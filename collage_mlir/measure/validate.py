@@ -7,6 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
+from collage_runtime.types import is_float
+
 
 @dataclass(frozen=True)
 class Check:
@@ -51,7 +53,7 @@ def compare(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], rto
             return Check(False, np.inf, np.inf, f"output {k} has shape {list(out.shape)}, expected {list(ref.shape)}")
         if out.size == 0:
             continue
-        if ref.dtype.kind not in "fc":
+        if not (is_float(ref.dtype) or ref.dtype.kind == "c"):
             bad = int(np.count_nonzero(out != ref))
             if bad:
                 max_abs = np.inf

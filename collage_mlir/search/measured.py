@@ -29,7 +29,7 @@ from ..measure.pool import time_left
 from ..measure.profile import IN_CONTEXT, PROFILE, PROFILED_BACKENDS, InContextCosts, profile_key
 from ..measure.reference import model_inputs
 from ..measure.status import Status
-from ..measure.tasks import INPUT, REFERENCE, TASKS
+from ..measure.tasks import INPUT, REFERENCE, TASKS, load_arrays
 from ..measure.timing import timing_wall_s
 from ..measure.validate import QUANT_RTOL
 from ..measure.worker import Worker
@@ -392,8 +392,7 @@ class MeasuredEstimator(CostEstimator):
         10 s search again of MobileNetV2 spent 20 s on it)."""
         key = f"{self._model_digest}/{CPU_REFERENCE}={get_backend(CPU_REFERENCE).version()}"
         if (stored := self.db.get_cached(REFERENCE_OUTPUTS, key)) is not None:
-            with np.load(io.BytesIO(base64.b64decode(stored))) as data:
-                self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
+            self._reference = load_arrays(io.BytesIO(base64.b64decode(stored)), REFERENCE)
             return
         out = self.work / "plans" / "reference.npz"
         plan = Plan([], CPU_REFERENCE, "reference")
@@ -401,8 +400,7 @@ class MeasuredEstimator(CostEstimator):
         if not outcome.ok or outcome.value.status != Status.OK:
             why = outcome.message if not outcome.ok else outcome.value.message
             raise CollageError(f"the reference run ({plan.default_backend} alone) failed: {why}"[:500])
-        with np.load(out) as data:
-            self._reference = [data[f"{REFERENCE}{k}"] for k in range(len(data.files))]
+        self._reference = load_arrays(out, REFERENCE)
         if out.stat().st_size <= REFERENCE_CACHE_BYTES:
             self.db.put_cached(REFERENCE_OUTPUTS, key, base64.b64encode(out.read_bytes()).decode())
 

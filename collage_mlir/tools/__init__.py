@@ -10,6 +10,8 @@ import sys
 import threading
 from typing import Callable
 
+from collage_runtime.types import restored
+
 from ..errors import CollageError
 
 
@@ -26,6 +28,7 @@ def load_input_arrays(paths: list[str]) -> list:
             raise CollageError(f"cannot read input array ({why}); inputs are .npy files", where=path) from None
         if not isinstance(arrays[-1], np.ndarray):
             raise CollageError("not a single array (an .npz archive?); inputs are .npy files", where=path)
+        arrays[-1] = restored(arrays[-1])  # a bf16 array as bf16
     return arrays
 
 

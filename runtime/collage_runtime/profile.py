@@ -23,7 +23,7 @@ import numpy as np
 
 from .manifest import ArtifactError, Manifest
 from .program import InputError, Program
-from .types import parse_declaration
+from .types import is_float, parse_declaration
 
 
 @dataclass
@@ -76,7 +76,7 @@ def random_inputs(program: Program, function: str = "main") -> list[np.ndarray]:
     for k, spec in enumerate(signature.inputs if signature is not None else ()):
         if spec is None or spec.dtype is None or any(d is None for d in spec.shape):
             raise InputError(f"input {k} of @{function} is not a static tensor: give the inputs")
-        if spec.dtype.kind == "f":
+        if is_float(spec.dtype):
             arrays.append(rng.standard_normal(spec.shape).astype(spec.dtype))
         else:
             arrays.append(np.zeros(spec.shape, spec.dtype))

@@ -41,6 +41,7 @@ from .types import Platform, TensorSpec, numpy_dtype
 
 _HAL_TYPES = {
     "f32": rt.HalElementType.FLOAT_32, "f64": rt.HalElementType.FLOAT_64, "f16": rt.HalElementType.FLOAT_16,
+    "bf16": rt.HalElementType.BFLOAT_16,
     "i8": rt.HalElementType.SINT_8, "i16": rt.HalElementType.SINT_16, "i32": rt.HalElementType.SINT_32,
     "i64": rt.HalElementType.SINT_64, "i1": rt.HalElementType.BOOL_8, "ui8": rt.HalElementType.UINT_8,
     "ui16": rt.HalElementType.UINT_16, "ui32": rt.HalElementType.UINT_32, "ui64": rt.HalElementType.UINT_64,

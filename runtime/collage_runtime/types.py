@@ -7,13 +7,15 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+import ml_dtypes
 import numpy as np
 
 #: MLIR element type → numpy dtype of the host array that carries it. Sub-byte integers (i2, i4, ui4) are
-#: carried one element per byte; bf16 and f8 types have no numpy dtype (None).
+#: carried one element per byte; bf16 is ``ml_dtypes.bfloat16`` (what JAX's arrays and IREE's runtime use;
+#: IREE's runtime depends on ml_dtypes); f8 types have no numpy dtype here (None).
 NUMPY_DTYPES: dict[str, np.dtype | None] = {
     "f16": np.dtype(np.float16), "f32": np.dtype(np.float32), "f64": np.dtype(np.float64),
-    "bf16": None,
+    "bf16": np.dtype(ml_dtypes.bfloat16),
     "i1": np.dtype(np.bool_),
     "i2": np.dtype(np.int8), "i4": np.dtype(np.int8), "si4": np.dtype(np.int8),
     "i8": np.dtype(np.int8), "si8": np.dtype(np.int8), "i16": np.dtype(np.int16), "si16": np.dtype(np.int16),
@@ -25,6 +27,17 @@ NUMPY_DTYPES: dict[str, np.dtype | None] = {
 
 #: Bits per element where an element is narrower than a byte (IREE packs them densely).
 SUB_BYTE_BITS = {"i2": 2, "ui2": 2, "i4": 4, "si4": 4, "ui4": 4}
+
+
+def is_float(dtype: np.dtype) -> bool:
+    """Whether arrays of ``dtype`` hold real floats: numpy's, and bf16 (``ml_dtypes``, numpy kind ``V``)."""
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype) == NUMPY_DTYPES["bf16"]
+
+
+def restored(array: np.ndarray) -> np.ndarray:
+    """``array`` as read back from a ``.npy``/``.npz`` file: numpy writes ml_dtypes' bfloat16 as 2-byte void
+    (``|V2``), which this views as bfloat16 again (no other dtype here is saved as ``|V2``)."""
+    return array.view(NUMPY_DTYPES["bf16"]) if array.dtype == np.dtype("V2") else array
 
 
 def numpy_dtype(element: str) -> np.dtype | None:

@@ -299,3 +299,42 @@ def test_scan_loops_go_whole_to_xla_and_to_the_onnx_engines():
     for engine in ("xla-cpu", "openvino"):
         plan = resolve_plan(f"whole:{engine}", graph)
         assert len(plan.regions) == 1 and loops <= plan.regions[0].ops, engine
+
+
+def test_a_bf16_jax_model_runs_and_goes_whole_to_xla(tmp_path):
+    """A JAX model in bf16 (weights and activations, NHWC, `jax.nn`): `collage_mlir.jax.jit` takes bf16 arrays
+    and gives jax.jit's results within bf16's tolerance (it was refused: the import check compared bf16
+    bit for bit, and the runtime had no bf16 dtype); whole on xla-cpu it is jax.jit's program (equal); a
+    bf16 .npy (what numpy writes for ml_dtypes' bfloat16) reads back as bf16."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    import collage_mlir.jax as cj
+    import collage_runtime
+    from collage_mlir.iree import compile_file
+    from collage_mlir.tools import load_input_arrays
+
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((3, 3, 3, 16)) * 0.3, jnp.bfloat16)
+    fc = jnp.asarray(rng.standard_normal((16, 10)) * 0.3, jnp.bfloat16)
+
+    def forward(x):
+        y = jax.lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.nn.log_softmax(jax.nn.gelu(y).mean(axis=(1, 2)) @ fc)
+
+    x = rng.standard_normal((2, 16, 16, 3)).astype(ml_dtypes.bfloat16)
+    want = np.asarray(jax.jit(forward)(x)).astype(np.float32)
+    got = np.asarray(cj.jit(forward)(x))
+    assert got.dtype == ml_dtypes.bfloat16
+    scale = np.abs(want).max()
+    assert np.abs(got.astype(np.float32) - want).max() <= 5e-2 * scale  # validate.HALF_RTOL["bfloat16"]
+
+    (tmp_path / "m.mlir").write_text(jax.export.export(jax.jit(forward))(x).mlir_module())
+    manifest = compile_file(str(tmp_path / "m.mlir"), plan="whole:xla-cpu", output_dir=str(tmp_path / "xla"))
+    assert [r.backend for r in manifest.regions] == ["xla-cpu"]
+    np.save(tmp_path / "x.npy", x)
+    (read,) = load_input_arrays([str(tmp_path / "x.npy")])
+    assert read.dtype == ml_dtypes.bfloat16
+    with collage_runtime.load(tmp_path / "xla") as program:
+        np.testing.assert_array_equal(np.asarray(program.invoke("main", read)[0]).astype(np.float32), want)
