@@ -78,9 +78,9 @@ def test_a_tuned_plan_is_recorded_then_reused_by_structure(torch, tmp_path, monk
     assert choice.provenance["seed"] == 4
 
 
-def test_dynamo_options_reach_the_plan_choice(torch, tmp_path, monkeypatch):
-    from collage_mlir.frontends.torch import import_torch
-
+def _tuned_by_dynamo(torch, monkeypatch, options: dict) -> "_FakeTune":
+    """The MLP through torch.compile(backend="collage", options=options) with the search replaced by a stand-in
+    (no fallback to eager), its results checked against eager; the stand-in, with its calls."""
     model, x = mlp(), torch.randn(4, 32)
     # The graph dynamo hands over is numbered its own way: a plan without regions fits it whatever the ids.
     fake = _FakeTune({"format": "collage-plan", "version": 1, "regions": [], "tuning": {"seed": 0}})
@@ -88,10 +88,16 @@ def test_dynamo_options_reach_the_plan_choice(torch, tmp_path, monkeypatch):
     torch._dynamo.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback to eager
-        y = torch.compile(model, backend="collage", options={"tune_budget": 4, "db": str(tmp_path / "c.sqlite")})(x)
+        y = torch.compile(model, backend="collage", options=options)(x)
     torch.testing.assert_close(y, model(x), rtol=1e-4, atol=1e-5)
+    return fake
+
+
+def test_dynamo_options_reach_the_plan_choice(torch, tmp_path, monkeypatch):
+    fake = _tuned_by_dynamo(torch, monkeypatch, {"tune_budget": 4, "db": str(tmp_path / "c.sqlite")})
     assert [c["budget_s"] for c in fake.calls] == [4]
 
+    model, x = mlp(), torch.randn(4, 32)
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -109,18 +115,12 @@ def test_precision_bf16_adds_the_bf16_backends_to_an_entry_points_tune(torch, tm
 
     if registry()["openvino-bf16"].problem:
         pytest.skip(f"openvino-bf16 is not usable here: {registry()['openvino-bf16'].problem}")
-    model, x = mlp(), torch.randn(4, 32)
-    fake = _FakeTune({"format": "collage-plan", "version": 1, "regions": [], "tuning": {"seed": 0}})
-    monkeypatch.setattr(entry, "tune", fake)
-    torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no fallback to eager
-        y = torch.compile(model, backend="collage", options={"tune_budget": 4, "backends": ["ort"], "precision": "bf16",
-                                                             "db": str(tmp_path / "c.sqlite")})(x)
-    torch.testing.assert_close(y, model(x), rtol=1e-4, atol=1e-5)
+    fake = _tuned_by_dynamo(torch, monkeypatch, {"tune_budget": 4, "backends": ["ort"], "precision": "bf16",
+                                                 "db": str(tmp_path / "c.sqlite")})
     assert [c["backends"] for c in fake.calls] == [["ort", "openvino-bf16"]]
     with pytest.raises(CollageError, match="precision must be 'f32' or 'bf16'.*'int4'"):
-        collage_mlir.torch.compile(model, [x], tune_budget=4, precision="int4", db=tmp_path / "d.sqlite")
+        collage_mlir.torch.compile(mlp(), [torch.randn(4, 32)], tune_budget=4, precision="int4",
+                                   db=tmp_path / "d.sqlite")
 
 
 def test_a_stored_plan_that_no_longer_fits_is_not_used(torch, tmp_path):
