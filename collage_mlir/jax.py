@@ -48,9 +48,11 @@ class CompiledFunction:
 
 
 def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: float | None = None,  # noqa: A001
-            db: str | Path | None = None, threads: int | None = None, check_import: bool = True) -> CompiledFunction:
+            backends: Sequence[str] | None = None, precision: str = "f32", db: str | Path | None = None,
+            threads: int | None = None, check_import: bool = True) -> CompiledFunction:
     """Lowers ``fn`` for ``example_args``' shapes and dtypes and compiles it by ``plan`` (None: tuned
-    before, else tuned within ``tune_budget`` seconds when given, else the default). ``check_import``:
+    before, else tuned within ``tune_budget`` seconds when given, over ``backends`` (default: every
+    available one) and with ``precision="bf16"`` the backends computing in bf16, else the default). ``check_import``:
     the lowered module runs with IREE alone on the example arguments and must match ``jax.jit(fn)``
     (``measure.import_check``; the verdict is cached)."""
     import jax
@@ -65,7 +67,8 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
         check(module, jax_source(fn, example_args),
               [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(example_args))],
               where=f"jax:{getattr(fn, '__name__', 'fn')}")
-    choice = choose_plan(module, plan, tune_budget=tune_budget, db=db, examples={"main": leaves})
+    choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, db=db, examples={"main": leaves},
+                         precision=precision)
     out = compile_cached(module, choice, source=f"jax:{getattr(fn, '__name__', 'fn')}")
     return CompiledFunction(collage_runtime.load(out, threads=threads), out_tree, choice)
 

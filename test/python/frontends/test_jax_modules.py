@@ -338,3 +338,31 @@ def test_a_bf16_jax_model_runs_and_goes_whole_to_xla(tmp_path):
     assert read.dtype == ml_dtypes.bfloat16
     with collage_runtime.load(tmp_path / "xla") as program:
         np.testing.assert_array_equal(np.asarray(program.invoke("main", read)[0]).astype(np.float32), want)
+
+
+def test_jax_compile_tunes_over_the_backends_and_precision_given(tmp_path, monkeypatch):
+    """`collage_mlir.jax.compile(fn, x, tune_budget=, backends=, precision="bf16")` tunes over those backends
+    and each usable bf16 one (the search replaced by a stand-in recording what it was given)."""
+    jax = pytest.importorskip("jax")
+    import types
+
+    import collage_mlir.jax as cj
+    from collage_mlir import entry
+    from collage_mlir.backends import registry
+    from collage_mlir.search.record import TunedPlan
+
+    if registry()["openvino-bf16"].problem:
+        pytest.skip(f"openvino-bf16 is not usable here: {registry()['openvino-bf16'].problem}")
+    given = []
+
+    def fake_tune(module, backends, db, work_dir, **_):
+        given.append([b.name for b in backends])
+        tuned = TunedPlan.from_json({"format": "collage-plan", "version": 1, "regions": []})
+        return types.SimpleNamespace(plan=tuned.plan, tuned=tuned)
+
+    monkeypatch.setattr(entry, "tune", fake_tune)
+    x = np.ones((2, 8), np.float32)
+    compiled = cj.compile(lambda a: jax.numpy.tanh(a) * 3.0, x, tune_budget=5, backends=["ort"], precision="bf16",
+                          db=tmp_path / "c.sqlite")
+    assert given == [["ort", "openvino-bf16"]] and compiled.plan_how == "tuned now"
+    np.testing.assert_allclose(np.asarray(compiled(x)), np.tanh(x) * 3.0, rtol=1e-5)
