@@ -251,7 +251,8 @@ def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray
     f32 by); one CollageError, saying ``what`` disagrees, where an output differs."""
     for k, (g, w) in enumerate(zip(got, want)):
         w = np.asarray(w)
-        finite = w[np.isfinite(w)] if plan_rtol and is_float(w.dtype) else w[:0]
+        flat = w.reshape(-1)  # a 0-d result too
+        finite = flat[np.isfinite(flat)] if plan_rtol and is_float(w.dtype) else flat[:0]
         scale = float(np.abs(finite).max()) if finite.size else 0.0
         check = compare(k, f"result {k}", g, w, spread=plan_rtol * scale / 2)
         if not check.ok:
