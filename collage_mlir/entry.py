@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from collage_runtime.types import NumberFormat
+
 from .backends import get_backend
 from .errors import CollageError
 from .frontends import cache_dir
@@ -60,13 +62,17 @@ def record_tuned_plan(db_path: str | Path | None, key: str, tuned: TunedPlan) ->
 
 def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budget: float | None = None,
                 backends: Sequence[str] | None = None, seed: int = 0, db: str | Path | None = None,
-                examples: Mapping[str, Sequence[np.ndarray]] | None = None, precision: str = "f32") -> PlanChoice:
+                examples: Mapping[str, Sequence[np.ndarray]] | None = None,
+                precision: str | NumberFormat = NumberFormat.F32) -> PlanChoice:
     """The plan for ``module`` (numbered in place): ``plan`` when given (``"tune"`` tunes now); else the
     plan tuned before (same structure, this device) from the cost DB; else a tune within ``tune_budget``
     seconds when given, over ``backends`` (default: every available one) and, with ``precision="bf16"``,
     every usable backend computing in bf16 (``collage tune --precision bf16``); else the default plan."""
-    if precision not in ("f32", "bf16"):
-        raise CollageError(f"precision must be 'f32' or 'bf16' (int8: quantize the model first), got {precision!r}")
+    try:
+        precision = NumberFormat(precision)
+    except ValueError:
+        raise CollageError(f"precision must be 'f32' or 'bf16' (int8: quantize the model first), got {precision!r}") \
+            from None
     key = module_key(module)
     graph = Graph(module)
     if plan is not None and plan != "tune":
@@ -89,8 +95,8 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
     if plan is None and not tune_budget:
         return PlanChoice(Plan(source="default"), "default", {"plan": "default"})
     chosen = [get_backend(b) for b in backends] if backends else available_backends()
-    if precision == "bf16":
-        chosen += [b for b in reduced_precision_backends("bf16") if b not in chosen]
+    if precision is not NumberFormat.F32:
+        chosen += [b for b in reduced_precision_backends(precision) if b not in chosen]
     budget = tune_budget or DEFAULT_TUNE_BUDGET_S
     # Tuned on a copy: the search may annotate the module it measures.
     copy = parse_module(module.operation.get_asm(binary=True), new_context())

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from collage_runtime.shapes import Fallback, dims_label
+from collage_runtime.types import NumberFormat
 
 from .entry import PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached
 from .errors import CollageError
@@ -192,7 +193,7 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     if not out.exists():
         with tempfile.TemporaryDirectory(prefix="collage-dynamic-") as tmp:
             fallback, kind = None, Fallback.NONE
-            bf16 = options["precision"] == "bf16"  # the fallback may compute in bf16 too
+            bf16 = NumberFormat(options["precision"]) is NumberFormat.BF16  # the fallback may compute in bf16 too
             if dynamic is not None:  # the fastest engine that runs it: IREE, or its ONNX translation
                 fallback = Path(tmp) / "dynamic.mlirbc"
                 with open(fallback, "wb") as f:

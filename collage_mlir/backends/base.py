@@ -10,7 +10,7 @@ from functools import cached_property, total_ordering
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
-from collage_runtime.types import Platform, Tolerance  # noqa: F401  (re-exported: backends state theirs)
+from collage_runtime.types import NumberFormat, Platform, Tolerance  # noqa: F401  (re-exported: backends state theirs)
 
 from ..dialects.stablehlo import const_expr_ops
 from ..graph import Graph, Precision
@@ -94,9 +94,9 @@ class Backend:
     #: Left out of a tune's default backend set, used only where named: a backend that computes at a lower
     #: precision than the model states (TF32 for f32), or a configuration variant (a kernel tactic).
     opt_in: ClassVar[bool] = False
-    #: The number format a lower-precision backend computes f32 math in (``bf16``, ``tf32``): ``collage tune
+    #: The number format a lower-precision backend computes f32 math in (bf16, TF32): ``collage tune
     #: --precision bf16`` adds the usable backends of that format to the tune; None: the model's own.
-    computes_in: ClassVar[str | None] = None
+    computes_in: ClassVar[NumberFormat | None] = None
     #: Codegen backends only: the logical IREE device (its own executable target and flags) that its
     #: regions run on inside the IREE program; None runs them on the program's default device.
     iree_device: ClassVar["IreeDevice | None"] = None

@@ -26,7 +26,7 @@ from ..ir import ir
 from ..onnx import DTYPES, FLOATS
 from ..onnx.gather import F32_EXACT, gather_info
 from ..onnx.sort import TIE_BREAK_MAX
-from .base import Candidate, RegionArtifact, Tolerance
+from .base import Candidate, NumberFormat, RegionArtifact, Tolerance
 from .host import host_cpu
 from .onnx_engine import OnnxGraphBackend, engine_patterns
 
@@ -280,7 +280,7 @@ class OpenVinoBf16Backend(OpenVinoBackend):
     suffix = ".openvino-bf16.onnx"
     executor = "collage_runtime.executors.openvino_bf16_model"
     opt_in = True  # lower precision than an f32 model states: only where named (``--precision bf16``)
-    computes_in = "bf16"
+    computes_in = NumberFormat.BF16
     # bf16 keeps 8 bits of each input's mantissa (2^-9 relative per product), sums stay f32: one region of a
     # matmul or convolution on unit-normal inputs is ~0.3 % of its output's scale off (a 3x3 64->64 conv
     # at 56x56: 0.4 %); a whole model's roundings add up (ResNet-50 with seeded weights: 10 % of the

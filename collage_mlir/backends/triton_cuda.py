@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..dialects.hal import Launch
 from ..errors import CollageError
-from .base import Platform, Tolerance
+from .base import NumberFormat, Platform, Tolerance
 from .kernel import ConvSpec, GemmSpec, KernelBackend, KernelBinary, KernelSpec, conv_pattern, gemm_pattern
 
 _TRITON_TYPES = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16"}
@@ -184,6 +184,6 @@ class TritonTf32Backend(TritonBackend):
     name = "triton-tf32"
     f32_precision = "tf32"
     opt_in = True  # lower precision than an f32 model states: only where named
-    computes_in = "tf32"
+    computes_in = NumberFormat.TF32
     #: TF32 keeps 10 mantissa bits of each f32 input: ~2^-11 relative per product, growing with k.
     tolerance = Tolerance(rtol=1e-2, atol=1e-2)

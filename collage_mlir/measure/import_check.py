@@ -174,9 +174,11 @@ class Source:
     inputs: tuple[tuple[str, np.dtype], ...] | None = None
 
 
-def compare(index: int, name: str, got: np.ndarray, want: np.ndarray, spread: float = 0.0) -> OutputCheck:
+def compare(index: int, name: str, got: np.ndarray, want: np.ndarray, spread: float = 0.0,
+            scale_slack: float = 0.0) -> OutputCheck:
     """The import's output ``got`` against the source's ``want`` (the ``Tolerance`` rule; ``spread``: the
-    source's own spread on this output)."""
+    source's own spread on this output; ``scale_slack``: a further share of the output's scale allowed, what
+    a lower-precision program may differ by)."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         why = " (the import made float64 float32)" if (got.dtype, want.dtype) == (np.float32, np.float64) else ""
@@ -196,7 +198,8 @@ def compare(index: int, name: str, got: np.ndarray, want: np.ndarray, spread: fl
     g, w = got.astype(wide), want.astype(wide)
     finite = np.isfinite(w)
     scale = float(np.abs(w[finite]).max()) if finite.any() else 0.0
-    allowed = np.where(finite, tol.rtol * np.abs(w) + tol.atol_scale * scale + tol.atol_floor + 2 * spread, 0.0)
+    allowed = np.where(finite, tol.rtol * np.abs(w) + (tol.atol_scale + scale_slack) * scale + tol.atol_floor
+                       + 2 * spread, 0.0)
     # NaN where the source has NaN, the same infinity where it has one: no error; any other NaN: infinite.
     same_special = (np.isnan(g) & np.isnan(w)) | (~finite & ~np.isnan(w) & (g == w))
     with np.errstate(invalid="ignore"):

@@ -3,6 +3,8 @@ graph-level evolutionary search, `tune`, and the plans that need no measurement 
 
 from __future__ import annotations
 
+from collage_runtime.types import NumberFormat
+
 from ..backends import PLATFORM_DEFAULTS, Platform, get_backend, registry
 from ..errors import CollageError
 from ..graph import Graph
@@ -18,15 +20,15 @@ def available_backends(platform: Platform = Platform.CPU) -> list:
             if i.backend is not None and not i.problem and platform in i.backend.platforms and not i.backend.opt_in]
 
 
-def reduced_precision_backends(number_format: str, platform: Platform = Platform.CPU) -> list:
-    """Every registered backend that computes f32 math in ``number_format`` (``bf16``: its ``computes_in``)
-    and is usable here in a ``platform`` program, in name order; one CollageError naming why each is not
-    where none is (``collage tune --precision bf16``)."""
-    found = [i for i in registry().values() if i.backend is not None and i.backend.computes_in == number_format]
+def reduced_precision_backends(number_format: NumberFormat, platform: Platform = Platform.CPU) -> list:
+    """Every registered backend that computes f32 math in ``number_format`` (its ``computes_in``) and is
+    usable here in a ``platform`` program, in name order; one CollageError naming why each is not where none
+    is (``collage tune --precision bf16``)."""
+    found = [i for i in registry().values() if i.backend is not None and i.backend.computes_in is number_format]
     usable = [i.backend for i in found if not i.problem and platform in i.backend.platforms]
     if not usable:
         why = "; ".join(f"{i.backend.name}: {i.problem or f'runs no {platform.value} regions'}" for i in found)
-        raise CollageError(f"no backend computes in {number_format} here ({why or 'none is registered'})",
+        raise CollageError(f"no backend computes in {number_format.value} here ({why or 'none is registered'})",
                            where="--precision", exit_code=2)
     return usable
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from collage_runtime.shapes import Fallback, dims_label
-from collage_runtime.types import Platform
+from collage_runtime.types import NumberFormat, Platform
 
 from ..errors import CollageError
 from ..processes import python_command
@@ -35,7 +35,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     from ..measure.db import default_db_path
 
     check_artifact_dir(args.output)
-    if args.precision == "bf16" and not (args.tune or args.plan == "tune" or args.dim):
+    if args.precision == NumberFormat.BF16.value and not (args.tune or args.plan == "tune" or args.dim):
         raise CollageError("--precision bf16 lets a tune place regions on bf16 backends (and a --dim fallback run in "
                            "bf16): add --tune, or name one in the plan (--plan whole:openvino-bf16)",
                            where="--precision", exit_code=2)

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from collage_runtime.shapes import Axes, Fallback, dims_label
+from collage_runtime.types import NumberFormat
 
 from ..backends import registry
 from ..errors import CollageError
@@ -45,7 +46,8 @@ def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
 
     if model is None or args.fallback == Fallback.NONE.value or dim_plan.unserved(fallback=False) is None:
         return Fallback.NONE
-    kinds = fallback_kinds(model, bf16=args.precision == "bf16" or args.fallback == Fallback.OPENVINO_BF16.value)
+    kinds = fallback_kinds(model, bf16=args.precision == NumberFormat.BF16.value
+                           or args.fallback == Fallback.OPENVINO_BF16.value)
     if args.fallback != "auto":
         if args.fallback == Fallback.OPENVINO_BF16.value and Fallback.OPENVINO_BF16 not in kinds:
             raise CollageError(f"openvino-bf16 is not usable here: {registry()[args.fallback].problem}",

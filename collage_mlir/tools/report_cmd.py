@@ -117,7 +117,7 @@ def _precision(graph, region) -> str:
     shown = region_precision(graph, region.ops, region.precision)
     info = registry().get(region.backend)
     reduced = info.backend.computes_in if info is not None and info.backend is not None else None
-    return reduced if reduced and shown == "f32" else shown
+    return reduced.value if reduced and shown == "f32" else shown
 
 
 def _region_costs(graph, regions, db_path) -> dict[str, dict[str, str]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from collage_runtime.shapes import DimRange, ShapeTable, dims_label
-from collage_runtime.types import Platform
+from collage_runtime.types import NumberFormat, Platform
 
 from ..errors import CollageError
 from ..frontends.dims import argument_axes, dynamic_dims, inputs_values, read_onnx_axes, resized
@@ -114,8 +114,8 @@ def backends_for(args: argparse.Namespace, platform: Platform = Platform.CPU) ->
     from ..search import reduced_precision_backends
 
     backends = parse_backends(getattr(args, "backends", None), platform)  # `collage compile --tune`: every one
-    if args.precision == "bf16":
-        backends += [b for b in reduced_precision_backends("bf16", platform) if b not in backends]
+    if args.precision == NumberFormat.BF16.value:
+        backends += [b for b in reduced_precision_backends(NumberFormat.BF16, platform) if b not in backends]
     return backends
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import iree.runtime as rt
 
+from .types import NumberFormat
 from .weights import WeightStore
 
 
@@ -160,7 +161,7 @@ class Engines:
         the budget)."""
         return 1 if work is not None and work < SMALL_REGION_MACS else self.threads
 
-    def openvino_config(self, work: float | None = None, precision: str = "f32") -> dict:
+    def openvino_config(self, work: float | None = None, precision: NumberFormat = NumberFormat.F32) -> dict:
         """compile_model properties for an OpenVINO region of ``work`` computing float math in ``precision``
         (``f32``, stated: OpenVINO's own default is bf16 on a CPU that has it; ``bf16`` where the region's
         backend says so, ``backends.openvino.OpenVinoBf16Backend``)."""
@@ -172,7 +173,7 @@ class Engines:
             props.inference_num_threads: self.region_threads(work),
             props.num_streams: 1,
             hints.performance_mode: hints.PerformanceMode.LATENCY,
-            hints.inference_precision: {"f32": ov.Type.f32, "bf16": ov.Type.bf16}[precision],
+            hints.inference_precision: {NumberFormat.F32: ov.Type.f32, NumberFormat.BF16: ov.Type.bf16}[precision],
             hints.enable_cpu_pinning: False,
             hints.enable_cpu_reservation: False,
         }

@@ -19,6 +19,7 @@ from .manifest import ArtifactError
 from .package import is_package, unpack
 from .program import InputError, Program, close_at_exit, mapped_array
 from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, dims_label, load_shape_table, pad_to
+from .types import NumberFormat
 from .weights import WEIGHTS, WeightStore
 
 
@@ -178,7 +179,7 @@ def dynamic_runner(kind: Fallback, model: Path, engines: Engines) -> Callable[[S
 
         core = engines.openvino_core()
         read, keep = read_model(core, model, engines)
-        precision = "bf16" if kind is Fallback.OPENVINO_BF16 else "f32"
+        precision = NumberFormat.BF16 if kind is Fallback.OPENVINO_BF16 else NumberFormat.F32
         compiled = core.compile_model(read, "CPU", engines.openvino_config(precision=precision))
         request = compiled.create_infer_request()
         count = len(compiled.outputs)

@@ -29,6 +29,15 @@ NUMPY_DTYPES: dict[str, np.dtype | None] = {
 SUB_BYTE_BITS = {"i2": 2, "ui2": 2, "i4": 4, "si4": 4, "ui4": 4}
 
 
+class NumberFormat(str, Enum):
+    """The format a region's float math computes in: the model's own f32, or a lower one a backend opts into
+    (OpenVINO's bf16 inference precision, Triton's TF32 products)."""
+
+    F32 = "f32"
+    BF16 = "bf16"
+    TF32 = "tf32"
+
+
 def is_float(dtype: np.dtype) -> bool:
     """Whether arrays of ``dtype`` hold real floats: numpy's, and bf16 (``ml_dtypes``, numpy kind ``V``)."""
     return np.dtype(dtype).kind == "f" or np.dtype(dtype) == NUMPY_DTYPES["bf16"]

@@ -35,6 +35,7 @@ from openvino import _pyopenvino
 from openvino import opset13 as ops
 
 from ..engines import Engines
+from ..types import NumberFormat
 from . import Run, TensorSlots
 
 #: A list while a profiler loads programs (see the module's docstring); None otherwise.
@@ -123,7 +124,7 @@ def read_model(core, path: Path, engines: Engines) -> tuple[object, list]:
     return model, list(external.values())
 
 
-def load(path: Path, engines: Engines, precision: str = "f32") -> Run:
+def load(path: Path, engines: Engines, precision: NumberFormat = NumberFormat.F32) -> Run:
     """The callable that runs the ONNX model stored at ``path`` (float math in ``precision``)."""
     core = engines.openvino_core()
     model, keep = read_model(core, path, engines)
@@ -168,7 +169,7 @@ def load(path: Path, engines: Engines, precision: str = "f32") -> Run:
 
 def load_bf16(path: Path, engines: Engines) -> Run:
     """``load`` with bf16 inference precision."""
-    return load(path, engines, "bf16")
+    return load(path, engines, NumberFormat.BF16)
 
 
 # ov.Core is thread-safe and compile_model releases the GIL: a program's regions compile on its threads at once.
