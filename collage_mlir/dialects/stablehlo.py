@@ -400,8 +400,34 @@ def dense_values(attr: ir.Attribute, shape: tuple[int, ...], element: str | None
         return None
     try:
         return np.array(attr)
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError):  # e.g. bf16, which the bindings' buffer cannot carry
+        return _printed_values(attr, shape, element)
+
+
+_HEX_BLOB = re.compile(r'dense<"0x([0-9A-Fa-f]*)">')
+_ELEMENT = re.compile(r"0x[0-9A-Fa-f]+|[-+]?(?:inf|nan|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
+
+
+def _printed_values(attr: ir.Attribute, shape: tuple[int, ...], element: str | None) -> np.ndarray | None:
+    """A dense attribute of a float type numpy has no buffer for (bf16) read from its printed form: a hex
+    blob of the elements' bytes, or a list whose elements are decimals or their raw bits (``0x7F80``)."""
+    dtype = byte_dtype(element) if element else None
+    if dtype is None or dtype.kind not in "fV":
         return None
+    text = str(attr)
+    count = int(np.prod(shape, dtype=np.int64))
+    if (m := _HEX_BLOB.match(text)) is not None:
+        raw = bytes.fromhex(m.group(1))
+        return np.frombuffer(raw, dtype).reshape(shape).copy() if len(raw) == count * dtype.itemsize else None
+    body = text[text.index("<") + 1:text.rindex(">", 0, text.rindex(":"))]
+    tokens = _ELEMENT.findall(body)
+    if len(tokens) != count:
+        return None
+    bits = np.dtype(f"u{dtype.itemsize}")
+    out = np.empty(count, dtype)
+    for k, t in enumerate(tokens):
+        out[k] = np.array(int(t, 16), bits).view(dtype) if t.startswith("0x") else float(t)
+    return out.reshape(shape)
 
 
 def constant_value(op: ir.Operation) -> np.ndarray | None:

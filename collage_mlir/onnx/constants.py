@@ -82,5 +82,5 @@ def _dense(attr: ir.DenseElementsAttr, tt) -> np.ndarray | None:
         if len(flat) == 1:
             return np.full(shape, bool(flat[0]))
         return np.array(flat, dtype=np.bool_).reshape(shape)
-    v = sh.dense_values(attr, shape)
+    v = sh.dense_values(attr, shape, dtype)
     return None if v is None else np.asarray(v).reshape(shape)

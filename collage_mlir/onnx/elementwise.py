@@ -9,7 +9,7 @@ from ..dialects import stablehlo as sh
 from ..ir import ir
 from .builder import _Builder
 from .registry import bool_operands, float_operands, numeric_operands, register, static_known_types
-from .values import DTYPES, _dtype
+from .values import DTYPES, WIDENED, _dtype
 
 
 BINARY = {"stablehlo.add": "Add", "stablehlo.subtract": "Sub", "stablehlo.multiply": "Mul",
@@ -105,7 +105,11 @@ def _select(b: _Builder, op, ins):
 
 @register("stablehlo.convert", when=(static_known_types,), dynamic=True, broadcasts=True)
 def _convert(b: _Builder, op, ins):
-    return [b.node("Cast", ins, to=DTYPES[_dtype(op.results[0])][1])]
+    to = _dtype(op.results[0])
+    wide = b.node("Cast", ins, to=DTYPES[to][1])
+    if to not in WIDENED or _dtype(op.operands[0]) == to:
+        return [wide]
+    return [b.node("Cast", [b.node("Cast", [wide], to=WIDENED[to])], to=DTYPES[to][1])]  # rounded to ``to``
 
 
 @register("stablehlo.clamp", when=_NUM, dynamic=True)

@@ -11,7 +11,7 @@ from .builder import _block_results, _Builder
 from .constants import CONSTANT_OPS, _read_constants
 from .op_ids import _carry_op_ids
 from .optimize import optimize
-from .values import BOUNDARY_DTYPES
+from .values import BOUNDARY_DTYPES, DTYPES, WIDENED
 
 
 OPSET = 18
@@ -31,16 +31,18 @@ def translate(func: ir.Operation, *, simplify: bool = True, ties_by_index: bool 
     func = func.operation
     block = func.regions[0].blocks[0]
     b = _Builder(ties_by_index, dynamic)
-    graph_inputs, graph_outputs = [], []
+    graph_inputs, graph_outputs, args = [], [], []
     for i, arg in enumerate(block.arguments):
         shape, dtype = _spec(arg, func, dynamic)
         shape = [f"{i}.{a}" if n is None else n for a, n in enumerate(shape)]
         graph_inputs.append(helper.make_tensor_value_info(f"in{i}", BOUNDARY_DTYPES[dtype][1], shape))
+        args.append(b.node("Cast", [f"in{i}"], to=DTYPES[dtype][1]) if dtype in WIDENED else f"in{i}")
     b.constants = _read_constants([o for o in nested_ops(func) if o.name in CONSTANT_OPS])
-    results = _block_results(b, block, [f"in{i}" for i in range(len(block.arguments))])
+    results = _block_results(b, block, args)
     for k, (v, name) in enumerate(zip(sh.returned(block), results)):
         shape, dtype = _spec(v, func, dynamic)
-        b.nodes.append(helper.make_node("Identity", [name], [f"out{k}"], name=f"out{k}"))
+        edge = ("Cast", {"to": WIDENED[dtype]}) if dtype in WIDENED else ("Identity", {})
+        b.nodes.append(helper.make_node(edge[0], [name], [f"out{k}"], name=f"out{k}", **edge[1]))
         graph_outputs.append(helper.make_tensor_value_info(f"out{k}", BOUNDARY_DTYPES[dtype][1], shape))
     graph = helper.make_graph(b.nodes, str(func.attributes["sym_name"]).strip('"'), graph_inputs, graph_outputs,
                               initializer=b.initializers)

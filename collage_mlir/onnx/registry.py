@@ -62,7 +62,7 @@ def _types(op: ir.Operation) -> list[tuple[tuple[int, ...], str] | None]:
 
 
 def static_known_types(op: ir.Operation) -> str | None:
-    """static shapes of f32, f64, i32, i64 or i1"""
+    """static shapes of f32, f64, bf16, i32, i64 or i1"""
     for tt in _types(op):
         if tt is None:
             return "needs static-shaped tensors"
@@ -72,7 +72,7 @@ def static_known_types(op: ir.Operation) -> str | None:
 
 
 def known_types(op: ir.Operation) -> str | None:
-    """ranked tensors (dynamic dims too) of f32, f64, i32, i64 or i1"""
+    """ranked tensors (dynamic dims too) of f32, f64, bf16, i32, i64 or i1"""
     for v in list(op.operands) + list(op.results):
         tt = sh.ranked_type(v)
         if tt is None:
@@ -89,7 +89,7 @@ def dynamic(op: ir.Operation) -> bool:
 
 def float_operands(op: ir.Operation) -> str | None:
     """floating-point operands"""
-    return None if all(sh.ranked_type(v)[1] in FLOATS for v in op.operands) else "needs f32/f64 operands"
+    return None if all(sh.ranked_type(v)[1] in FLOATS for v in op.operands) else "needs float operands"
 
 
 def numeric_operands(op: ir.Operation) -> str | None:

@@ -3,22 +3,30 @@ readers of StableHLO values and attributes that the rules and their constraints 
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..dialects import stablehlo as sh
 from ..ir import ir
 
 
-#: MLIR element type → (numpy dtype, ONNX TensorProto data type number).
+#: MLIR element type → (numpy dtype, ONNX TensorProto data type number) of its values inside the graph.
+#: A bf16 value is an f32 one there (``WIDENED``): ONNX Runtime has no bf16 kernels on the CPU, OpenVINO's
+#: bf16 inference precision runs f32 math in bf16 where that pays, and f32 holds every bf16 value exactly.
 DTYPES = {
     "f32": (np.float32, 1), "f64": (np.float64, 11), "i32": (np.int32, 6), "i64": (np.int64, 7),
-    "i1": (np.bool_, 9),
+    "i1": (np.bool_, 9), "bf16": (np.float32, 1),
 }
-FLOATS = ("f32", "f64")
-#: Element types a region's inputs and outputs may have: ``DTYPES``, and those only an ONNX node kept as
-#: ONNX computes on (the translated ops are held to ``DTYPES`` by their constraints).
-BOUNDARY_DTYPES = {**DTYPES, "f16": (np.float16, 10), "i8": (np.int8, 3), "i16": (np.int16, 5),
-                   "ui8": (np.uint8, 2), "ui16": (np.uint16, 4), "ui32": (np.uint32, 12), "ui64": (np.uint64, 13)}
+FLOATS = ("f32", "f64", "bf16")
+#: Element types computed in a wider one inside the graph → ONNX data type at the graph's edge: an input is
+#: ``Cast`` to the wider type where it enters, an output back where it leaves, and a conversion to it
+#: rounds (``Cast`` there and back), so the graph's values are the element type's.
+WIDENED = {"bf16": 16}
+#: Element types a region's inputs and outputs may have: ``DTYPES`` (a widened one as itself), and those
+#: only an ONNX node kept as ONNX computes on (the translated ops are held to ``DTYPES`` by their constraints).
+BOUNDARY_DTYPES = {**DTYPES, "bf16": (ml_dtypes.bfloat16, WIDENED["bf16"]), "f16": (np.float16, 10),
+                   "i8": (np.int8, 3), "i16": (np.int16, 5), "ui8": (np.uint8, 2), "ui16": (np.uint16, 4),
+                   "ui32": (np.uint32, 12), "ui64": (np.uint64, 13)}
 
 
 def _shape(v: ir.Value) -> list[int]:

@@ -30,7 +30,11 @@ import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as C
 
 from ..engines import Engines
+from ..types import NUMPY_DTYPES
 from . import Run, TensorSlots
+
+#: numpy has no bf16: ONNX Runtime takes a bf16 array's bits (a uint16 view) with ONNX's type for them.
+_BF16, _ONNX_BF16 = NUMPY_DTYPES["bf16"], 16  # onnx.TensorProto.BFLOAT16
 
 #: A list while a profiler loads programs (see the module's docstring); None otherwise.
 PROFILED: list | None = None
@@ -70,6 +74,7 @@ def load(path: Path, engines: Engines) -> Run:
     binding = session.io_binding()._iobinding
     cpu = ort.OrtDevice.make("cpu", 0)._get_c_device()
     wrap = C.OrtValue.ortvalue_from_numpy  # zero-copy on the CPU device
+    wrap_bits = C.OrtValue.ortvalue_from_numpy_with_onnx_type  # zero-copy too (on the CPU)
     bind_input, bind_output = binding.bind_ortvalue_input, binding.bind_ortvalue_output
     execute = session._sess.run_with_iobinding
     # The model's own static shapes: a scalar may be [] in the program and [1] in the ONNX graph. Where
@@ -85,7 +90,8 @@ def load(path: Path, engines: Engines) -> Run:
         """OrtValues over our buffers (in the model's shapes), rebound only where an address moved."""
         def value(i: int, arr: np.ndarray):
             shape = specs[i][1]
-            return wrap(arr if shape is None or arr.shape == shape else arr.reshape(shape), cpu)
+            arr = arr if shape is None or arr.shape == shape else arr.reshape(shape)
+            return wrap_bits(arr.view(np.uint16), _ONNX_BF16) if arr.dtype == _BF16 else wrap(arr, cpu)
 
         return TensorSlots(len(specs), value, lambda i, value: bind(specs[i][0], value))
 

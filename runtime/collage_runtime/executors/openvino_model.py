@@ -35,8 +35,10 @@ from openvino import _pyopenvino
 from openvino import opset13 as ops
 
 from ..engines import Engines
-from ..types import NumberFormat
+from ..types import NUMPY_DTYPES, NumberFormat
 from . import Run, TensorSlots
+
+_BF16 = NUMPY_DTYPES["bf16"]
 
 #: A list while a profiler loads programs (see the module's docstring); None otherwise.
 PROFILED: list | None = None
@@ -50,6 +52,18 @@ def _alias(arr: np.ndarray, shape: tuple) -> np.ndarray:
         return arr.reshape(shape)
     raw = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
     return np.frombuffer(raw, dtype=arr.dtype).reshape(shape)
+
+
+def _tensor(arr: np.ndarray, shape: tuple) -> ov.Tensor:
+    """A tensor of ``shape`` sharing ``arr``'s memory (``_alias``); numpy has no bf16, so a bf16 array's
+    bits (a uint16 view) are given with OpenVINO's type for them."""
+    if arr.dtype == _BF16:
+        return ov.Tensor(_alias(arr, shape).view(np.uint16), list(shape), ov.Type.bf16)
+    return ov.Tensor(_alias(arr, shape), shared_memory=True)
+
+
+def _element_type(dtype: np.dtype) -> ov.Type:
+    return ov.Type.bf16 if dtype == _BF16 else ov.Type(dtype)
 
 
 _MAC_OPS = {"MatMul", "Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData",
@@ -139,20 +153,18 @@ def load(path: Path, engines: Engines, precision: NumberFormat = NumberFormat.F3
         PROFILED.append((path, compiled, request))
     in_shapes = [tuple(i.get_shape()) for i in compiled.inputs]
     out_specs = [(tuple(o.get_shape()), o.get_element_type()) for o in compiled.outputs]
-    set_input, set_output, tensor = request.set_input_tensor, request.set_output_tensor, ov.Tensor
+    set_input, set_output = request.set_input_tensor, request.set_output_tensor
     # The binding's infer: the Python wrapper's request.infer() copies every output into a new array
     # (4 MB: ~400 µs); with share_outputs the result dict only views them (our buffers).
     infer = _pyopenvino.InferRequest.infer
     direct: list[bool] = []  # per output: OpenVINO writes into the mapped buffer (decided on the first call)
     # Tensors over our buffers, remade only where a buffer's address moved (``TensorSlots``).
-    bind_in = TensorSlots(len(in_shapes), lambda i, arr: tensor(_alias(arr, in_shapes[i]), shared_memory=True),
-                          set_input)
-    bind_out = TensorSlots(len(out_specs), lambda i, arr: tensor(_alias(arr, out_specs[i][0]), shared_memory=True),
-                           set_output)
+    bind_in = TensorSlots(len(in_shapes), lambda i, arr: _tensor(arr, in_shapes[i]), set_input)
+    bind_out = TensorSlots(len(out_specs), lambda i, arr: _tensor(arr, out_specs[i][0]), set_output)
 
     def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         if not direct:
-            direct.extend(out.size > 0 and t == ov.Type(out.dtype) for out, (_, t) in zip(outputs, out_specs))
+            direct.extend(out.size > 0 and t == _element_type(out.dtype) for out, (_, t) in zip(outputs, out_specs))
         for i, arr in enumerate(inputs):
             bind_in(i, arr)
         for i, (out, ok) in enumerate(zip(outputs, direct)):
