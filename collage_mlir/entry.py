@@ -30,7 +30,7 @@ from .measure.db import CostDB, default_db_path
 from .measure.device import device_fingerprint
 from .measure.extract import structural_hash
 from .plan import Plan
-from .search import available_backends, reduced_precision_backends, resolve_plan
+from .search import available_backends, resolve_plan, tune_backends
 from .search.record import TunedPlan, TuneRecord
 from .search.tune import tune
 
@@ -63,13 +63,14 @@ def record_tuned_plan(db_path: str | Path | None, key: str, tuned: TunedPlan) ->
 def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budget: float | None = None,
                 backends: Sequence[str] | None = None, seed: int = 0, db: str | Path | None = None,
                 examples: Mapping[str, Sequence[np.ndarray]] | None = None,
-                precision: str | NumberFormat = NumberFormat.F32) -> PlanChoice:
+                precision: str | NumberFormat | None = None) -> PlanChoice:
     """The plan for ``module`` (numbered in place): ``plan`` when given (``"tune"`` tunes now); else the
     plan tuned before (same structure, this device) from the cost DB; else a tune within ``tune_budget``
     seconds when given, over ``backends`` (default: every available one) and, with ``precision="bf16"``,
-    every usable backend computing in bf16 (``collage tune --precision bf16``); else the default plan."""
+    every usable backend computing in bf16 (``collage tune --precision bf16``; None: the model's own,
+    ``search.tune_backends``); else the default plan."""
     try:
-        precision = NumberFormat(precision)
+        precision = None if precision is None else NumberFormat(precision)
     except ValueError:
         raise CollageError(f"precision must be 'f32' or 'bf16' (int8: quantize the model first), got {precision!r}") \
             from None
@@ -94,9 +95,8 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
                 return PlanChoice(stored, "tuned before", _provenance(tuned, db_path, key))
     if plan is None and not tune_budget:
         return PlanChoice(Plan(source="default"), "default", {"plan": "default"})
-    chosen = [get_backend(b) for b in backends] if backends else available_backends()
-    if precision is not NumberFormat.F32:
-        chosen += [b for b in reduced_precision_backends(precision) if b not in chosen]
+    chosen = tune_backends(module, [get_backend(b) for b in backends] if backends else available_backends(),
+                           precision)
     budget = tune_budget or DEFAULT_TUNE_BUDGET_S
     # Tuned on a copy: the search may annotate the module it measures.
     copy = parse_module(module.operation.get_asm(binary=True), new_context())

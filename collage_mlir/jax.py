@@ -48,11 +48,11 @@ class CompiledFunction:
 
 
 def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: float | None = None,  # noqa: A001
-            backends: Sequence[str] | None = None, precision: str = "f32", db: str | Path | None = None,
+            backends: Sequence[str] | None = None, precision: str | None = None, db: str | Path | None = None,
             threads: int | None = None, check_import: bool = True) -> CompiledFunction:
     """Lowers ``fn`` for ``example_args``' shapes and dtypes and compiles it by ``plan`` (None: tuned
     before, else tuned within ``tune_budget`` seconds when given, over ``backends`` (default: every
-    available one) and with ``precision="bf16"`` the backends computing in bf16, else the default). ``check_import``:
+    available one) and with ``precision="bf16"`` the backends computing in bf16; default: the model's own, else the default). ``check_import``:
     the lowered module runs with IREE alone on the example arguments and must match ``jax.jit(fn)``
     (``measure.import_check``; the verdict is cached)."""
     import jax

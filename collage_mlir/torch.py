@@ -71,13 +71,13 @@ class CompiledModule:
 
 
 def compile(model, example_inputs: Sequence | None = None, *, plan: str | None = None,  # noqa: A001
-            tune_budget: float | None = None, backends: Sequence[str] | None = None, precision: str = "f32",
+            tune_budget: float | None = None, backends: Sequence[str] | None = None, precision: str | None = None,
             seed: int = 0, db: str | Path | None = None, threads: int | None = None, check_import: bool = True,
             buckets: Mapping[str, Sequence[int]] | None = None,
             pad: Sequence[str] = ()) -> "CompiledModule | ShapedModule":
     """Compiles ``model`` for ``example_inputs``' shapes and dtypes; raises CollageError when it cannot.
     The plan: ``plan`` when given, else the one tuned before for this model's structure (cost DB
-    ``db``), else a tune over ``backends`` (and with ``precision="bf16"`` the backends computing in bf16)
+    ``db``), else a tune over ``backends`` (and with ``precision="bf16"`` the backends computing in bf16; default: the model's own)
     within ``tune_budget`` seconds when given, else the default.
     ``check_import``: the import runs with IREE alone on the example inputs and must match the eager
     model (``measure.import_check``; the verdict is cached).
@@ -193,7 +193,7 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     if not out.exists():
         with tempfile.TemporaryDirectory(prefix="collage-dynamic-") as tmp:
             fallback, kind = None, Fallback.NONE
-            bf16 = NumberFormat(options["precision"]) is NumberFormat.BF16  # the fallback may compute in bf16 too
+            bf16 = options["precision"] == NumberFormat.BF16.value  # the fallback may compute in bf16 too
             if dynamic is not None:  # the fastest engine that runs it: IREE, or its ONNX translation
                 fallback = Path(tmp) / "dynamic.mlirbc"
                 with open(fallback, "wb") as f:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collage_runtime.types import byte_dtype, numpy_dtype
+from collage_runtime.types import NumberFormat, byte_dtype, numpy_dtype
 
 from ..ir import ir
 
@@ -299,6 +299,15 @@ def half_contractions(module: ir.Module | ir.Operation) -> list[ir.Operation]:
             tensor_type(v) is not None and tensor_type(v)[1] == tt[1] for v in op.operands)
 
     return matching_ops(module, half)
+
+
+def stated_format(module: ir.Module | ir.Operation) -> NumberFormat:
+    """The format the model states for its products: bf16 where it has convolutions or dot products and each
+    takes bf16 operands (a JAX model cast to bf16; its sums may be f32), else f32."""
+    contractions = matching_ops(module, lambda op: op.name in CONTRACTIONS)
+    bf16 = contractions and all(tensor_type(v) is not None and tensor_type(v)[1] == "bf16"
+                                for op in contractions for v in op.operands)
+    return NumberFormat.BF16 if bf16 else NumberFormat.F32
 
 
 def _int_attr(op: ir.Operation, name: str) -> int:

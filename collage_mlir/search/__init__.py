@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collage_runtime.types import NumberFormat
 
+from ..dialects import stablehlo as sh
 from ..backends import PLATFORM_DEFAULTS, Platform, get_backend, registry
 from ..errors import CollageError
 from ..graph import Graph
@@ -31,6 +32,25 @@ def reduced_precision_backends(number_format: NumberFormat, platform: Platform =
         raise CollageError(f"no backend computes in {number_format.value} here ({why or 'none is registered'})",
                            where="--precision", exit_code=2)
     return usable
+
+
+def tune_backends(module, chosen: list, precision: NumberFormat | None, platform: Platform = Platform.CPU) -> list:
+    """The backends a tune of ``module`` measures: ``chosen``, and those computing in ``precision`` where it is
+    lower than f32 (``reduced_precision_backends``: one CollageError where none is usable). ``precision`` None
+    is the model's own (``stablehlo.stated_format``): a bf16 model gets the usable bf16 backends, as its own
+    products are bf16 (none where none is usable)."""
+    if precision is None:
+        if sh.stated_format(module) is NumberFormat.F32:
+            return chosen
+        try:
+            lower = reduced_precision_backends(NumberFormat.BF16, platform)
+        except CollageError:
+            return chosen
+    elif precision is NumberFormat.F32:
+        return chosen
+    else:
+        lower = reduced_precision_backends(precision, platform)
+    return chosen + [b for b in lower if b not in chosen]
 
 
 def resolve_plan(spec: "str | Plan", graph: Graph, platform: Platform | None = None) -> Plan:

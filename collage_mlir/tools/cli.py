@@ -55,7 +55,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         raise CollageError(f"--tune measures on this machine's CPU; tune a {args.device} program on the machine "
                            "that has the device, or give a plan (--plan prefer:..., --plan whole:...)")
     if args.tune or plan == "tune":  # every available backend, the default budget and DB
-        tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.backends_for(args),
+        tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.backends_for(args, module),
                                     tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET), 0, None)
         tune_cmd.print_summary(tuned, "(tuned)")
         plan = tuned.plan
@@ -112,7 +112,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
             number_ops(module)
             graph = Graph(module)
             budget = tune_cmd.parse_budget(tune_cmd.DEFAULT_BUDGET) / len(buckets)
-            tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.backends_for(args),
+            tuned = tune_cmd.tune_model(module, {"main": inputs} if inputs else {}, tune_cmd.backends_for(args, module),
                                         budget, 0, None, carried=tuned_before.carried(graph))
             tune_cmd.print_summary(tuned, f"(tuned for {label})")
             tuned_before.add(graph, tuned.plan)

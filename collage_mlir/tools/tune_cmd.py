@@ -65,10 +65,12 @@ def parse_backends(text: str | None, platform: Platform = Platform.CPU) -> list:
 def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
     """``--precision int8 --calibrate DATA [--calibration-method M] [--max-drop X]`` (an ONNX model), or
     ``--precision bf16`` (a tune may place regions on backends computing in bf16)."""
-    parser.add_argument("--precision", choices=["f32", "bf16", "int8"], default="f32",
+    parser.add_argument("--precision", choices=["f32", "bf16", "int8"], default=None,
                         help="int8: quantize an f32 ONNX model first (ONNX Runtime's quantizer, QDQ, per-channel "
                              "weights) from --calibrate samples; bf16: the tune also tries each backend computing "
-                             "in bf16 where this CPU has it (openvino-bf16), within that backend's tolerance")
+                             "in bf16 where this CPU has it (openvino-bf16), within that backend's tolerance; "
+                             "f32: only backends computing in f32; default: the model's own (bf16 where its "
+                             "matmuls and convolutions take bf16, else f32)")
     parser.add_argument("--calibrate", metavar="DATA", help="calibration samples: .npy (one input) or .npz (one "
                         "array per input name), a whole number of the model's batches; the last quarter is held out")
     parser.add_argument("--calibration-method", choices=[m.value for m in CalibrationMethod], default="minmax")
@@ -108,15 +110,14 @@ def held_out_of(args: argparse.Namespace) -> HeldOut | None:
     return HeldOut(Path(args.held_out), args.max_drop) if args.held_out else None
 
 
-def backends_for(args: argparse.Namespace, platform: Platform = Platform.CPU) -> list:
-    """The backends a tune measures: ``--backends`` (default: every available one) and, with ``--precision
-    bf16``, each usable backend computing in bf16 (``search.reduced_precision_backends``)."""
-    from ..search import reduced_precision_backends
+def backends_for(args: argparse.Namespace, module, platform: Platform = Platform.CPU) -> list:
+    """The backends a tune of ``module`` measures: ``--backends`` (default: every available one) and those
+    computing in ``--precision`` (default: the model's own; ``search.tune_backends``)."""
+    from ..search import tune_backends
 
     backends = parse_backends(getattr(args, "backends", None), platform)  # `collage compile --tune`: every one
-    if args.precision == NumberFormat.BF16.value:
-        backends += [b for b in reduced_precision_backends(NumberFormat.BF16, platform) if b not in backends]
-    return backends
+    precision = None if args.precision in (None, "int8") else NumberFormat(args.precision)
+    return tune_backends(module, backends, precision, platform)
 
 
 def load_model(spec: str, context, inputs: list, check_import: bool = False, calibration=None,
@@ -325,12 +326,13 @@ def run(args: argparse.Namespace) -> int:
     platform = Platform(args.device)
     if args.cluster:  # before any work: a missing Ray or an unreachable cluster is one line at once
         connect(args.cluster, platform)
-    backends = backends_for(args, platform)
+    parse_backends(args.backends, platform)  # a backend not usable here: one line before any work
     dim_plan = dim_plan_of(args)
     if dim_plan is None:
         module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),
                                     calibration=calibration_of(args), check_import=not args.no_import_check)
-        return _tune_one(args, module, inputs, backends, budget, started, Path(args.output))[0]
+        return _tune_one(args, module, inputs, backends_for(args, module, platform), budget, started,
+                         Path(args.output))[0]
     # Each bucket tuned for its shape, the budget shared, the OPT shape first; each later bucket's search
     # seeded with the plans tuned before it (``search.transfer``); each plan recorded in the cost DB under
     # its module, where `collage compile --dim ... --plan tuned` finds it, and written to OUTPUT/<bucket>.json.
@@ -356,8 +358,8 @@ def run(args: argparse.Namespace) -> int:
         module, inputs = load_model(spec, new_context(), [], check_import=not args.no_import_check, dims=values)
         number_ops(module)
         graph = Graph(module)
-        code, result = _tune_one(args, module, inputs, backends, max(share, 1.0), time.monotonic(),
-                                 out / f"{dims_label(values)}.json", tuned.carried(graph))
+        code, result = _tune_one(args, module, inputs, backends_for(args, module, platform), max(share, 1.0),
+                                 time.monotonic(), out / f"{dims_label(values)}.json", tuned.carried(graph))
         if code:
             return code
         tuned.add(graph, result.plan)

@@ -121,6 +121,20 @@ _JAX_MODELS = (
     ZooModel("jax_detector", "JAX detector: ResNet backbone, top-100 + sort post-processing, 1x224x224x3",
              "JAX detector width 8, top-20, 64x64", _jax("detector"), _jax("detector", image=64, base=8, top=20),
              Framework.JAX),
+    # As a JAX user casts them to bf16: weights and image (``jax_models``' ``dtype="bf16"``).
+    ZooModel("jax_resnet50_bf16", "JAX ResNet-50 in bf16, 1x224x224x3", "JAX ResNet (1,1,1,1) bottlenecks in bf16, 64x64",
+             _jax("resnet", blocks=(3, 4, 6, 3), bottleneck=True, dtype="bf16"),
+             _jax("resnet", blocks=(1, 1, 1, 1), bottleneck=True, base=16, classes=10, image=64, dtype="bf16"),
+             Framework.JAX),
+    ZooModel("jax_mobilenet_v2_bf16", "JAX MobileNetV2 1.0 in bf16, 1x224x224x3", "JAX MobileNetV2 0.25 in bf16, 64x64",
+             _jax("mobilenet_v2", dtype="bf16"), _jax("mobilenet_v2", width=0.25, classes=10, image=64, dtype="bf16"),
+             Framework.JAX),
+    ZooModel("jax_vit_b16_bf16", "JAX ViT-B/16 in bf16, 1x224x224x3", "JAX ViT 2 layers in bf16, width 64, 32x32",
+             _jax("vit", dtype="bf16"),
+             _jax("vit", image=32, patch=8, d=64, layers=2, heads=2, mlp=128, classes=10, dtype="bf16"), Framework.JAX),
+    ZooModel("jax_bert_base_bf16", "JAX BERT-base encoder in bf16, seq 128", "JAX BERT 2 layers in bf16, width 64, seq 32",
+             _jax("bert_encoder", dtype="bf16"),
+             _jax("bert_encoder", seq=32, d=64, layers=2, heads=2, mlp=128, vocab=512, dtype="bf16"), Framework.JAX),
 )
 
 MODELS: dict[str, ZooModel] = {m.name: m for m in (

@@ -1,7 +1,8 @@
 """JAX models written the way JAX users write them: NHWC activations, HWIO kernels, ``jax.nn`` activations,
 batch norm in inference form (flax's ``BatchNorm(use_running_average=True)``), weights as seeded random
 arrays closed over by the function (so ``jax.jit(f).lower(x)`` embeds them as constants, as a deployed
-model does). Each builder returns ``(f, example_args)``.
+model does). Each builder returns ``(f, example_args)``. Builders with ``dtype="bf16"`` give the model as a JAX
+user casts it to bf16: every weight and the image in bf16 (``ml_dtypes.bfloat16``).
 """
 
 from __future__ import annotations
@@ -9,21 +10,37 @@ from __future__ import annotations
 import numpy as np
 
 
-class _Weights:
-    """Seeded He-scaled random weights, drawn in call order."""
+def _numpy(dtype: str) -> np.dtype:
+    from collage_runtime.types import NUMPY_DTYPES
 
-    def __init__(self, seed: int = 0):
+    if dtype not in ("f32", "bf16"):
+        raise ValueError(f"a JAX zoo model is f32 or bf16, not {dtype}")
+    return NUMPY_DTYPES[dtype]
+
+
+class _Weights:
+    """Seeded He-scaled random weights, drawn in call order (in f32, then cast to ``dtype``)."""
+
+    def __init__(self, seed: int = 0, dtype: str = "f32"):
         self.rng = np.random.default_rng(seed)
+        self.dtype = _numpy(dtype)
 
     def __call__(self, *shape: int, fan_in: int | None = None) -> np.ndarray:
         fan = fan_in or int(np.prod(shape[:-1]))
-        return (self.rng.standard_normal(shape) * np.sqrt(2.0 / fan)).astype(np.float32)
+        return (self.rng.standard_normal(shape) * np.sqrt(2.0 / fan)).astype(np.float32).astype(self.dtype)
 
     def norm(self, c: int) -> tuple:
         """Batch-norm statistics and affine parameters, near identity (mean 0, variance 1)."""
         r = self.rng
         scale, bias, mean = 1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c)
-        return tuple(a.astype(np.float32) for a in (scale, bias, mean, 1 + 0.1 * np.abs(r.standard_normal(c))))
+        return tuple(a.astype(np.float32).astype(self.dtype)
+                     for a in (scale, bias, mean, 1 + 0.1 * np.abs(r.standard_normal(c))))
+
+    def zeros(self, *shape: int) -> np.ndarray:
+        return np.zeros(shape, self.dtype)
+
+    def ones(self, *shape: int) -> np.ndarray:
+        return np.ones(shape, self.dtype)
 
 
 def _conv(x, k, stride=1, padding="SAME", groups=1):
@@ -37,7 +54,7 @@ def _batch_norm(x, p, eps=1e-5):
     import jax
 
     scale, bias, mean, var = p
-    return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+    return (x - mean) * jax.lax.rsqrt(var + np.asarray(eps, var.dtype)) * scale + bias  # numpy makes bf16 + float f32
 
 
 def _max_pool(x, window=3, stride=2):
@@ -84,25 +101,26 @@ def _resnet_features(w: _Weights, blocks, bottleneck: bool, base: int):
     return features, cin
 
 
-def _image(batch: int, image: int, seed: int) -> tuple:
-    return (np.random.default_rng(seed + 1).standard_normal((batch, image, image, 3)).astype(np.float32),)
+def _image(batch: int, image: int, seed: int, dtype: str = "f32") -> tuple:
+    rng = np.random.default_rng(seed + 1)
+    return (rng.standard_normal((batch, image, image, 3)).astype(np.float32).astype(_numpy(dtype)),)
 
 
 def resnet(blocks=(2, 2, 2, 2), bottleneck: bool = False, base: int = 64, classes: int = 1000, image: int = 224,
-           batch: int = 1, seed: int = 0):
+           batch: int = 1, seed: int = 0, dtype: str = "f32"):
     """ResNet-18 (basic blocks ``(2, 2, 2, 2)``) or ResNet-50 (``bottleneck``, ``(3, 4, 6, 3)``), NHWC,
     log-softmax over the classes."""
     import jax
     import jax.numpy as jnp
 
-    w = _Weights(seed)
+    w = _Weights(seed, dtype)
     features, cin = _resnet_features(w, blocks, bottleneck, base)
-    head = (w(cin, classes, fan_in=cin * 64), np.zeros(classes, np.float32))  # logits of order 1
+    head = (w(cin, classes, fan_in=cin * 64), w.zeros(classes))  # logits of order 1
 
     def f(x):
         return jax.nn.log_softmax(jnp.mean(features(x), axis=(1, 2)) @ head[0] + head[1])
 
-    return f, _image(batch, image, seed)
+    return f, _image(batch, image, seed, dtype)
 
 
 def _layer_norm(x, p, eps=1e-6):
@@ -116,9 +134,9 @@ def _layer_norm(x, p, eps=1e-6):
 
 def _encoder_layer(w: _Weights, d: int, mlp: int):
     """Weights of one transformer encoder layer (fused QKV, as flax's attention with ``qkv_features``)."""
-    ones, zeros = np.ones(d, np.float32), np.zeros(d, np.float32)
-    return {"qkv": w(d, 3 * d), "qkv_b": np.zeros(3 * d, np.float32), "out": w(d, d), "out_b": zeros,
-            "ln1": (ones, zeros), "ln2": (ones, zeros), "fc1": w(d, mlp), "fc1_b": np.zeros(mlp, np.float32),
+    ones, zeros = w.ones(d), w.zeros(d)
+    return {"qkv": w(d, 3 * d), "qkv_b": w.zeros(3 * d), "out": w(d, d), "out_b": zeros,
+            "ln1": (ones, zeros), "ln2": (ones, zeros), "fc1": w(d, mlp), "fc1_b": w.zeros(mlp),
             "fc2": w(mlp, d), "fc2_b": zeros}
 
 
@@ -129,7 +147,7 @@ def _attention(x, p, heads: int, mask=None):
     b, s, d = x.shape
     qkv = (x @ p["qkv"] + p["qkv_b"]).reshape(b, s, 3, heads, d // heads)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d // heads).astype(np.float32)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d // heads).astype(q.dtype)
     if mask is not None:
         logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(logits.dtype).min)
     a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v).reshape(b, s, d)
@@ -143,17 +161,17 @@ def _mlp(x, p, gelu_approximate: bool):
 
 
 def vit(image: int = 224, patch: int = 16, d: int = 768, layers: int = 12, heads: int = 12, mlp: int = 3072,
-        classes: int = 1000, batch: int = 1, seed: int = 0):
+        classes: int = 1000, batch: int = 1, seed: int = 0, dtype: str = "f32"):
     """ViT-B/16 as flax's reference implementation: patch embedding as a strided NHWC convolution, class
     token, learned position embedding, pre-norm encoder layers, head on the class token."""
     import jax.numpy as jnp
 
-    w = _Weights(seed)
-    embed = (w(patch, patch, 3, d), np.zeros(d, np.float32))
+    w = _Weights(seed, dtype)
+    embed = (w(patch, patch, 3, d), w.zeros(d))
     tokens = (image // patch) ** 2
     cls, pos = w(1, 1, d, fan_in=d) * 0.02, w(1, tokens + 1, d, fan_in=d) * 0.02
     blocks = [_encoder_layer(w, d, mlp) for _ in range(layers)]
-    norm, head = (np.ones(d, np.float32), np.zeros(d, np.float32)), w(d, classes)
+    norm, head = (w.ones(d), w.zeros(d)), w(d, classes)
 
     def f(x):
         h = _conv(x, embed[0], patch, "VALID") + embed[1]
@@ -164,18 +182,18 @@ def vit(image: int = 224, patch: int = 16, d: int = 768, layers: int = 12, heads
             h = h + _mlp(_layer_norm(h, p["ln2"]), p, gelu_approximate=False)
         return _layer_norm(h, norm)[:, 0] @ head
 
-    return f, _image(batch, image, seed)
+    return f, _image(batch, image, seed, dtype)
 
 
 def bert_encoder(seq: int = 128, d: int = 768, layers: int = 12, heads: int = 12, mlp: int = 3072,
-                 vocab: int = 30522, batch: int = 1, seed: int = 0):
+                 vocab: int = 30522, batch: int = 1, seed: int = 0, dtype: str = "f32"):
     """A BERT-base encoder: token, position and type embeddings, post-norm layers with an attention mask
     from the input (padding), tanh GELU as BERT's TF/JAX ports use."""
     import jax.numpy as jnp
 
-    w = _Weights(seed)
-    tok, posn, typ = (w(n, d, fan_in=d) * 0.02 for n in (vocab, 512, 2))
-    ln0 = (np.ones(d, np.float32), np.zeros(d, np.float32))
+    w = _Weights(seed, dtype)
+    tok, posn, typ = ((w(n, d, fan_in=d) * 0.02).astype(w.dtype) for n in (vocab, 512, 2))
+    ln0 = (w.ones(d), w.zeros(d))
     blocks = [_encoder_layer(w, d, mlp) for _ in range(layers)]
 
     def f(ids, mask):
@@ -254,14 +272,15 @@ def detector(image: int = 224, base: int = 32, anchors: int = 9, top: int = 100,
     return f, _image(batch, image, seed)
 
 
-def mobilenet_v2(width: float = 1.0, classes: int = 1000, image: int = 224, batch: int = 1, seed: int = 0):
+def mobilenet_v2(width: float = 1.0, classes: int = 1000, image: int = 224, batch: int = 1, seed: int = 0,
+                 dtype: str = "f32"):
     """MobileNetV2 (inverted residuals: 1x1 expand, 3x3 depthwise as ``feature_group_count``, 1x1 project;
     ``jax.nn.relu6``; batch norm in inference form), NHWC, global average pool, log-softmax: as flax's and
     Keras's MobileNetV2 write it."""
     import jax
     import jax.numpy as jnp
 
-    w = _Weights(seed)
+    w = _Weights(seed, dtype)
 
     def ch(c: float) -> int:
         return max(8, int(c * width + 4) // 8 * 8)
@@ -281,7 +300,7 @@ def mobilenet_v2(width: float = 1.0, classes: int = 1000, image: int = 224, batc
             cin = cout
     last = max(1280, ch(1280))  # as torchvision: never narrower than 1280
     top = (w(1, 1, cin, last), w.norm(last))
-    head = (w(last, classes, fan_in=last // 4), np.zeros(classes, np.float32))  # logits of a few units
+    head = (w(last, classes, fan_in=last // 4), w.zeros(classes))  # logits of a few units
 
     def f(x):
         h = jax.nn.relu6(_batch_norm(_conv(x, stem[0], 2), stem[1]))
@@ -293,7 +312,7 @@ def mobilenet_v2(width: float = 1.0, classes: int = 1000, image: int = 224, batc
         h = jax.nn.relu6(_batch_norm(_conv(h, top[0]), top[1]))
         return jax.nn.log_softmax(jnp.mean(h, axis=(1, 2)) @ head[0] + head[1])
 
-    return f, _image(batch, image, seed)
+    return f, _image(batch, image, seed, dtype)
 
 
 def unet(image: int = 128, base: int = 32, depth: int = 3, classes: int = 2, batch: int = 1, seed: int = 0):

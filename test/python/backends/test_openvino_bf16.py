@@ -64,16 +64,34 @@ def test_regions_compute_bf16_products_with_f32_sums(bf16_backend, tmp_path):
 
 
 def _args(**kw) -> argparse.Namespace:
-    return argparse.Namespace(**{"backends": "ort,iree-cpu", "precision": "f32", **kw})
+    return argparse.Namespace(**{"backends": "ort,iree-cpu", "precision": None, **kw})
 
 
 @pytest.mark.fast
 def test_precision_bf16_adds_the_bf16_backends_to_a_tune(bf16_backend):
     from collage_mlir.tools.tune_cmd import backends_for
 
-    assert [b.name for b in backends_for(_args())] == ["ort", "iree-cpu"]
-    assert [b.name for b in backends_for(_args(precision="bf16"))] == ["ort", "iree-cpu", "openvino-bf16"]
-    assert "openvino-bf16" not in [b.name for b in backends_for(_args(backends=None))]  # opt-in
+    with new_context() as ctx:
+        module = parse_module(MATMUL, ctx)
+        assert [b.name for b in backends_for(_args(), module)] == ["ort", "iree-cpu"]
+        assert [b.name for b in backends_for(_args(precision="bf16"), module)] == ["ort", "iree-cpu", "openvino-bf16"]
+        assert "openvino-bf16" not in [b.name for b in backends_for(_args(backends=None), module)]  # opt-in
+
+
+@pytest.mark.fast
+def test_a_bf16_model_is_tuned_over_the_bf16_backends_unless_f32_is_asked(bf16_backend):
+    """The default precision is the model's own: a model whose products take bf16 (a JAX model cast to
+    bf16) gets the bf16 backends without a flag; `--precision f32` keeps them out; an f32 model does not."""
+    from collage_mlir.dialects.stablehlo import stated_format
+    from collage_mlir.tools.tune_cmd import backends_for
+    from collage_runtime.types import NumberFormat
+
+    with new_context() as ctx:
+        bf16 = parse_module(MATMUL.replace("x512xf32", "x512xbf16").replace("512x64xf32", "512x64xbf16"), ctx)
+        assert stated_format(bf16) is NumberFormat.BF16
+        assert stated_format(parse_module(MATMUL, ctx)) is NumberFormat.F32
+        assert [b.name for b in backends_for(_args(), bf16)] == ["ort", "iree-cpu", "openvino-bf16"]
+        assert [b.name for b in backends_for(_args(precision="f32"), bf16)] == ["ort", "iree-cpu"]
 
 
 @pytest.mark.fast
@@ -88,7 +106,8 @@ def test_precision_bf16_without_bf16_here_is_one_line(monkeypatch):
     monkeypatch.setattr("collage_mlir.search.registry", lambda: lacking)
     with pytest.raises(CollageError, match=r"no backend computes in bf16 here \(openvino-bf16: this CPU has no "
                                            r"bf16 arithmetic"):
-        backends_for(_args(precision="bf16"))
+        with new_context() as ctx:
+            backends_for(_args(precision="bf16"), parse_module(MATMUL, ctx))
 
 
 @pytest.mark.fast
