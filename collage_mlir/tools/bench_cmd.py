@@ -25,8 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the collage contender's plan: default | prefer:B1,B2 | random:SEED | whole:BACKEND (the whole "
                         "model as one region) | PLAN.json (a JSON plan is for one model)")
     b.add_argument("--tune", metavar="BUDGET", default=None,
-                   help="tune each model first (`collage tune` on every available backend with this budget: "
-                        "90s, 10m; the default cost DB) and bench the tuned plan, written to OUT/NAME_MODEL.plan.json")
+                   help="tune each model first (`collage tune` on every available backend, and the bf16 ones for a "
+                        "bf16 model, with this budget: 90s, 10m; the default cost DB) and bench the tuned plan, "
+                        "written to OUT/NAME_MODEL.plan.json")
     b.add_argument("--vs", default=",".join(PEERS), help=f"comma-separated peers (default: {','.join(PEERS)})")
     b.add_argument("--threads", type=int, default=2, help="threads of every contender (default 2)")
     b.add_argument("--seconds", type=float, default=20.0,
@@ -82,15 +83,17 @@ def _tune(args: argparse.Namespace) -> dict[str, str]:
 
     from .. import zoo
     from ..ir import new_context
+    from ..search import tune_backends
     from . import tune_cmd
 
     budget = tune_cmd.parse_budget(args.tune)
-    backends = tune_cmd.parse_backends(None)
+    available = tune_cmd.parse_backends(None)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plans = {}
     for m in args.models:
         module = zoo.import_stablehlo(m, new_context(), args.small)
+        backends = tune_backends(module, available, None)  # the model's own precision: bf16 for a bf16 model
         result = tune_cmd.tune_model(module, {"main": zoo.numpy_inputs(m, args.small)}, backends, budget, 0, None)
         path = out / f"{args.name}_{m}.plan.json"
         path.write_text(json.dumps(result.tuned.to_json(), indent=1) + "\n")
