@@ -28,7 +28,7 @@ from .frontends import stablehlo
 from .frontends.jax import import_jax
 from .ir import new_context
 from .measure.import_check import check_import as check, jax_source
-from .shaped import fastest_dynamic, output_axes
+from .shaped import fastest_dynamic, output_axes, plan_slack
 
 
 class CompiledFunction:
@@ -52,7 +52,8 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
             threads: int | None = None, check_import: bool = True) -> CompiledFunction:
     """Lowers ``fn`` for ``example_args``' shapes and dtypes and compiles it by ``plan`` (None: tuned
     before, else tuned within ``tune_budget`` seconds when given, over ``backends`` (default: every
-    available one) and with ``precision="bf16"`` the backends computing in bf16; default: the model's own, else the default). ``check_import``:
+    available one) and those computing in ``precision`` (default: the model's own, bf16 for a bf16 model;
+    ``"bf16"``: the bf16 backends for an f32 one too), else the default). ``check_import``:
     the lowered module runs with IREE alone on the example arguments and must match ``jax.jit(fn)``
     (``measure.import_check``; the verdict is cached)."""
     import jax
@@ -73,9 +74,12 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
     return CompiledFunction(collage_runtime.load(out, threads=threads), out_tree, choice)
 
 
-def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
-        dims: Mapping[str, "int | tuple[int, int, int]"] | None = None, pad: Sequence[str] = ()) -> Callable[..., Any]:
-    """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature.
+def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = None,
+        backends: Sequence[str] | None = None, precision: str | None = None, db: str | Path | None = None,
+        check_import: bool = True, dims: Mapping[str, "int | tuple[int, int, int]"] | None = None,
+        pad: Sequence[str] = ()) -> Callable[..., Any]:
+    """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature, its plan
+    chosen as ``compile`` chooses it (``plan``, ``tune_budget``, ``backends``, ``precision``, ``db``).
 
     ``dims`` (``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the flattened array arguments; for a
     ``jax.export.Exported`` with symbolic shapes, its symbols: ``{"b": (1, 8, 32)}``) declares ranges: a
@@ -97,9 +101,10 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
     state: dict[str, Any] = {}
 
     def signature_call(leaves: list, tree):
-        key = (tree, tuple((np.shape(a), np.asarray(a).dtype.str) for a in leaves))
+        key = _key(leaves, tree)
         if key not in compiled:
             compiled[key] = compile(fn, *jax.tree_util.tree_unflatten(tree, leaves), plan=plan,
+                                    tune_budget=tune_budget, backends=backends, precision=precision, db=db,
                                     check_import=check_import)
         return compiled[key](*jax.tree_util.tree_unflatten(tree, leaves))
 
@@ -121,7 +126,9 @@ def jit(fn: Callable, *, plan: str | None = None, check_import: bool = True,
                 results, state["out_tree"] = jax.tree_util.tree_flatten(signature_call(grown, tree))
                 shapes.append([np.shape(o) for o in results])
                 if dict(bucket) == opt or "check" not in state:
-                    state["check"] = (grown, [np.array(r) for r in results], dims_label(bucket))
+                    regions = compiled[_key(grown, tree)].program.manifest.regions
+                    state["check"] = (grown, [np.array(r) for r in results], dims_label(bucket),
+                                      plan_slack([r.tolerance.rtol for r in regions]))
             state["outputs"] = output_axes(plan_of_dims, plan_of_dims.grid(), shapes)
             if plan_of_dims.unserved(fallback=False) is not None:
                 source = exported if exported is not None else _exported(fn, leaves, tree, axes)
@@ -160,18 +167,23 @@ def _exported(fn: Callable, leaves: list, tree, axes: Axes):
         return None
 
 
-def _dynamic_runner(exported, arrays: list, want: list, bucket: str) -> Callable:
+def _key(leaves: list, tree) -> tuple:
+    """What a compiled signature is kept under: the argument tree and each array's shape and dtype."""
+    return tree, tuple((np.shape(a), np.asarray(a).dtype.str) for a in leaves)
+
+
+def _dynamic_runner(exported, arrays: list, want: list, bucket: str, slack: float) -> Callable:
     """The fastest engine that runs ``exported``'s module with its symbolic dims kept
     (``shaped.fastest_dynamic``: IREE's program of it, or its ONNX translation on ONNX Runtime or OpenVINO):
     flat arrays in, flat arrays out; each checked to give ``want`` (bucket ``bucket``'s results) on
-    ``arrays``."""
+    ``arrays``, within ``slack`` of each output's scale beyond f32's (the bucket plan's: ``plan_slack``)."""
     import tempfile
     import weakref
 
     where = "jax.export"
     directory = tempfile.TemporaryDirectory(prefix="collage-dynamic-")
     run = fastest_dynamic(stablehlo.parse(exported.mlir_module(), new_context(), where=where), where, arrays, want,
-                          bucket, Path(directory.name))
+                          bucket, Path(directory.name), slack=slack)
     weakref.finalize(run, directory.cleanup)  # the engine's file lives as long as its runner
     return run
 

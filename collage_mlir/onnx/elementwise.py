@@ -105,11 +105,18 @@ def _select(b: _Builder, op, ins):
 
 @register("stablehlo.convert", when=(static_known_types,), dynamic=True, broadcasts=True)
 def _convert(b: _Builder, op, ins):
-    to = _dtype(op.results[0])
-    wide = b.node("Cast", ins, to=DTYPES[to][1])
-    if to not in WIDENED or _dtype(op.operands[0]) == to:
-        return [wide]
-    return [b.node("Cast", [b.node("Cast", [wide], to=WIDENED[to])], to=DTYPES[to][1])]  # rounded to ``to``
+    """A Cast. A widened type (bf16, f32 in the graph) is rounded to itself where a value enters it and where
+    one leaves it (the graph's other ops on it do not round: the engines compute it at least as precisely)."""
+    def rounded(x: str, t: str) -> str:
+        return b.node("Cast", [b.node("Cast", [x], to=WIDENED[t])], to=DTYPES[t][1])
+
+    (x,), source, to = ins, _dtype(op.operands[0]), _dtype(op.results[0])
+    if source in WIDENED and to != source:
+        x = rounded(x, source)  # the model's own value of the operand
+        if DTYPES[to][1] == DTYPES[source][1]:
+            return [x]
+    x = b.node("Cast", [x], to=DTYPES[to][1])
+    return [rounded(x, to) if to in WIDENED and source != to else x]
 
 
 @register("stablehlo.clamp", when=_NUM, dynamic=True)

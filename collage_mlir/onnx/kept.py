@@ -9,12 +9,20 @@ opsets keep what earlier ones define for the ops the translator writes, adding t
 from __future__ import annotations
 
 from ..dialects import collage
+from ..dialects import stablehlo as sh
 from ..frontends.onnx_kept import rename_outer
 from ..ir import ir
 from .builder import _Builder
 from .op_ids import _ids_doc
 from .export import OPSET
 from .registry import register
+from .values import DTYPES, WIDENED
+
+
+def _widened(v: ir.Value) -> str | None:
+    """``v``'s element type where the graph computes it in a wider one (``WIDENED``: bf16), else None."""
+    tt = sh.ranked_type(v)
+    return tt[1] if tt is not None and tt[1] in WIDENED else None
 
 
 def onnx_node(op: ir.Operation) -> str | None:
@@ -28,13 +36,14 @@ def _kept_node(b: _Builder, op, ins):
     from onnx import defs
 
     model = onnx.ModelProto.FromString(collage.onnx_node_model(op))
-    names = {f"in{k}": name for k, name in enumerate(ins)}
+    # The node reads and writes its own types: a widened value (bf16, f32 in the graph) is cast around it.
+    names = {f"in{k}": name if (t := _widened(v)) is None else b.node("Cast", [name], to=WIDENED[t])
+             for k, (name, v) in enumerate(zip(ins, op.operands))}
     for init in model.graph.initializer:
         tensor = onnx.TensorProto()
         tensor.CopyFrom(init)
         tensor.name = names[init.name] = b.fresh("kept")
         b.initializers.append(tensor)
-    outs = []
     for node in model.graph.node:
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
@@ -60,4 +69,5 @@ def _kept_node(b: _Builder, op, ins):
         else:
             b.opsets[domain] = max(b.opsets.get(domain, 0), opsets.get(domain, 1))
     b.ir_version = max(b.ir_version, model.ir_version)
-    return [names[o.name] for o in model.graph.output]
+    return [names[o.name] if (t := _widened(r)) is None else b.node("Cast", [names[o.name]], to=DTYPES[t][1])
+            for o, r in zip(model.graph.output, op.results)]

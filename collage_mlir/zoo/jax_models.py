@@ -169,7 +169,7 @@ def vit(image: int = 224, patch: int = 16, d: int = 768, layers: int = 12, heads
     w = _Weights(seed, dtype)
     embed = (w(patch, patch, 3, d), w.zeros(d))
     tokens = (image // patch) ** 2
-    cls, pos = w(1, 1, d, fan_in=d) * 0.02, w(1, tokens + 1, d, fan_in=d) * 0.02
+    cls, pos = ((w(*shape, fan_in=d) * 0.02).astype(w.dtype) for shape in ((1, 1, d), (1, tokens + 1, d)))
     blocks = [_encoder_layer(w, d, mlp) for _ in range(layers)]
     norm, head = (w.ones(d), w.zeros(d)), w(d, classes)
 

@@ -19,13 +19,14 @@ from collage_mlir.onnx import translate
 BF16 = ml_dtypes.bfloat16
 
 MODULE = """
-func.func @main(%a: tensor<2x3xbf16>, %b: tensor<2x3xf32>) -> (tensor<2x3xbf16>, tensor<2x3xf32>) {
+func.func @main(%a: tensor<2x3xbf16>, %b: tensor<2x3xf32>) -> (tensor<2x3xbf16>, tensor<2x3xf32>, tensor<2x3xf32>) {
   %c = stablehlo.convert %b : (tensor<2x3xf32>) -> tensor<2x3xbf16>
   %s = stablehlo.add %a, %c : tensor<2x3xbf16>
   %w = stablehlo.constant dense<"0xC03F0040D0C0803F0000803F"> : tensor<2x3xbf16>
   %m = stablehlo.multiply %s, %w : tensor<2x3xbf16>
   %f = stablehlo.convert %c : (tensor<2x3xbf16>) -> tensor<2x3xf32>
-  return %m, %f : tensor<2x3xbf16>, tensor<2x3xf32>
+  %g = stablehlo.convert %s : (tensor<2x3xbf16>) -> tensor<2x3xf32>
+  return %m, %f, %g : tensor<2x3xbf16>, tensor<2x3xf32>, tensor<2x3xf32>
 }
 """
 
@@ -47,7 +48,8 @@ def test_bf16_constants_are_read_from_their_printed_form(text, want):
 
 def test_a_bf16_region_is_f32_math_between_casts():
     """Inputs and outputs keep bf16 (ONNX's BFLOAT16), one Cast each; the math in between is f32; a
-    conversion to bf16 rounds as bf16 does (the f32 result of converting it back is numpy's rounding, exactly)."""
+    conversion to bf16 rounds as bf16 does (the f32 result of converting it back is numpy's rounding, exactly),
+    and so does a conversion from bf16 (a sum the graph holds in f32 leaves as the model's bf16 sum)."""
     import onnx
     import onnxruntime as ort
 
@@ -56,7 +58,7 @@ def test_a_bf16_region_is_f32_math_between_casts():
         model = translate(next(iter(module.body.operations)))
     bf16 = onnx.TensorProto.BFLOAT16
     assert [i.type.tensor_type.elem_type for i in model.graph.input] == [bf16, onnx.TensorProto.FLOAT]
-    assert [o.type.tensor_type.elem_type for o in model.graph.output] == [bf16, onnx.TensorProto.FLOAT]
+    assert [o.type.tensor_type.elem_type for o in model.graph.output] == [bf16] + [onnx.TensorProto.FLOAT] * 2
     inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
     computed = {v.name: v.type.tensor_type.elem_type for v in inferred}
     math = [n for n in model.graph.node if n.op_type in ("Add", "Mul")]
@@ -67,16 +69,19 @@ def test_a_bf16_region_is_f32_math_between_casts():
     b = (rng.standard_normal((2, 3)) * 3).astype(np.float32)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     binding = session.io_binding()
-    m, f = np.zeros((2, 3), BF16), np.zeros((2, 3), np.float32)
+    m, f, g = np.zeros((2, 3), BF16), np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32)
     bits = ort.OrtValue.ortvalue_from_numpy_with_onnx_type  # numpy has no bf16: ORT takes the bits
     binding.bind_ortvalue_input("in0", bits(a.view(np.uint16), bf16))
     binding.bind_cpu_input("in1", b)
     binding.bind_ortvalue_output("out0", bits(m.view(np.uint16), bf16))
     binding.bind_ortvalue_output("out1", ort.OrtValue.ortvalue_from_numpy(f))
+    binding.bind_ortvalue_output("out2", ort.OrtValue.ortvalue_from_numpy(g))
     session.run_with_iobinding(binding)
     np.testing.assert_array_equal(f, b.astype(BF16).astype(np.float32))
+    total = a.astype(np.float32) + b.astype(BF16).astype(np.float32)
+    np.testing.assert_array_equal(g, total.astype(BF16).astype(np.float32))
     w = np.array([[1.5, 2.0, -6.5], [1.0, 0.0, 1.0]], np.float32)
-    want = (a.astype(np.float32) + b.astype(BF16).astype(np.float32)) * w
+    want = total * w
     np.testing.assert_allclose(m.astype(np.float32), want, rtol=2 ** -8, atol=0)
 
 
@@ -127,3 +132,37 @@ def test_a_bf16_jax_cnn_runs_whole_on_an_onnx_engine(backend, tmp_path):
             got = np.asarray(got)
             assert got.dtype == BF16
             assert np.abs(got.astype(np.float32) - want).max() <= 5e-2 * np.abs(want).max()
+
+
+def test_a_kept_onnx_node_reads_and_writes_its_own_bf16():
+    """An ONNX node kept as ONNX with bf16 operands (its constant bf16 too) gets bf16 (a Cast from the graph's
+    f32 where it enters) and its result is cast back: the model type-checks strictly (Mul of f32 and bf16
+    did not)."""
+    import base64
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = numpy_helper.from_array(np.array([2.0, 3.0, 4.0], np.float32), "c")
+    c.data_type, c.raw_data = TensorProto.BFLOAT16, np.array([2.0, 3.0, 4.0], np.float32).astype(BF16).tobytes()
+    node = helper.make_model(helper.make_graph(
+        [helper.make_node("Mul", ["in0", "c"], ["out0"])], "kept",
+        [helper.make_tensor_value_info("in0", TensorProto.BFLOAT16, [3])],
+        [helper.make_tensor_value_info("out0", TensorProto.BFLOAT16, [3])], initializer=[c]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    config = base64.b64encode(node.SerializeToString()).decode()
+    text = f"""
+    func.func @main(%a: tensor<3xbf16>) -> tensor<3xbf16> {{
+      %0 = stablehlo.negate %a : tensor<3xbf16>
+      %1 = stablehlo.custom_call @collage.onnx_node(%0) {{backend_config = "{config}", has_side_effect = false}} : (tensor<3xbf16>) -> tensor<3xbf16>
+      %2 = stablehlo.abs %1 : tensor<3xbf16>
+      return %2 : tensor<3xbf16>
+    }}"""
+    with new_context() as ctx:
+        module = parse_module(text, ctx)  # held: its ops die with it
+        model = translate(next(iter(module.body.operations)))
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    mul = next(n for n in model.graph.node if n.op_type == "Mul")
+    casts = {n.output[0]: n for n in model.graph.node if n.op_type == "Cast"}
+    assert casts[mul.input[0]].attribute[0].i == TensorProto.BFLOAT16
+    assert any(n.input[0] == mul.output[0] and n.attribute[0].i == TensorProto.FLOAT for n in casts.values())

@@ -252,6 +252,29 @@ def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypat
     assert (5, 4) in compiled
 
 
+def test_jax_jit_with_bf16_buckets_checks_its_dynamic_engine_at_their_tolerance():
+    """`collage_mlir.jax.jit(fn, dims=..., plan="whole:openvino-bf16")`: an f32 function whose buckets compute
+    in bf16; the dynamic engine between buckets (f32) is checked against the OPT bucket at the bucket plan's
+    tolerance (it was checked at f32's, and every engine was refused). Results within bf16's 2e-2 of scale."""
+    import jax.numpy as jnp
+
+    import collage_mlir.jax as entry
+    from collage_mlir.backends import registry
+
+    if registry()["openvino-bf16"].problem:
+        pytest.skip(f"openvino-bf16: {registry()['openvino-bf16'].problem}")
+    w = (np.random.default_rng(0).standard_normal((64, 32)) / 8).astype(np.float32)
+
+    def f(x):
+        return jnp.tanh(x @ w)
+
+    run = entry.jit(f, dims={"0.0": (1, 2, 6)}, plan="whole:openvino-bf16")
+    for batch in (2, 5):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
+        got, want = np.asarray(run(x)), np.asarray(f(x))
+        assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+
+
 def test_an_exported_program_with_dims_compiles_its_buckets(torch):
     """collage_mlir.torch.compile(torch.export.export(..., dynamic_shapes={...: Dim(min, max)})): one program
     per bucket (MIN, the example's size, MAX), padded between, or else IREE's dynamic program between; out of
