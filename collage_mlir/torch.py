@@ -35,7 +35,7 @@ from collage_runtime.types import NumberFormat
 from .entry import PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached
 from .errors import CollageError
 from .frontends.dims import PYTHON, DimPlan, argument_axes, exported_dims, input_values, resized
-from .frontends.torch import export_onnx, import_exported_dynamic, import_torch
+from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
 
@@ -66,7 +66,7 @@ class CompiledModule:
         inputs = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
         outs = self.program.invoke_dlpack("main", *inputs)
         # Host arrays (results IREE cannot export) may be read-only, which DLPack cannot say: from_numpy.
-        tensors = [torch.from_numpy(o) if isinstance(o, np.ndarray) else torch.from_dlpack(o) for o in outs]
+        tensors = [to_torch(o) if isinstance(o, np.ndarray) else torch.from_dlpack(o) for o in outs]
         return pytree.tree_unflatten(tensors, self._out_spec)
 
 
@@ -115,9 +115,9 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     module = import_torch(model, list(example_inputs), new_context())
     if check_import:
         check(module, torch_source(model, list(example_inputs), eager),
-              [a.detach().cpu().numpy() for a in example_inputs], where=f"torch:{type(model).__name__}")
+              [to_numpy(a) for a in example_inputs], where=f"torch:{type(model).__name__}")
     tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
-    examples = {"main": [a.detach().cpu().numpy() for a in example_inputs]} if tuning else None
+    examples = {"main": [to_numpy(a) for a in example_inputs]} if tuning else None
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
                          examples=examples, precision=precision)
     out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")
@@ -133,12 +133,11 @@ class ShapedModule:
         self._out_spec = out_spec
 
     def __call__(self, *args):
-        import torch
         from torch.utils import _pytree as pytree
 
-        arrays = [a.detach().cpu().numpy() for a in pytree.tree_leaves(args)]
+        arrays = [to_numpy(a) for a in pytree.tree_leaves(args)]
         outs = self.program.invoke(self.program.table.function, *arrays)
-        return pytree.tree_unflatten([torch.from_numpy(np.asarray(o)) for o in outs], self._out_spec)
+        return pytree.tree_unflatten([to_torch(o) for o in outs], self._out_spec)
 
 
 def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict, program=None) -> ShapedModule:
@@ -175,7 +174,7 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     models, key = [], hashlib.sha256(json.dumps(declared).encode())  # and each bucket's artifact key
     for values in grid:
         inputs = resized(example, axes, values)
-        arrays = [a.detach().cpu().numpy() for a in inputs]
+        arrays = [to_numpy(a) for a in inputs]
         module = import_torch(model, inputs, new_context())
         if options["check_import"]:
             check(module, torch_source(model, inputs), arrays, where=f"torch:{type(model).__name__} at "

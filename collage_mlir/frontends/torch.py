@@ -19,11 +19,36 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
+
+from collage_runtime.types import NUMPY_DTYPES
+
 from ..errors import CollageError
 from ..ir import ir, new_context, parse_module
 from . import cache_dir, write_cache
 from .onnx import import_onnx
 from .refine import SYMBOLIC_DIMS
+
+
+def to_numpy(t) -> np.ndarray:
+    """A CPU tensor's values as a numpy array, without a copy where it is on the CPU and contiguous; a bf16
+    tensor as ml_dtypes' ``bfloat16`` (numpy has none; torch's ``.numpy()`` refuses it)."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(NUMPY_DTYPES["bf16"])
+    return t.numpy()
+
+
+def to_torch(a: np.ndarray):
+    """``to_numpy``'s inverse: a tensor over the array's memory (a bf16 array as ``torch.bfloat16``)."""
+    import torch
+
+    a = np.asarray(a)
+    if a.dtype == NUMPY_DTYPES["bf16"]:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def model_key(model, example_inputs: Sequence) -> str:

@@ -574,7 +574,7 @@ def torch_source(model, example_inputs: Sequence, result=None) -> Source:
     import torch
     from torch.utils import _pytree as pytree
 
-    from ..frontends.torch import model_key
+    from ..frontends.torch import model_key, to_numpy
 
     if result is None:
         with torch.no_grad():
@@ -585,7 +585,7 @@ def torch_source(model, example_inputs: Sequence, result=None) -> Source:
 
     def run(inputs: Sequence[np.ndarray]) -> SourceRun:
         # The check runs on the example inputs (given inputs are used as they are): ``result`` is on them.
-        return SourceRun("torch eager", [_torch_to_numpy(t) for _, t in leaves], spread)
+        return SourceRun("torch eager", [to_numpy(t) for _, t in leaves], spread)
 
     return Source("torch eager", run, tuple(name for name, _ in leaves), model_key(model, example_inputs))
 
@@ -611,13 +611,6 @@ def _quantized_spread(model, example_inputs: Sequence, outputs: list) -> tuple[f
                 if torch.is_floating_point(b) and b.numel():
                     spread[k] = max(spread[k], float((a.double() - b.double()).abs().max()))
     return tuple(spread)
-
-
-def _torch_to_numpy(t) -> np.ndarray:
-    import torch
-
-    t = t.detach().cpu()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def jax_source(fn: Callable, example_args: Sequence) -> Source:

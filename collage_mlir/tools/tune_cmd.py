@@ -151,7 +151,7 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
 
     from torch import no_grad as torch_no_grad
 
-    from ..frontends.torch import import_torch
+    from ..frontends.torch import import_torch, to_numpy
 
     mod_name, _, attr = spec.partition(":")
     try:
@@ -172,8 +172,8 @@ def load_model(spec: str, context, inputs: list, check_import: bool = False, cal
                                exit_code=2) from None
     module = import_torch(model, example, context)
     if check_import:
-        check(module, torch_source(model, example), [t.detach().numpy() for t in example], where=spec)
-    return module, inputs or [t.detach().numpy() for t in example]
+        check(module, torch_source(model, example), [to_numpy(t) for t in example], where=spec)
+    return module, inputs or [to_numpy(t) for t in example]
 
 
 def quantized_spec(spec: str, calibration) -> str:

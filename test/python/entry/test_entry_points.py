@@ -20,6 +20,26 @@ def test_plans_other_than_default(torch):
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("plan", ["whole:ort", "whole:openvino"])
+def test_a_bf16_model_runs_in_bf16(torch, plan):
+    """A model cast to bf16 (`model.to(torch.bfloat16)`), bf16 tensors in and out, equal to eager within
+    bf16's tolerance (5e-2 of scale). Both `collage_mlir.torch.compile` and `torch.compile` ran it eagerly
+    before: the import check read eager's bf16 result as f32, and a bf16 tensor had no numpy array."""
+    import collage_mlir.torch
+
+    model, x = mlp().to(torch.bfloat16), torch.randn(4, 32).to(torch.bfloat16)
+    compiled = collage_mlir.torch.compile(model, [x], plan=plan)
+    assert {r.backend for r in compiled.plan.regions} == {plan.split(":")[1]}
+    got, want = compiled(x), model(x)
+    assert got.dtype == torch.bfloat16
+    assert (got.float() - want.float()).abs().max() <= 5e-2 * want.float().abs().max()
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="collage: running this graph eagerly")
+        again = torch.compile(model, backend="collage", options={"plan": plan})(x)
+    assert again.dtype == torch.bfloat16 and torch.equal(again, got)
+
+
 def test_a_graph_collage_cannot_take_runs_eagerly_with_one_warning(torch):
     class Spectrum(torch.nn.Module):
         def forward(self, x):
