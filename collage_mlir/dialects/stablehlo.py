@@ -704,3 +704,22 @@ def resource_arrays(ops: list[ir.Operation]) -> list[np.ndarray | None]:
         else:
             out.append(None)
     return out
+
+
+def inline_bf16_resources(module: ir.Module) -> int:
+    """Makes each ``dense_resource`` bf16 constant of ``module`` (torch-mlir's weights of a bf16 model) a
+    ``dense`` hex attribute of the same bytes; returns how many. IREE 3.13's CPU path retypes bf16 constants
+    to f32 and cannot retype a resource blob ("'arith.constant' op failed to verify that all of {value,
+    result} have same type"), while JAX's hex constants compile."""
+    ops = matching_ops(module, lambda op: op.name == "stablehlo.constant" and "value" in op.attributes
+                       and not isinstance(op.attributes["value"], ir.DenseElementsAttr)
+                       and (tt := tensor_type(op.results[0])) is not None and tt[1] == "bf16")
+    values = resource_arrays(ops)
+    count = 0
+    with module.context:
+        for op, value in zip(ops, values):
+            if value is not None:
+                op.attributes["value"] = ir.Attribute.parse(
+                    f'dense<"0x{value.tobytes().hex().upper()}"> : {op.results[0].type}')
+                count += 1
+    return count

@@ -23,6 +23,7 @@ import numpy as np
 
 from collage_runtime.types import NUMPY_DTYPES
 
+from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..ir import ir, new_context, parse_module
 from . import cache_dir, write_cache
@@ -155,7 +156,9 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
         root = Path(cache) if isinstance(cache, (str, Path)) else cache_dir() / "torch"
         path = root / f"{model_key(model, example_inputs)}-{func_name}.mlirbc"
         if path.exists():
-            return parse_module(path.read_bytes(), context, where=str(path))
+            module = parse_module(path.read_bytes(), context, where=str(path))
+            sh.inline_bf16_resources(module)  # a cache entry written before they were inlined
+            return module
     if pt2e_quantized(model):
         data = _through_onnx(model, example_inputs, func_name)
     else:
@@ -166,9 +169,14 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
         buf = io.BytesIO()
         imported.operation.write_bytecode(buf)
         data = buf.getvalue()
+    module = parse_module(data, context, where=f"torch:{type(model).__name__}")
+    if sh.inline_bf16_resources(module):  # a bf16 model's weights, as IREE takes them
+        buf = io.BytesIO()
+        module.operation.write_bytecode(buf)
+        data = buf.getvalue()
     if path is not None:
         write_cache(path, data)
-    return parse_module(data, context, where=f"torch:{type(model).__name__}")
+    return module
 
 
 def import_exported_dynamic(program, context: ir.Context) -> ir.Module:

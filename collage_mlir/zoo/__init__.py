@@ -92,6 +92,17 @@ def _r3d(small: bool):
     return R3D(), (torch.randn(1, 3, 16, 112, 112),)
 
 
+def _bf16(builder: Callable[[], tuple]) -> Callable[[], tuple]:
+    """A PyTorch builder's model cast to bf16 as a PyTorch user casts it (``model.to(torch.bfloat16)``), its
+    float inputs too."""
+    def build():
+        import torch
+
+        model, inputs = builder()
+        return model.to(torch.bfloat16), tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    return build
+
+
 def _jax(builder: str, **kwargs) -> Callable[[], tuple]:
     def build():
         from . import jax_models
@@ -152,6 +163,10 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in (
              lambda: _dcgan(False), lambda: _dcgan(True)),
     ZooModel("r3d_18", "R3D-18, 1x3x16x112x112 clip", "R3D (1,1,1,1) blocks, width 8, 16x32x32 clip",
              lambda: _r3d(False), lambda: _r3d(True)),
+    ZooModel("resnet50_bf16", "ResNet-50 in bf16 (model.to(torch.bfloat16)), 1x3x224x224",
+             "ResNet (1,1,1,1) blocks in bf16, width 16, 64x64", _bf16(lambda: _resnet(False)), _bf16(lambda: _resnet(True))),
+    ZooModel("bert_base_bf16", "BERT-base in bf16 (model.to(torch.bfloat16)), seq 128", "BERT 2 layers in bf16, hidden 128, seq 32",
+             _bf16(lambda: _bert(False)), _bf16(lambda: _bert(True))),
     *_JAX_MODELS,
 )}
 
@@ -199,8 +214,10 @@ def numpy_inputs(name: str, small: bool = False) -> list:
     """The model's example inputs as numpy arrays (what a compiled program takes)."""
     import numpy as np
 
+    from ..frontends.torch import to_numpy
+
     _, inputs = build(name, small)
-    return [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in inputs]
+    return [np.asarray(to_numpy(x) if hasattr(x, "numpy") else x) for x in inputs]
 
 
 def import_stablehlo(name: str, context, small: bool = False, cache=True):

@@ -32,11 +32,13 @@ def export_onnx(ctx: SetupContext) -> tuple[Path, list[np.ndarray]]:
         return path, [np.asarray(x) for x in inputs]
     import torch
 
+    from ...frontends.torch import to_numpy
+
     torch.set_num_threads(ctx.threads)
     model, inputs = zoo.build(ctx.model, ctx.small)
     with torch.no_grad():
         torch.onnx.export(model, inputs, str(path), verbose=False)
-    return path, [x.numpy() for x in inputs]
+    return path, [to_numpy(x) for x in inputs]
 
 
 def setup(ctx: SetupContext, runtime_policy: bool = False) -> Prepared:

@@ -9,8 +9,10 @@ from . import Contender, Prepared, SetupContext
 
 def torch_outputs(result) -> list:
     """A model's result (a tensor or a tuple of them) as numpy arrays."""
+    from ...frontends.torch import to_numpy
+
     results = result if isinstance(result, (tuple, list)) else (result,)
-    return [r.detach().numpy().copy() for r in results]
+    return [to_numpy(r).copy() for r in results]
 
 
 def torch_prepared(call: Callable, inputs: Sequence) -> Prepared:
