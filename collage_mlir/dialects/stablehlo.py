@@ -303,11 +303,20 @@ def half_contractions(module: ir.Module | ir.Operation) -> list[ir.Operation]:
 
 def stated_format(module: ir.Module | ir.Operation) -> NumberFormat:
     """The format the model states for its products: bf16 where it has convolutions or dot products and each
-    takes bf16 operands (a JAX model cast to bf16; its sums may be f32), else f32."""
+    multiplies bf16 values: bf16 operands (a JAX model cast to bf16; its sums may be f32), or bf16 ones
+    converted to f32 first (torch-mlir's form of a bf16 model's batched matmuls); else f32."""
+    def bf16(v: ir.Value) -> bool:
+        tt = tensor_type(v)
+        if tt is not None and tt[1] == "bf16":
+            return True
+        owner = v.owner  # a block (an argument) or an op view
+        if isinstance(owner, ir.Block):
+            return False
+        return owner.operation.name == "stablehlo.convert" and bf16(owner.operation.operands[0])
+
     contractions = matching_ops(module, lambda op: op.name in CONTRACTIONS)
-    bf16 = contractions and all(tensor_type(v) is not None and tensor_type(v)[1] == "bf16"
-                                for op in contractions for v in op.operands)
-    return NumberFormat.BF16 if bf16 else NumberFormat.F32
+    return NumberFormat.BF16 if contractions and all(bf16(v) for op in contractions for v in op.operands) \
+        else NumberFormat.F32
 
 
 def _int_attr(op: ir.Operation, name: str) -> int:

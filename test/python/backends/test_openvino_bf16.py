@@ -81,7 +81,8 @@ def test_precision_bf16_adds_the_bf16_backends_to_a_tune(bf16_backend):
 @pytest.mark.fast
 def test_a_bf16_model_is_tuned_over_the_bf16_backends_unless_f32_is_asked(bf16_backend):
     """The default precision is the model's own: a model whose products take bf16 (a JAX model cast to
-    bf16) gets the bf16 backends without a flag; `--precision f32` keeps them out; an f32 model does not."""
+    bf16; a torch one, whose matmuls torch-mlir widens first) gets the bf16 backends without a flag;
+    `--precision f32` keeps them out; an f32 model does not."""
     from collage_mlir.dialects.stablehlo import stated_format
     from collage_mlir.tools.tune_cmd import backends_for
     from collage_runtime.types import NumberFormat
@@ -90,6 +91,14 @@ def test_a_bf16_model_is_tuned_over_the_bf16_backends_unless_f32_is_asked(bf16_b
         bf16 = parse_module(MATMUL.replace("x512xf32", "x512xbf16").replace("512x64xf32", "512x64xbf16"), ctx)
         assert stated_format(bf16) is NumberFormat.BF16
         assert stated_format(parse_module(MATMUL, ctx)) is NumberFormat.F32
+        widened = parse_module("""
+        func.func @main(%x: tensor<64x512xbf16>, %w: tensor<512x64xbf16>) -> tensor<64x64xf32> {
+          %a = stablehlo.convert %x : (tensor<64x512xbf16>) -> tensor<64x512xf32>
+          %b = stablehlo.convert %w : (tensor<512x64xbf16>) -> tensor<512x64xf32>
+          %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<64x512xf32>, tensor<512x64xf32>) -> tensor<64x64xf32>
+          return %0 : tensor<64x64xf32>
+        }""", ctx)
+        assert stated_format(widened) is NumberFormat.BF16  # torch-mlir's bf16 matmul: products of bf16 values
         assert [b.name for b in backends_for(_args(), bf16)] == ["ort", "iree-cpu", "openvino-bf16"]
         assert [b.name for b in backends_for(_args(precision="f32"), bf16)] == ["ort", "iree-cpu"]
 
