@@ -38,7 +38,10 @@ def test_zoo_small_variant_runs_under_iree_alone(name, torch, tmp_path):
     compile_module(module, "default", tmp_path / "out", source=name)
     with collage_runtime.load(tmp_path / "out") as program:
         got = program.invoke("main", *[to_numpy(x) for x in inputs])
-    check = compare(got, [to_numpy(expected)], RTOL, 0.0)
+    # A bf16 model: eager rounds every op's result to bf16, IREE fuses and rounds less often; through a
+    # ResNet's blocks that differs by up to ~6 % of the logits' scale (torch.compile too: studies/zoo_bench).
+    rtol = 0.1 if expected.dtype == torch.bfloat16 else RTOL
+    check = compare(got, [to_numpy(expected)], rtol, 0.0)
     assert check.ok, check.message
     with torch.inference_mode():
         other = model(*[torch.randn_like(x) if x.is_floating_point() else torch.randint_like(x, 100) for x in inputs])
