@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collage_runtime.types import NumberFormat
 
-from ..dialects import stablehlo as sh
 from ..backends import PLATFORM_DEFAULTS, Platform, get_backend, registry
+from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..graph import Graph
 from ..plan import Plan
