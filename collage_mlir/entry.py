@@ -22,13 +22,18 @@ from collage_runtime.types import NumberFormat
 
 from .backends import get_backend
 from .errors import CollageError
-from .frontends import cache_dir
-from .graph import Graph, number_ops
+from .dialects import collage
+from .frontends import cache_dir, write_cache
+from .frontends.onnx_calibrate import (Agreement, Calibration, CalibrationMethod, held_out_samples,
+                                       program_agreement, quantize_onnx, samples_file)
+from .graph import Graph, number_ops, public_funcs
 from .ir import ir, new_context, parse_module
 from .iree import compile_module
 from .measure.db import CostDB, default_db_path
 from .measure.device import device_fingerprint
+from .measure.import_check import load_checked
 from .measure.extract import structural_hash
+from .onnx.export import translate
 from .plan import Plan
 from .search import available_backends, resolve_plan, tune_backends
 from .search.record import TunedPlan, TuneRecord
@@ -72,7 +77,8 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
     try:
         precision = None if precision is None else NumberFormat(precision)
     except ValueError:
-        raise CollageError(f"precision must be 'f32' or 'bf16' (int8: quantize the model first), got {precision!r}") \
+        raise CollageError(f"precision must be 'f32' or 'bf16' here (int8: quantize the model first), got "
+                           f"{precision!r}") \
             from None
     key = module_key(module)
     graph = Graph(module)
@@ -104,6 +110,85 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
         result = tune(copy, chosen, cost_db, work, budget_s=budget, seed=seed, examples=examples)
         cost_db.put_plan(key, device, result.tuned.to_json())
     return PlanChoice(result.plan, "tuned now", _provenance(result.tuned, db_path, key))
+
+
+#: The ``precision`` that quantizes an f32 model (``Int8``, ``quantize``); the others are ``NumberFormat``s.
+INT8 = "int8"
+
+
+@dataclass(frozen=True)
+class Int8:
+    """``precision="int8"`` from Python: the batches of the model's inputs to calibrate on (each a sequence of
+    arrays with the example inputs' shapes; the last quarter held out to check on), the range method, and the
+    largest share of held-out samples whose top class may change (None: reported, not bounded)."""
+
+    samples: tuple
+    method: CalibrationMethod = CalibrationMethod.MINMAX
+    max_drop: float | None = None
+
+    @staticmethod
+    def of(calibrate, method: str, max_drop: float | None, to_arrays) -> "Int8":
+        """From an entry point's keywords: ``calibrate`` (batches; a batch of a one-input model may be the
+        array itself), each batch made arrays by ``to_arrays``."""
+        if calibrate is None:
+            raise CollageError("precision='int8' needs calibrate= (batches of the model's inputs; the last quarter "
+                               "is held out to check the int8 program on)")
+        try:
+            method = CalibrationMethod(method)
+        except ValueError:
+            raise CollageError(f"calibration_method must be one of {', '.join(m.value for m in CalibrationMethod)}, "
+                               f"got {method!r}") from None
+        if max_drop is not None and not 0 <= max_drop <= 1:
+            raise CollageError(f"max_drop is a share of samples in [0, 1], got {max_drop}")
+        return Int8(tuple(tuple(to_arrays(b)) for b in calibrate), method, max_drop)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A module made int8 by ``quantize``: its f32 form as ONNX (what its programs are checked against), the
+    calibration, and the int8 model's agreement with f32 on the held-out samples (``agreement.line()``),
+    with the nodes kept in f32 to meet ``max_drop``."""
+
+    f32: Path
+    calibration: Calibration
+    agreement: Agreement
+    kept: tuple[str, ...]
+
+    def check(self, program) -> Agreement:
+        """``program`` (``collage_runtime``'s, ``main`` taking the model's inputs) against the f32 model on the
+        held-out samples: its agreement, or one CollageError where it exceeds ``max_drop`` (the engines' int8
+        kernels round otherwise than the quantized model)."""
+        held = held_out_samples(self.f32, self.calibration.held_out)
+        agreement = program_agreement(self.f32, lambda feeds: program.invoke("main", *feeds.values())[0], held)
+        if agreement.exceeds(self.calibration.max_drop):
+            raise CollageError(f"{agreement.line()}: above max_drop {self.calibration.max_drop:g} (the int8 model "
+                               f"met it: {self.agreement.line()})")
+        return agreement
+
+
+def quantize(module: ir.Module, request: Int8, examples: Sequence[np.ndarray], *,
+             check_import: bool = True) -> tuple[ir.Module, Quantized]:
+    """``module`` (f32) made int8 as ``collage compile --precision int8`` makes an ONNX model: its ``main``
+    translated to ONNX (the translation ONNX Runtime's regions run), quantized by ONNX Runtime's quantizer
+    on ``request``'s samples (``onnx_calibrate.quantize_onnx``: nodes fall back to f32 to meet ``max_drop``),
+    and imported back (checked against ONNX Runtime on ``examples`` where ``check_import``). So any
+    frontend's model, torch or JAX, gets the int8 path of quantized ONNX models."""
+    data = module.operation.get_asm(binary=True)
+    f32 = cache_dir() / "int8" / f"f32-{hashlib.sha256(data).hexdigest()[:32]}.onnx"
+    if not f32.is_file():
+        funcs = [f for f in public_funcs(module) if collage.symbol_name(f) == "main"]
+        if not funcs:
+            raise CollageError("precision='int8' quantizes a model's @main; the module has none")
+        try:
+            model = translate(funcs[0])
+        except CollageError as exc:
+            raise CollageError(f"cannot quantize the model: its f32 form does not translate to ONNX ({exc})") \
+                from None
+        write_cache(f32, model.SerializeToString())
+    calibration = Calibration(samples_file(f32, request.samples), request.method, request.max_drop)
+    int8, agreement, kept = quantize_onnx(f32, calibration)
+    quantized = load_checked(int8, new_context(), list(examples), check=check_import, where="the int8 model")
+    return quantized, Quantized(f32, calibration, agreement, kept)
 
 
 def plan_provenance(spec: str, tuning: TuneRecord | None = None, db: str | Path | None = None) -> dict:

@@ -21,8 +21,9 @@ import numpy as np
 
 from collage_runtime.shapes import Axes, bucket_for, cut_to, dims_label, pad_to
 
-from .entry import PlanChoice, choose_plan, compile_cached
+from .entry import INT8, Int8, PlanChoice, choose_plan, compile_cached, quantize
 from .errors import CollageError
+from .frontends.onnx_calibrate import Agreement
 from .frontends.dims import PYTHON, DimPlan, argument_axes, check_declared, input_values
 from .frontends import stablehlo
 from .frontends.jax import import_jax
@@ -34,10 +35,12 @@ from .shaped import fastest_dynamic, output_axes, plan_slack
 class CompiledFunction:
     """A JAX function compiled by collage for one input signature."""
 
-    def __init__(self, program, out_tree, choice: PlanChoice):
+    def __init__(self, program, out_tree, choice: PlanChoice, agreement: Agreement | None = None):
         self.program = program
         self.plan = choice.plan
         self.plan_how = choice.how  # "given", "tuned before", "tuned now" or "default"
+        #: int8 (``precision="int8"``): the program against the f32 model on the held-out samples.
+        self.agreement = agreement
         self._out_tree = out_tree
 
     def __call__(self, *args):
@@ -49,29 +52,47 @@ class CompiledFunction:
 
 def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: float | None = None,  # noqa: A001
             backends: Sequence[str] | None = None, precision: str | None = None, db: str | Path | None = None,
-            threads: int | None = None, check_import: bool = True) -> CompiledFunction:
+            threads: int | None = None, check_import: bool = True, calibrate: Sequence | None = None,
+            calibration_method: str = "minmax", max_drop: float | None = None) -> CompiledFunction:
     """Lowers ``fn`` for ``example_args``' shapes and dtypes and compiles it by ``plan`` (None: tuned
     before, else tuned within ``tune_budget`` seconds when given, over ``backends`` (default: every
     available one) and those computing in ``precision`` (default: the model's own, bf16 for a bf16 model;
     ``"bf16"``: the bf16 backends for an f32 one too), else the default). ``check_import``:
     the lowered module runs with IREE alone on the example arguments and must match ``jax.jit(fn)``
-    (``measure.import_check``; the verdict is cached)."""
+    (``measure.import_check``; the verdict is cached).
+
+    ``precision="int8"`` quantizes the f32 function first (``entry.quantize``, as ``collage_mlir.torch.compile``
+    does): ``calibrate`` is a sequence of batches, each a tuple of ``fn``'s arguments with the example
+    arguments' shapes (the last quarter held out; ``max_drop`` bounds the share of them whose top class
+    changes, checked on the compiled program too: ``agreement``). Weights ``fn`` closes over are constants,
+    quantized per channel; weights passed as arguments are quantized as activations."""
     import jax
 
     import collage_runtime
 
+    int8 = None
+    if precision == INT8:
+        int8 = Int8.of(calibrate, calibration_method, max_drop,
+                       lambda b: [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(b))])
+        precision = None  # the int8 module's own
+    elif calibrate is not None or max_drop is not None:
+        raise CollageError("calibrate and max_drop go with precision='int8'")
     fn = _callable(fn)
     module = import_jax(fn, example_args, new_context())
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
     leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(example_args)]
-    if check_import:  # device_put: the dtypes jax canonicalizes to (no x64: int64 becomes int32), as lowered
-        check(module, jax_source(fn, example_args),
-              [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(example_args))],
-              where=f"jax:{getattr(fn, '__name__', 'fn')}")
+    # device_put: the dtypes jax canonicalizes to (no x64: int64 becomes int32), as lowered
+    canonical = [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(example_args))]
+    if check_import:
+        check(module, jax_source(fn, example_args), canonical, where=f"jax:{getattr(fn, '__name__', 'fn')}")
+    quantized = None
+    if int8 is not None:
+        module, quantized = quantize(module, int8, canonical, check_import=check_import)
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, db=db, examples={"main": leaves},
                          precision=precision)
     out = compile_cached(module, choice, source=f"jax:{getattr(fn, '__name__', 'fn')}")
-    return CompiledFunction(collage_runtime.load(out, threads=threads), out_tree, choice)
+    program = collage_runtime.load(out, threads=threads)
+    return CompiledFunction(program, out_tree, choice, quantized.check(program) if quantized else None)
 
 
 def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = None,

@@ -32,15 +32,17 @@ import numpy as np
 from collage_runtime.shapes import Fallback, dims_label
 from collage_runtime.types import NumberFormat
 
-from .entry import PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached
+from .entry import INT8, Int8, PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached, quantize
 from .errors import CollageError
+from .frontends.onnx_calibrate import Agreement
 from .frontends.dims import PYTHON, DimPlan, argument_axes, exported_dims, input_values, resized
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
 
 #: ``torch.compile(..., options={...})`` keys the ``collage`` backend takes (``compile``'s keywords).
-DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "precision", "seed", "db", "threads", "check_import")
+DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "precision", "seed", "db", "threads", "check_import", "calibrate",
+                  "calibration_method", "max_drop")
 
 
 class CompiledModule:
@@ -52,10 +54,12 @@ class CompiledModule:
     unaligned or strided input, a tensor on another device, or a sub-byte/empty result is copied once. A
     result can share memory with an input, as in eager PyTorch, where the model returns that input."""
 
-    def __init__(self, program, out_spec, choice: PlanChoice):
+    def __init__(self, program, out_spec, choice: PlanChoice, agreement: Agreement | None = None):
         self.program = program
         self.plan = choice.plan
         self.plan_how = choice.how  # "given", "tuned before", "tuned now" or "default"
+        #: int8 (``precision="int8"``): the program against the f32 model on the held-out samples.
+        self.agreement = agreement
         self._out_spec = out_spec
 
     def __call__(self, *args):
@@ -73,8 +77,9 @@ class CompiledModule:
 def compile(model, example_inputs: Sequence | None = None, *, plan: str | None = None,  # noqa: A001
             tune_budget: float | None = None, backends: Sequence[str] | None = None, precision: str | None = None,
             seed: int = 0, db: str | Path | None = None, threads: int | None = None, check_import: bool = True,
-            buckets: Mapping[str, Sequence[int]] | None = None,
-            pad: Sequence[str] = ()) -> "CompiledModule | ShapedModule":
+            buckets: Mapping[str, Sequence[int]] | None = None, pad: Sequence[str] = (),
+            calibrate: Sequence | None = None, calibration_method: str = "minmax",
+            max_drop: float | None = None) -> "CompiledModule | ShapedModule":
     """Compiles ``model`` for ``example_inputs``' shapes and dtypes; raises CollageError when it cannot.
     The plan: ``plan`` when given, else the one tuned before for this model's structure (cost DB
     ``db``), else a tune over ``backends`` (and with ``precision="bf16"`` the backends computing in bf16; default: the model's own)
@@ -87,7 +92,14 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     dim, named ``ARG.AXIS`` by its first axis, has the buckets ``buckets`` lists, else its MIN, the example's
     size and its MAX; along the dims in ``pad`` a shape between buckets runs zero-padded on the next one up;
     a range some shape of which neither serves is refused. Each bucket's plan is chosen as above
-    (``tune_budget`` shared between them)."""
+    (``tune_budget`` shared between them).
+
+    ``precision="int8"`` quantizes the f32 model first, as ``collage compile --precision int8`` does
+    (``entry.quantize``): ``calibrate`` is a sequence of batches, each the model's inputs (a tensor, or a
+    tuple of tensors) with the example inputs' shapes; ranges by ``calibration_method`` (``minmax``,
+    ``percentile``, ``entropy``); the last quarter of the batches is held out, and where the int8 model
+    changes the top class of more than ``max_drop`` of those samples, nodes fall back to f32. The compiled
+    program is checked on them too (``agreement``); above ``max_drop``, a CollageError."""
     import torch
     from torch.utils import _pytree as pytree
 
@@ -100,6 +112,9 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         dims, axes = exported_dims(model, args)
         options = dict(plan=plan, tune_budget=tune_budget, backends=backends, precision=precision, seed=seed, db=db,
                        threads=threads, check_import=check_import)
+        if dims and precision == INT8:
+            raise CollageError("precision='int8' takes static shapes; quantize the model first (PT2E) to compile "
+                               "it with dynamic dims")
         if dims:
             return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
                                    program=model)
@@ -109,6 +124,14 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     elif buckets or pad:
         raise CollageError("buckets and pad go with an exported program's dynamic dims (torch.export.Dim)")
 
+    int8 = None
+    if precision == INT8:
+        int8 = Int8.of(calibrate, calibration_method, max_drop,
+                       lambda b: [to_numpy(t) for t in (b if isinstance(b, (tuple, list)) else (b,))])
+        precision = None  # the int8 module's own
+    elif calibrate is not None or max_drop is not None:
+        raise CollageError("calibrate and max_drop go with precision='int8'")
+
     with torch.no_grad():
         eager = model(*example_inputs)
     _, out_spec = pytree.tree_flatten(eager)
@@ -116,12 +139,16 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     if check_import:
         check(module, torch_source(model, list(example_inputs), eager),
               [to_numpy(a) for a in example_inputs], where=f"torch:{type(model).__name__}")
+    quantized = None
+    if int8 is not None:
+        module, quantized = quantize(module, int8, [to_numpy(a) for a in example_inputs], check_import=check_import)
     tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
     examples = {"main": [to_numpy(a) for a in example_inputs]} if tuning else None
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
                          examples=examples, precision=precision)
     out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")
-    return CompiledModule(collage_runtime.load(out, threads=threads), out_spec, choice)
+    program = collage_runtime.load(out, threads=threads)
+    return CompiledModule(program, out_spec, choice, quantized.check(program) if quantized else None)
 
 
 class ShapedModule:

@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -123,6 +124,37 @@ def _batches(model, data: Path) -> list[dict[str, np.ndarray]]:
     return batches
 
 
+def samples_file(path: str | Path, samples: Sequence[Sequence[np.ndarray]]) -> Path:
+    """Samples given as arrays (per batch, one array per input of the ONNX model at ``path``, in order) written
+    where ``Calibration`` reads them: an .npz in the cache, one array per input name, the batches along the
+    leading axis; each batch must have the model's input shapes (one CollageError naming ``calibrate``)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in constants]
+    if len(samples) < 2:
+        raise CollageError(f"calibrate takes at least 2 batches (the last quarter is held out), got {len(samples)}",
+                           exit_code=2)
+    digest = hashlib.sha256()
+    for k, batch in enumerate(samples):
+        if len(batch) != len(inputs):
+            raise CollageError(f"calibrate batch {k} has {len(batch)} inputs, the model takes {len(inputs)}",
+                               exit_code=2)
+        for i, a in zip(inputs, batch):
+            dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+            if list(np.shape(a)) != dims:
+                raise CollageError(f"calibrate batch {k}: an input of shape {list(np.shape(a))}, the example's is "
+                                   f"{dims}", exit_code=2)
+            digest.update(f"{np.asarray(a).dtype} {np.shape(a)} {i.name} ".encode() + np.ascontiguousarray(a).tobytes())
+    out = cache_dir() / "int8" / f"samples-{digest.hexdigest()[:32]}.npz"
+    if not out.is_file():
+        buf = io.BytesIO()
+        np.savez(buf, **{i.name: np.concatenate([np.asarray(b[k]) for b in samples]) for k, i in enumerate(inputs)})
+        write_cache(out, buf.getvalue())
+    return out
+
+
 #: At most this share of the quantized compute nodes falls back to f32 to meet ``max_drop``: beyond it the
 #: model is hardly int8 any more, and the bound is reported as not met.
 MAX_FALLBACK_SHARE = 0.5
@@ -165,7 +197,11 @@ def quantize_onnx(path: str | Path, calibration: Calibration) -> tuple[Path, Agr
     (The largest output error alone is a poor guide: it grows downstream of the node that causes it.)"""
     import onnx
 
-    model = onnx.load(str(path))
+    try:
+        model = onnx.load(str(path))
+    except (OSError, ValueError) as exc:  # onnx raises DecodeError, a ValueError, on a file that is no model
+        raise CollageError(f"cannot read the ONNX model: {' '.join(str(exc).split())[:200]}", where=str(path),
+                           exit_code=2) from None
     batches = _batches(model, calibration.data)
     held = _held(len(batches))
     calibrate, held_out = batches[:-held], batches[-held:]

@@ -663,7 +663,9 @@ def _gemm(g: _Graph) -> bool:
         if bshape is None or len(bshape) > 2 or \
                 _broadcast_shape([bshape, (a[0], b[1])]) != (a[0], b[1]) or g.shapes.get(add.output[0]) != (a[0], b[1]):
             continue
-        if bias not in g.consts:  # a computed bias (a QDQ model's DequantizeLinear): a row vector only
+        if bias in g.consts and bshape == (1, b[1]):  # a row: one axis, as ONNX Runtime's quantizer takes a bias
+            bias = g.fresh_const(g.consts[bias].reshape(-1), "bias")
+        elif bias not in g.consts:  # a computed bias (a QDQ model's DequantizeLinear): a row vector only
             reshape = g.producer(bias)
             if bshape[-1] != b[1] or any(d != 1 for d in bshape[:-1]):
                 continue

@@ -202,6 +202,14 @@ def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, 
     assert "of its nodes in f32" in r.stderr  # the fallback tried, up to half the quantized nodes
 
 
+def test_a_missing_model_with_precision_int8_is_one_line(tmp_path):
+    np.save(tmp_path / "calib.npy", np.zeros((4, 1, 8, 8), np.float32))
+    r = _cli("compile", str(tmp_path / "missing.onnx"), "--precision", "int8", "--calibrate",
+             str(tmp_path / "calib.npy"), "-o", str(tmp_path / "out"))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "missing.onnx: cannot read the ONNX model" in r.stderr
+
+
 def test_a_program_above_max_drop_is_not_written(digits, tmp_path):
     """The bound holds for the program, not only for the int8 model: an int8 model (calibrated on dimmed
     images: it changes some held-out classes) compiled with a check at --max-drop 0 is refused with one

@@ -1,0 +1,119 @@
+"""``precision="int8"`` from Python: an f32 model quantized from calibration batches the user gives
+(``entry.quantize``: its StableHLO translated to ONNX, ONNX Runtime's quantizer, imported back as any
+quantized ONNX model), compiled, and checked on the held-out quarter of the batches.
+
+The torch model is the CNN trained on scikit-learn's digits (``models.digits_cnn``); the JAX model an NHWC
+CNN written with ``jax.nn`` and trained here on the same digits. Held-out accuracy is real accuracy: the
+int8 program classifies the unseen digits as well as f32 (within 2 points) and its logits are within
+``validate.QUANT_RTOL`` of the output's scale, and not equal (it is int8)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("sklearn")
+
+from collage_mlir.errors import CollageError  # noqa: E402
+from collage_mlir.measure.validate import QUANT_RTOL  # noqa: E402
+
+from models import digits_cnn  # noqa: E402
+
+HELD = slice(1408, 1792)  # 6 batches of 64 no calibration batch holds
+
+
+def _close_but_int8(got: np.ndarray, want: np.ndarray) -> None:
+    err = float(np.abs(got - want).max())
+    assert 1e-4 * float(np.abs(want).max()) < err <= QUANT_RTOL * float(np.abs(want).max())
+
+
+def test_a_torch_model_compiles_in_int8_from_calibration_batches(torch):
+    import collage_mlir.torch as ct
+
+    model, x, y = digits_cnn()
+    images = torch.tensor(x)
+    calibrate = [images[i:i + 64] for i in range(0, 512, 64)]  # 6 to calibrate on, 2 held out
+    program = ct.compile(model, [images[:64]], precision="int8", calibrate=calibrate, max_drop=0.02,
+                         plan="whole:ort")
+    assert program.agreement.samples == 128 and program.agreement.top1_changed <= 0.02
+    held = [images[k:k + 64] for k in range(HELD.start, HELD.stop, 64)]
+    with torch.no_grad():
+        got = torch.cat([program(b) for b in held]).numpy()
+        want = torch.cat([model(b) for b in held]).numpy()
+    _close_but_int8(got, want)
+    assert (got.argmax(1) == y[HELD]).mean() >= (want.argmax(1) == y[HELD]).mean() - 0.02
+
+    # torch.compile takes the same keywords as options: the same int8 module, so the same program.
+    compiled = torch.compile(model, backend="collage",
+                             options={"precision": "int8", "calibrate": calibrate, "plan": "whole:ort"})
+    with torch.no_grad():
+        np.testing.assert_array_equal(compiled(held[0]).numpy(), got[:64])
+
+
+def test_int8_keywords_are_checked_in_one_line(torch):
+    import collage_mlir.torch as ct
+
+    model, x, _ = digits_cnn()
+    images = torch.tensor(x)
+    with pytest.raises(CollageError, match=r"precision='int8' needs calibrate="):
+        ct.compile(model, [images[:64]], precision="int8")
+    with pytest.raises(CollageError, match=r"calibrate batch 1: an input of shape \[32, 1, 8, 8\], the example's "
+                                           r"is \[64, 1, 8, 8\]"):
+        ct.compile(model, [images[:64]], precision="int8", calibrate=[images[:64], images[:32]])
+    with pytest.raises(CollageError, match="calibrate and max_drop go with precision='int8'"):
+        ct.compile(model, [images[:64]], calibrate=[images[:64]] * 2)
+    with pytest.raises(CollageError, match="calibration_method must be one of minmax, percentile, entropy"):
+        ct.compile(model, [images[:64]], precision="int8", calibrate=[images[:64]] * 2, calibration_method="mse")
+
+
+def test_a_jax_model_compiles_in_int8_from_calibration_batches():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    optax = pytest.importorskip("optax")
+    from sklearn.datasets import load_digits
+
+    import collage_mlir.jax as cj
+    from collage_mlir.entry import Int8, quantize
+    from collage_mlir.frontends.jax import import_jax
+    from collage_mlir.ir import new_context
+
+    digits = load_digits()
+    x, y = (digits.images / 16.0).astype(np.float32)[..., None], digits.target
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = {"c1": jax.random.normal(keys[0], (3, 3, 1, 16)) * 0.3,
+              "c2": jax.random.normal(keys[1], (3, 3, 16, 32)) * 0.1,
+              "w": jax.random.normal(keys[2], (32, 10)) * 0.1, "b": jnp.zeros(10)}
+
+    def net(p, images):
+        conv = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        h = jax.nn.relu(jax.lax.conv_general_dilated(images, p["c1"], **conv))
+        h = jax.nn.relu(jax.lax.conv_general_dilated(h, p["c2"], **{**conv, "window_strides": (2, 2)}))
+        return h.mean((1, 2)) @ p["w"] + p["b"]
+
+    def loss(p, images, labels):
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(net(p, images)), labels[:, None], 1))
+
+    optimizer = optax.adam(1e-2)
+    state = optimizer.init(params)
+
+    @jax.jit
+    def step(p, s):
+        updates, s = optimizer.update(jax.grad(loss)(p, x[:1400], y[:1400]), s)
+        return optax.apply_updates(p, updates), s
+
+    for _ in range(150):
+        params, state = step(params, state)
+
+    def classify(images):  # the weights closed over: constants, quantized per channel
+        return net(params, images)
+
+    calibrate = [(x[i:i + 64],) for i in range(0, 512, 64)]
+    module, quantized = quantize(import_jax(classify, (x[:64],), new_context()), Int8(tuple(calibrate)), [x[:64]])
+    assert "stablehlo.uniform_quantize" in str(module) and not quantized.kept
+    program = cj.compile(classify, x[:64], precision="int8", calibrate=calibrate, max_drop=0.02, plan="whole:ort")
+    assert program.agreement.top1_changed <= 0.02
+    got = np.concatenate([program(x[k:k + 64]) for k in range(HELD.start, HELD.stop, 64)])
+    want = np.concatenate([np.asarray(classify(x[k:k + 64])) for k in range(HELD.start, HELD.stop, 64)])
+    _close_but_int8(got, want)
+    assert (got.argmax(1) == y[HELD]).mean() >= (want.argmax(1) == y[HELD]).mean() - 0.02 > 0.7
