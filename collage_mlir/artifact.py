@@ -80,11 +80,12 @@ def partition(module: ir.Module, plan: Plan, artifact_dir: str | Path | None,
 
 def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source: str = "<module>",
                    iree_args: Sequence[str] = (), provenance: dict | None = None,
-                   check: Callable[[Path], None] | None = None, **iree_kwargs) -> CompileResult:
+                   check: Callable[[Path], dict | None] | None = None, **iree_kwargs) -> CompileResult:
     """Partitions ``module`` by ``plan`` and writes the artifact directory ``out_dir`` (or, for a path
     ending in ``.collage``, one file packing that directory). ``provenance`` (where the plan came from:
     its tuning record, DB) is kept in the manifest for ``collage report``. ``check`` is called with the
-    complete artifact directory before it is put in place: what it raises leaves ``out_dir`` as it was.
+    complete artifact directory before it is put in place: what it raises leaves ``out_dir`` as it was;
+    what it returns (e.g. the program's agreement on held-out samples) joins the provenance.
 
     The artifact is built in a new directory beside ``out_dir`` and renamed into place once complete, so a
     failed or interrupted compile leaves the previous artifact as it was (or nothing), never a mix."""
@@ -109,8 +110,10 @@ def compile_module(module: ir.Module, plan: Plan, out_dir: str | Path, *, source
                             tuple(replace(r, sha256=sha256_file(stage / r.artifact)) for r in parts.regions),
                             provenance or None, parts.target.platform, tail)
         write_manifest(stage, manifest)
-        if check is not None:
-            check(stage)
+        found = check(stage) if check is not None else None
+        if found:
+            manifest = replace(manifest, provenance={**(provenance or {}), **found})
+            write_manifest(stage, manifest)
     return CompileResult(out, parts.plan, manifest)
 
 

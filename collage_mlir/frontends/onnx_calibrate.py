@@ -17,6 +17,7 @@ shape with a longer leading (batch) axis, a whole number of the model's batches,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import logging
@@ -87,6 +88,14 @@ class Agreement:
 
     def exceeds(self, max_drop: float | None) -> bool:
         return max_drop is not None and self.top1_changed > max_drop
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Agreement":
+        return cls(int(data["samples"]), float(data["top1_changed"]), float(data["max_rel_error"]),
+                   str(data.get("subject", "the program")))
 
 
 def _batches(model, data: Path) -> list[dict[str, np.ndarray]]:

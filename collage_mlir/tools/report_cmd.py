@@ -23,6 +23,7 @@ from collage_runtime.profile import Breakdown, profile
 from collage_runtime.program import InputError
 
 from ..errors import CollageError
+from ..frontends.onnx_calibrate import Agreement
 from ..backends import registry
 from ..graph import region_precision
 from ..plan import Plan
@@ -198,6 +199,10 @@ def render(tuned: TunedPlan | dict, manifest: Manifest | None, graph, db_path, b
     if breakdown is not None:
         parts.append(_breakdown_table(breakdown, inputs))
     recorded = (manifest.provenance if manifest else None) or {}  # written at compile time (collage_mlir.entry)
+    if "held_out" in recorded:  # checked at compile time (--held-out, or int8's held-out calibration quarter)
+        held = recorded["held_out"]
+        bound = f" (bound: --max-drop {held['max_drop']:g})" if held.get("max_drop") is not None else ""
+        parts.append(f"<h2>Accuracy</h2><p>{e(Agreement.from_json(held).line() + bound)}</p>")
     rec = tuned.record
     if rec is not None and rec.plan is not None and rec.dp is not None:
         parts.append("<h2>End to end</h2><table><tr><th>plan</th><th>predicted</th><th>measured</th><th>regions</th></tr>")

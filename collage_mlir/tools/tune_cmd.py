@@ -182,7 +182,8 @@ def quantized_spec(spec: str, calibration) -> str:
     if calibration is None:
         return spec
     if Path(spec).suffix != ".onnx":
-        raise CollageError("--precision int8 quantizes ONNX models (.onnx); quantize others before", where=spec,
+        raise CollageError("--precision int8 quantizes ONNX models (.onnx) here; a torch or JAX model from Python: "
+                           "collage_mlir.torch/jax.compile(..., precision='int8', calibrate=batches)", where=spec,
                            exit_code=2)
     from rich.console import Console
 
@@ -194,21 +195,23 @@ def quantized_spec(spec: str, calibration) -> str:
 
 def program_check(spec: str, held: HeldOut | None):
     """With ``held``-out samples, what ``compile_module(check=...)`` runs on a compiled artifact of the ONNX
-    model ``spec`` (or of its int8 quantization): the program against the f32 model on those samples, printed;
-    above ``--max-drop`` one CollageError, and the artifact is not written. None without them."""
+    model ``spec`` (or of its int8 quantization): the program against the f32 model on those samples, printed
+    and recorded in the manifest's provenance (``held_out``: ``collage report`` shows it); above
+    ``--max-drop`` one CollageError, and the artifact is not written. None without them."""
     if held is None:
         return None
     if Path(spec).suffix != ".onnx":
         raise CollageError("--held-out checks a program against an ONNX model (.onnx)", where=spec, exit_code=2)
     from rich.console import Console
 
-    def check(artifact: Path) -> None:
+    def check(artifact: Path) -> dict:
         agreement = held_out_agreement(spec, held, artifact)
         if agreement.exceeds(held.max_drop):
             why = " (the int8 model met it: the engines' int8 kernels round differently)" if held.last_quarter else ""
             raise CollageError(f"{agreement.line()}: above --max-drop {held.max_drop:g}; nothing was written{why}",
                                where=spec)
         Console(stderr=True).print(agreement.line(), highlight=False)
+        return {"held_out": agreement.to_json() | {"max_drop": held.max_drop}}
 
     return check
 

@@ -192,6 +192,15 @@ def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, 
     assert "the program against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
     got = _run(tmp_path / "int8", x)
     assert (got.argmax(1) == labels).mean() > 0.9
+    # The check's result is kept in the manifest, and the report shows it.
+    from collage_runtime.manifest import load_manifest
+    from collage_mlir.tools.report_cmd import render
+
+    manifest = load_manifest(tmp_path / "int8")
+    held = manifest.provenance["held_out"]
+    assert held["samples"] == 64 and 0 <= held["top1_changed"] <= 0.05 and held["max_drop"] is None
+    assert "<h2>Accuracy</h2><p>the program against f32 on 64 held-out samples" in \
+        render(manifest.plan, manifest, None, None)
     blank = calibration.copy()
     blank[:192] = 0.0
     np.save(tmp_path / "blank.npy", blank)
