@@ -138,6 +138,20 @@ def export_onnx(model, args: tuple, path: Path, what: str) -> Path:
     return path
 
 
+#: Where torch's eager-mode quantized modules live (``quantize_dynamic``, ``torch.ao.quantization.convert``).
+EAGER_QUANTIZED = ("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized")
+
+
+def _refuse_eager_quantized(model) -> None:
+    """One CollageError where ``model`` holds torch.ao's eager-mode quantized modules: their packed weights
+    and ``quantized::`` ops have no import (nor ONNX export); the f32 model in int8 is what collage takes."""
+    for name, sub in getattr(model, "named_modules", lambda: ())():
+        if type(sub).__module__.startswith(EAGER_QUANTIZED):
+            raise CollageError(f"the model has torch.ao eager-mode quantized modules ({name}: {type(sub).__module__}."
+                               f"{type(sub).__name__}), which collage cannot import: compile the f32 model with "
+                               "precision='int8' and calibrate=batches, or quantize it with PT2E (convert_pt2e)")
+
+
 def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_name: str = "main",
                  cache: Path | None | bool = True) -> ir.Module:
     """Imports ``model`` (in eval mode) as StableHLO into ``context``; ``cache=False`` disables the cache."""
@@ -151,6 +165,7 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
         model = model.eval()
     except NotImplementedError:  # an exported module (a PT2E-quantized one): traced in eval mode already
         pass
+    _refuse_eager_quantized(model)
     path = None
     if cache is not False:
         root = Path(cache) if isinstance(cache, (str, Path)) else cache_dir() / "torch"

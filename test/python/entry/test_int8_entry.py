@@ -65,6 +65,15 @@ def test_int8_keywords_are_checked_in_one_line(torch):
         ct.compile(model, [images[:64]], calibrate=[images[:64]] * 2)
     with pytest.raises(CollageError, match="calibration_method must be one of minmax, percentile, entropy"):
         ct.compile(model, [images[:64]], precision="int8", calibrate=[images[:64]] * 2, calibration_method="mse")
+    # A model torch.ao quantized in eager mode (its packed weights have no import): one line saying what works.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation
+        dynamic = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    with pytest.raises(CollageError, match=r"torch.ao eager-mode quantized modules \(6: torch.ao.nn.quantized.dynamic"
+                                           r".*compile the f32 model with precision='int8'"):
+        ct.compile(dynamic, [images[:64]])
 
 
 def test_a_jax_model_compiles_in_int8_from_calibration_batches():
