@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -39,7 +40,8 @@ def isa() -> str:
     except OSError:
         pass
     found = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8") if f in flags]
-    return "+".join(found) or platform.machine()
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")  # oneDNN's kernels (OpenVINO's, torch's) held to an older ISA
+    return ("+".join(found) or platform.machine()) + (f" (oneDNN capped at {cap})" if cap else "")
 
 
 def export(name: str, root: Path, exporter: str = "torchscript", exclude: tuple[str, ...] = (),
