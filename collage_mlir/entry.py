@@ -166,6 +166,24 @@ class Quantized:
         return agreement
 
 
+def f32_onnx(module: ir.Module) -> Path:
+    """``module``'s ``@main`` as an ONNX file in the cache (inputs ``in0``, ``in1``, ...), by the translator ONNX
+    Runtime's regions use: what int8 is quantized from, and its programs are checked against."""
+    data = module.operation.get_asm(binary=True)
+    f32 = cache_dir() / "int8" / f"f32-{hashlib.sha256(data).hexdigest()[:32]}.onnx"
+    if not f32.is_file():
+        funcs = [f for f in public_funcs(module) if collage.symbol_name(f) == "main"]
+        if not funcs:
+            raise CollageError("int8 quantizes a model's @main; the module has none")
+        try:
+            model = translate(funcs[0])
+        except CollageError as exc:
+            raise CollageError(f"cannot quantize the model: its f32 form does not translate to ONNX ({exc})") \
+                from None
+        write_cache(f32, model.SerializeToString())
+    return f32
+
+
 def quantize(module: ir.Module, request: Int8, examples: Sequence[np.ndarray], *,
              check_import: bool = True) -> tuple[ir.Module, Quantized]:
     """``module`` (f32) made int8 as ``collage compile --precision int8`` makes an ONNX model: its ``main``
@@ -173,18 +191,7 @@ def quantize(module: ir.Module, request: Int8, examples: Sequence[np.ndarray], *
     on ``request``'s samples (``onnx_calibrate.quantize_onnx``: nodes fall back to f32 to meet ``max_drop``),
     and imported back (checked against ONNX Runtime on ``examples`` where ``check_import``). So any
     frontend's model, torch or JAX, gets the int8 path of quantized ONNX models."""
-    data = module.operation.get_asm(binary=True)
-    f32 = cache_dir() / "int8" / f"f32-{hashlib.sha256(data).hexdigest()[:32]}.onnx"
-    if not f32.is_file():
-        funcs = [f for f in public_funcs(module) if collage.symbol_name(f) == "main"]
-        if not funcs:
-            raise CollageError("precision='int8' quantizes a model's @main; the module has none")
-        try:
-            model = translate(funcs[0])
-        except CollageError as exc:
-            raise CollageError(f"cannot quantize the model: its f32 form does not translate to ONNX ({exc})") \
-                from None
-        write_cache(f32, model.SerializeToString())
+    f32 = f32_onnx(module)
     calibration = Calibration(samples_file(f32, request.samples), request.method, request.max_drop)
     int8, agreement, kept = quantize_onnx(f32, calibration)
     quantized = load_checked(int8, new_context(), list(examples), check=check_import, where="the int8 model")

@@ -164,6 +164,35 @@ def samples_file(path: str | Path, samples: Sequence[Sequence[np.ndarray]]) -> P
     return out
 
 
+def named_samples(path: str | Path, data: Path) -> Path:
+    """``data`` holding a model's inputs by position (an .npy for a one-input model, an .npz's arrays in the
+    order they were saved: ``np.savez(f, x, mask)``) rewritten in the cache under the input names of the
+    ONNX model at ``path`` (a translated model's ``in0``, ``in1``, ...), as ``Calibration`` reads them."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {t.name for t in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in constants]
+    try:
+        loaded = np.load(data)
+        arrays = [loaded] if isinstance(loaded, np.ndarray) else [loaded[k] for k in loaded.files]
+    except (OSError, ValueError) as exc:
+        raise CollageError(f"cannot read the calibration data: {' '.join(str(exc).split())[:200]}",
+                           where="--calibrate", exit_code=2) from None
+    if len(arrays) != len(names):
+        raise CollageError(f"the model takes {len(names)} inputs, the data holds {len(arrays)} arrays (by position: "
+                           "an .npy for one input, an .npz's arrays in order)", where="--calibrate", exit_code=2)
+    digest = hashlib.sha256(" ".join(names).encode())
+    for a in arrays:
+        digest.update(f"{a.dtype} {a.shape} ".encode() + np.ascontiguousarray(a).tobytes())
+    out = cache_dir() / "int8" / f"samples-{digest.hexdigest()[:32]}.npz"
+    if not out.is_file():
+        buf = io.BytesIO()
+        np.savez(buf, **dict(zip(names, arrays)))
+        write_cache(out, buf.getvalue())
+    return out
+
+
 #: At most this share of the quantized compute nodes falls back to f32 to meet ``max_drop``: beyond it the
 #: model is hardly int8 any more, and the bound is reported as not met.
 MAX_FALLBACK_SHARE = 0.5

@@ -39,6 +39,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         raise CollageError("--precision bf16 lets a tune place regions on bf16 backends (and a --dim fallback run in "
                            "bf16): add --tune, or name one in the plan (--plan whole:openvino-bf16)",
                            where="--precision", exit_code=2)
+    tune_cmd.translated_for_int8(args)  # a StableHLO file or a torch factory: int8 through its ONNX form
     dim_plan = dims_args.dim_plan_of(args)
     if dim_plan is not None:
         return _compile_buckets(args, passthrough, dim_plan)

@@ -22,7 +22,7 @@ from collage_runtime.types import NumberFormat, Platform
 
 from ..errors import CollageError
 from ..frontends.dims import argument_axes, dynamic_dims, inputs_values, read_onnx_axes, resized
-from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, HeldOut, held_out_samples,
+from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, HeldOut, held_out_samples, named_samples,
                                         program_agreement, quantize_onnx)
 from . import backend_names, load_input_arrays, positive_int
 from .dims_args import dim_plan_of
@@ -63,16 +63,18 @@ def parse_backends(text: str | None, platform: Platform = Platform.CPU) -> list:
 
 
 def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--precision int8 --calibrate DATA [--calibration-method M] [--max-drop X]`` (an ONNX model), or
+    """``--precision int8 --calibrate DATA [--calibration-method M] [--max-drop X]``, or
     ``--precision bf16`` (a tune may place regions on backends computing in bf16)."""
     parser.add_argument("--precision", choices=["f32", "bf16", "int8"], default=None,
-                        help="int8: quantize an f32 ONNX model first (ONNX Runtime's quantizer, QDQ, per-channel "
-                             "weights) from --calibrate samples; bf16: the tune also tries each backend computing "
+                        help="int8: quantize an f32 model first (ONNX Runtime's quantizer, QDQ, per-channel "
+                             "weights; a StableHLO file or torch factory through its ONNX translation) from "
+                             "--calibrate samples; bf16: the tune also tries each backend computing "
                              "in bf16 where this CPU has it (openvino-bf16), within that backend's tolerance; "
                              "f32: only backends computing in f32; default: the model's own (bf16 where its "
                              "matmuls and convolutions take bf16, else f32)")
     parser.add_argument("--calibrate", metavar="DATA", help="calibration samples: .npy (one input) or .npz (one "
-                        "array per input name), a whole number of the model's batches; the last quarter is held out")
+                        "array per input name; for a model that is not ONNX, the inputs in order), a whole number of "
+                        "the model's batches; the last quarter is held out")
     parser.add_argument("--calibration-method", choices=[m.value for m in CalibrationMethod], default="minmax")
     parser.add_argument("--held-out", metavar="DATA", help="samples (as --calibrate takes them) the compiled "
                         "program is checked on against the f32 ONNX model, reported beside speed (with --precision "
@@ -80,6 +82,28 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-drop", type=float, default=None, metavar="SHARE",
                         help="refuse an int8 model, and any compiled program, whose top class differs from the f32 "
                              "model's on more than this share of the held-out samples (e.g. 0.01)")
+
+
+def translated_for_int8(args: argparse.Namespace) -> None:
+    """``--precision int8`` of a StableHLO file or a torch factory: its ``@main`` translated to ONNX
+    (``entry.f32_onnx``), which the int8 path then takes as any f32 ONNX model (quantized, imported, and its
+    programs checked against it on the held-out samples); the ``--calibrate`` data, the inputs by position,
+    rewritten under that model's input names (``onnx_calibrate.named_samples``). ``args`` is updated."""
+    if args.precision != "int8" or not args.calibrate or Path(args.model).suffix == ".onnx":
+        return
+    from rich.console import Console
+
+    from ..entry import f32_onnx
+    from ..ir import new_context
+
+    if getattr(args, "dim", None):
+        raise CollageError("--precision int8 with --dim takes an ONNX model", where=args.model, exit_code=2)
+    module, _ = load_model(args.model, new_context(), load_input_arrays(args.input),
+                           check_import=not args.no_import_check)
+    f32 = f32_onnx(module)
+    args.calibrate = str(named_samples(f32, Path(args.calibrate)))
+    Console(stderr=True).print(f"{args.model} as ONNX, to quantize: {f32}", highlight=False)
+    args.model = str(f32)
 
 
 def calibration_of(args: argparse.Namespace):
@@ -330,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster:  # before any work: a missing Ray or an unreachable cluster is one line at once
         connect(args.cluster, platform)
     parse_backends(args.backends, platform)  # a backend not usable here: one line before any work
+    translated_for_int8(args)  # a StableHLO file or a torch factory: int8 through its ONNX form
     dim_plan = dim_plan_of(args)
     if dim_plan is None:
         module, inputs = load_model(args.model, new_context(), load_input_arrays(args.input),

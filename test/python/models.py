@@ -227,3 +227,11 @@ def torch_mlp():
     from collage_mlir.zoo.tiny import mlp
 
     return mlp(), (torch.randn(2, 32, generator=torch.Generator().manual_seed(0)),)
+
+
+def digits_factory():
+    """The CNN trained on digits (``digits_cnn``) as a torch factory, on a batch of 64 images."""
+    import torch
+
+    model, x, _ = digits_cnn()
+    return model, (torch.tensor(x[:64]),)

@@ -126,3 +126,24 @@ def test_a_jax_model_compiles_in_int8_from_calibration_batches():
     want = np.concatenate([np.asarray(classify(x[k:k + 64])) for k in range(HELD.start, HELD.stop, 64)])
     _close_but_int8(got, want)
     assert (got.argmax(1) == y[HELD]).mean() >= (want.argmax(1) == y[HELD]).mean() - 0.02 > 0.7
+
+
+def test_a_torch_factory_compiles_in_int8_from_the_command_line(torch, tmp_path):
+    """`collage compile pkg.mod:factory --precision int8 --calibrate DATA`: the model's ONNX form (translated from
+    its StableHLO) is quantized and checked as an ONNX model's is; the data gives the inputs by position."""
+    import collage_runtime
+    from collage_runtime.manifest import load_manifest
+    from collage_mlir.tools.cli import main as collage
+
+    _, x, y = digits_cnn()
+    np.save(tmp_path / "calib.npy", x[:512])
+    assert collage(["compile", "models:digits_factory", "--precision", "int8", "--calibrate",
+                    str(tmp_path / "calib.npy"), "--max-drop", "0.02", "--plan", "whole:ort", "-o",
+                    str(tmp_path / "int8")]) == 0
+    assert load_manifest(tmp_path / "int8").provenance["held_out"]["samples"] == 128
+    with collage_runtime.load(tmp_path / "int8") as program:
+        got = np.concatenate([program.invoke("main", x[k:k + 64])[0] for k in range(HELD.start, HELD.stop, 64)])
+    assert (got.argmax(1) == y[HELD]).mean() > 0.88
+    np.savez(tmp_path / "two.npz", x[:512], x[:512])
+    assert collage(["compile", "models:digits_factory", "--precision", "int8", "--calibrate",
+                    str(tmp_path / "two.npz"), "-o", str(tmp_path / "no")]) == 2
