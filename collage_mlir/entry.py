@@ -24,8 +24,8 @@ from .backends import get_backend
 from .errors import CollageError
 from .dialects import collage
 from .frontends import cache_dir, write_cache
-from .frontends.onnx_calibrate import (Agreement, Calibration, CalibrationMethod, held_out_samples,
-                                       program_agreement, quantize_onnx, samples_file)
+from .frontends.onnx_calibrate import (Agreement, Calibration, CalibrationMethod, program_on_held_out,
+                                       quantize_onnx, samples_file)
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, new_context, parse_module
 from .iree import compile_module
@@ -158,8 +158,7 @@ class Quantized:
         """``program`` (``collage_runtime``'s, ``main`` taking the model's inputs) against the f32 model on the
         held-out samples: its agreement, or one CollageError where it exceeds ``max_drop`` (the engines' int8
         kernels round otherwise than the quantized model)."""
-        held = held_out_samples(self.f32, self.calibration.held_out)
-        agreement = program_agreement(self.f32, lambda feeds: program.invoke("main", *feeds.values())[0], held)
+        agreement = program_on_held_out(self.f32, self.calibration.held_out, program)
         if agreement.exceeds(self.calibration.max_drop):
             raise CollageError(f"{agreement.line()}: above max_drop {self.calibration.max_drop:g} (the int8 model "
                                f"met it: {self.agreement.line()})")
@@ -191,11 +190,17 @@ def quantize(module: ir.Module, request: Int8, examples: Sequence[np.ndarray], *
     on ``request``'s samples (``onnx_calibrate.quantize_onnx``: nodes fall back to f32 to meet ``max_drop``),
     and imported back (checked against ONNX Runtime on ``examples`` where ``check_import``). So any
     frontend's model, torch or JAX, gets the int8 path of quantized ONNX models."""
-    f32 = f32_onnx(module)
+    int8, quantized = quantize_file(f32_onnx(module), request)
+    return load_checked(int8, new_context(), list(examples), check=check_import, where="the int8 model"), quantized
+
+
+def quantize_file(f32: Path, request: Int8) -> tuple[Path, Quantized]:
+    """The f32 ONNX model at ``f32`` quantized on ``request``'s samples (``onnx_calibrate.quantize_onnx``): the
+    int8 model's path in the cache, and what its programs are checked with. A dynamic dim (``dim_param``)
+    takes the samples' size."""
     calibration = Calibration(samples_file(f32, request.samples), request.method, request.max_drop)
     int8, agreement, kept = quantize_onnx(f32, calibration)
-    quantized = load_checked(int8, new_context(), list(examples), check=check_import, where="the int8 model")
-    return quantized, Quantized(f32, calibration, agreement, kept)
+    return int8, Quantized(f32, calibration, agreement, kept)
 
 
 def plan_provenance(spec: str, tuning: TuneRecord | None = None, db: str | Path | None = None) -> dict:

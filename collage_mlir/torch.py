@@ -32,10 +32,13 @@ import numpy as np
 from collage_runtime.shapes import Fallback, dims_label
 from collage_runtime.types import NumberFormat
 
-from .entry import INT8, Int8, PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached, quantize
+from .entry import (INT8, Int8, PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached, quantize,
+                    quantize_file)
 from .errors import CollageError
 from .frontends.onnx_calibrate import Agreement
-from .frontends.dims import PYTHON, DimPlan, argument_axes, exported_dims, input_values, resized
+from .frontends import cache_dir, write_cache
+from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, exported_dims, input_values,
+                              named_onnx_dims, resized)
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
@@ -113,8 +116,8 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         options = dict(plan=plan, tune_budget=tune_budget, backends=backends, precision=precision, seed=seed, db=db,
                        threads=threads, check_import=check_import)
         if dims and precision == INT8:
-            raise CollageError("precision='int8' takes static shapes; quantize the model first (PT2E) to compile "
-                               "it with dynamic dims")
+            return _compile_int8_shaped(model, list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
+                                        Int8.of(calibrate, calibration_method, max_drop, _arrays))
         if dims:
             return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
                                    program=model)
@@ -126,8 +129,7 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
 
     int8 = None
     if precision == INT8:
-        int8 = Int8.of(calibrate, calibration_method, max_drop,
-                       lambda b: [to_numpy(t) for t in (b if isinstance(b, (tuple, list)) else (b,))])
+        int8 = Int8.of(calibrate, calibration_method, max_drop, _arrays)
         precision = None  # the int8 module's own
     elif calibrate is not None or max_drop is not None:
         raise CollageError("calibrate and max_drop go with precision='int8'")
@@ -151,12 +153,19 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     return CompiledModule(program, out_spec, choice, quantized.check(program) if quantized else None)
 
 
+def _arrays(batch) -> list[np.ndarray]:
+    """A calibration batch (a tensor, or a tuple of them: the model's inputs) as arrays."""
+    return [to_numpy(t) for t in (batch if isinstance(batch, (tuple, list)) else (batch,))]
+
+
 class ShapedModule:
     """An exported program with dynamic dims compiled by collage: one program per shape bucket
     (``collage_runtime.shapes``); call it with tensors of any shape in range (results are tensors)."""
 
-    def __init__(self, program, out_spec):
+    def __init__(self, program, out_spec, agreement: Agreement | None = None):
         self.program = program
+        #: int8 (``precision="int8"``): the program against the f32 model on the held-out samples.
+        self.agreement = agreement
         self._out_spec = out_spec
 
     def __call__(self, *args):
@@ -238,6 +247,56 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
                            source=f"torch:{type(model).__name__}", fallback_model=fallback, fallback=kind,
                            translated=fallback is not None)
     return ShapedModule(collage_runtime.load(out, threads=options["threads"]), out_spec)
+
+
+def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, options: dict, int8: Int8) -> ShapedModule:
+    """An exported program with dynamic dims, in int8: torch's ONNX exporter writes it with its dims kept (each
+    renamed ``ARG.AXIS``), quantized once from the calibration batches (``entry.quantize_file``: one set of
+    scales for every shape), then compiled as ``collage compile --dim`` compiles a quantized ONNX model: each
+    bucket given its plan as ``compile`` gives it, the faster of ONNX Runtime and OpenVINO on the int8 model
+    with its dims between buckets (where buckets and padding leave a gap); checked on the held-out batches,
+    batched each way the artifact serves a batch."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    import collage_runtime
+
+    from .graph import number_ops
+    from .shaped import BucketModel, choose_fallback, compile_shaped, load_bucket, model_file_axes
+
+    with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
+        exported = export_onnx(program, (), Path(tmp) / "model.onnx", "the exported program")
+        data = named_onnx_dims(exported, axes)
+    f32 = cache_dir() / "int8" / f"f32-{hashlib.sha256(data).hexdigest()[:32]}.onnx"
+    if not f32.is_file():
+        write_cache(f32, data)
+    int8_path, quantized = quantize_file(f32, int8)
+    file_axes, dynamic_model = model_file_axes(int8_path)
+    check_declared(file_axes, dim_plan.dims, PYTHON)
+    with torch.no_grad():
+        _, out_spec = pytree.tree_flatten(program.module()(*example))
+    grid = dim_plan.grid()
+    budget = options["tune_budget"] and options["tune_budget"] / len(grid)
+    declared = [[d.name, d.min, d.opt, d.max] for d in dim_plan.dims] + [list(dim_plan.pad)]
+    models, key = [], hashlib.sha256(json.dumps([int8_path.name, declared]).encode())
+    for values in grid:
+        arrays = [to_numpy(a) for a in resized(example, axes, values)]
+        module = load_bucket(int8_path, values, new_context(), check_import=options["check_import"], inputs=arrays)
+        number_ops(module)
+        tuning = options["plan"] == "tune" or bool(budget)
+        choice = choose_plan(module, options["plan"], tune_budget=budget, backends=options["backends"],
+                             seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None)
+        models.append(BucketModel(module, choice.plan, choice.provenance))
+        key.update(artifact_key(module, choice).encode())
+    out = cached_artifact(key.hexdigest()[:16])
+    if not out.exists():
+        fallback = Fallback.NONE if dim_plan.unserved(fallback=False) is None else \
+            choose_fallback(dynamic_model, dim_plan, file_axes)[0]
+        compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
+                       source=f"torch:{type(program).__name__} int8",
+                       fallback_model=None if fallback is Fallback.NONE else dynamic_model)
+    compiled = collage_runtime.load(out, threads=options["threads"])
+    return ShapedModule(compiled, out_spec, quantized.check(compiled))
 
 
 def dynamo_backend(gm, example_inputs: Sequence, options: dict | None = None) -> Callable[..., Any]:

@@ -237,6 +237,27 @@ def read_onnx_axes(path: str | Path) -> tuple[Axes, list[str]]:
     return onnx_axes(model)[0], [i.name for i in model.graph.input if i.name not in constants]
 
 
+def named_onnx_dims(path: str | Path, axes: Axes) -> bytes:
+    """The ONNX model at ``path`` with its inputs' ``dim_param``s renamed as ``axes`` names their axes (an
+    exporter's symbols, torch's ``s31``, become the names the caller declared ranges for), everywhere they
+    appear (inputs, outputs, value infos); serialized."""
+    import onnx
+
+    model = onnx.load(str(path))
+    constants = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in constants]
+    names = {}
+    for value, row in zip(inputs, axes):
+        for dim, name in zip(value.type.tensor_type.shape.dim, row):
+            if name is not None and dim.dim_param:
+                names[dim.dim_param] = name
+    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in names:
+                dim.dim_param = names[dim.dim_param]
+    return model.SerializeToString()
+
+
 def dynamic_dims(axes: Axes) -> list[str]:
     """The dim names in ``axes``, first use first."""
     return list(dict.fromkeys(n for a in axes for n in a if n is not None))

@@ -20,13 +20,16 @@ import contextlib
 import dataclasses
 import hashlib
 import io
+import itertools
 import logging
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
+
+from collage_runtime.shapes import ShapeTable
 
 from ..errors import CollageError
 from . import cache_dir, write_cache
@@ -114,12 +117,13 @@ def _batches(model, data: Path) -> list[dict[str, np.ndarray]]:
         if i.name not in arrays:
             raise CollageError(f"no array for the model's input '{i.name}' (an .npz holds one per input name, "
                                "an .npy serves a one-input model)", where="--calibrate", exit_code=2)
-        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]  # 0: a dynamic dim, any size
         a = arrays[i.name]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
         batch = dims[0] if dims and dims[0] > 0 else 1
-        if a.ndim != len(dims) or list(a.shape[1:]) != dims[1:] or a.shape[0] % batch or a.shape[0] < 2 * batch:
-            raise CollageError(f"input '{i.name}' takes {dims}: the data must be that shape with a leading axis of "
+        if a.ndim != len(dims) or not _fits(a.shape[1:], dims[1:]) or a.shape[0] % batch or a.shape[0] < 2 * batch:
+            raise CollageError(f"input '{i.name}' takes {_shown(dims)}: the data must be that shape with a leading "
+                               "axis of "
                                f"at least two batches of {batch}, got {list(a.shape)}", where="--calibrate",
                                exit_code=2)
         pieces = np.split(a.astype(dtype), a.shape[0] // batch)
@@ -131,6 +135,15 @@ def _batches(model, data: Path) -> list[dict[str, np.ndarray]]:
         for b, piece in zip(batches, pieces):
             b[i.name] = piece
     return batches
+
+
+def _fits(shape: Sequence[int], dims: Sequence[int]) -> bool:
+    """Whether ``shape`` is ``dims``'s, a dynamic dim (0) taking any size."""
+    return all(d == 0 or s == d for s, d in zip(shape, dims))
+
+
+def _shown(dims: Sequence[int]) -> str:
+    return "[" + ", ".join("?" if d == 0 else str(d) for d in dims) + "]"
 
 
 def samples_file(path: str | Path, samples: Sequence[Sequence[np.ndarray]]) -> Path:
@@ -152,9 +165,9 @@ def samples_file(path: str | Path, samples: Sequence[Sequence[np.ndarray]]) -> P
                                exit_code=2)
         for i, a in zip(inputs, batch):
             dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
-            if list(np.shape(a)) != dims:
-                raise CollageError(f"calibrate batch {k}: an input of shape {list(np.shape(a))}, the example's is "
-                                   f"{dims}", exit_code=2)
+            if np.ndim(a) != len(dims) or not _fits(np.shape(a), dims):
+                raise CollageError(f"calibrate batch {k}: an input of shape {list(np.shape(a))}, the model takes "
+                                   f"{_shown(dims)}", exit_code=2)
             digest.update(f"{np.asarray(a).dtype} {np.shape(a)} {i.name} ".encode() + np.ascontiguousarray(a).tobytes())
     out = cache_dir() / "int8" / f"samples-{digest.hexdigest()[:32]}.npz"
     if not out.is_file():
@@ -222,6 +235,38 @@ def program_agreement(f32: str | Path, run, held_out: list[dict[str, np.ndarray]
     session = ort.InferenceSession(str(f32), _options(), providers=["CPUExecutionProvider"])
     want = np.concatenate([session.run(None, feeds)[0] for feeds in held_out])
     return _compare(want, np.concatenate([np.asarray(run(feeds)) for feeds in held_out]), "the program")
+
+
+def program_on_held_out(f32: str | Path, held: HeldOut, program) -> Agreement:
+    """A loaded ``collage_runtime`` program against the f32 ONNX model ``f32`` on ``held``'s samples
+    (``program_agreement``); a shape-bucket program gets them batched each way it serves a batch
+    (``across_batches``)."""
+    samples = held_out_samples(f32, held)
+    table = getattr(program, "table", None)  # a shape-bucket artifact: every way it serves a batch
+    feeds = samples if table is None else across_batches(samples, table)
+    return program_agreement(f32, lambda f: program.invoke("main", *f.values())[0], feeds)
+
+
+def across_batches(samples: Sequence[Mapping[str, np.ndarray]], table: ShapeTable) -> list[dict[str, np.ndarray]]:
+    """``samples`` regrouped along the leading axis, where every input's carries the same dim (a batch), into
+    feeds of each bucket's size of it and of a size between each two buckets (padded or the fallback's),
+    in turn while samples last: so a program check runs each way the shape table serves a batch. As they
+    are where the leading axis is no dim."""
+    names = {axes[0] if axes else None for axes in table.inputs}
+    if len(names) != 1 or None in names:
+        return list(samples)
+    (name,) = names
+    sizes = sorted({b.values[name] for b in table.buckets})
+    sizes += [(a + b) // 2 for a, b in zip(sizes, sizes[1:]) if b - a > 1]
+    rows = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+    total, start, feeds = len(next(iter(rows.values()))), 0, []
+    for n in itertools.cycle(sizes):
+        n = min(n, total - start)
+        if n not in table.dim(name):  # none left, or fewer than the range's least (dropped)
+            return feeds
+        feeds.append({k: v[start:start + n] for k, v in rows.items()})
+        start += n
+    return feeds
 
 
 def quantize_onnx(path: str | Path, calibration: Calibration) -> tuple[Path, Agreement, tuple[str, ...]]:

@@ -8,22 +8,19 @@ dynamic dims), each shape bucket is tuned in turn within a share of the budget, 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
-
-from collage_runtime.shapes import DimRange, ShapeTable, dims_label
+from collage_runtime.shapes import DimRange, dims_label
 from collage_runtime.types import NumberFormat, Platform
 
 from ..errors import CollageError
 from ..frontends.dims import argument_axes, dynamic_dims, inputs_values, read_onnx_axes, resized
-from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, HeldOut, held_out_samples, named_samples,
-                                        program_agreement, quantize_onnx)
+from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, HeldOut, named_samples, program_on_held_out,
+                                        quantize_onnx)
 from . import backend_names, load_input_arrays, positive_int
 from .dims_args import dim_plan_of
 
@@ -241,37 +238,12 @@ def program_check(spec: str, held: HeldOut | None):
 
 
 def held_out_agreement(spec: str, held: HeldOut, artifact: Path):
-    """The compiled ``artifact`` against the f32 ONNX model ``spec`` on ``held``'s samples (``Agreement``); a
-    shape-bucket artifact gets them batched each way it serves a batch (``across_batches``)."""
+    """The compiled ``artifact`` against the f32 ONNX model ``spec`` on ``held``'s samples (``Agreement``;
+    ``onnx_calibrate.program_on_held_out``)."""
     import collage_runtime
 
-    held_out = held_out_samples(spec, held)
     with collage_runtime.load(artifact) as program:
-        table = getattr(program, "table", None)  # a shape-bucket artifact: every way it serves a batch
-        feeds = held_out if table is None else across_batches(held_out, table)
-        return program_agreement(spec, lambda f: program.invoke("main", *f.values())[0], feeds)
-
-
-def across_batches(samples: Sequence[Mapping[str, np.ndarray]], table: ShapeTable) -> list[dict[str, np.ndarray]]:
-    """``samples`` regrouped along the leading axis, where every input's carries the same dim (a batch), into
-    feeds of each bucket's size of it and of a size between each two buckets (padded or the fallback's),
-    in turn while samples last: so a program check runs each way the shape table serves a batch. As they
-    are where the leading axis is no dim."""
-    names = {axes[0] if axes else None for axes in table.inputs}
-    if len(names) != 1 or None in names:
-        return list(samples)
-    (name,) = names
-    sizes = sorted({b.values[name] for b in table.buckets})
-    sizes += [(a + b) // 2 for a, b in zip(sizes, sizes[1:]) if b - a > 1]
-    rows = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
-    total, start, feeds = len(next(iter(rows.values()))), 0, []
-    for n in itertools.cycle(sizes):
-        n = min(n, total - start)
-        if n not in table.dim(name):  # none left, or fewer than the range's least (dropped)
-            return feeds
-        feeds.append({k: v[start:start + n] for k, v in rows.items()})
-        start += n
-    return feeds
+        return program_on_held_out(spec, held, program)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -251,7 +251,7 @@ def test_int8_with_dims_checks_the_program_each_way_it_serves_a_batch(digits, tm
     the held-out samples through the shape-bucket artifact in batches of each bucket and of a size between
     (padded), and reports it; the artifact classifies held-out digits."""
     from collage_runtime.shapes import Bucket, DimRange, ShapeTable
-    from collage_mlir.tools.tune_cmd import across_batches
+    from collage_mlir.frontends.onnx_calibrate import across_batches
 
     table = ShapeTable((DimRange("batch", 1, 4, 8),), (("batch", None),), (("batch", None),),
                        (Bucket({"batch": 4}, "a"), Bucket({"batch": 8}, "b")), ("batch",))
