@@ -458,18 +458,21 @@ class DynamicGraph:
             return None
 
 
-def _sized_graph(gm, weights: dict, scalars: frozenset, tensors: Sequence[int], size_axes: Mapping[int, tuple[int, int]]):
+def _sized_graph(gm, weights: dict, scalars: frozenset, tensors: Sequence[int],
+                 size_axes: Mapping[int, tuple[int, int, bool]]):
     """Dynamo graph ``gm`` with ``weights`` frozen in (``freeze_weights``) as a graph of its tensor inputs
-    alone: each size placeholder (``size_axes``: its position → (tensor input position, axis)) becomes that
-    axis's size read off the tensor, so that torch.export traces it as the axis's symbol."""
+    alone: each size placeholder (``size_axes``: its position → (tensor input position, axis, whether a
+    stride)) becomes that axis's size (or stride) read off the tensor, so that torch.export traces it as the
+    axis's symbol (a contiguous input's stride: a product of sizes)."""
     import torch
 
     frozen = freeze_weights(gm, weights, scalars)
     kept = [k for k in range(len(weights) + len(_placeholders(frozen))) if k not in weights]
     holders = dict(zip(kept, _placeholders(frozen)))
     with frozen.graph.inserting_after(holders[kept[-1]]):
-        for k, (position, axis) in size_axes.items():
-            size = frozen.graph.call_function(torch.ops.aten.sym_size.int, (holders[tensors[position]], axis))
+        for k, (position, axis, stride) in size_axes.items():
+            read = torch.ops.aten.sym_stride.int if stride else torch.ops.aten.sym_size.int
+            size = frozen.graph.call_function(read, (holders[tensors[position]], axis))
             holders[k].replace_all_uses_with(size)
             frozen.graph.erase_node(holders[k])
     frozen.recompile()
@@ -493,15 +496,18 @@ class _BoundSizes:
         return bound
 
 
-def _axis_of(holder, tensor_holders: list) -> tuple[int, int]:
-    """(tensor input position, axis) whose size is the symbol of size placeholder ``holder``."""
+def _axis_of(holder, tensor_holders: list) -> tuple[int, int, bool]:
+    """(tensor input position, axis, whether a stride) whose size, or else stride, is the symbol of size
+    placeholder ``holder``: dynamo makes a stride symbolic where an input is a view (``ids[:, :n]``)."""
     symbol = str(holder.meta.get("example_value"))
-    for position, node in enumerate(tensor_holders):
-        value = node.meta.get("example_value")
-        for axis, size in enumerate(getattr(value, "shape", ())):
-            if str(size) == symbol:
-                return position, axis
-    raise CollageError(f"size argument {holder.name} is not the size of any input's axis")
+    for stride in (False, True):
+        for position, node in enumerate(tensor_holders):
+            value = node.meta.get("example_value")
+            sizes = (value.stride() if stride else value.shape) if hasattr(value, "shape") else ()
+            for axis, size in enumerate(sizes):
+                if str(size) == symbol:
+                    return position, axis, stride
+    raise CollageError(f"size argument {holder.name} is not the size or stride of any input's axis")
 
 
 def freeze_weights(gm, weights: dict, scalars: frozenset = frozenset()):

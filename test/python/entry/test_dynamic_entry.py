@@ -333,3 +333,29 @@ def test_exit_is_quiet_with_programs_and_results_alive(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "done" in done.stdout, done.stderr[-2000:]
     assert "leaked" not in done.stderr, done.stderr[-2000:]
+
+
+def test_torch_compile_declared_range_takes_views(torch):
+    """Inputs that are views (`ids[:, :n]`, as a caller slices a padded batch): dynamo makes the row stride a
+    size argument of its own, read off the input's stride; the range still builds one artifact, no eager."""
+    import warnings
+
+    import collage_mlir.torch as collage_torch
+
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x) * 2.0
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(collage_torch.dynamo_backend(gm, example_inputs, {"dims": {"0.1": (4, 8, 16)}, "pad": ["0.1"]}))
+        return graphs[-1]
+
+    torch._dynamo.reset()
+    run, big = torch.compile(Scale(), backend=backend, dynamic=True), torch.randn(2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no eager fallback
+        for n in (5, 8, 12):
+            torch.testing.assert_close(run(big[:, :n]), torch.tanh(big[:, :n]) * 2.0, rtol=1e-4, atol=1e-5)
+    assert any(graph._ranges for graph in graphs)
