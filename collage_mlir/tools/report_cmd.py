@@ -161,8 +161,10 @@ def _breakdown_table(b: Breakdown, inputs: str) -> str:
 
 
 def render(tuned: TunedPlan | dict, manifest: Manifest | None, graph, db_path, breakdown: Breakdown | None = None,
-           inputs: str = "random") -> str:
-    """The report page as HTML text (``tuned``: a plan, with its tuning record when it has one, or its JSON)."""
+           inputs: str = "random", held_out: dict | None = None) -> str:
+    """The report page as HTML text (``tuned``: a plan, with its tuning record when it has one, or its JSON);
+    ``held_out``: the plan's program checked on held-out samples (``Agreement.to_json`` and ``max_drop``),
+    else what the manifest recorded."""
     if not isinstance(tuned, TunedPlan):
         tuned = TunedPlan.from_json(tuned)
     regions = tuned.plan.regions
@@ -199,8 +201,8 @@ def render(tuned: TunedPlan | dict, manifest: Manifest | None, graph, db_path, b
     if breakdown is not None:
         parts.append(_breakdown_table(breakdown, inputs))
     recorded = (manifest.provenance if manifest else None) or {}  # written at compile time (collage_mlir.entry)
-    if "held_out" in recorded:  # checked at compile time (--held-out, or int8's held-out calibration quarter)
-        held = recorded["held_out"]
+    held = held_out or recorded.get("held_out")  # checked by the tune or the compile (--held-out, int8's quarter)
+    if held:
         bound = f" (bound: --max-drop {held['max_drop']:g})" if held.get("max_drop") is not None else ""
         parts.append(f"<h2>Accuracy</h2><p>{e(Agreement.from_json(held).line() + bound)}</p>")
     rec = tuned.record

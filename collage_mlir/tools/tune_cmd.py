@@ -383,9 +383,10 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
                           reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started,
                           float_regions=not args.keep_quantized, carried=carried)
 
-    result = search(backends)
+    result, checked = search(backends), None
     if held is not None and not result.interrupted:
-        result = _within_max_drop(args, result, pristine, held, backends, search)
+        result, agreement = _within_max_drop(args, result, pristine, held, backends, search)
+        checked = agreement.to_json() | {"max_drop": held.max_drop}  # the report shows it beside the timings
     if result.reused:
         print("a finished tune with these settings is in the cost DB: its plan, not searched again "
               "(--search-again to search on the DB's rows)")
@@ -400,7 +401,7 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
     from . import report_cmd
 
     report = output.with_suffix(".html")
-    report.write_text(report_cmd.render(result.tuned, None, Graph(module), args.db))
+    report.write_text(report_cmd.render(result.tuned, None, Graph(module), args.db, held_out=checked))
     print(f"wrote {report}")
     return 0, result
 
@@ -409,7 +410,8 @@ def _within_max_drop(args: argparse.Namespace, result, module_bytes: bytes, held
     """The tuned plan's program against the f32 model on the held-out samples (``held_out_agreement``,
     printed). Where it exceeds ``--max-drop`` and has regions on reduced-precision backends (bf16), those
     revert to the model's precision: the tune again over the other backends (the rows measured so far are in
-    the DB), checked the same way; one CollageError where the bound is still not met (no plan written)."""
+    the DB), checked the same way; one CollageError where the bound is still not met (no plan written).
+    (the result, its plan's agreement)"""
     import tempfile
 
     from rich.console import Console
@@ -432,7 +434,7 @@ def _within_max_drop(args: argparse.Namespace, result, module_bytes: bytes, held
 
     agreement = agreement_of(result.plan)
     if not agreement.exceeds(held.max_drop):
-        return result
+        return result, agreement
     reduced = {b.name for b in backends if b.computes_in}
     if reduced & {r.backend for r in result.plan.regions}:
         console.print(f"above --max-drop {held.max_drop:g}: the plan's regions on {', '.join(sorted(reduced))} "
@@ -440,7 +442,7 @@ def _within_max_drop(args: argparse.Namespace, result, module_bytes: bytes, held
         result = search([b for b in backends if b.name not in reduced])
         agreement = agreement_of(result.plan)
         if not agreement.exceeds(held.max_drop):
-            return result
+            return result, agreement
     raise CollageError(f"{agreement.line()}: above --max-drop {held.max_drop:g}; no plan was written (every "
                        "measurement is in the cost DB)", where=args.model)
 

@@ -276,8 +276,15 @@ def test_a_tuned_bf16_plan_above_max_drop_reverts_to_full_precision(bf16_backend
     held = HeldOut(tmp_path / "held.npy", max_drop=0.0)
     backends = parse_backends("ort,openvino-bf16")
     bytes_ = module.operation.get_asm(binary=True)
-    kept = _within_max_drop(args, types.SimpleNamespace(plan=plan["openvino-bf16"]), bytes_, held, backends, search)
-    assert kept.plan is plan["ort"] and searched == [["ort"]]
+    kept, agreement = _within_max_drop(args, types.SimpleNamespace(plan=plan["openvino-bf16"]), bytes_, held,
+                                       backends, search)
+    assert kept.plan is plan["ort"] and searched == [["ort"]] and agreement.top1_changed == 0.0
+    # The tune's report shows it beside the timings.
+    from collage_mlir.tools.report_cmd import render
+
+    page = render(kept.plan.to_json(), None, None, None, held_out=agreement.to_json() | {"max_drop": 0.0})
+    assert "<h2>Accuracy</h2><p>the program against f32 on 64 held-out samples: top class changed on 0.0 %" in page
+    assert "(bound: --max-drop 0)" in page
     err = " ".join(capsys.readouterr().err.split())
     assert "tuned plan: the program against f32 on 64 held-out samples: top class changed on 100.0 %" in err
     assert "above --max-drop 0: the plan's regions on openvino-bf16 revert to the model's precision" in err
