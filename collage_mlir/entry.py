@@ -31,8 +31,8 @@ from .ir import ir, new_context, parse_module
 from .iree import compile_module
 from .measure.db import CostDB, default_db_path
 from .measure.device import device_fingerprint
-from .measure.import_check import load_checked
 from .measure.extract import structural_hash
+from .measure.import_check import load_checked
 from .onnx.export import translate
 from .plan import Plan
 from .search import available_backends, resolve_plan, tune_backends
@@ -77,9 +77,8 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
     try:
         precision = None if precision is None else NumberFormat(precision)
     except ValueError:
-        raise CollageError(f"precision must be 'f32' or 'bf16' here (int8: quantize the model first), got "
-                           f"{precision!r}") \
-            from None
+        raise CollageError(f"precision must be 'f32' or 'bf16' here (int8: the entry points' precision='int8' with "
+                           f"calibrate=, or a quantized model), got {precision!r}") from None
     key = module_key(module)
     graph = Graph(module)
     if plan is not None and plan != "tune":
