@@ -12,7 +12,7 @@ import hashlib
 import json
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,22 +164,30 @@ class Quantized:
         return agreement
 
 
+def cached_f32(key: bytes, model: Callable[[], bytes]) -> Path:
+    """The f32 ONNX model that int8 is quantized from and checked against, cached under ``key``'s digest
+    (``model()`` gives its bytes the first time)."""
+    path = cache_dir() / "int8" / f"f32-{hashlib.sha256(key).hexdigest()[:32]}.onnx"
+    if not path.is_file():
+        write_cache(path, model())
+    return path
+
+
 def f32_onnx(module: ir.Module) -> Path:
     """``module``'s ``@main`` as an ONNX file in the cache (inputs ``in0``, ``in1``, ...), by the translator ONNX
-    Runtime's regions use: what int8 is quantized from, and its programs are checked against."""
-    data = module.operation.get_asm(binary=True)
-    f32 = cache_dir() / "int8" / f"f32-{hashlib.sha256(data).hexdigest()[:32]}.onnx"
-    if not f32.is_file():
+    Runtime's regions use (``cached_f32``)."""
+
+    def translated() -> bytes:
         funcs = [f for f in public_funcs(module) if collage.symbol_name(f) == "main"]
         if not funcs:
             raise CollageError("int8 quantizes a model's @main; the module has none")
         try:
-            model = translate(funcs[0])
+            return translate(funcs[0]).SerializeToString()
         except CollageError as exc:
             raise CollageError(f"cannot quantize the model: its f32 form does not translate to ONNX ({exc})") \
                 from None
-        write_cache(f32, model.SerializeToString())
-    return f32
+
+    return cached_f32(module.operation.get_asm(binary=True), translated)
 
 
 def quantize(module: ir.Module, request: Int8, examples: Sequence[np.ndarray], *,

@@ -32,13 +32,12 @@ import numpy as np
 from collage_runtime.shapes import Fallback, dims_label
 from collage_runtime.types import NumberFormat
 
-from .entry import (INT8, Int8, PlanChoice, artifact_key, cached_artifact, choose_plan, compile_cached, quantize,
-                    quantize_file)
+from .entry import (INT8, Int8, PlanChoice, artifact_key, cached_artifact, cached_f32, choose_plan, compile_cached,
+                    quantize, quantize_file)
 from .errors import CollageError
-from .frontends.onnx_calibrate import Agreement
-from .frontends import cache_dir, write_cache
 from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, exported_dims, input_values,
                               named_onnx_dims, resized)
+from .frontends.onnx_calibrate import Agreement
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
@@ -267,10 +266,7 @@ def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, option
     with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
         exported = export_onnx(program, (), Path(tmp) / "model.onnx", "the exported program")
         data = named_onnx_dims(exported, axes)
-    f32 = cache_dir() / "int8" / f"f32-{hashlib.sha256(data).hexdigest()[:32]}.onnx"
-    if not f32.is_file():
-        write_cache(f32, data)
-    int8_path, quantized = quantize_file(f32, int8)
+    int8_path, quantized = quantize_file(cached_f32(data, lambda: data), int8)
     file_axes, dynamic_model = model_file_axes(int8_path)
     check_declared(file_axes, dim_plan.dims, PYTHON)
     with torch.no_grad():
