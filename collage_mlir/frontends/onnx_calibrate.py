@@ -101,11 +101,30 @@ class Agreement:
                    str(data.get("subject", "the program")))
 
 
+def _inputs(model) -> list:
+    """The ONNX model's graph inputs that are no initializer: what the data feeds."""
+    constants = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in constants]
+
+
+def _cached_samples(arrays: Mapping[str, np.ndarray]) -> Path:
+    """``arrays`` (per input name, batches along the leading axis) as an .npz in the cache, named by their
+    names, dtypes, shapes and values: what ``Calibration.data`` names."""
+    digest = hashlib.sha256()
+    for name, a in arrays.items():
+        digest.update(f"{name} {a.dtype} {a.shape} ".encode() + np.ascontiguousarray(a).tobytes())
+    out = cache_dir() / "int8" / f"samples-{digest.hexdigest()[:32]}.npz"
+    if not out.is_file():
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        write_cache(out, buf.getvalue())
+    return out
+
+
 def _batches(model, data: Path) -> list[dict[str, np.ndarray]]:
     import onnx
 
-    constants = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in constants]
+    inputs = _inputs(model)
     try:
         loaded = np.load(data)
     except (OSError, ValueError) as exc:
@@ -123,8 +142,7 @@ def _batches(model, data: Path) -> list[dict[str, np.ndarray]]:
         batch = dims[0] if dims and dims[0] > 0 else 1
         if a.ndim != len(dims) or not _fits(a.shape[1:], dims[1:]) or a.shape[0] % batch or a.shape[0] < 2 * batch:
             raise CollageError(f"input '{i.name}' takes {_shown(dims)}: the data must be that shape with a leading "
-                               "axis of "
-                               f"at least two batches of {batch}, got {list(a.shape)}", where="--calibrate",
+                               f"axis of at least two batches of {batch}, got {list(a.shape)}", where="--calibrate",
                                exit_code=2)
         pieces = np.split(a.astype(dtype), a.shape[0] // batch)
         if not batches:
@@ -152,13 +170,10 @@ def samples_file(path: str | Path, samples: Sequence[Sequence[np.ndarray]]) -> P
     leading axis; each batch must have the model's input shapes (one CollageError naming ``calibrate``)."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    constants = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in constants]
+    inputs = _inputs(onnx.load(str(path), load_external_data=False))
     if len(samples) < 2:
         raise CollageError(f"calibrate takes at least 2 batches (the last quarter is held out), got {len(samples)}",
                            exit_code=2)
-    digest = hashlib.sha256()
     for k, batch in enumerate(samples):
         if len(batch) != len(inputs):
             raise CollageError(f"calibrate batch {k} has {len(batch)} inputs, the model takes {len(inputs)}",
@@ -168,13 +183,7 @@ def samples_file(path: str | Path, samples: Sequence[Sequence[np.ndarray]]) -> P
             if np.ndim(a) != len(dims) or not _fits(np.shape(a), dims):
                 raise CollageError(f"calibrate batch {k}: an input of shape {list(np.shape(a))}, the model takes "
                                    f"{_shown(dims)}", exit_code=2)
-            digest.update(f"{np.asarray(a).dtype} {np.shape(a)} {i.name} ".encode() + np.ascontiguousarray(a).tobytes())
-    out = cache_dir() / "int8" / f"samples-{digest.hexdigest()[:32]}.npz"
-    if not out.is_file():
-        buf = io.BytesIO()
-        np.savez(buf, **{i.name: np.concatenate([np.asarray(b[k]) for b in samples]) for k, i in enumerate(inputs)})
-        write_cache(out, buf.getvalue())
-    return out
+    return _cached_samples({i.name: np.concatenate([np.asarray(b[k]) for b in samples]) for k, i in enumerate(inputs)})
 
 
 def named_samples(path: str | Path, data: Path) -> Path:
@@ -183,9 +192,7 @@ def named_samples(path: str | Path, data: Path) -> Path:
     ONNX model at ``path`` (a translated model's ``in0``, ``in1``, ...), as ``Calibration`` reads them."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    constants = {t.name for t in model.graph.initializer}
-    names = [i.name for i in model.graph.input if i.name not in constants]
+    names = [i.name for i in _inputs(onnx.load(str(path), load_external_data=False))]
     try:
         loaded = np.load(data)
         arrays = [loaded] if isinstance(loaded, np.ndarray) else [loaded[k] for k in loaded.files]
@@ -195,15 +202,7 @@ def named_samples(path: str | Path, data: Path) -> Path:
     if len(arrays) != len(names):
         raise CollageError(f"the model takes {len(names)} inputs, the data holds {len(arrays)} arrays (by position: "
                            "an .npy for one input, an .npz's arrays in order)", where="--calibrate", exit_code=2)
-    digest = hashlib.sha256(" ".join(names).encode())
-    for a in arrays:
-        digest.update(f"{a.dtype} {a.shape} ".encode() + np.ascontiguousarray(a).tobytes())
-    out = cache_dir() / "int8" / f"samples-{digest.hexdigest()[:32]}.npz"
-    if not out.is_file():
-        buf = io.BytesIO()
-        np.savez(buf, **dict(zip(names, arrays)))
-        write_cache(out, buf.getvalue())
-    return out
+    return _cached_samples(dict(zip(names, arrays)))
 
 
 #: At most this share of the quantized compute nodes falls back to f32 to meet ``max_drop``: beyond it the
