@@ -64,7 +64,7 @@ def test_int8_keywords_are_checked_in_one_line(torch):
         ct.compile(model, [images[:64]], precision="int8")
     with pytest.raises(CollageError, match=r"calibrate batch 1: an input of shape \[32, 1, 8, 8\], the model "
                                            r"takes \[64, 1, 8, 8\]"):
-        ct.compile(model, [images[:64]], precision="int8", calibrate=[images[:64], images[:32]])
+        ct.compile(model, [images[:64]], precision="int8", calibrate=[images[:64], images[:32]], check_import=False)
     with pytest.raises(CollageError, match="calibrate and max_drop go with precision='int8'"):
         ct.compile(model, [images[:64]], calibrate=[images[:64]] * 2)
     with pytest.raises(CollageError, match="calibration_method must be one of minmax, percentile, entropy"):
@@ -139,16 +139,20 @@ def test_a_torch_factory_compiles_in_int8_from_the_command_line(torch, tmp_path)
 
     _, x, y = digits_cnn()
     np.save(tmp_path / "calib.npy", x[:512])
+    # The imports' checks are the Python entry point's test's; this one is the command line's wiring.
     assert collage(["compile", "models:digits_factory", "--precision", "int8", "--calibrate",
-                    str(tmp_path / "calib.npy"), "--max-drop", "0.02", "--plan", "whole:ort", "-o",
-                    str(tmp_path / "int8")]) == 0
+                    str(tmp_path / "calib.npy"), "--max-drop", "0.02", "--plan", "whole:ort", "--no-import-check",
+                    "-o", str(tmp_path / "int8")]) == 0
     assert load_manifest(tmp_path / "int8").provenance["held_out"]["samples"] == 128
     with collage_runtime.load(tmp_path / "int8") as program:
         got = np.concatenate([program.invoke("main", x[k:k + 64])[0] for k in range(HELD.start, HELD.stop, 64)])
     assert (got.argmax(1) == y[HELD]).mean() > 0.88
+    # Data holding another number of inputs than the model takes: one line.
+    from collage_mlir.frontends.onnx_calibrate import named_samples
+
     np.savez(tmp_path / "two.npz", x[:512], x[:512])
-    assert collage(["compile", "models:digits_factory", "--precision", "int8", "--calibrate",
-                    str(tmp_path / "two.npz"), "-o", str(tmp_path / "no")]) == 2
+    with pytest.raises(CollageError, match=r"the model takes 1 inputs, the data holds 2 arrays \(by position"):
+        named_samples(load_manifest(tmp_path / "int8").source, tmp_path / "two.npz")
 
 
 def test_an_exported_program_with_a_dynamic_batch_compiles_in_int8(torch):
