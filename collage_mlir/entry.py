@@ -126,6 +126,16 @@ class Int8:
     max_drop: float | None = None
 
     @staticmethod
+    def requested(precision: str | None, calibrate, method: str, max_drop: float | None, to_arrays) -> "Int8 | None":
+        """What an entry point's keywords ask: ``Int8.of`` them for ``precision="int8"``, else None (where
+        ``calibrate`` and ``max_drop`` are one CollageError: they quantize)."""
+        if precision == INT8:
+            return Int8.of(calibrate, method, max_drop, to_arrays)
+        if calibrate is not None or max_drop is not None:
+            raise CollageError("calibrate and max_drop go with precision='int8'")
+        return None
+
+    @staticmethod
     def of(calibrate, method: str, max_drop: float | None, to_arrays) -> "Int8":
         """From an entry point's keywords: ``calibrate`` (batches; a batch of a one-input model may be the
         array itself), each batch made arrays by ``to_arrays``."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from collage_runtime.shapes import Axes, bucket_for, cut_to, dims_label, pad_to
 
-from .entry import INT8, Int8, PlanChoice, choose_plan, compile_cached, quantize
+from .entry import Int8, PlanChoice, choose_plan, compile_cached, quantize
 from .errors import CollageError
 from .frontends.onnx_calibrate import Agreement
 from .frontends.dims import PYTHON, DimPlan, argument_axes, check_declared, input_values
@@ -70,13 +70,9 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
 
     import collage_runtime
 
-    int8 = None
-    if precision == INT8:
-        int8 = Int8.of(calibrate, calibration_method, max_drop,
-                       lambda b: [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(b))])
-        precision = None  # the int8 module's own
-    elif calibrate is not None or max_drop is not None:
-        raise CollageError("calibrate and max_drop go with precision='int8'")
+    int8 = Int8.requested(precision, calibrate, calibration_method, max_drop,
+                          lambda b: [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(b))])
+    precision = None if int8 else precision  # an int8 module is tuned at its own precision
     fn = _callable(fn)
     module = import_jax(fn, example_args, new_context())
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))

@@ -322,6 +322,14 @@ def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_i
     return module
 
 
+def file_fallback(dynamic_model: Path, dim_plan: DimPlan, axes: Axes) -> Fallback:
+    """What serves the shapes between ``dim_plan``'s buckets of a model file: none where buckets and padding
+    serve every shape, else the fastest engine on ``dynamic_model`` (``choose_fallback``)."""
+    if dim_plan.unserved(fallback=False) is None:
+        return Fallback.NONE
+    return choose_fallback(dynamic_model, dim_plan, axes)[0]
+
+
 def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan", out_dir: str | Path, *,
                         fallback: Fallback | None = None, check_import: bool = True, **compile_kwargs) -> ShapedResult:
     """A model file with dynamic dims (ONNX or StableHLO) compiled into one artifact of shape buckets, every
@@ -331,8 +339,7 @@ def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan",
     axes, dynamic_model = model_file_axes(path)
     check_declared(axes, dim_plan.dims, PYTHON)  # the Python API's
     if fallback is None:
-        fallback = Fallback.NONE if dim_plan.unserved(fallback=False) is None else \
-            choose_fallback(dynamic_model, dim_plan, axes)[0]
+        fallback = file_fallback(dynamic_model, dim_plan, axes)
 
     def bucket(values: dict[str, int]) -> BucketModel:
         module = load_bucket(path, values, new_context(), check_import=check_import)

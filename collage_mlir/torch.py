@@ -32,13 +32,14 @@ import numpy as np
 from collage_runtime.shapes import Fallback, dims_label
 from collage_runtime.types import NumberFormat
 
-from .entry import (INT8, Int8, PlanChoice, artifact_key, cached_artifact, cached_f32, choose_plan, compile_cached,
+from .entry import (Int8, PlanChoice, artifact_key, cached_artifact, cached_f32, choose_plan, compile_cached,
                     quantize, quantize_file)
 from .errors import CollageError
 from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, exported_dims, input_values,
                               named_onnx_dims, resized)
 from .frontends.onnx_calibrate import Agreement
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
+from .graph import number_ops
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
 
@@ -107,6 +108,8 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
 
     import collage_runtime
 
+    int8 = Int8.requested(precision, calibrate, calibration_method, max_drop, _arrays)
+    precision = None if int8 else precision  # an int8 module is tuned at its own precision
     if isinstance(model, torch.export.ExportedProgram):
         args, kwargs = model.example_inputs if example_inputs is None else (tuple(example_inputs), {})
         if kwargs:
@@ -114,9 +117,9 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         dims, axes = exported_dims(model, args)
         options = dict(plan=plan, tune_budget=tune_budget, backends=backends, precision=precision, seed=seed, db=db,
                        threads=threads, check_import=check_import)
-        if dims and precision == INT8:
+        if dims and int8:
             return _compile_int8_shaped(model, list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
-                                        Int8.of(calibrate, calibration_method, max_drop, _arrays))
+                                        int8)
         if dims:
             return _compile_shaped(model.module(), list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
                                    program=model)
@@ -126,25 +129,18 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     elif buckets or pad:
         raise CollageError("buckets and pad go with an exported program's dynamic dims (torch.export.Dim)")
 
-    int8 = None
-    if precision == INT8:
-        int8 = Int8.of(calibrate, calibration_method, max_drop, _arrays)
-        precision = None  # the int8 module's own
-    elif calibrate is not None or max_drop is not None:
-        raise CollageError("calibrate and max_drop go with precision='int8'")
-
     with torch.no_grad():
         eager = model(*example_inputs)
     _, out_spec = pytree.tree_flatten(eager)
     module = import_torch(model, list(example_inputs), new_context())
+    arrays = [to_numpy(a) for a in example_inputs]
     if check_import:
-        check(module, torch_source(model, list(example_inputs), eager),
-              [to_numpy(a) for a in example_inputs], where=f"torch:{type(model).__name__}")
+        check(module, torch_source(model, list(example_inputs), eager), arrays, where=f"torch:{type(model).__name__}")
     quantized = None
     if int8 is not None:
-        module, quantized = quantize(module, int8, [to_numpy(a) for a in example_inputs], check_import=check_import)
+        module, quantized = quantize(module, int8, arrays, check_import=check_import)
     tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
-    examples = {"main": [to_numpy(a) for a in example_inputs]} if tuning else None
+    examples = {"main": arrays} if tuning else None
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
                          examples=examples, precision=precision)
     out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")
@@ -188,10 +184,9 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
 
     import collage_runtime
 
-    from .graph import number_ops
     # Imported when used, as collage_mlir.iree does: at module load, shaped's imports change the interpreter's
     # teardown order so that nanobind reports the cached device as leaked (test_exit_is_quiet_...).
-    from .shaped import BucketModel, choose_fallback, compile_shaped, fallback_kinds
+    from .shaped import choose_fallback, compile_shaped, fallback_kinds
 
     needed, dynamic, refused = dim_plan.unserved(fallback=False) is not None, None, None
     if needed:
@@ -203,24 +198,15 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
             refused = str(exc)
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(model(*example))
-    grid = dim_plan.grid()
-    budget = options["tune_budget"] and options["tune_budget"] / len(grid)
-    declared = [[d.name, d.min, d.opt, d.max] for d in dim_plan.dims] + [list(dim_plan.pad)]
-    models, key = [], hashlib.sha256(json.dumps(declared).encode())  # and each bucket's artifact key
-    for values in grid:
+    def imported(values: dict[str, int], arrays: list[np.ndarray]):
         inputs = resized(example, axes, values)
-        arrays = [to_numpy(a) for a in inputs]
         module = import_torch(model, inputs, new_context())
         if options["check_import"]:
             check(module, torch_source(model, inputs), arrays, where=f"torch:{type(model).__name__} at "
                                                                  f"{dims_label(values)}")
-        number_ops(module)
-        tuning = options["plan"] == "tune" or bool(budget)
-        choice = choose_plan(module, options["plan"], tune_budget=budget, backends=options["backends"],
-                             seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None,
-                             precision=options["precision"])
-        models.append(BucketModel(module, choice.plan, choice.provenance))
-        key.update(artifact_key(module, choice).encode())
+        return module
+
+    grid, models, key = _planned_buckets(dim_plan, example, axes, options, imported, seed=b"")
     if needed:
         key.update(dynamic.operation.get_asm(binary=True) if dynamic is not None else program.graph_module.code.encode())
     out = cached_artifact(key.hexdigest()[:16])
@@ -248,6 +234,30 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     return ShapedModule(collage_runtime.load(out, threads=options["threads"]), out_spec)
 
 
+def _planned_buckets(dim_plan: DimPlan, example: list, axes, options: dict, imported, seed: bytes):
+    """Every bucket of ``dim_plan``: the module ``imported(values, arrays)`` gives for it (``arrays``: the example
+    inputs resized to the bucket), numbered and given its plan as ``compile`` gives it (``tune_budget`` shared
+    between the buckets). (the grid, the ``BucketModel``s, the artifact key: ``seed``, the declared dims and each
+    bucket's ``artifact_key``)."""
+    from .shaped import BucketModel  # when used: see _compile_shaped
+
+    grid = dim_plan.grid()
+    budget = options["tune_budget"] and options["tune_budget"] / len(grid)
+    declared = [[d.name, d.min, d.opt, d.max] for d in dim_plan.dims] + [list(dim_plan.pad)]
+    models, key = [], hashlib.sha256(seed + json.dumps(declared).encode())
+    for values in grid:
+        arrays = [to_numpy(a) for a in resized(example, axes, values)]
+        module = imported(values, arrays)
+        number_ops(module)
+        tuning = options["plan"] == "tune" or bool(budget)
+        choice = choose_plan(module, options["plan"], tune_budget=budget, backends=options["backends"],
+                             seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None,
+                             precision=options["precision"])
+        models.append(BucketModel(module, choice.plan, choice.provenance))
+        key.update(artifact_key(module, choice).encode())
+    return grid, models, key
+
+
 def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, options: dict, int8: Int8) -> ShapedModule:
     """An exported program with dynamic dims, in int8: torch's ONNX exporter writes it with its dims kept (each
     renamed ``ARG.AXIS``), quantized once from the calibration batches (``entry.quantize_file``: one set of
@@ -260,8 +270,7 @@ def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, option
 
     import collage_runtime
 
-    from .graph import number_ops
-    from .shaped import BucketModel, choose_fallback, compile_shaped, load_bucket, model_file_axes
+    from .shaped import compile_shaped, file_fallback, load_bucket, model_file_axes
 
     with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
         exported = export_onnx(program, (), Path(tmp) / "model.onnx", "the exported program")
@@ -271,23 +280,15 @@ def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, option
     check_declared(file_axes, dim_plan.dims, PYTHON)
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(program.module()(*example))
-    grid = dim_plan.grid()
-    budget = options["tune_budget"] and options["tune_budget"] / len(grid)
-    declared = [[d.name, d.min, d.opt, d.max] for d in dim_plan.dims] + [list(dim_plan.pad)]
-    models, key = [], hashlib.sha256(json.dumps([int8_path.name, declared]).encode())
-    for values in grid:
-        arrays = [to_numpy(a) for a in resized(example, axes, values)]
-        module = load_bucket(int8_path, values, new_context(), check_import=options["check_import"], inputs=arrays)
-        number_ops(module)
-        tuning = options["plan"] == "tune" or bool(budget)
-        choice = choose_plan(module, options["plan"], tune_budget=budget, backends=options["backends"],
-                             seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None)
-        models.append(BucketModel(module, choice.plan, choice.provenance))
-        key.update(artifact_key(module, choice).encode())
+
+    def imported(values: dict[str, int], arrays: list[np.ndarray]):
+        return load_bucket(int8_path, values, new_context(), check_import=options["check_import"], inputs=arrays)
+
+    grid, models, key = _planned_buckets(dim_plan, example, axes, {**options, "precision": None}, imported,
+                                         seed=int8_path.name.encode())
     out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
-        fallback = Fallback.NONE if dim_plan.unserved(fallback=False) is None else \
-            choose_fallback(dynamic_model, dim_plan, file_axes)[0]
+        fallback = file_fallback(dynamic_model, dim_plan, file_axes)
         compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
                        source=f"torch:{type(program).__name__} int8",
                        fallback_model=None if fallback is Fallback.NONE else dynamic_model)

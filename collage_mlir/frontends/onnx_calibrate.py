@@ -107,6 +107,17 @@ def _inputs(model) -> list:
     return [i for i in model.graph.input if i.name not in constants]
 
 
+def _load(data: Path) -> np.ndarray | dict[str, np.ndarray]:
+    """The calibration data file: an array, or an .npz's arrays by name in their order; or one CollageError
+    naming ``--calibrate``."""
+    try:
+        loaded = np.load(data)
+        return loaded if isinstance(loaded, np.ndarray) else dict(loaded)
+    except (OSError, ValueError) as exc:
+        raise CollageError(f"cannot read the calibration data: {' '.join(str(exc).split())[:200]}",
+                           where="--calibrate", exit_code=2) from None
+
+
 def _cached_samples(arrays: Mapping[str, np.ndarray]) -> Path:
     """``arrays`` (per input name, batches along the leading axis) as an .npz in the cache, named by their
     names, dtypes, shapes and values: what ``Calibration.data`` names."""
@@ -125,12 +136,8 @@ def _batches(model, data: Path) -> list[dict[str, np.ndarray]]:
     import onnx
 
     inputs = _inputs(model)
-    try:
-        loaded = np.load(data)
-    except (OSError, ValueError) as exc:
-        raise CollageError(f"cannot read the calibration data: {' '.join(str(exc).split())[:200]}",
-                           where="--calibrate", exit_code=2) from None
-    arrays = {inputs[0].name: loaded} if isinstance(loaded, np.ndarray) else dict(loaded)
+    loaded = _load(data)
+    arrays = {inputs[0].name: loaded} if isinstance(loaded, np.ndarray) else loaded
     batches: list[dict[str, np.ndarray]] = []
     for i in inputs:
         if i.name not in arrays:
@@ -193,12 +200,8 @@ def named_samples(path: str | Path, data: Path) -> Path:
     import onnx
 
     names = [i.name for i in _inputs(onnx.load(str(path), load_external_data=False))]
-    try:
-        loaded = np.load(data)
-        arrays = [loaded] if isinstance(loaded, np.ndarray) else [loaded[k] for k in loaded.files]
-    except (OSError, ValueError) as exc:
-        raise CollageError(f"cannot read the calibration data: {' '.join(str(exc).split())[:200]}",
-                           where="--calibrate", exit_code=2) from None
+    loaded = _load(data)
+    arrays = [loaded] if isinstance(loaded, np.ndarray) else list(loaded.values())
     if len(arrays) != len(names):
         raise CollageError(f"the model takes {len(names)} inputs, the data holds {len(arrays)} arrays (by position: "
                            "an .npy for one input, an .npz's arrays in order)", where="--calibrate", exit_code=2)
