@@ -8,5 +8,6 @@ one backend) and timed in a worker process, so a backend that crashes or hangs c
 
 #: Bumped whenever a change to extraction, timing or validation makes older rows incomparable, and when
 #: the runtime's engine settings change what a region costs (2: small oneDNN regions on one thread, ORT
-#: spinning as a program's sole engine; 3: graph engines' regions embed the constants only they read).
-HARNESS_VERSION = 3
+#: spinning as a program's sole engine; 3: graph engines' regions embed the constants only they read; 4: a model
+#: computing in bf16 is also checked against its exact arithmetic, which turns some of its wrong rows right).
+HARNESS_VERSION = 4

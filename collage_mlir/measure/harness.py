@@ -36,8 +36,8 @@ from .db import CostDB, Measurement
 from .device import device_fingerprint
 from .extract import DEAD_CODE, HASH_VERSION, QUANTIZED_BOUNDARY, ExtractedRegion, ValueRef, extract_region
 from .pool import Artifact, LocalPool, TaskPool, build_by
-from .reference import capture, model_inputs
-from .tasks import INPUT, REFERENCE
+from .reference import capture, holds_bf16, model_inputs
+from .tasks import EXACT, INPUT, REFERENCE
 from .timing import TimingOptions
 from .validate import QUANT_RTOL
 from .worker import Outcome
@@ -300,9 +300,10 @@ def measure_regions(module: ir.Module, regions: Iterable[RegionKey], db: CostDB,
     return Summary(rows, skipped, stats["hits"], stats["measured"], time.perf_counter() - started)
 
 
-#: The last model's captured reference values, reused while the same module, inputs and seed come
-#: back (a search measures one model in many calls; the capture compiles the whole model).
-_CAPTURED: dict = {"key": None, "values": {}}
+#: The last model's captured reference values (and, for a model computing in bf16, those of its exact
+#: arithmetic), reused while the same module, inputs and seed come back (a search measures one model in many
+#: calls; the capture compiles the whole model).
+_CAPTURED: dict = {"key": None, "values": {}, "exact": {}}
 
 
 def _every_value(graph: Graph) -> set[ValueRef]:
@@ -347,10 +348,12 @@ def _captured(module: ir.Module, graph: Graph, jobs, examples, seed: int) -> boo
     return missing <= _constant_values(graph, missing).keys()
 
 
-def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph: Graph) -> dict:
+def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph: Graph) -> tuple[dict, dict]:
+    """The reference values ``wanted`` (and more), and those of the model's exact arithmetic where it computes in
+    bf16 (else none)."""
     key, bytecode = _capture_key(module, examples, seed)
     if _CAPTURED["key"] != key:
-        _CAPTURED.update(key=key, values={})
+        _CAPTURED.update(key=key, values={}, exact={})
     values = _CAPTURED["values"]
     missing = wanted - values.keys()
     # A region may hand on a constant expression it holds (a reshaped scalar other ops broadcast too):
@@ -360,8 +363,11 @@ def _reference_values(module: ir.Module, wanted: set, examples, seed: int, graph
     if missing:
         # All at once: each capture compiles the whole model, and a search asks chunk after chunk.
         missing |= _every_value(graph) - values.keys()
-        values.update(capture(bytecode, missing, model_inputs(module, examples, seed)))
-    return values
+        inputs = model_inputs(module, examples, seed)
+        values.update(capture(bytecode, missing, inputs))
+        if holds_bf16(module):
+            _CAPTURED["exact"].update(capture(bytecode, missing, inputs, exact=True))
+    return values, _CAPTURED["exact"]
 
 
 class _Inputs:
@@ -370,6 +376,7 @@ class _Inputs:
 
     def __init__(self, module: ir.Module, work: Path, examples, seed: int, graph: Graph):
         self.values: dict[ValueRef, np.ndarray] = {}
+        self.exact: dict[ValueRef, np.ndarray] = {}
         self.module, self.examples, self.seed, self.graph = module, examples, seed, graph
         self.work = work
         self.files: dict[str, Path] = {}
@@ -384,9 +391,11 @@ class _Inputs:
             if need:
                 self.values.update(_constant_values(self.graph, need))
             if need - self.values.keys():
-                self.values = _reference_values(self.module, need, self.examples, self.seed, self.graph)
+                self.values, self.exact = _reference_values(self.module, need, self.examples, self.seed, self.graph)
             arrays = {f"{INPUT}{k}": self.values[r] for k, r in enumerate(region.inputs)}
             arrays |= {f"{REFERENCE}{k}": self.values[r] for k, r in enumerate(region.outputs)}
+            if self.exact:  # a constant expression handed on is its own exact value
+                arrays |= {f"{EXACT}{k}": self.exact.get(r, self.values[r]) for k, r in enumerate(region.outputs)}
             np.savez(self.work / "data" / f"{region.hash}.npz", **arrays)
             (self.work / "regions" / f"{region.hash}.mlirbc").write_bytes(region.bytecode)
             self.files[region.hash] = self.work / "data" / f"{region.hash}.npz"

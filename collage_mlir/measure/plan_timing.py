@@ -21,7 +21,7 @@ from ..ir import ir
 from ..plan import Plan
 from .harness import MeasureOptions, open_pool
 from .pool import Artifact, build_by, time_by
-from .tasks import INPUT, REFERENCE
+from .tasks import EXACT, INPUT, REFERENCE
 from .worker import Outcome
 
 
@@ -103,9 +103,11 @@ class PlanTimer:
     def time(self, module: ir.Module | bytes, plan: Plan, inputs: Sequence[np.ndarray],
              references: Sequence[np.ndarray] | None = None, rtol: float = 0.0, atol: float = 0.0,
              outputs_to: Path | None = None, build_by: float | None = None, timed: bool = True,
-             give_up_s: float | None = None, run_by: float | None = None) -> Outcome | None:
+             give_up_s: float | None = None, run_by: float | None = None,
+             exact: Sequence[np.ndarray] | None = None) -> Outcome | None:
         """Builds ``module`` by ``plan`` and times ``@main`` on ``inputs``; with ``references`` the results
-        are checked first (``wrong`` when beyond ``rtol``/``atol``); with ``outputs_to`` they are saved
+        are checked first (``wrong`` when beyond ``rtol``/``atol``, and beyond what ``exact``, the model's exact
+        arithmetic, allows: ``validate.compare``); with ``outputs_to`` they are saved
         there (``ref<k>`` arrays). The outcome's value is the timing task's result (``status``,
         ``median_s``, ...); a failed build or run is its status. A build not done by ``build_by``
         (``time.monotonic()``) is stopped and None returned: not built, which says nothing of the plan.
@@ -122,6 +124,7 @@ class PlanTimer:
         artifact = self._built.pop(digest, None)
         arrays = {f"{INPUT}{i}": a for i, a in enumerate(inputs)}
         arrays |= {f"{REFERENCE}{i}": a for i, a in enumerate(references or ())}
+        arrays |= {f"{EXACT}{i}": a for i, a in enumerate(exact or ())}
         np.savez(data_file, **arrays)
         ok = False
         try:

@@ -9,10 +9,12 @@ The model's own example inputs are used where given; other arguments get generat
 from __future__ import annotations
 
 import gc
+import re
 import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from collage_runtime.types import byte_dtype
@@ -26,6 +28,11 @@ from ..plan import Plan
 from .extract import ValueRef
 from .tasks import plan_builder
 
+
+#: iree-compile's flag that computes every bf16 value of a module in f32, its arguments and results too: run so,
+#: a model holding bf16 gives its exact arithmetic, against which the bf16 rounding of any implementation of it
+#: (IREE's own included) is measured (``validate.compare``'s ``exact``).
+PROMOTE_BF16 = "--iree-input-promote-bf16-to-f32"
 
 #: Generated integers lie in [0, INT_RANGE): small enough to be valid indices into most dimensions.
 INT_RANGE = 4
@@ -101,13 +108,22 @@ def set_returns(func: ir.Operation, values: Sequence[ir.Value], res_attrs: list 
         del func.attributes["res_attrs"]
 
 
-def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[str, list[np.ndarray]]
-            ) -> dict[ValueRef, np.ndarray]:
+def holds_bf16(module: ir.Module) -> bool:
+    """Whether ``module`` computes on bf16 values (IREE runs its exact arithmetic too: ``PROMOTE_BF16``), but
+    for kept ONNX nodes or an ONNX tail (their engines run them as the model states)."""
+    return not _built(module) and re.search(r"[<x]bf16>", module.operation.get_asm(large_elements_limit=1)) is not None
+
+
+def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[str, list[np.ndarray]],
+            exact: bool = False) -> dict[ValueRef, np.ndarray]:
     """Runs each public function of the (numbered) module with IREE alone on ``inputs`` and returns
     the values ``wanted``: function arguments are the inputs themselves, op results are captured by
-    returning them as extra results of a copy of the module."""
+    returning them as extra results of a copy of the module. ``exact``: in the module's exact arithmetic
+    (bf16 computed in f32: ``PROMOTE_BF16``), every float value as f32."""
     wanted = set(wanted)
     values: dict[ValueRef, np.ndarray] = {}
+    if exact:
+        inputs = {name: [_promoted(a) for a in args] for name, args in inputs.items()}
     for ref in wanted:
         if ref.op is None:
             values[ref] = inputs[ref.func][ref.index]
@@ -125,7 +141,7 @@ def capture(module_bytecode: bytes, wanted: Iterable[ValueRef], inputs: Mapping[
             extra[name] = refs
     if not extra:
         return values
-    results = invoke_alone(module, {name: inputs[name] for name in extra})
+    results = invoke_alone(module, {name: inputs[name] for name in extra}, exact=exact)
     for name, refs in extra.items():
         for ref, arr in zip(refs, results[name][len(results[name]) - len(refs):]):
             values[ref] = arr
@@ -137,9 +153,16 @@ class ReferenceBuildError(CollageError):
     (torch-mlir's ``AveragePool`` with ``ceil_mode`` whose last window starts on the padding)."""
 
 
-def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+def _promoted(a: np.ndarray) -> np.ndarray:
+    """A bf16 array as f32 (what a module compiled with ``PROMOTE_BF16`` takes), else itself."""
+    return a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a
+
+
+def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]], exact: bool = False
+                 ) -> dict[str, list[np.ndarray]]:
     """Compiles ``module`` with IREE alone and calls each function of ``calls`` on its arguments: every
-    result, as arrays that own their data. The compile's diagnostics go to the log only: the module is
+    result, as arrays that own their data. ``exact``: the module's exact arithmetic (``PROMOTE_BF16``: bf16
+    arguments are given as f32, and bf16 results come as f32), for a module ``holds_bf16``. The compile's diagnostics go to the log only: the module is
     collage's (the capture's returns every value, and IREE warns of each f64 result it demotes). A module
     with ONNX nodes kept as ONNX, which IREE cannot run, is built by the compile driver under the empty
     plan instead: IREE alone but for those nodes, each on the engine it is pinned to; so is one with an ONNX
@@ -147,9 +170,18 @@ def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]]) -
     import iree.runtime as rt
 
     if _built(module):
+        if exact:
+            raise CollageError("no exact arithmetic of a module with kept ONNX nodes or an ONNX tail")
         return _invoke_built(module, calls)
-
-    vmfb = build_reference(module)
+    if exact:
+        try:
+            vmfb = iree_compile(module, [PROMOTE_BF16], quiet=True)
+        except CollageError as exc:
+            raise ReferenceBuildError(f"the exact reference run (IREE alone, bf16 in f32) failed to compile: "
+                                      f"{exc}") from None
+        calls = {name: [_promoted(a) for a in args] for name, args in calls.items()}
+    else:
+        vmfb = build_reference(module)
     config = rt.Config("local-task")
     ctx = rt.SystemContext(config=config)
     vm_module = rt.VmModule.copy_buffer(ctx.instance, vmfb)

@@ -32,8 +32,9 @@ from .validate import compare
 #: How workers name these tasks: ``f"{TASKS}:build_plan"``.
 TASKS = __name__
 
-#: Inside a region's data file: ``in<k>`` are the arguments of ``@main``, ``ref<k>`` its reference results.
-INPUT, REFERENCE = "in", "ref"
+#: Inside a region's data file: ``in<k>`` are the arguments of ``@main``, ``ref<k>`` its reference results and,
+#: for a model computing in bf16, ``exact<k>`` those of its exact arithmetic (``validate.compare``).
+INPUT, REFERENCE, EXACT = "in", "ref", "exact"
 
 
 #: Entry-point group of the compile driver (``collage_mlir.artifact:compile_module``).
@@ -107,7 +108,8 @@ def load_arrays(path, prefix: str) -> list[np.ndarray]:
 def time_artifact(artifact_dir: str, data_file: str, timing: dict | None, rtol: float | None = None,
                   atol: float | None = None, outputs_file: str | None = None) -> Timed:
     """Loads the artifact, runs ``main`` once on the data file's inputs and, when a tolerance is given,
-    checks the results against its references (``wrong`` and no timing when they differ); then times it
+    checks the results against its references and exact results if any (``wrong`` and no timing when they
+    differ); then times it
     (not with ``timing`` None: a run for its results alone). With ``outputs_file`` the first run's results
     are saved there (``ref<k>``): a plan that is the reference (IREE alone) needs no second build to provide
     it."""
@@ -126,7 +128,8 @@ def time_artifact(artifact_dir: str, data_file: str, timing: dict | None, rtol: 
             t0 = time.perf_counter()
             outputs = program.invoke("main", *inputs)
             first_s = time.perf_counter() - t0
-            check = compare(outputs, load_arrays(data_file, REFERENCE), rtol, atol or 0.0)
+            check = compare(outputs, load_arrays(data_file, REFERENCE), rtol, atol or 0.0,
+                            load_arrays(data_file, EXACT) or None)
             result = replace(result, max_abs_err=check.max_abs, max_rel_err=check.max_rel)
             if not check.ok:
                 return replace(result, status=Status.WRONG, message=check.message)

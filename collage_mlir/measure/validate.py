@@ -36,13 +36,26 @@ HALF_RTOL = {"float16": 1e-2, "bfloat16": 5e-2}
 QUANT_RTOL = 0.25
 
 
-def compare(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], rtol: float, atol: float) -> Check:
+#: A model computing in bf16 rounds at every op, and a deep one far beyond ``HALF_RTOL``: torch's ResNet-50 cast
+#: to bf16 gives, as the largest error relative to the output's scale from its exact arithmetic (bf16 computed in
+#: f32), IREE 0.092, ONNX Runtime 0.095, OpenVINO in bf16 0.105, XLA 0.088, torch's own bf16 eager 0.117; each is
+#: 0.08-0.11 from IREE's. So where the exact arithmetic is given, an output is also right within BF16_SLACK times
+#: the reference's own distance from it (at least the tolerance): the largest ratio measured was 3.6 (ONNX Runtime
+#: on the zoo's small ResNet in bf16: 0.052, IREE 0.0145; `studies/numerics/bf16_reference.py`). A layout or
+#: indexing bug still misses by O(scale).
+BF16_SLACK = 4.0
+
+
+def compare(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], rtol: float, atol: float,
+            exact: Sequence[np.ndarray] | None = None) -> Check:
     """Compares ``outputs`` with ``references`` elementwise under ``|out - ref| <= atol + rtol * scale``
     (``rtol`` at least ``HALF_RTOL`` for a half-precision reference),
     where ``scale`` is the largest ``|ref|`` of that output: a sum that cancels to near zero carries the
     rounding error of its large terms, so an error relative to each element would reject every correct
     backend that sums in another order, while layout or indexing bugs still miss by O(scale). NaNs must
-    sit where the reference has them; integer and boolean outputs must be equal."""
+    sit where the reference has them; integer and boolean outputs must be equal. With ``exact`` (the
+    model's exact arithmetic, for a model computing in bf16), a float output is also right within
+    ``BF16_SLACK`` times the reference's own distance from it."""
     if len(outputs) != len(references):
         return Check(False, np.inf, np.inf, f"{len(outputs)} outputs, the reference has {len(references)}")
     max_abs = max_rel = 0.0
@@ -59,18 +72,33 @@ def compare(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], rto
                 max_abs = np.inf
                 problem = problem or f"output {k}: {bad} of {ref.size} elements differ"
             continue
-        o, r = out.astype(np.float64), ref.astype(np.float64)
-        same = (o == r) | (np.isnan(o) & np.isnan(r))  # equal infinities too
-        with np.errstate(invalid="ignore"):
-            diff = np.where(same, 0.0, np.abs(o - r))
-        diff = np.where(np.isnan(diff), np.inf, diff)
-        finite = np.abs(r[np.isfinite(r)])
-        scale = float(finite.max()) if finite.size else 0.0
+        tol = max(rtol, HALF_RTOL.get(ref.dtype.name, 0.0))
+        diff, scale, bad = _errors(out, ref, tol, atol)
         max_abs = max(max_abs, float(diff.max()))
         max_rel = max(max_rel, float(diff.max()) / scale if scale > 0 else (0.0 if diff.max() == 0 else np.inf))
-        tol = max(rtol, HALF_RTOL.get(ref.dtype.name, 0.0))
-        bad = int(np.count_nonzero(diff > atol + tol * scale))
+        if bad and exact is not None:
+            own, exact_scale, _ = _errors(ref, exact[k], 0.0, 0.0)
+            slack = max(tol, BF16_SLACK * float(own.max()) / exact_scale if exact_scale > 0 else tol)
+            if not _errors(out, exact[k], slack, atol)[2]:
+                continue
+            if not problem:
+                problem = (f"output {k}: {bad} of {ref.size} elements beyond rtol={tol:g} atol={atol:g} "
+                           f"(max abs error {float(diff.max()):.3g}), and beyond rtol={slack:g} of its exact "
+                           "arithmetic")
         if bad and not problem:
             problem = (f"output {k}: {bad} of {ref.size} elements beyond rtol={tol:g} atol={atol:g} "
                        f"(max abs error {float(diff.max()):.3g})")
     return Check(not problem, max_abs, max_rel, problem)
+
+
+def _errors(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> tuple[np.ndarray, float, int]:
+    """``|out - ref|`` elementwise (0 where equal, NaN against NaN included; inf where only one is NaN), the
+    largest finite ``|ref|`` and how many elements lie beyond ``atol + rtol * scale``."""
+    o, r = np.asarray(out).astype(np.float64), np.asarray(ref).astype(np.float64)
+    same = (o == r) | (np.isnan(o) & np.isnan(r))  # equal infinities too
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(o - r))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    finite = np.abs(r[np.isfinite(r)])
+    scale = float(finite.max()) if finite.size else 0.0
+    return diff, scale, int(np.count_nonzero(diff > atol + rtol * scale))

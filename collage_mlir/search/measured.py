@@ -9,6 +9,7 @@ import base64
 import hashlib
 import io
 import json
+import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,15 +28,17 @@ from ..measure.harness import MeasureOptions, Progress, measure_regions
 from ..measure.plan_timing import PlanTimer
 from ..measure.pool import time_left
 from ..measure.profile import IN_CONTEXT, PROFILE, PROFILED_BACKENDS, InContextCosts, profile_key
-from ..measure.reference import model_inputs
+from ..measure.reference import holds_bf16, invoke_alone, model_inputs
 from ..measure.status import Status
-from ..measure.tasks import INPUT, REFERENCE, TASKS, load_arrays
+from ..measure.tasks import EXACT, INPUT, REFERENCE, TASKS, load_arrays
 from ..measure.timing import timing_wall_s
 from ..measure.validate import QUANT_RTOL
 from ..measure.worker import Worker
 from ..measure.transitions import measure_transitions
 from ..plan import Plan, PlanKey
 from .cost import Cost, CostEstimator, TransitionFit
+
+log = logging.getLogger(__name__)
 
 #: The backend whose whole-model results every plan is checked against, whatever the platform.
 CPU_REFERENCE = PLATFORM_DEFAULTS[Platform.CPU]
@@ -118,6 +121,7 @@ class MeasuredEstimator(CostEstimator):
             digest.update(np.ascontiguousarray(a).tobytes())
         self._model_digest = digest.hexdigest()
         self._reference: list[np.ndarray] | None = None
+        self._exact: list[np.ndarray] | None = None
         self._timer: PlanTimer | None = None
         #: The fastest plan whose whole-plan time is known (measured now or read from the DB), its cost and
         #: tag: what an interrupted tune returns.
@@ -404,6 +408,31 @@ class MeasuredEstimator(CostEstimator):
         if out.stat().st_size <= REFERENCE_CACHE_BYTES:
             self.db.put_cached(REFERENCE_OUTPUTS, key, base64.b64encode(out.read_bytes()).decode())
 
+    def exact(self) -> list[np.ndarray] | None:
+        """``@main``'s results in the model's exact arithmetic (IREE CPU alone, bf16 computed in f32), for a model
+        computing in bf16, else None: a plan is also right within what its bf16 rounding allows
+        (``validate.compare``). Kept in the DB as the reference is; where that run fails, the plans are checked
+        against the reference alone."""
+        if self._exact is None:
+            self._exact = self._run_exact() if holds_bf16(self.module) else []
+        return self._exact or None
+
+    def _run_exact(self) -> list[np.ndarray]:
+        key = f"{self._model_digest}/exact/{CPU_REFERENCE}={get_backend(CPU_REFERENCE).version()}"
+        if (stored := self.db.get_cached(REFERENCE_OUTPUTS, key)) is not None:
+            return load_arrays(io.BytesIO(base64.b64decode(stored)), EXACT)
+        try:
+            (outputs,) = invoke_alone(self.module, {"main": self.inputs}, exact=True).values()
+        except (CollageError, RuntimeError, ValueError) as exc:
+            log.warning("the exact reference run failed; plans are checked against the reference alone: %s",
+                        str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            return []
+        buf = io.BytesIO()
+        np.savez(buf, **{f"{EXACT}{k}": a for k, a in enumerate(outputs)})
+        if buf.tell() <= REFERENCE_CACHE_BYTES:
+            self.db.put_cached(REFERENCE_OUTPUTS, key, base64.b64encode(buf.getvalue()).decode())
+        return outputs
+
     def prebuild(self, plans: Sequence[Plan], tag: str, deadline: float | None = None,
                  required: Sequence[Plan] = ()) -> dict[PlanKey, float]:
         """Builds the ``plans`` the DB cannot answer for ``tag`` side by side (``PlanTimer.prebuild``: as
@@ -447,7 +476,7 @@ class MeasuredEstimator(CostEstimator):
             run_by = self.deadline if self.fastest and tag in ("", "seed") else None
             outcome = self._plan_timer().time(self._bytecode, plan, self.inputs, self.reference(), rtol, atol,
                                               build_by=None if tag else self.deadline, give_up_s=give_up,
-                                              run_by=run_by)
+                                              run_by=run_by, exact=self.exact())
             if outcome is None:
                 return Cost.unknown("tuning budget spent before it was built or timed")
             summary = f"plan {tag} of {len(plan.regions)} regions"

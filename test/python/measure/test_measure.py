@@ -320,6 +320,65 @@ def test_half_precision_outputs_are_checked_at_their_own_precision():
     assert not compare([ref.astype(np.float32) * 1.003], [ref.astype(np.float32)], rtol=1e-4, atol=1e-5).ok
 
 
+@pytest.mark.fast
+def test_a_bf16_output_is_also_right_within_its_exact_arithmetics_slack():
+    """A deep bf16 model's reference (IREE rounding at every op) is 9 % of scale from its exact arithmetic, and a
+    correct engine 10 % from that reference: wrong against the reference alone, right within BF16_SLACK times the
+    reference's own distance from the exact; a kernel off by O(scale) stays wrong."""
+    from collage_mlir.measure.validate import BF16_SLACK
+
+    exact = np.linspace(-4, 4, 256).astype(np.float32)
+    ref = (exact + 0.36 * np.sin(np.arange(256))).astype(np.float32)      # 9 % of scale from the exact
+    engine = (exact - 0.04 * np.cos(np.arange(256))).astype(np.float32)   # 1 % from the exact, 10 % from ref
+    assert not compare([engine], [ref], rtol=5e-2, atol=0.0).ok
+    assert compare([engine], [ref], rtol=5e-2, atol=0.0, exact=[exact]).ok
+    assert BF16_SLACK * 0.09 < 1.0
+    check = compare([-exact], [ref], rtol=5e-2, atol=0.0, exact=[exact])
+    assert not check.ok and "exact arithmetic" in check.message
+    # The reference itself near the exact: the slack is the tolerance itself.
+    assert not compare([engine * 1.2], [exact], rtol=5e-2, atol=0.0, exact=[exact]).ok
+
+
+def test_the_exact_arithmetic_of_a_bf16_model_computes_bf16_in_f32(tmp_path):
+    """``invoke_alone(exact=True)``: a bf16 matmul's products and sums in f32 (as f64 math of its bf16 inputs to
+    f32 precision), where IREE's own run rounds its result to bf16; the tune's checks take it as ``exact<k>``
+    of a data file, which lets a run far from a coarse reference but close to the exact pass."""
+    import ml_dtypes
+
+    from collage_mlir.iree import compile_module
+    from collage_mlir.measure.reference import holds_bf16, invoke_alone
+    from collage_mlir.measure.tasks import time_artifact
+
+    src = MATMUL_BF16
+    module = parse_module(src, new_context())
+    assert holds_bf16(module) and not holds_bf16(parse_module(ELEMENTWISE, new_context()))
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal((32, 256)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    (ref,) = invoke_alone(module, {"main": [x, w]})["main"]
+    (exact,) = invoke_alone(module, {"main": [x, w]}, exact=True)["main"]
+    scale = np.abs(want).max()
+    assert ref.dtype == ml_dtypes.bfloat16 and exact.dtype == np.float32
+    assert np.abs(exact - want).max() / scale < 1e-6 < np.abs(ref.astype(np.float64) - want).max() / scale
+    # A reference 8 % of scale off (as a deep model's rounding), and the program's own results: right with the
+    # exact arithmetic given, wrong without.
+    compile_module(parse_module(src, new_context()), "default", tmp_path / "art")
+    coarse = (exact + 0.08 * scale * np.sign(np.sin(np.arange(exact.size)).reshape(exact.shape))).astype(ml_dtypes.bfloat16)
+    arrays = {"in0": x, "in1": w, "ref0": coarse}
+    for name, extra in (("without", {}), ("with", {"exact0": exact})):
+        np.savez(tmp_path / f"{name}.npz", **arrays, **extra)  # bf16 as |V2, read back as bf16
+    assert time_artifact(str(tmp_path / "art"), str(tmp_path / "without.npz"), None, rtol=1e-4).status == "wrong"
+    assert time_artifact(str(tmp_path / "art"), str(tmp_path / "with.npz"), None, rtol=1e-4).status == "ok"
+
+
+#: x (32 x 256) times w (32 x 256) transposed, in bf16.
+MATMUL_BF16 = """func.func @main(%x: tensor<32x256xbf16>, %w: tensor<32x256xbf16>) -> tensor<32x32xbf16> {
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [1] : (tensor<32x256xbf16>, tensor<32x256xbf16>) -> tensor<32x32xbf16>
+  return %y : tensor<32x32xbf16>
+}
+"""
+
+
 def test_collage_measure_cli(tmp_path):
     model = tmp_path / "model.mlir"
     model.write_text(ELEMENTWISE)

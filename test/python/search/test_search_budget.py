@@ -96,7 +96,7 @@ def test_spent_deadline_measures_nothing_and_records_nothing(tmp_path, monkeypat
     module, _, blocks = two_blocks()
     # No values captured yet (another test may have measured this very module in this process, and a
     # capture already done would rightly let the second case build).
-    monkeypatch.setattr(harness, "_CAPTURED", {"key": None, "values": {}})
+    monkeypatch.setattr(harness, "_CAPTURED", {"key": None, "values": {}, "exact": {}})
     db = CostDB(tmp_path / "costs.sqlite")
     # Past the deadline; and before it, but too close for the whole-model capture the builds need.
     for options in (MeasureOptions(deadline=time.monotonic() - 1),
