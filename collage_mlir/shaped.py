@@ -327,7 +327,7 @@ def file_fallback(dynamic_model: Path, dim_plan: DimPlan, axes: Axes) -> Fallbac
     serve every shape, else the fastest engine on ``dynamic_model`` (``choose_fallback``)."""
     if dim_plan.unserved(fallback=False) is None:
         return Fallback.NONE
-    return choose_fallback(dynamic_model, dim_plan, axes)[0]
+    return choose_fallback(dynamic_model, dim_plan, axes).chosen
 
 
 def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan", out_dir: str | Path, *,
@@ -380,23 +380,38 @@ def output_axes(dim_plan: DimPlan, buckets: list[Mapping[str, int]], shapes: lis
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class FallbackChoice:
+    """What ``choose_fallback`` found: the engine chosen, the seconds per call of each engine that ran (empty where
+    only one engine takes the model: not timed) and why each other one did not run."""
+
+    chosen: Fallback
+    times: Mapping[Fallback, float]
+    failed: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """The choice as the CLI prints it."""
+        ran = [f"{k.value} {v * 1e3:.2f} ms" for k, v in self.times.items()]
+        return "between buckets: " + ", ".join(ran + [f"{p} (failed)" for p in self.failed]) + \
+            f" → {self.chosen.value}"
+
+
 def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequence[Fallback] | None = None,
-                    repeats: int = 5) -> tuple[Fallback, dict[Fallback, float]]:
+                    repeats: int = 5) -> FallbackChoice:
     """The engine of ``kinds`` (default ``fallback_kinds(model)``, f32 ones) that runs ``model`` (dynamic dims kept)
     fastest, timed at a shape between buckets (each dim at the middle of its widest gap, or its OPT value
-    where there is none): (the fastest, seconds per call of each that ran; empty where only one engine
-    takes the model: it is not timed). An engine that fails to load or run is left out; a CollageError
+    where there is none). An engine that fails to load or run is left out (and said why); a CollageError
     when none runs."""
     kinds = tuple(kinds or fallback_kinds(model))
     if len(kinds) == 1:  # nothing to choose; compile_shaped builds it first and checks it
-        return kinds[0], {}
+        return FallbackChoice(kinds[0], {})
     values = {d.name: _between(d, dim_plan.values[d.name]) for d in dim_plan.dims}
     with workdir() as tmp:
         times, problems = _engine_times(model, inputs, values, kinds, repeats, Path(tmp))
     if not times:
         raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
                            "list every value with --bucket, or declare --pad", where=str(model))
-    return min(times, key=times.get), times
+    return FallbackChoice(min(times, key=times.get), times, tuple(problems))
 
 
 def dynamic_ratio(model: Path, dim_plan: DimPlan, inputs: Axes, fallback: Fallback, repeats: int = 5) -> float:

@@ -219,13 +219,13 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
                 with open(fallback, "wb") as f:
                     dynamic.operation.write_bytecode(f)
                 try:
-                    kind = choose_fallback(fallback, dim_plan, axes, fallback_kinds(fallback, bf16))[0]
+                    kind = choose_fallback(fallback, dim_plan, axes, fallback_kinds(fallback, bf16)).chosen
                 except CollageError as exc:
                     refused, fallback = str(exc), None
             if needed and fallback is None:  # torch's own ONNX export, dims kept, on ORT or OpenVINO
                 try:
                     fallback = export_onnx(program, (), Path(tmp) / "dynamic.onnx", "the exported program")
-                    kind = choose_fallback(fallback, dim_plan, axes, fallback_kinds(fallback, bf16))[0]
+                    kind = choose_fallback(fallback, dim_plan, axes, fallback_kinds(fallback, bf16)).chosen
                 except CollageError as exc:
                     raise CollageError(f"{refused}; and {exc}") from None
             compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,

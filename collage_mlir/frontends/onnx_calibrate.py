@@ -308,6 +308,7 @@ def quantize_onnx(path: str | Path, calibration: Calibration) -> tuple[Path, Agr
 
 
 def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kept: tuple[str, ...]) -> Path:
+    import onnx
     import onnxruntime as ort
     from onnxruntime import quantization as q
 
@@ -315,7 +316,7 @@ def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kep
     for batch in calibrate:
         for name in sorted(batch):
             digest.update(np.ascontiguousarray(batch[name]).tobytes())
-    digest.update(f"{method.value} {ort.__version__} {' '.join(kept)}".encode())
+    digest.update(f"{method.value} {ort.__version__} {' '.join(kept)} scalar-pairs-folded".encode())
     out = cache_dir() / "int8" / f"{digest.hexdigest()[:32]}.onnx"
     if out.is_file():
         return out
@@ -343,9 +344,49 @@ def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kep
                            where=str(path)) from None
     finally:
         root.setLevel(level)
+    model = onnx.load(str(tmp))
+    if _scalar_pairs_folded(model.graph):
+        onnx.save(model, str(tmp))
     write_cache(out, tmp.read_bytes())
     tmp.unlink()
     return out
+
+
+def _scalar_pairs_folded(graph) -> int:
+    """Folds each QuantizeLinear and DequantizeLinear of a scalar constant into the constant it computes (round half
+    to even, saturated: the pair's own value). ORT's quantizer wraps a constant multiplier (attention's 1/sqrt(d)
+    in a TorchScript export of BERT) in such a pair, on which OpenVINO's low-precision transformations fail
+    ("MultiplyPartialTransformation ... index '0' out of range", OpenVINO 2026.4, static or dynamic dims), so it
+    could not compile the int8 model at all; the pair quantizes nothing an engine runs in int8. Returns how many
+    nodes were folded."""
+    from onnx import numpy_helper
+
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    values |= {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+               if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
+    folded: set[str] = set()
+    kept = []
+    for n in graph.node:
+        ins = [values.get(i) for i in n.input]
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or any(v is None for v in ins) or ins[0].ndim:
+            kept.append(n)
+            continue
+        scale = ins[1].astype(np.float64)
+        zero = ins[2] if len(ins) > 2 else np.zeros((), np.uint8)
+        if n.op_type == "QuantizeLinear":
+            info = np.iinfo(zero.dtype)
+            q = np.round(ins[0].astype(np.float64) / scale) + zero.astype(np.float64)  # numpy: half to even
+            values[n.output[0]] = np.clip(q, info.min, info.max).astype(zero.dtype)
+        else:
+            values[n.output[0]] = ((ins[0].astype(np.float64) - zero.astype(np.float64)) * scale).astype(ins[1].dtype)
+        folded.add(n.output[0])
+    if not folded:
+        return 0
+    read = {i for n in kept for i in n.input} | {o.name for o in graph.output}
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(numpy_helper.from_array(values[name], name) for name in sorted(folded & read))
+    return len(folded)
 
 
 

@@ -57,12 +57,10 @@ def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
                                + " or ".join(k.value for k in kinds) + " does", where="--fallback", exit_code=2)
         return Fallback(args.fallback)
     with Console(stderr=True).status("timing the fallback engines on the model with dynamic dims"):
-        chosen, times = choose_fallback(model, dim_plan, axes, kinds)
-    if times:
-        Console(stderr=True).print("between buckets: " + ", ".join(f"{k.value} {v * 1e3:.2f} ms"
-                                                                   for k, v in times.items())
-                                   + f" → {chosen.value}", highlight=False)
-    return chosen
+        choice = choose_fallback(model, dim_plan, axes, kinds)
+    if choice.times:
+        Console(stderr=True).print(choice.line(), highlight=False)
+    return choice.chosen
 
 
 def dim_plan_of(args: argparse.Namespace) -> DimPlan | None:

@@ -289,6 +289,68 @@ def test_max_drop_keeps_the_most_sensitive_nodes_in_f32(digits, tmp_path):
     assert float_nodes == set(kept)
 
 
+def test_an_attention_scale_quantized_by_ort_runs_on_openvino(tmp_path):
+    """ORT's quantizer wraps attention's constant scale (a TorchScript export's ``Mul`` by 0.125) in a
+    QuantizeLinear/DequantizeLinear pair, on which OpenVINO failed to compile the int8 model, with dynamic dims or
+    static. ``quantize_onnx`` folds the pair into the constant it computes: OpenVINO compiles the int8 model with
+    its dims dynamic (as a fallback between buckets runs it), and agrees with ONNX Runtime on it."""
+    ov = pytest.importorskip("openvino")
+    from collage_mlir.frontends.onnx_calibrate import Calibration, _scalar_pairs_folded, quantize_onnx
+    from collage_mlir.measure.validate import QUANT_RTOL
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k, self.v = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.softmax(torch.matmul(self.k(x), self.v(x).transpose(-1, -2)) * 0.125, -1)
+
+    torch.manual_seed(0)
+    torch.onnx.export(Attention().eval(), (torch.randn(1, 8, 16),), str(tmp_path / "f32.onnx"), dynamo=False,
+                      input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "seq"}}, opset_version=17)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "calib.npy", rng.standard_normal((8, 8, 16)).astype(np.float32))
+    path, _, _ = quantize_onnx(tmp_path / "f32.onnx", Calibration(tmp_path / "calib.npy"))
+    model = onnx.load(str(path))
+    assert "QuantizeLinear" in {n.op_type for n in model.graph.node}  # still int8
+    assert _scalar_pairs_folded(model.graph) == 0  # no pair on a scalar constant left
+    request = ov.Core().compile_model(str(path), "CPU").create_infer_request()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for shape in ((1, 8, 16), (2, 5, 16)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        got, want = request.infer([x])[0], session.run(None, {"x": x})[0]
+        assert got.shape == want.shape and np.abs(got - want).max() <= QUANT_RTOL * np.abs(want).max()
+
+
+def test_folding_a_scalar_pair_keeps_its_value():
+    """A constant through QuantizeLinear and DequantizeLinear (round half to even, saturated) folds to the value
+    the pair computes: ONNX Runtime runs both graphs to the same bits."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from collage_mlir.frontends.onnx_calibrate import _scalar_pairs_folded
+
+    def graph():
+        c = [numpy_helper.from_array(np.array(v, dtype), name) for v, dtype, name in
+             ((0.3125, np.float32, "c"), (0.025, np.float32, "s"), (np.int8(3), np.int8, "z"))]
+        nodes = [helper.make_node("QuantizeLinear", ["c", "s", "z"], ["q"]),
+                 helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+                 helper.make_node("Mul", ["x", "d"], ["y"])]
+        return helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], c)
+
+    folded = graph()
+    assert _scalar_pairs_folded(folded) == 2 and [n.op_type for n in folded.node] == ["Mul"]
+    x = np.linspace(-2, 2, 4).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    runs = [ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+                                 .SerializeToString(),
+                                 options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            for g in (graph(), folded)]
+    assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], x * np.float32(0.3125))
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("args, message", [
     (["--precision", "int8"], "--precision int8 needs calibration samples"),

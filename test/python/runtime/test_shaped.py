@@ -87,9 +87,10 @@ def test_buckets_padding_and_the_fallback(dynamic_cnn, tmp_path, capsys):
 
 def test_the_fallback_is_the_faster_engine_on_the_dynamic_model(dynamic_cnn):
     plan = DimPlan.of([parse_dim("batch=1:2:16")], {"batch": (1, 16)})
-    chosen, times = choose_fallback(dynamic_cnn, plan, (("batch", None, None, None),),
-                                    [Fallback.ORT, Fallback.OPENVINO])
+    choice = choose_fallback(dynamic_cnn, plan, (("batch", None, None, None),), [Fallback.ORT, Fallback.OPENVINO])
+    chosen, times = choice.chosen, choice.times
     assert set(times) == {Fallback.ORT, Fallback.OPENVINO} and times[chosen] == min(times.values())
+    assert not choice.failed and choice.line().startswith("between buckets: ort ")
     # The fallback's slowdown against a static program, as --shapes weighs buckets by it.
     ratio = dynamic_ratio(dynamic_cnn, plan, (("batch", None, None, None),), chosen)
     assert 0.2 < ratio < 5 and dynamic_ratio(dynamic_cnn, plan, (), Fallback.NONE) == float("inf")
