@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from collage_runtime.program import InputError
 from collage_runtime.shapes import ShapeTable
 
 from ..errors import CollageError
@@ -246,7 +247,12 @@ def program_on_held_out(f32: str | Path, held: HeldOut, program) -> Agreement:
     samples = held_out_samples(f32, held)
     table = getattr(program, "table", None)  # a shape-bucket artifact: every way it serves a batch
     feeds = samples if table is None else across_batches(samples, table)
-    return program_agreement(f32, lambda f: program.invoke("main", *f.values())[0], feeds)
+    try:
+        return program_agreement(f32, lambda f: program.invoke("main", *f.values())[0], feeds)
+    except InputError as exc:  # a program specialised to another shape (--input) than the samples'
+        raise CollageError(f"the held-out samples do not fit the compiled program ({exc}): give samples of the "
+                           "shape it is compiled for, or declare the dynamic dims with --dim", where=str(held.data),
+                           exit_code=2) from None
 
 
 def across_batches(samples: Sequence[Mapping[str, np.ndarray]], table: ShapeTable) -> list[dict[str, np.ndarray]]:

@@ -153,16 +153,29 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int, precisi
     from collage_mlir.frontends.dims import ShapeTrace
     from collage_mlir.tools.cli import main as collage
 
-    model = export(case.name, root)
+    f32_model = model = export(case.name, root)
     art = root / "art"
     flags = case.flags()
+    precision_flags: list[str] = []
+    ov_precision = precision
+    if precision == "int8":
+        # Calibrated on 16 samples at the OPT shape; the peers run the int8 model collage compiles (the same scales:
+        # ORT's quantizer, its pairs on scalar constants folded, without which OpenVINO cannot compile BERT's).
+        from collage_mlir.frontends.onnx_calibrate import Calibration, quantize_onnx
+
+        opt = {d.split("=")[0]: int(d.split("=")[1].split(":")[1]) for d in case.dims}
+        np.save(root / "calib.npy", np.concatenate([example(case.name, opt | ({"batch": 1} if "batch" in opt else {}),
+                                                            seed=100 + k) for k in range(16)]))
+        precision_flags = ["--precision", "int8", "--calibrate", str(root / "calib.npy")]
+        model = quantize_onnx(f32_model, Calibration(root / "calib.npy"))[0]
+        ov_precision = "f32"  # its int8 ops in int8, the rest in f32
+    elif precision == "bf16":  # bf16 allowed: the fallback may be OpenVINO in bf16
+        precision_flags = ["--precision", "bf16"]
     if not case.buckets:  # chosen for the trace
         (root / "trace.json").write_text(json.dumps(ShapeTrace(case.trace).to_json()))
         flags += ["--shapes", str(root / "trace.json"), "--max-buckets", "6"]
     start = time.perf_counter()
-    if precision == "bf16":  # bf16 allowed: the fallback may be OpenVINO in bf16
-        flags += ["--precision", "bf16"]
-    if collage(["compile", str(model), *flags, "--plan", plan, "-o", str(art)]) != 0:
+    if collage(["compile", str(f32_model), *flags, *precision_flags, "--plan", plan, "-o", str(art)]) != 0:
         raise SystemExit(f"{case.name}: collage compile failed")
     compile_s = time.perf_counter() - start
     size = sum(p.stat().st_size for p in art.rglob("*") if p.is_file())
@@ -172,7 +185,7 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int, precisi
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     core = ov.Core()
     # OpenVINO in the precision compared: f32 stated, or bf16 (its own default where the CPU has it).
-    config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision}
+    config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": ov_precision}
     ov_dynamic = core.compile_model(str(model), "CPU", config).create_infer_request()
     ov_static: OrderedDict[tuple, object] = OrderedDict()
     inductor = torch_dynamic(case.name)
@@ -196,7 +209,8 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int, precisi
         x = example(case.name, values)
         static = root / f"static-{'-'.join(map(str, values.values()))}"
         np.save(root / "x.npy", x)
-        if collage(["compile", str(model), "--input", str(root / "x.npy"), "--plan", plan, "-o", str(static)]) != 0:
+        if collage(["compile", str(f32_model), "--input", str(root / "x.npy"), *precision_flags, "--plan", plan, "-o",
+                    str(static)]) != 0:
             raise SystemExit(f"{case.name} at {values}: static compile failed")
         static_program = collage_runtime.load(static, threads=THREADS)
         request, _ = ov_for(x)
@@ -260,9 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", default="whole:openvino", help="the plan of every bucket and static artifact")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trace", type=int, default=40, help="requests in the trace")
-    parser.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+    parser.add_argument("--precision", choices=("f32", "bf16", "int8"), default="f32",
                         help="bf16: OpenVINO's peers in bf16 (its default on a CPU with bf16), collage compiled with "
-                             "--precision bf16 (give --plan whole:openvino-bf16); ORT and Inductor stay f32")
+                             "--precision bf16 (give --plan whole:openvino-bf16); int8: collage compiled with "
+                             "--precision int8 --calibrate (16 samples at the OPT shape), ORT and OpenVINO on the same "
+                             "int8 model; ORT and Inductor stay f32 in bf16, Inductor in int8")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--name", default="dynamic_zoo", help="the result files' name")
     args = parser.parse_args(argv)

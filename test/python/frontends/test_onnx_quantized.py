@@ -211,6 +211,19 @@ def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, 
     assert "of its nodes in f32" in r.stderr  # the fallback tried, up to half the quantized nodes
 
 
+def test_held_out_samples_of_another_shape_than_the_program_are_one_line(digits, tmp_path):
+    """A model with a dynamic batch compiled for the --input's batch of 3, calibrated on samples of one image: the
+    program check cannot run them (it was a traceback), so one line says so, and nothing is written."""
+    root, x, _, calibration = digits
+    np.save(tmp_path / "calib.npy", calibration)
+    np.save(tmp_path / "x.npy", x[:3])
+    r = _cli("compile", str(root / "dynamic.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "calib.npy"),
+             "--input", str(tmp_path / "x.npy"), "--plan", "whole:ort", "-o", str(tmp_path / "art"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("collage: error: ")
+    assert "Traceback" not in r.stderr and "the held-out samples do not fit the compiled program" in r.stderr
+    assert not (tmp_path / "art").exists()
+
+
 def test_a_missing_model_with_precision_int8_is_one_line(tmp_path):
     np.save(tmp_path / "calib.npy", np.zeros((4, 1, 8, 8), np.float32))
     r = _cli("compile", str(tmp_path / "missing.onnx"), "--precision", "int8", "--calibrate",
