@@ -178,9 +178,9 @@ def choose_buckets(plan: DimPlan, trace: ShapeTrace, ratio: float, max_buckets: 
     the time (a fallback timed as fast as a static program).
 
     The trace stands for the requests to come, so a bucket must serve at least two of its requests (a shape
-    it holds once is a bucket only where padding serves others from it): a serving trace of 40 BERT requests, 70 % at four shapes, otherwise
-    got buckets at three one-off shapes of batch 4 (seq 120, 123, 125: the largest requests, hence the most
-    modelled time) and none at the common seq 32 and 64."""
+    it holds once is a bucket only where padding serves others from it): a serving trace of 40 BERT requests,
+    70 % at four shapes, otherwise got buckets at three one-off shapes of batch 4 (seq 120, 123, 125: the
+    largest requests, hence the most modelled time) and none at the common seq 32 and 64."""
     def size(shape: Mapping[str, int]) -> float:
         return float(np.prod([shape[d.name] for d in plan.dims]))
 

@@ -162,10 +162,10 @@ def invoke_alone(module: ir.Module, calls: Mapping[str, Sequence[np.ndarray]], e
                  ) -> dict[str, list[np.ndarray]]:
     """Compiles ``module`` with IREE alone and calls each function of ``calls`` on its arguments: every
     result, as arrays that own their data. ``exact``: the module's exact arithmetic (``PROMOTE_BF16``: bf16
-    arguments are given as f32, and bf16 results come as f32), for a module ``holds_bf16``. The compile's diagnostics go to the log only: the module is
-    collage's (the capture's returns every value, and IREE warns of each f64 result it demotes). A module
-    with ONNX nodes kept as ONNX, which IREE cannot run, is built by the compile driver under the empty
-    plan instead: IREE alone but for those nodes, each on the engine it is pinned to; so is one with an ONNX
+    arguments are given as f32, and bf16 results come as f32), for a module ``holds_bf16``. The compile's
+    diagnostics go to the log only: the module is collage's (the capture's returns every value, and IREE
+    warns of each f64 result it demotes). A module with ONNX nodes kept as ONNX, which IREE cannot run, is
+    built by the compile driver under the empty plan instead: IREE alone but for those nodes, each on the engine it is pinned to; so is one with an ONNX
     tail (``collage.OnnxTail``), whose results are then those of the model, the tail's included."""
     import iree.runtime as rt
 
