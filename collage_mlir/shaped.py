@@ -37,6 +37,7 @@ from .dialects import collage
 from .errors import CollageError
 from .frontends import refine
 from .frontends.dims import PYTHON, DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
+from .frontends.onnx_calibrate import openvino_ready
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, load_module, new_context
 from .measure.import_check import FLOAT_TOLERANCE, compare, load_checked
@@ -257,10 +258,11 @@ def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray
 
 
 def _runnable(model: Path, kind: Fallback, directory: Path) -> Path:
-    """The file ``kind``'s engine runs for ``model``: an ONNX model itself; for a StableHLO module, IREE's
-    dynamic program of it or its ONNX translation (``dynamic_onnx``), made in ``directory`` once."""
+    """The file ``kind``'s engine runs for ``model``: an ONNX model itself (for OpenVINO, its quantizer's pairs on
+    scalar constants folded: ``onnx_calibrate.openvino_ready``); for a StableHLO module, IREE's dynamic program
+    of it or its ONNX translation (``dynamic_onnx``), made in ``directory`` once."""
     if model.suffix == ".onnx":
-        return model
+        return openvino_ready(model, directory) if kind in (Fallback.OPENVINO, Fallback.OPENVINO_BF16) else model
     return _dynamic_file(lambda: load_module(model, new_context()), kind, directory, str(model))
 
 

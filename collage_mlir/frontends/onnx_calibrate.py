@@ -358,6 +358,21 @@ def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kep
     return out
 
 
+def openvino_ready(model: Path, directory: Path) -> Path:
+    """``model``, or, where ORT's quantizer left pairs on scalar constants in it (a user's own int8 file), a copy
+    in ``directory`` with them folded (``_scalar_pairs_folded``): what OpenVINO can compile."""
+    import onnx
+
+    target = directory / f"folded-{model.name}"
+    if target.exists():
+        return target
+    proto = onnx.load(str(model))
+    if not _scalar_pairs_folded(proto.graph):
+        return model
+    onnx.save(proto, str(target), save_as_external_data=proto.ByteSize() > 1 << 30, location=f"{target.name}.data")
+    return target
+
+
 def _scalar_pairs_folded(graph) -> int:
     """Folds each QuantizeLinear and DequantizeLinear of a scalar constant into the constant it computes (round half
     to even, saturated: the pair's own value). ORT's quantizer wraps a constant multiplier (attention's 1/sqrt(d)

@@ -302,15 +302,9 @@ def test_max_drop_keeps_the_most_sensitive_nodes_in_f32(digits, tmp_path):
     assert float_nodes == set(kept)
 
 
-def test_an_attention_scale_quantized_by_ort_runs_on_openvino(tmp_path):
-    """ORT's quantizer wraps attention's constant scale (a TorchScript export's ``Mul`` by 0.125) in a
-    QuantizeLinear/DequantizeLinear pair, on which OpenVINO failed to compile the int8 model, with dynamic dims or
-    static. ``quantize_onnx`` folds the pair into the constant it computes: OpenVINO compiles the int8 model with
-    its dims dynamic (as a fallback between buckets runs it), and agrees with ONNX Runtime on it."""
-    ov = pytest.importorskip("openvino")
-    from collage_mlir.frontends.onnx_calibrate import Calibration, _scalar_pairs_folded, quantize_onnx
-    from collage_mlir.measure.validate import QUANT_RTOL
-
+def _attention_onnx(tmp_path):
+    """``tmp_path/f32.onnx``: attention scores of a sequence (two Linear layers, a ``Mul`` by 0.125, softmax) as a
+    TorchScript export writes them, batch and sequence dynamic."""
     class Attention(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -322,6 +316,19 @@ def test_an_attention_scale_quantized_by_ort_runs_on_openvino(tmp_path):
     torch.manual_seed(0)
     torch.onnx.export(Attention().eval(), (torch.randn(1, 8, 16),), str(tmp_path / "f32.onnx"), dynamo=False,
                       input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "seq"}}, opset_version=17)
+    return tmp_path / "f32.onnx"
+
+
+def test_an_attention_scale_quantized_by_ort_runs_on_openvino(tmp_path):
+    """ORT's quantizer wraps attention's constant scale (a TorchScript export's ``Mul`` by 0.125) in a
+    QuantizeLinear/DequantizeLinear pair, on which OpenVINO failed to compile the int8 model, with dynamic dims or
+    static. ``quantize_onnx`` folds the pair into the constant it computes: OpenVINO compiles the int8 model with
+    its dims dynamic (as a fallback between buckets runs it), and agrees with ONNX Runtime on it."""
+    ov = pytest.importorskip("openvino")
+    from collage_mlir.frontends.onnx_calibrate import Calibration, _scalar_pairs_folded, quantize_onnx
+    from collage_mlir.measure.validate import QUANT_RTOL
+
+    _attention_onnx(tmp_path)
     rng = np.random.default_rng(0)
     np.save(tmp_path / "calib.npy", rng.standard_normal((8, 8, 16)).astype(np.float32))
     path, _, _ = quantize_onnx(tmp_path / "f32.onnx", Calibration(tmp_path / "calib.npy"))
@@ -334,6 +341,39 @@ def test_an_attention_scale_quantized_by_ort_runs_on_openvino(tmp_path):
         x = rng.standard_normal(shape).astype(np.float32)
         got, want = request.infer([x])[0], session.run(None, {"x": x})[0]
         assert got.shape == want.shape and np.abs(got - want).max() <= QUANT_RTOL * np.abs(want).max()
+
+
+def test_a_users_own_int8_attention_gets_openvino_between_buckets(tmp_path, capsys):
+    """A user's own int8 file from ``quantize_static`` (the pair on attention's scale left in it), compiled with
+    --dim: OpenVINO runs it between buckets from a copy with the pair folded (it failed on the file, so ONNX
+    Runtime's int8 served those shapes), and agrees with ONNX Runtime on the file."""
+    pytest.importorskip("openvino")
+    from onnxruntime import quantization as q
+
+    from collage_mlir.measure.validate import QUANT_RTOL
+    from collage_mlir.tools.cli import main as collage
+
+    f32 = _attention_onnx(tmp_path)
+    rng = np.random.default_rng(0)
+
+    class Reader(q.CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"x": rng.standard_normal((1, 8, 16)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    q.quantize_static(str(f32), str(tmp_path / "int8.onnx"), Reader(), quant_format=q.QuantFormat.QDQ,
+                      activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8)
+    assert collage(["compile", str(tmp_path / "int8.onnx"), "--dim", "batch=1:1:2", "--dim", "seq=4:8:16",
+                    "--bucket", "batch=1", "--bucket", "seq=8", "--fallback", "openvino", "--plan", "whole:ort",
+                    "-o", str(tmp_path / "art")]) == 0
+    x = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    with collage_runtime.load(tmp_path / "art") as program:
+        assert program.served(x) == "openvino fallback"
+        got = np.asarray(program.invoke("main", x)[0])
+    want = ort.InferenceSession(str(tmp_path / "int8.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(got - want).max() <= QUANT_RTOL * np.abs(want).max()
 
 
 def test_folding_a_scalar_pair_keeps_its_value():
