@@ -76,18 +76,17 @@ def compare(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], rto
         diff, scale, bad = _errors(out, ref, tol, atol)
         max_abs = max(max_abs, float(diff.max()))
         max_rel = max(max_rel, float(diff.max()) / scale if scale > 0 else (0.0 if diff.max() == 0 else np.inf))
-        if bad and exact is not None:
+        if not bad:
+            continue
+        line = (f"output {k}: {bad} of {ref.size} elements beyond rtol={tol:g} atol={atol:g} "
+                f"(max abs error {float(diff.max()):.3g})")
+        if exact is not None:
             own, exact_scale, _ = _errors(ref, exact[k], 0.0, 0.0)
             slack = max(tol, BF16_SLACK * float(own.max()) / exact_scale if exact_scale > 0 else tol)
             if not _errors(out, exact[k], slack, atol)[2]:
                 continue
-            if not problem:
-                problem = (f"output {k}: {bad} of {ref.size} elements beyond rtol={tol:g} atol={atol:g} "
-                           f"(max abs error {float(diff.max()):.3g}), and beyond rtol={slack:g} of its exact "
-                           "arithmetic")
-        if bad and not problem:
-            problem = (f"output {k}: {bad} of {ref.size} elements beyond rtol={tol:g} atol={atol:g} "
-                       f"(max abs error {float(diff.max()):.3g})")
+            line += f", and beyond rtol={slack:g} of its exact arithmetic"
+        problem = problem or line
     return Check(not problem, max_abs, max_rel, problem)
 
 

@@ -161,9 +161,10 @@ def run_case(title: str, case: Case, root: Path, plan: str, rounds: int, precisi
     if precision == "int8":
         # Calibrated on 16 samples at the OPT shape; the peers run the int8 model collage compiles (the same scales:
         # ORT's quantizer, its pairs on scalar constants folded, without which OpenVINO cannot compile BERT's).
+        from collage_mlir.frontends.dims import parse_dim
         from collage_mlir.frontends.onnx_calibrate import Calibration, quantize_onnx
 
-        opt = {d.split("=")[0]: int(d.split("=")[1].split(":")[1]) for d in case.dims}
+        opt = {r.name: r.opt for r in map(parse_dim, case.dims)}
         np.save(root / "calib.npy", np.concatenate([example(case.name, opt | ({"batch": 1} if "batch" in opt else {}),
                                                             seed=100 + k) for k in range(16)]))
         precision_flags = ["--precision", "int8", "--calibrate", str(root / "calib.npy")]
