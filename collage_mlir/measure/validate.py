@@ -42,7 +42,9 @@ QUANT_RTOL = 0.25
 #: 0.08-0.11 from IREE's. So where the exact arithmetic is given, an output is also right within BF16_SLACK times
 #: the reference's own distance from it (at least the tolerance): the largest ratio measured was 3.6 (ONNX Runtime
 #: on the zoo's small ResNet in bf16: 0.052, IREE 0.0145; `studies/numerics/bf16_reference.py`). A layout or
-#: indexing bug still misses by O(scale).
+#: indexing bug still misses by O(scale). The slack stops at ``QUANT_RTOL`` (a quarter of the scale is never rounding):
+#: IREE's own bf16 run can be far off (a VGG-style CNN with batch norm cast to bf16: 0.45 of scale from its exact
+#: arithmetic, where torch's bf16 eager is 0.0015), and 4 times that would pass anything.
 BF16_SLACK = 4.0
 
 
@@ -82,7 +84,7 @@ def compare(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], rto
                 f"(max abs error {float(diff.max()):.3g})")
         if exact is not None:
             own, exact_scale, _ = _errors(ref, exact[k], 0.0, 0.0)
-            slack = max(tol, BF16_SLACK * float(own.max()) / exact_scale if exact_scale > 0 else tol)
+            slack = max(tol, min(BF16_SLACK * float(own.max()) / exact_scale if exact_scale > 0 else tol, QUANT_RTOL))
             if not _errors(out, exact[k], slack, atol)[2]:
                 continue
             line += f", and beyond rtol={slack:g} of its exact arithmetic"

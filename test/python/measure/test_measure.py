@@ -337,6 +337,11 @@ def test_a_bf16_output_is_also_right_within_its_exact_arithmetics_slack():
     assert not check.ok and "exact arithmetic" in check.message
     # The reference itself near the exact: the slack is the tolerance itself.
     assert not compare([engine * 1.2], [exact], rtol=5e-2, atol=0.0, exact=[exact]).ok
+    # A reference far off (IREE's bf16 of a VGG-style CNN: 0.45 of scale): the slack stops at a quarter of the scale.
+    far = (exact + 1.8 * np.sin(np.arange(256))).astype(np.float32)
+    assert compare([engine], [far], rtol=5e-2, atol=0.0, exact=[exact]).ok
+    assert not compare([(exact + 1.4 * np.cos(np.arange(256))).astype(np.float32)], [far], rtol=5e-2, atol=0.0,
+                       exact=[exact]).ok
 
 
 def test_the_exact_arithmetic_of_a_bf16_model_computes_bf16_in_f32(tmp_path):
