@@ -15,6 +15,7 @@ from pathlib import Path
 from ..dialects import collage
 from ..errors import CollageError
 from ..ir import diagnostics_text, ir, load_module, parse_module, passmanager
+from . import wide_sums
 
 #: MLIR's inliner, then the removal of private functions nothing calls.
 PIPELINE = "builtin.module(inline{default-pipeline=canonicalize},symbol-dce)"
@@ -50,10 +51,12 @@ def _signatures(module: ir.Module) -> dict[str, tuple[str, str, str]]:
 
 
 def normalize(module: ir.Module, *, where: str = "<input>") -> ir.Module:
-    """Inlines every call of ``module`` in place (see the module docstring), marks it as computing in
-    float64 where its signature or a kept ONNX node says so (``collage.mark_float64``) and returns it. One
-    whose calls cannot all be inlined (recursion) is one CollageError."""
+    """Inlines every call of ``module`` in place (see the module docstring), widens its bf16/f16 sums to f32
+    (``wide_sums``), marks it as computing in float64 where its signature or a kept ONNX node says so
+    (``collage.mark_float64``) and returns it. One whose calls cannot all be inlined (recursion) is one
+    CollageError."""
     collage.mark_float64(module)
+    wide_sums.widen(module)
     if not _calls(module):
         return module
     before = _signatures(module)

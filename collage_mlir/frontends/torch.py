@@ -29,6 +29,7 @@ from ..ir import ir, new_context, parse_module
 from . import cache_dir, write_cache
 from .onnx import import_onnx
 from .refine import SYMBOLIC_DIMS
+from . import wide_sums
 
 
 def to_numpy(t) -> np.ndarray:
@@ -173,6 +174,7 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
         if path.exists():
             module = parse_module(path.read_bytes(), context, where=str(path))
             sh.inline_bf16_resources(module)  # a cache entry written before they were inlined
+            wide_sums.widen(module)  # or before its sums were widened
             return module
     if pt2e_quantized(model):
         data = _through_onnx(model, example_inputs, func_name)
@@ -185,7 +187,8 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
         imported.operation.write_bytecode(buf)
         data = buf.getvalue()
     module = parse_module(data, context, where=f"torch:{type(model).__name__}")
-    if sh.inline_bf16_resources(module):  # a bf16 model's weights, as IREE takes them
+    # A bf16 model's weights as IREE takes them; its sums accumulated in f32, as torch computes them.
+    if sh.inline_bf16_resources(module) + wide_sums.widen(module):
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
         data = buf.getvalue()
