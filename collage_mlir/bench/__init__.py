@@ -7,3 +7,17 @@ interleaved in one run, checked against PyTorch eager (`jax.jit` for JAX models)
     session.py    the orchestration: compile each contender, warm up, time round-robin
     report.py     JSON, markdown table, PNG chart
 """
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+
+def round_order(labels: Sequence[str], r: int) -> list[str]:
+    """The order of round ``r`` of interleaved timing: a shuffle seeded by ``r``. Whatever a contender leaves
+    behind when it stops (threads still spinning, caches swept by a large model) slows the next one, so no
+    contender may always follow the same one; a rotation keeps every contender's predecessor (an int8
+    BERT-base program timed right after Inductor's f32 BERT each round measured 1.085x the same program timed
+    after another, 2026-11-29)."""
+    return random.Random(r).sample(list(labels), len(labels))

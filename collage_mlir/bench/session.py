@@ -20,6 +20,7 @@ from ..errors import CollageError
 from ..measure.tasks import load_arrays
 from ..measure.validate import compare
 from ..measure.worker import Worker
+from . import round_order
 from .contenders import COLLAGE, CONTENDERS, REFERENCES
 
 TASKS = "collage_mlir.bench.tasks"
@@ -184,8 +185,8 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
 def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict[str, ContenderResult],
                       options: BenchOptions, model: str, log: Callable[[str], None]
                       ) -> tuple[dict[str, list[float]], tuple[float, float], str]:
-    """Warm-up, then rounds of one slice per contender, in an order rotated by one each round, until the
-    time is spent.
+    """Warm-up, then rounds of one slice per contender, in an order shuffled each round (``round_order``),
+    until the time is spent.
     Returns seconds per call of each contender, the 1-minute load average before and after, and when
     the timing started."""
     samples: dict[str, list[float]] = {n: [] for n in live}
@@ -206,9 +207,7 @@ def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict
     log(f"{model}: timing {', '.join(live)} interleaved, {rounds} rounds")
     start = time.perf_counter()
     for r in range(rounds):
-        # Each round starts one contender later, so none always follows the same one (whose idle threads
-        # may still spin, or whose memory traffic may still be in the caches, when it starts).
-        for n in live[r % len(live):] + live[:r % len(live)]:
+        for n in round_order(live, r):
             samples[n] += take(n, options.slice_s, 1)
         if r + 1 >= options.min_rounds and time.perf_counter() - start > 3 * options.seconds:
             break  # slow contenders (one call longer than a slice) stretch rounds: keep the run bounded

@@ -7,17 +7,21 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 
+from collage_mlir.bench import round_order
+
 
 def interleaved_ms(runners: Mapping[str, Callable[[], object]], rounds: int, min_time: float = 0.2,
                    warmup: int = 1) -> dict[str, float]:
     """Median ms per call of each runner over ``rounds`` rounds, interleaved across runners; a round calls a
-    runner until ``min_time`` seconds have passed. ``warmup`` untimed calls each first."""
+    runner until ``min_time`` seconds have passed. ``warmup`` untimed calls each first. Each round in its own
+    order (``round_order``: no runner always follows the same one)."""
     for fn in runners.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(rounds):
-        for label, fn in runners.items():
+    for r in range(rounds):
+        for label in round_order(runners, r):
+            fn = runners[label]
             n, start = 0, time.perf_counter()
             while True:
                 fn()

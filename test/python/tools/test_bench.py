@@ -123,3 +123,21 @@ def test_runtime_policy_peer_computes_what_the_user_peer_does(engine, torch, tmp
         outs[name] = prepared.outputs()
     (user,), (rt,) = outs.values()
     np.testing.assert_allclose(rt, user, rtol=1e-5, atol=1e-5 * float(np.abs(user).max()))
+
+
+@pytest.mark.fast
+def test_no_contender_always_follows_the_same_one():
+    """Interleaved timing's rounds (``bench.round_order``): every contender once per round, the same order for
+    the same round, and over six rounds each contender follows at least two others (a rotation kept each one's
+    predecessor: the program after Inductor's f32 BERT always paid for Inductor's leftovers)."""
+    from collage_mlir.bench import round_order
+
+    labels = ["collage", "static", "ort", "openvino", "openvino static", "inductor"]
+    rounds = [round_order(labels, r) for r in range(6)]
+    assert all(sorted(o) == sorted(labels) for o in rounds)
+    assert round_order(labels, 3) == rounds[3]
+    before: dict[str, set[str]] = {k: set() for k in labels}
+    for order in rounds:
+        for a, b in zip(order, order[1:]):
+            before[b].add(a)
+    assert all(len(before[k]) >= 2 for k in labels), before
