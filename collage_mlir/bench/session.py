@@ -129,12 +129,15 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
     try:
         ref_file = work / "reference.npz"
         # A throwaway process: the import (BERT-base: ~1.8 GB at peak) is not held by any contender's worker.
+        (work / "exact.npz").unlink(missing_ok=True)
         with Worker(f"bench-{model}-info", work) as info_worker:
             info = info_worker.call(f"{TASKS}:model_info", options.setup_timeout_s, model=model, small=options.small,
-                                    stablehlo=any(CONTENDERS[n].compiles_stablehlo for n in names))
+                                    stablehlo=any(CONTENDERS[n].compiles_stablehlo for n in names),
+                                    exact_file=str(work / "exact.npz"))
         if not info.ok:
             raise CollageError(f"{model}: {reference} reference failed: {_one_line(info.message)}")
         gflop, import_s = info.value["flop"] / 1e9, info.value["import_s"]
+        exact = load_arrays(str(work / "exact.npz"), "out") if (work / "exact.npz").exists() else None
         for n in [reference] + [n for n in names if n != reference]:
             worker = workers.setdefault(n, Worker(f"bench-{model}-{n}", work))
             out_file = ref_file if n == reference else work / f"{n}.npz"
@@ -153,7 +156,8 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
                 continue
             res.compile_s = outcome.value["compile_s"]
             res.rss_mb, res.peak_rss_mb = outcome.value.get("rss_mb"), outcome.value.get("peak_rss_mb")
-            check = compare(load_arrays(str(out_file), "out"), load_arrays(str(ref_file), "out"), options.rtol, 0.0)
+            check = compare(load_arrays(str(out_file), "out"), load_arrays(str(ref_file), "out"), options.rtol, 0.0,
+                            exact=exact)
             res.max_rel_err = check.max_rel
             if not check.ok:
                 res.status, res.message = Status.WRONG, _one_line(f"differs from {reference}: {check.message}")

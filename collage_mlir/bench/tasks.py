@@ -82,16 +82,38 @@ def breakdown(threads: int, repeats: int, max_seconds: float) -> dict | None:
                    max_seconds=max_seconds).to_json()
 
 
-def model_info(model: str, small: bool, stablehlo: bool) -> dict:
+def model_info(model: str, small: bool, stablehlo: bool, exact_file: str | None = None) -> dict:
     """The zoo model's floating-point operations per inference (see ``zoo.flops``) and, with ``stablehlo``,
     the seconds its torch-mlir import took (~0 when cached): done once here so that no contender's
-    compile time includes it."""
+    compile time includes it. With ``exact_file``, for a model computing in bf16, its exact arithmetic on the
+    zoo inputs (IREE with every bf16 value computed in f32, ``reference.invoke_alone(exact=True)``) is written
+    there (``out<k>``): every engine rounds a deep bf16 model at other places, and each is checked against the
+    reference framework's run or within ``validate.BF16_SLACK`` of that run's own distance from the exact
+    result (torch.compile and XLA on torch's bf16 ResNet-50 were `wrong` against eager bf16 alone)."""
     from .. import zoo
     from ..ir import new_context
+    from ..measure.reference import holds_bf16, invoke_alone
 
     info = {"flop": zoo.flops(model, small), "import_s": None}
+    module = None
     if stablehlo:
         t0 = time.perf_counter()
-        zoo.import_stablehlo(model, new_context(), small)
+        module = zoo.import_stablehlo(model, new_context(), small)
         info["import_s"] = time.perf_counter() - t0
+    if exact_file is not None:
+        module = module or zoo.import_stablehlo(model, new_context(), small)
+        if holds_bf16(module):
+            inputs = [_numpy(x) for x in zoo.build(model, small)[1]]
+            _save(exact_file, invoke_alone(module, {"main": inputs}, exact=True)["main"])
     return info
+
+
+def _numpy(x) -> np.ndarray:
+    """A zoo input as numpy (a torch tensor through ``frontends.torch.to_numpy``: bf16 kept)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        from ..frontends.torch import to_numpy
+
+        return to_numpy(x)
+    return np.asarray(x)
