@@ -38,6 +38,7 @@ from .plan import Plan
 from .search import available_backends, resolve_plan, tune_backends
 from .search.record import TunedPlan, TuneRecord
 from .search.tune import tune
+from .shaped import fastest_int8_engine
 
 #: Search budget of ``plan="tune"`` when no ``tune_budget`` is given.
 DEFAULT_TUNE_BUDGET_S = 60.0
@@ -48,7 +49,7 @@ class PlanChoice:
     """The plan an entry point compiles, and where it came from (the artifact's provenance)."""
 
     plan: Plan
-    how: str  # "given", "tuned before", "tuned now" or "default"
+    how: str  # "given", "tuned before", "tuned now", "fastest int8 engine" or "default"
     provenance: dict
 
 
@@ -68,12 +69,14 @@ def record_tuned_plan(db_path: str | Path | None, key: str, tuned: TunedPlan) ->
 def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budget: float | None = None,
                 backends: Sequence[str] | None = None, seed: int = 0, db: str | Path | None = None,
                 examples: Mapping[str, Sequence[np.ndarray]] | None = None,
-                precision: str | NumberFormat | None = None) -> PlanChoice:
+                precision: str | NumberFormat | None = None, int8_model: Path | None = None) -> PlanChoice:
     """The plan for ``module`` (numbered in place): ``plan`` when given (``"tune"`` tunes now); else the
     plan tuned before (same structure, this device) from the cost DB; else a tune within ``tune_budget``
     seconds when given, over ``backends`` (default: every available one) and, with ``precision="bf16"``,
     every usable backend computing in bf16 (``collage tune --precision bf16``; None: the model's own,
-    ``search.tune_backends``); else the default plan."""
+    ``search.tune_backends``); else the default plan, or for a module quantized from ``int8_model`` (its int8
+    ONNX form) the whole module on the int8 engine that runs that model fastest (``shaped.fastest_int8_engine``:
+    IREE computes int8 in f32)."""
     try:
         precision = None if precision is None else NumberFormat(precision)
     except ValueError:
@@ -98,6 +101,9 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
                 warnings.warn(f"collage: not reusing the tuned plan: {exc}", RuntimeWarning, stacklevel=3)
             else:
                 return PlanChoice(stored, "tuned before", _provenance(tuned, db_path, key))
+    if plan is None and not tune_budget and int8_model is not None:
+        spec = f"whole:{fastest_int8_engine(int8_model).chosen.value}"
+        return PlanChoice(resolve_plan(spec, graph), "fastest int8 engine", {"plan": spec})
     if plan is None and not tune_budget:
         return PlanChoice(Plan(source="default"), "default", {"plan": "default"})
     chosen = tune_backends(module, [get_backend(b) for b in backends] if backends else available_backends(),
@@ -156,12 +162,13 @@ class Int8:
 class Quantized:
     """A module made int8 by ``quantize``: its f32 form as ONNX (what its programs are checked against), the
     calibration, and the int8 model's agreement with f32 on the held-out samples (``agreement.line()``),
-    with the nodes kept in f32 to meet ``max_drop``."""
+    with the nodes kept in f32 to meet ``max_drop``; the int8 ONNX model itself."""
 
     f32: Path
     calibration: Calibration
     agreement: Agreement
     kept: tuple[str, ...]
+    int8: Path
 
     def check(self, program) -> Agreement:
         """``program`` (``collage_runtime``'s, ``main`` taking the model's inputs) against the f32 model on the
@@ -217,7 +224,7 @@ def quantize_file(f32: Path, request: Int8) -> tuple[Path, Quantized]:
     takes the samples' size."""
     calibration = Calibration(samples_file(f32, request.samples), request.method, request.max_drop)
     int8, agreement, kept = quantize_onnx(f32, calibration)
-    return int8, Quantized(f32, calibration, agreement, kept)
+    return int8, Quantized(f32, calibration, agreement, kept, int8)
 
 
 def plan_provenance(spec: str, tuning: TuneRecord | None = None, db: str | Path | None = None) -> dict:

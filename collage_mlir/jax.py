@@ -38,7 +38,7 @@ class CompiledFunction:
     def __init__(self, program, out_tree, choice: PlanChoice, agreement: Agreement | None = None):
         self.program = program
         self.plan = choice.plan
-        self.plan_how = choice.how  # "given", "tuned before", "tuned now" or "default"
+        self.plan_how = choice.how  # "given", "tuned before", "tuned now", "fastest int8 engine" or "default"
         #: int8 (``precision="int8"``): the program against the f32 model on the held-out samples.
         self.agreement = agreement
         self._out_tree = out_tree
@@ -85,7 +85,7 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
     if int8 is not None:
         module, quantized = quantize(module, int8, canonical, check_import=check_import)
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, db=db, examples={"main": leaves},
-                         precision=precision)
+                         precision=precision, int8_model=quantized and quantized.int8)
     out = compile_cached(module, choice, source=f"jax:{getattr(fn, '__name__', 'fn')}")
     program = collage_runtime.load(out, threads=threads)
     return CompiledFunction(program, out_tree, choice, quantized.check(program) if quantized else None)

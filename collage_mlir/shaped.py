@@ -391,11 +391,10 @@ class FallbackChoice:
     times: Mapping[Fallback, float]
     failed: tuple[str, ...] = ()
 
-    def line(self) -> str:
+    def line(self, where: str = "between buckets") -> str:
         """The choice as the CLI prints it."""
         ran = [f"{k.value} {v * 1e3:.2f} ms" for k, v in self.times.items()]
-        return "between buckets: " + ", ".join(ran + [f"{p} (failed)" for p in self.failed]) + \
-            f" → {self.chosen.value}"
+        return f"{where}: " + ", ".join(ran + [f"{p} (failed)" for p in self.failed]) + f" → {self.chosen.value}"
 
 
 def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequence[Fallback] | None = None,
@@ -413,6 +412,23 @@ def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequenc
     if not times:
         raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
                            "list every value with --bucket, or declare --pad", where=str(model))
+    return FallbackChoice(min(times, key=times.get), times, tuple(problems))
+
+
+#: The engines that run an int8 model's integer kernels (IREE computes its quantize/dequantize pairs in f32).
+INT8_ENGINES = (Fallback.ORT, Fallback.OPENVINO)
+
+
+def fastest_int8_engine(model: Path, repeats: int = 5) -> FallbackChoice:
+    """The engine of ``INT8_ENGINES`` that runs the static int8 ONNX ``model`` fastest (generated inputs; what a
+    ``whole:<engine>`` plan of it runs: collage's translation runs at the engine's own int8 speed,
+    ``studies/int8``). An engine that fails is left out (and said why); a CollageError when none runs."""
+    axes, _ = read_onnx_axes(model)
+    with workdir() as tmp:
+        times, problems = _engine_times(model, axes, {}, INT8_ENGINES, repeats, Path(tmp))
+    if not times:
+        raise CollageError(f"no int8 engine runs the model ({'; '.join(problems)}); give a plan (--plan ...)",
+                           where=str(model))
     return FallbackChoice(min(times, key=times.get), times, tuple(problems))
 
 

@@ -60,7 +60,7 @@ class CompiledModule:
     def __init__(self, program, out_spec, choice: PlanChoice, agreement: Agreement | None = None):
         self.program = program
         self.plan = choice.plan
-        self.plan_how = choice.how  # "given", "tuned before", "tuned now" or "default"
+        self.plan_how = choice.how  # "given", "tuned before", "tuned now", "fastest int8 engine" or "default"
         #: int8 (``precision="int8"``): the program against the f32 model on the held-out samples.
         self.agreement = agreement
         self._out_spec = out_spec
@@ -142,7 +142,7 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
     examples = {"main": arrays} if tuning else None
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
-                         examples=examples, precision=precision)
+                         examples=examples, precision=precision, int8_model=quantized and quantized.int8)
     out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")
     program = collage_runtime.load(out, threads=threads)
     return CompiledModule(program, out_spec, choice, quantized.check(program) if quantized else None)

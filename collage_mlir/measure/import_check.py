@@ -428,7 +428,7 @@ def onnx_source(path: str | Path, keep: frozenset[str] = frozenset()) -> Source:
     constants = {t.name for t in model.graph.initializer}
     inputs = tuple((i.name, onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
                    for i in model.graph.input if i.name not in constants)
-    quantized = _quantized(model)
+    quantized = quantizes(model)
     return Source("onnxruntime", lambda arrays: run_onnx(str(path), arrays, quantized), names, f"{digest} {engines}",
                   lambda arrays: first_differing_node(path, arrays, keep), inputs)
 
@@ -463,7 +463,7 @@ def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray], quantized: bool
     try:
         outputs = [np.asarray(o) for o in session.run(None, feeds)]
         spread = None
-        if quantized if quantized is not None else _quantized(_proto(model)):
+        if quantized if quantized is not None else quantizes(_proto(model)):
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             fused = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]).run(None, feeds)
             spread = tuple(float(np.abs(np.asarray(f, np.float64) - o).max()) if o.dtype.kind == "f" and o.size else 0.0
@@ -483,7 +483,7 @@ def _proto(model: "str | bytes"):
     return onnx.load(model, load_external_data=False) if isinstance(model, str) else onnx.load_from_string(model)
 
 
-def _quantized(proto) -> bool:
+def quantizes(proto) -> bool:
     """Whether the ``onnx.ModelProto`` quantizes (QDQ or QOperator nodes)."""
     return any(n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear") for n in proto.graph.node)
 

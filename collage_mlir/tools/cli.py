@@ -45,10 +45,10 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
         return _compile_buckets(args, passthrough, dim_plan)
     # As `collage tune` reads it (a file, or a torch factory): an imported model computes what its source
     # computes, checked before anything is built.
-    calibration = tune_cmd.calibration_of(args)
-    module, inputs = tune_cmd.load_model(args.model, new_context(), load_input_arrays(args.input),
-                                         check_import=not args.no_import_check, calibration=calibration)
-    plan = args.plan
+    spec = tune_cmd.quantized_spec(args.model, tune_cmd.calibration_of(args))
+    module, inputs = tune_cmd.load_model(spec, new_context(), load_input_arrays(args.input),
+                                         check_import=not args.no_import_check)
+    plan = args.plan or ("tune" if args.tune else _default_plan(spec))
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
     if plan == "tuned":  # the plan `collage tune` recorded for this module, else the default
         plan, provenance = _tuned_or_default(module)
@@ -75,6 +75,32 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     return 0
 
 
+def _default_plan(spec: str) -> str:
+    """The plan of a compile without ``--plan``: ``default`` (IREE), but for an int8 ONNX model the whole model on
+    the fastest int8 engine here, timed now (``shaped.fastest_int8_engine``): IREE computes the quantize/dequantize
+    pairs in f32, ResNet-50 27x slower than OpenVINO's int8 (``studies/int8``)."""
+    if Path(spec).suffix != ".onnx" or not _quantizes(spec):
+        return "default"
+    from rich.console import Console
+
+    from ..shaped import fastest_int8_engine
+
+    choice = fastest_int8_engine(Path(spec))
+    plan = f"whole:{choice.chosen.value}"
+    Console(stderr=True).print(f"{choice.line('int8 engines')}: --plan {plan} (IREE computes int8 models in f32; "
+                               "--plan default keeps it there)", highlight=False)
+    return plan
+
+
+def _quantizes(spec: str) -> bool:
+    """Whether the ONNX model at ``spec`` quantizes (QDQ or QOperator nodes)."""
+    import onnx
+
+    from ..measure.import_check import quantizes
+
+    return quantizes(onnx.load(spec, load_external_data=False))
+
+
 def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan) -> int:
     """``collage compile --dim ...``: one artifact of shape buckets, each compiled (and tuned, with --tune) for
     its shape (``collage_mlir.shaped``)."""
@@ -86,7 +112,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     from ..measure.db import default_db_path
     from ..search import resolve_plan
     from ..search.transfer import TunedBuckets
-    from ..shaped import BucketModel, compile_shaped
+    from ..shaped import INT8_ENGINES, BucketModel, compile_shaped
 
     if args.input:
         raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
@@ -101,6 +127,12 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     fallback = dims_args.fallback_of(args, dynamic_model, dim_plan, axes)
     dim_plan = dims_args.traced_plan(args, dynamic_model, dim_plan, axes, fallback)
     platform = args.device and Platform(args.device)
+    plan = args.plan or "default"
+    if args.plan is None and not tuning and fallback in INT8_ENGINES and _quantizes(spec):
+        # An int8 model's buckets on the int8 engine the fallback's timing chose (IREE computes int8 in f32).
+        plan = f"whole:{fallback.value}"
+        Console(stderr=True).print(f"int8 buckets: --plan {plan}, the faster int8 engine between buckets "
+                                   "(--plan default keeps them on IREE)", highlight=False)
     buckets = dim_plan.grid()
     console = Console(stderr=True)
     tuned_before = TunedBuckets()
@@ -119,9 +151,9 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
             tuned_before.add(graph, tuned.plan)
             return BucketModel(module, tuned.plan, plan_provenance("tune", tuned.tuned.record, default_db_path()))
         number_ops(module)
-        if args.plan == "tuned":
+        if plan == "tuned":
             return BucketModel(module, *_tuned_or_default(module))
-        return BucketModel(module, resolve_plan(args.plan, Graph(module), platform), plan_provenance(args.plan))
+        return BucketModel(module, resolve_plan(plan, Graph(module), platform), plan_provenance(plan))
 
     def compiled(values: dict[str, int], result) -> None:
         label = dims_label(values)
@@ -306,8 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="Unknown --iree-* flags are passed through to iree-compile.")
     c.add_argument("model", help="StableHLO module (.mlir text or .mlirbc bytecode), ONNX model (.onnx) or a "
                    "PyTorch factory package.module:function returning (model, example inputs), as `collage tune` takes")
-    c.add_argument("--plan", default="default",
-                   help="default | random:SEED | prefer:BACKEND[,BACKEND] | tune | PLAN.json (default: default)")
+    c.add_argument("--plan", default=None,
+                   help="default | random:SEED | prefer:BACKEND[,BACKEND] | whole:BACKEND | tune | tuned | PLAN.json "
+                        "(default: default, i.e. IREE; for an int8 model the whole model on the fastest int8 engine, "
+                        "timed when compiling)")
     c.add_argument("--tune", action="store_true", help="same as --plan tune: `collage tune` first, then compile")
     c.add_argument("-o", "--output", required=True, help="artifact directory to write")
     c.add_argument("--device", choices=[p.value for p in Platform], default=None,

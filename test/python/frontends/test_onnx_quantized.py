@@ -11,6 +11,7 @@ quantized model's."""
 from __future__ import annotations
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -181,19 +182,28 @@ def _cli(*args: str):
 def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, tmp_path):
     """`collage compile model.onnx --precision int8 --calibrate DATA`: the program is the int8 model (ONNX
     Runtime's own quantizer, from the samples' first three quarters), its agreement with f32 on the last
-    quarter is reported; a --max-drop it exceeds (calibrated on blank images, held out on digits) is one line."""
+    quarter is reported; a --max-drop it exceeds (calibrated on blank images, held out on digits) is one line.
+    Without --plan the whole model goes to the int8 engine that ran it fastest when compiling (IREE computes
+    int8 in f32: the default plan would be the slowest program)."""
     root, x, labels, calibration = digits
     np.save(tmp_path / "calib.npy", calibration)
     r = _cli("compile", str(root / "f32.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "calib.npy"),
-             "--plan", "whole:ort", "-o", str(tmp_path / "int8"))
+             "-o", str(tmp_path / "int8"))
     assert r.returncode == 0, r.stderr
-    assert "int8 against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
+    said = " ".join(r.stderr.split())
+    timed = re.search(r"int8 engines: ort ([0-9.]+) ms, openvino ([0-9.]+) ms → (\w+): --plan whole:(\w+)", said)
+    assert timed, said
+    ort_ms, openvino_ms, chosen, planned = float(timed[1]), float(timed[2]), timed[3], timed[4]
+    assert chosen == planned == ("ort" if ort_ms <= openvino_ms else "openvino")
+    from collage_runtime.manifest import load_manifest
+
+    assert {r.backend for r in load_manifest(tmp_path / "int8").plan.regions} == {chosen}
+    assert "int8 against f32 on 64 held-out samples: top class changed on" in said
     # And the compiled program itself (ORT's int8 kernels), on the same held-out samples.
     assert "the program against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
     got = _run(tmp_path / "int8", x)
     assert (got.argmax(1) == labels).mean() > 0.9
     # The check's result is kept in the manifest, and the report shows it.
-    from collage_runtime.manifest import load_manifest
     from collage_mlir.tools.report_cmd import render
 
     manifest = load_manifest(tmp_path / "int8")
