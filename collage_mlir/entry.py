@@ -38,7 +38,7 @@ from .plan import Plan
 from .search import available_backends, resolve_plan, tune_backends
 from .search.record import TunedPlan, TuneRecord
 from .search.tune import tune
-from .shaped import fastest_int8_engine
+from .shaped import int8_plan
 
 #: Search budget of ``plan="tune"`` when no ``tune_budget`` is given.
 DEFAULT_TUNE_BUDGET_S = 60.0
@@ -75,7 +75,7 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
     seconds when given, over ``backends`` (default: every available one) and, with ``precision="bf16"``,
     every usable backend computing in bf16 (``collage tune --precision bf16``; None: the model's own,
     ``search.tune_backends``); else the default plan, or for a module quantized from ``int8_model`` (its int8
-    ONNX form) the whole module on the int8 engine that runs that model fastest (``shaped.fastest_int8_engine``:
+    ONNX form) the whole module on the int8 engine that runs that model fastest (``shaped.int8_plan``:
     IREE computes int8 in f32)."""
     try:
         precision = None if precision is None else NumberFormat(precision)
@@ -102,8 +102,9 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
             else:
                 return PlanChoice(stored, "tuned before", _provenance(tuned, db_path, key))
     if plan is None and not tune_budget and int8_model is not None:
-        spec = f"whole:{fastest_int8_engine(int8_model).chosen.value}"
-        return PlanChoice(resolve_plan(spec, graph), "fastest int8 engine", {"plan": spec})
+        spec, _ = int8_plan(int8_model)
+        if spec != "default":
+            return PlanChoice(resolve_plan(spec, graph), "fastest int8 engine", {"plan": spec})
     if plan is None and not tune_budget:
         return PlanChoice(Plan(source="default"), "default", {"plan": "default"})
     chosen = tune_backends(module, [get_backend(b) for b in backends] if backends else available_backends(),

@@ -419,17 +419,20 @@ def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequenc
 INT8_ENGINES = (Fallback.ORT, Fallback.OPENVINO)
 
 
-def fastest_int8_engine(model: Path, repeats: int = 5) -> FallbackChoice:
-    """The engine of ``INT8_ENGINES`` that runs the static int8 ONNX ``model`` fastest (generated inputs; what a
-    ``whole:<engine>`` plan of it runs: collage's translation runs at the engine's own int8 speed,
-    ``studies/int8``). An engine that fails is left out (and said why); a CollageError when none runs."""
+def int8_plan(model: Path, repeats: int = 5) -> tuple[str, str]:
+    """The plan of the static int8 ONNX ``model`` where the user gave none, and the line saying why: the whole
+    model on the engine of ``INT8_ENGINES`` that runs it fastest (generated inputs; collage's translation runs at
+    the engine's own int8 speed, ``studies/int8``), else ``default`` where none runs it (IREE computes the
+    quantize/dequantize pairs in f32: ResNet-50 27x slower than OpenVINO's int8)."""
     axes, _ = read_onnx_axes(model)
     with workdir() as tmp:
         times, problems = _engine_times(model, axes, {}, INT8_ENGINES, repeats, Path(tmp))
     if not times:
-        raise CollageError(f"no int8 engine runs the model ({'; '.join(problems)}); give a plan (--plan ...)",
-                           where=str(model))
-    return FallbackChoice(min(times, key=times.get), times, tuple(problems))
+        return "default", f"no int8 engine runs the model ({'; '.join(problems)}): IREE computes it in f32"
+    choice = FallbackChoice(min(times, key=times.get), times, tuple(problems))
+    plan = f"whole:{choice.chosen.value}"
+    return plan, (f"{choice.line('int8 engines')}: --plan {plan} (IREE computes int8 models in f32; --plan default "
+                  "keeps it there)")
 
 
 def dynamic_ratio(model: Path, dim_plan: DimPlan, inputs: Axes, fallback: Fallback, repeats: int = 5) -> float:

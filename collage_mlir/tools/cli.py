@@ -77,18 +77,15 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
 
 def _default_plan(spec: str) -> str:
     """The plan of a compile without ``--plan``: ``default`` (IREE), but for an int8 ONNX model the whole model on
-    the fastest int8 engine here, timed now (``shaped.fastest_int8_engine``): IREE computes the quantize/dequantize
-    pairs in f32, ResNet-50 27x slower than OpenVINO's int8 (``studies/int8``)."""
+    the fastest int8 engine here, timed now (``shaped.int8_plan``)."""
     if Path(spec).suffix != ".onnx" or not _quantizes(spec):
         return "default"
     from rich.console import Console
 
-    from ..shaped import fastest_int8_engine
+    from ..shaped import int8_plan
 
-    choice = fastest_int8_engine(Path(spec))
-    plan = f"whole:{choice.chosen.value}"
-    Console(stderr=True).print(f"{choice.line('int8 engines')}: --plan {plan} (IREE computes int8 models in f32; "
-                               "--plan default keeps it there)", highlight=False)
+    plan, line = int8_plan(Path(spec))
+    Console(stderr=True).print(line, highlight=False)
     return plan
 
 
