@@ -197,7 +197,7 @@ def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, 
     assert chosen == planned == ("ort" if ort_ms <= openvino_ms else "openvino")
     from collage_runtime.manifest import load_manifest
 
-    assert {r.backend for r in load_manifest(tmp_path / "int8").plan.regions} == {chosen}
+    assert {r["backend"] for r in load_manifest(tmp_path / "int8").plan["regions"]} == {chosen}
     assert "int8 against f32 on 64 held-out samples: top class changed on" in said
     # And the compiled program itself (ORT's int8 kernels), on the same held-out samples.
     assert "the program against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
