@@ -141,3 +141,20 @@ def test_no_contender_always_follows_the_same_one():
         for a, b in zip(order, order[1:]):
             before[b].add(a)
     assert all(len(before[k]) >= 2 for k in labels), before
+
+
+def test_a_bf16_models_exact_arithmetic_is_written_for_the_check(torch, tmp_path):
+    """The bench's info task writes a bf16 model's exact arithmetic (its bf16 weights and inputs computed in f32),
+    which each contender is also checked against: it equals torch running the same model cast to f32. An f32
+    model gets none (the reference alone checks it)."""
+    from collage_mlir.bench.tasks import model_info
+    from collage_mlir.measure.tasks import load_arrays
+
+    model_info("resnet50_bf16", small=True, stablehlo=False, exact_file=str(tmp_path / "exact.npz"))
+    (exact,) = load_arrays(str(tmp_path / "exact.npz"), "out")
+    model, (x,) = zoo.build("resnet50_bf16", small=True)
+    with torch.no_grad():
+        want = model.float()(x.float()).numpy()
+    assert compare([exact], [want], RTOL, 0.0).ok
+    model_info("dcgan", small=True, stablehlo=False, exact_file=str(tmp_path / "f32.npz"))
+    assert not (tmp_path / "f32.npz").exists()
