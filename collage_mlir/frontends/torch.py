@@ -214,6 +214,8 @@ def import_exported_dynamic(program, context: ir.Context) -> ir.Module:
     buf = io.BytesIO()
     imported.operation.write_bytecode(buf)
     module = parse_module(buf.getvalue(), context, where="torch.export")
+    sh.inline_bf16_resources(module)
+    wide_sums.widen(module)
     with context:
         module.operation.attributes[SYMBOLIC_DIMS] = ir.UnitAttr.get()
     return module
