@@ -8,7 +8,8 @@ batch norm cast to bf16 (its global average pool sums 32x32 values): IREE's outp
 scale from the model's exact arithmetic, torch's bf16 eager 0.003.
 
 ``widen(module)`` rewrites each such sum to convert its operand to f32, add in f32 and convert the result
-back: the framework's arithmetic, whichever engine runs it. Sums whose body is anything but one add, and
+back: the framework's arithmetic, whichever engine runs it. (JAX lowers ``jnp.sum``/``jnp.mean`` of bf16 to
+exactly that already.) Sums whose body is anything but one add, and
 sums of more than one operand, are left as they are.
 """
 
