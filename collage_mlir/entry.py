@@ -38,7 +38,6 @@ from .plan import Plan
 from .search import available_backends, resolve_plan, tune_backends
 from .search.record import TunedPlan, TuneRecord
 from .search.tune import tune
-from .shaped import int8_plan
 
 #: Search budget of ``plan="tune"`` when no ``tune_budget`` is given.
 DEFAULT_TUNE_BUDGET_S = 60.0
@@ -102,6 +101,11 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
             else:
                 return PlanChoice(stored, "tuned before", _provenance(tuned, db_path, key))
     if plan is None and not tune_budget and int8_model is not None:
+        # Imported here, as torch.py imports .shaped: loaded with this module, the runtime's shaped-program
+        # machinery changes the order nanobind finds IREE's objects at exit, and a process exiting with a program
+        # alive prints a leak report (test_exit_is_quiet_with_programs_and_results_alive).
+        from .shaped import int8_plan
+
         spec, _ = int8_plan(int8_model)
         if spec != "default":
             return PlanChoice(resolve_plan(spec, graph), "fastest int8 engine", {"plan": spec})

@@ -78,7 +78,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
 def _default_plan(spec: str) -> str:
     """The plan of a compile without ``--plan``: ``default`` (IREE), but for an int8 ONNX model the whole model on
     the fastest int8 engine here, timed now (``shaped.int8_plan``)."""
-    if Path(spec).suffix != ".onnx" or not _quantizes(spec):
+    if not _quantizes(spec):
         return "default"
     from rich.console import Console
 
@@ -90,7 +90,9 @@ def _default_plan(spec: str) -> str:
 
 
 def _quantizes(spec: str) -> bool:
-    """Whether the ONNX model at ``spec`` quantizes (QDQ or QOperator nodes)."""
+    """Whether ``spec`` is an ONNX model that quantizes (QDQ or QOperator nodes)."""
+    if Path(spec).suffix != ".onnx":
+        return False
     import onnx
 
     from ..measure.import_check import quantizes
