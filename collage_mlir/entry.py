@@ -219,17 +219,17 @@ def quantize(module: ir.Module, request: Int8, examples: Sequence[np.ndarray], *
     on ``request``'s samples (``onnx_calibrate.quantize_onnx``: nodes fall back to f32 to meet ``max_drop``),
     and imported back (checked against ONNX Runtime on ``examples`` where ``check_import``). So any
     frontend's model, torch or JAX, gets the int8 path of quantized ONNX models."""
-    int8, quantized = quantize_file(f32_onnx(module), request)
-    return load_checked(int8, new_context(), list(examples), check=check_import, where="the int8 model"), quantized
+    quantized = quantize_file(f32_onnx(module), request)
+    return load_checked(quantized.int8, new_context(), list(examples), check=check_import, where="the int8 model"), quantized
 
 
-def quantize_file(f32: Path, request: Int8) -> tuple[Path, Quantized]:
+def quantize_file(f32: Path, request: Int8) -> Quantized:
     """The f32 ONNX model at ``f32`` quantized on ``request``'s samples (``onnx_calibrate.quantize_onnx``): the
-    int8 model's path in the cache, and what its programs are checked with. A dynamic dim (``dim_param``)
-    takes the samples' size."""
+    int8 model (its path in the cache: ``.int8``) and what its programs are checked with. A dynamic dim
+    (``dim_param``) takes the samples' size."""
     calibration = Calibration(samples_file(f32, request.samples), request.method, request.max_drop)
     int8, agreement, kept = quantize_onnx(f32, calibration)
-    return int8, Quantized(f32, calibration, agreement, kept, int8)
+    return Quantized(f32, calibration, agreement, kept, int8)
 
 
 def plan_provenance(spec: str, tuning: TuneRecord | None = None, db: str | Path | None = None) -> dict:

@@ -407,12 +407,20 @@ def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequenc
     if len(kinds) == 1:  # nothing to choose; compile_shaped builds it first and checks it
         return FallbackChoice(kinds[0], {})
     values = {d.name: _between(d, dim_plan.values[d.name]) for d in dim_plan.dims}
-    with workdir() as tmp:
-        times, problems = _engine_times(model, inputs, values, kinds, repeats, Path(tmp))
-    if not times:
+    choice, problems = _fastest(model, inputs, values, kinds, repeats)
+    if choice is None:
         raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
                            "list every value with --bucket, or declare --pad", where=str(model))
-    return FallbackChoice(min(times, key=times.get), times, tuple(problems))
+    return choice
+
+
+def _fastest(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback], repeats: int
+             ) -> tuple[FallbackChoice | None, list[str]]:
+    """The engine of ``kinds`` that runs ``model`` fastest at the dims ``values`` (``_engine_times``), None where
+    none runs; what went wrong with those that did not."""
+    with workdir() as tmp:
+        times, problems = _engine_times(model, inputs, values, kinds, repeats, Path(tmp))
+    return (FallbackChoice(min(times, key=times.get), times, tuple(problems)) if times else None), problems
 
 
 #: The engines that run an int8 model's integer kernels (IREE computes its quantize/dequantize pairs in f32).
@@ -424,12 +432,9 @@ def int8_plan(model: Path, repeats: int = 5) -> tuple[str, str]:
     model on the engine of ``INT8_ENGINES`` that runs it fastest (generated inputs; collage's translation runs at
     the engine's own int8 speed, ``studies/int8``), else ``default`` where none runs it (IREE computes the
     quantize/dequantize pairs in f32: ResNet-50 27x slower than OpenVINO's int8)."""
-    axes, _ = read_onnx_axes(model)
-    with workdir() as tmp:
-        times, problems = _engine_times(model, axes, {}, INT8_ENGINES, repeats, Path(tmp))
-    if not times:
+    choice, problems = _fastest(model, read_onnx_axes(model)[0], {}, INT8_ENGINES, repeats)
+    if choice is None:
         return "default", f"no int8 engine runs the model ({'; '.join(problems)}): IREE computes it in f32"
-    choice = FallbackChoice(min(times, key=times.get), times, tuple(problems))
     plan = f"whole:{choice.chosen.value}"
     return plan, (f"{choice.line('int8 engines')}: --plan {plan} (IREE computes int8 models in f32; --plan default "
                   "keeps it there)")

@@ -275,7 +275,8 @@ def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, option
     with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
         exported = export_onnx(program, (), Path(tmp) / "model.onnx", "the exported program")
         data = named_onnx_dims(exported, axes)
-    int8_path, quantized = quantize_file(cached_f32(data, lambda: data), int8)
+    quantized = quantize_file(cached_f32(data, lambda: data), int8)
+    int8_path = quantized.int8
     file_axes, dynamic_model = model_file_axes(int8_path)
     check_declared(file_axes, dim_plan.dims, PYTHON)
     with torch.no_grad():

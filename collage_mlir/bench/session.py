@@ -127,17 +127,17 @@ def bench_model(model: str, names: Sequence[str], options: BenchOptions, work: P
     workers: dict[str, Worker] = {}
     results = {n: ContenderResult(n, Status.OK) for n in names}
     try:
-        ref_file = work / "reference.npz"
+        ref_file, exact_file = work / "reference.npz", work / "exact.npz"
         # A throwaway process: the import (BERT-base: ~1.8 GB at peak) is not held by any contender's worker.
-        (work / "exact.npz").unlink(missing_ok=True)
+        exact_file.unlink(missing_ok=True)
         with Worker(f"bench-{model}-info", work) as info_worker:
             info = info_worker.call(f"{TASKS}:model_info", options.setup_timeout_s, model=model, small=options.small,
                                     stablehlo=any(CONTENDERS[n].compiles_stablehlo for n in names),
-                                    exact_file=str(work / "exact.npz"))
+                                    exact_file=str(exact_file))
         if not info.ok:
             raise CollageError(f"{model}: {reference} reference failed: {_one_line(info.message)}")
         gflop, import_s = info.value["flop"] / 1e9, info.value["import_s"]
-        exact = load_arrays(str(work / "exact.npz"), "out") if (work / "exact.npz").exists() else None
+        exact = load_arrays(str(exact_file), "out") if exact_file.exists() else None
         for n in [reference] + [n for n in names if n != reference]:
             worker = workers.setdefault(n, Worker(f"bench-{model}-{n}", work))
             out_file = ref_file if n == reference else work / f"{n}.npz"

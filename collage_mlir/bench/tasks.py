@@ -101,19 +101,8 @@ def model_info(model: str, small: bool, stablehlo: bool, exact_file: str | None 
         module = zoo.import_stablehlo(model, new_context(), small)
         info["import_s"] = time.perf_counter() - t0
     if exact_file is not None:
-        module = module or zoo.import_stablehlo(model, new_context(), small)
+        if module is None:
+            module = zoo.import_stablehlo(model, new_context(), small)
         if holds_bf16(module):
-            inputs = [_numpy(x) for x in zoo.build(model, small)[1]]
-            _save(exact_file, invoke_alone(module, {"main": inputs}, exact=True)["main"])
+            _save(exact_file, invoke_alone(module, {"main": zoo.numpy_inputs(model, small)}, exact=True)["main"])
     return info
-
-
-def _numpy(x) -> np.ndarray:
-    """A zoo input as numpy (a torch tensor through ``frontends.torch.to_numpy``: bf16 kept)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if type(x).__module__.startswith("torch"):
-        from ..frontends.torch import to_numpy
-
-        return to_numpy(x)
-    return np.asarray(x)

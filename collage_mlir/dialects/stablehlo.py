@@ -84,6 +84,26 @@ _QUANT = re.compile(r"!quant\.uniform<([iu]\d+)(?:<(-?\d+):(-?\d+)>)?:(\w+)(?::(
 QUANT_TYPE_TEXT = re.compile(r"!quant\.uniform<[^<>]*(?:<[^<>]*>)?[^<>]*>")
 
 
+#: A reduction body's single combining op, by name, as ``reduce_kind`` gives it.
+REDUCE_KINDS = {"stablehlo.add": "add", "stablehlo.multiply": "mul", "stablehlo.maximum": "max",
+                "stablehlo.minimum": "min", "stablehlo.and": "and", "stablehlo.or": "or"}
+
+
+def reduce_kind(op: ir.Operation) -> str | None:
+    """What the body of ``op`` (a ``stablehlo.reduce``/``reduce_window``) does when it is one add, multiply,
+    maximum, minimum, and or or of its two block arguments, returned (``REDUCE_KINDS``); else None."""
+    body = op.regions[0].blocks[0] if op.regions and len(op.regions[0].blocks) else None
+    if body is None:
+        return None
+    ops = [o.operation for o in body.operations]
+    if len(ops) != 2 or ops[1].name != "stablehlo.return":
+        return None
+    args = list(body.arguments)
+    if not all(any(x == a for a in args) for x in ops[0].operands) or len(ops[0].operands) != 2:
+        return None
+    return REDUCE_KINDS.get(ops[0].name)
+
+
 def matching_ops(module: ir.Module | ir.Operation, predicate) -> list[ir.Operation]:
     """The ops of ``module`` (nested ones included, in walk order: producers before their users) for which
     ``predicate(op)`` holds."""

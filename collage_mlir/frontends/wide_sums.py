@@ -23,22 +23,10 @@ REDUCTIONS = ("stablehlo.reduce", "stablehlo.reduce_window")
 NARROW = ("bf16", "f16")
 
 
-def _one_add(op: ir.Operation) -> bool:
-    """Whether ``op``'s body is a single ``stablehlo.add`` of its two block arguments, returned."""
-    if len(op.regions) != 1 or len(op.regions[0].blocks) != 1:
-        return False
-    body = op.regions[0].blocks[0]
-    ops = [o.operation for o in body.operations]
-    args = list(body.arguments)
-    return (len(ops) == 2 and ops[0].name == "stablehlo.add" and ops[1].name == "stablehlo.return"
-            and len(args) == 2 and all(any(x == a for a in args) for x in ops[0].operands)
-            and ops[1].operands[0] == ops[0].results[0])
-
-
 def _narrow_sum(op: ir.Operation) -> bool:
     return (op.name in REDUCTIONS and len(op.operands) == 2 and len(op.results) == 1
             and isinstance(op.results[0].type, ir.RankedTensorType)
-            and str(ir.RankedTensorType(op.results[0].type).element_type) in NARROW and _one_add(op))
+            and str(ir.RankedTensorType(op.results[0].type).element_type) in NARROW and sh.reduce_kind(op) == "add")
 
 
 def _as(type_: ir.Type, element: ir.Type) -> ir.Type:

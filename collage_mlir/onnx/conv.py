@@ -10,7 +10,6 @@ from ..dialects import stablehlo as sh
 from ..ir import ir
 from .builder import _Builder
 from .movement import _flip
-from .reduce import _reduce_kind
 from .registry import float_operands, numeric_operands, register, static_known_types
 from .values import DTYPES, _constant_of, _dtype, _shape
 
@@ -36,7 +35,7 @@ def _cumsum_axis(op: ir.Operation) -> tuple[int, bool] | None:
     """``(axis, reverse)`` when the window sums everything up to (or from) each position along one
     dim: window n (the dim's size) there and 1 elsewhere, stride 1, padding (n-1, 0) or (0, n-1) of a
     zero init value. Torch's ``cumsum`` lowers to this form (GPT-2's position ids)."""
-    if len(op.operands) != 2 or _reduce_kind(op) != "add":
+    if len(op.operands) != 2 or sh.reduce_kind(op) != "add":
         return None
     shape = _shape(op.operands[0])
     dims = sh._array_attr(op, "window_dimensions", [])
@@ -67,7 +66,7 @@ def _pooled_dims(op: ir.Operation) -> list[int]:
 
 def pool_window(op: ir.Operation) -> str | None:
     """max or sum over 1-3 dims of any layout (NCHW, JAX's NHWC...), no dilation"""
-    kind = _reduce_kind(op)
+    kind = sh.reduce_kind(op)
     if len(op.operands) != 2 or kind not in ("max", "add"):
         return "only one-input max or sum windows (max pooling, average pooling's sum)"
     for name in ("base_dilations", "window_dilations"):
@@ -114,7 +113,7 @@ def _pool(b: _Builder, op, ins):
         x = b.reshape(x, [1, int(np.prod(rows, dtype=np.int64))] + [shape[a] for a in pooled])
     window = dict(kernel_shape=[dims[a] for a in pooled], strides=[strides[a] for a in pooled],
                   pads=[pads[a][0] for a in pooled] + [pads[a][1] for a in pooled])
-    if _reduce_kind(op) == "add":
+    if sh.reduce_kind(op) == "add":
         y = b.node("AveragePool", [x], count_include_pad=1, **window)
         size = np.asarray(np.prod([dims[a] for a in pooled]), dtype=DTYPES[_dtype(op.operands[0])][0])
         y = b.node("Mul", [y, b.const(size, "window")])
@@ -124,7 +123,7 @@ def _pool(b: _Builder, op, ins):
         y = b.reshape(y, rows + [out_shape[a] for a in pooled])
     y = b.transpose(y, [perm.index(a) for a in range(rank)])
     init = _constant_of(op.operands[1])
-    if _reduce_kind(op) == "max" and (
+    if sh.reduce_kind(op) == "max" and (
             init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all())):
         y = b.node("Max", [y, ins[1]])
     return [y]

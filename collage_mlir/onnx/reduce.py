@@ -1,5 +1,5 @@
 """``stablehlo.reduce`` whose body is one add, multiply, maximum or minimum (and/or on i1) as an ONNX
-``Reduce*`` node, the init value folded in; ``_reduce_kind`` reads such a body (the window ops of ``conv``
+``Reduce*`` node, the init value folded in; ``sh.reduce_kind`` reads such a body (the window ops of ``conv``
 read theirs with it too)."""
 
 from __future__ import annotations
@@ -13,25 +13,11 @@ from .registry import register, static_known_types
 from .values import DTYPES, _constant_of, _dtype
 
 
-def _reduce_kind(op: ir.Operation) -> str | None:
-    body = op.regions[0].blocks[0] if op.regions and len(op.regions[0].blocks) else None
-    if body is None:
-        return None
-    ops = [o.operation for o in body.operations]
-    if len(ops) != 2 or ops[1].name != "stablehlo.return":
-        return None
-    args = list(body.arguments)
-    if not all(any(x == a for a in args) for x in ops[0].operands) or len(ops[0].operands) != 2:
-        return None
-    return {"stablehlo.add": "add", "stablehlo.multiply": "mul", "stablehlo.maximum": "max",
-            "stablehlo.minimum": "min", "stablehlo.and": "and", "stablehlo.or": "or"}.get(ops[0].name)
-
-
 def reduce_body(op: ir.Operation) -> str | None:
     """one input; body is a single add, multiply, maximum or minimum (and/or on i1)"""
     if len(op.operands) != 2 or len(op.results) != 1:
         return "needs exactly one input and one init value"
-    kind = _reduce_kind(op)
+    kind = sh.reduce_kind(op)
     if kind is None:
         return "body must be one add, multiply, maximum or minimum (and/or on i1)"
     if (kind in ("and", "or")) != (_dtype(op.operands[0]) == "i1"):
@@ -48,7 +34,7 @@ IDENTITY = {"add": 0, "mul": 1, "max": -np.inf, "min": np.inf, "and": True, "or"
 
 @register("stablehlo.reduce", when=(static_known_types, reduce_body), dynamic=True)
 def _reduce(b: _Builder, op, ins):
-    kind = _reduce_kind(op)
+    kind = sh.reduce_kind(op)
     dims = sh._array_attr(op, "dimensions", [])
     x = ins[0]
     if dims and kind in ("and", "or"):
