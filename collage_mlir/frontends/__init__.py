@@ -18,8 +18,10 @@ def load_model(path: str | Path, context: ir.Context, *, isolated: bool = True,
     """A model file as StableHLO: ``.onnx`` through the ONNX frontend (in a child process unless not
     ``isolated``: see ``frontends.onnx``), ``.mlir``/``.mlirbc`` with their function calls inlined
     (``frontends.stablehlo``). ``keep``: outputs of ONNX nodes to keep as ONNX even where torch-mlir
-    lowers them (the import check found them computed wrong)."""
+    lowers them (the import check found them computed wrong); integer kernels are kept too
+    (``onnx_kept.INTEGER_KERNELS``)."""
     if Path(path).suffix == ".onnx":
+        keep = keep | onnx_kept.integer_kernel_outputs(Path(path))
         return stablehlo.normalize(_import_onnx_folding(Path(path), context, isolated, keep), where=str(path))
     return stablehlo.load(path, context)
 

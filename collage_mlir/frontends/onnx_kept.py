@@ -206,6 +206,22 @@ def node_model(model, node, types: dict, consts: dict):
     return one, tuple(feeds)
 
 
+#: Integer kernels ONNX engines run in 8 bits, kept as ONNX wherever they appear: torch-mlir lowers
+#: ``MatMulInteger`` and ``ConvInteger`` to 32-bit integer arithmetic (each 8-bit operand converted to i32, a
+#: 32-bit ``dot_general``), which no engine runs on its int8 kernels and ONNX regions cannot take, so an
+#: ``onnxruntime.quantization.quantize_dynamic`` model ran its matmuls in i32 on IREE between 18 ONNX
+#: Runtime regions.
+INTEGER_KERNELS = frozenset({"MatMulInteger", "ConvInteger"})
+
+
+def integer_kernel_outputs(path: Path) -> frozenset[str]:
+    """The outputs of the ``INTEGER_KERNELS`` nodes of the main graph of the ONNX model at ``path``."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return frozenset(o for n in graph.node if n.op_type in INTEGER_KERNELS for o in n.output if o)
+
+
 def refused_nodes(path: Path) -> list[int]:
     """Indices of the main-graph nodes of the model at ``path`` that torch-mlir's importer refuses alone
     (each distinct node imported once, in a child process; a node that crashes the child is refused)."""

@@ -12,7 +12,7 @@ from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..ir import ir
 from .op_ids import _ids_doc
-from .registry import OPS, dynamic, known_types, static_known_types
+from .registry import OPS, dynamic, known_types, static_known_types, static_moved_types
 from .values import DTYPES
 
 
@@ -37,7 +37,7 @@ class _Builder:
         self.opsets: dict[str, int] = {}
         self.ir_version = 0
         #: Values may have dynamic dims (``translate(dynamic=True)``): an op with one needs a rule that takes
-        #: them (``OnnxOp.dynamic``), held to ``known_types`` instead of ``static_known_types``.
+        #: them (``OnnxOp.dynamic``), held to ``known_types`` instead of ``static_known_types`` (or ``static_moved_types``).
         self.dynamic = dynamic
         #: Broadcasts left to ONNX's implicit broadcasting (a dynamic translation's): the name of a tensor
         #: of the broadcast's rank whose dims are 1 or the result's → its shape operand (i32 or i64). A rule
@@ -119,7 +119,7 @@ def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
         when = () if spec is None else spec.when
         if spec is not None and b.dynamic and dynamic(op):
             when = (lambda o: None if spec.dynamic else "no translation with dynamic dims",
-                    *(known_types if c is static_known_types else c for c in when))
+                    *(known_types if c in (static_known_types, static_moved_types) else c for c in when))
         why = f"{op.name} has no ONNX translation" if spec is None else \
             next((r for r in (c(op) for c in when) if r), None)
         if why:

@@ -12,8 +12,8 @@ from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..ir import ir
 from .builder import _Builder
-from .registry import register, static_known_types, static_result
-from .values import DTYPES, _dtype, _int_attr, _shape
+from .registry import register, static_known_types, static_moved_types, static_result
+from .values import DTYPES, MOVED_DTYPES, _dtype, _int_attr, _shape
 
 
 def readable_constant(op: ir.Operation) -> str | None:
@@ -37,12 +37,12 @@ def _is_resource(attr: ir.Attribute) -> bool:
 CONSTANT_OPS = ("stablehlo.constant", "arith.constant")
 
 
-@register(*CONSTANT_OPS, when=(static_known_types, readable_constant))
+@register(*CONSTANT_OPS, when=(static_moved_types, readable_constant))
 def _constant(b: _Builder, op, ins):
     value = b.constants.get(op.results[0])
     if value is None:
         raise CollageError(f"{op.location}: cannot read the value of this constant")
-    return [b.const(value.astype(DTYPES[_dtype(op.results[0])][0]).reshape(_shape(op.results[0])), "const")]
+    return [b.const(value.astype(MOVED_DTYPES[_dtype(op.results[0])][0]).reshape(_shape(op.results[0])), "const")]
 
 
 @register("stablehlo.dynamic_iota", when=(static_result, static_known_types))
@@ -59,7 +59,7 @@ def _iota(b: _Builder, op, ins):
 def _read_constants(ops: list[ir.Operation]) -> dict[ir.Value, np.ndarray]:
     """The values of the constants ``ops`` (keyed by result; unreadable ones left out)."""
     values: dict[ir.Value, np.ndarray] = {}
-    ops = [op for op in ops if (tt := sh.tensor_type(op.results[0])) is not None and tt[1] in DTYPES]
+    ops = [op for op in ops if (tt := sh.tensor_type(op.results[0])) is not None and tt[1] in MOVED_DTYPES]
     for op, blob in zip(ops, sh.resource_arrays(ops)):
         attr = op.attributes["value"]
         if isinstance(attr, ir.DenseElementsAttr):

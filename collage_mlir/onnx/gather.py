@@ -11,7 +11,7 @@ import numpy as np
 from ..dialects import stablehlo as sh
 from ..ir import ir
 from .builder import _Builder
-from .registry import register, static_known_types
+from .registry import register, static_moved_types
 from .values import DTYPES, _dtype, _shape
 
 
@@ -65,7 +65,7 @@ def row_gather(op: ir.Operation) -> str | None:
 F32_EXACT = 2 ** 24
 
 
-@register("stablehlo.gather", when=(static_known_types, row_gather))
+@register("stablehlo.gather", when=(static_moved_types, row_gather))
 def _gather(b: _Builder, op, ins):
     g = gather_info(op)
     operand, indices = _shape(op.operands[0]), _shape(op.operands[1])

@@ -8,21 +8,21 @@ import numpy as np
 from ..dialects import stablehlo as sh
 from ..ir import ir
 from .builder import _Builder
-from .registry import known_types, register, static_known_types
+from .registry import known_types, register, static_known_types, static_moved_types
 from .values import DTYPES, _dims, _dtype, _int_attr, _shape
 
 
-@register("stablehlo.reshape", when=(static_known_types,))
+@register("stablehlo.reshape", when=(static_moved_types,))
 def _reshape(b: _Builder, op, ins):
     return [b.reshape(ins[0], _shape(op.results[0]))]
 
 
-@register("stablehlo.transpose", when=(static_known_types,), dynamic=True)
+@register("stablehlo.transpose", when=(static_moved_types,), dynamic=True)
 def _transpose(b: _Builder, op, ins):
     return [b.node("Transpose", ins, perm=sh.permutation(op))]
 
 
-@register("stablehlo.broadcast_in_dim", when=(static_known_types,))
+@register("stablehlo.broadcast_in_dim", when=(static_moved_types,))
 def _broadcast(b: _Builder, op, ins):
     dims = sh.broadcast_dims(op)
     src = _shape(op.operands[0])
@@ -41,12 +41,12 @@ def _broadcast(b: _Builder, op, ins):
     return [x]
 
 
-@register("stablehlo.concatenate", when=(static_known_types,), dynamic=True)
+@register("stablehlo.concatenate", when=(static_moved_types,), dynamic=True)
 def _concatenate(b: _Builder, op, ins):
     return [b.node("Concat", ins, axis=_int_attr(op, "dimension"))]
 
 
-@register("stablehlo.slice", when=(static_known_types,))
+@register("stablehlo.slice", when=(static_moved_types,))
 def _slice(b: _Builder, op, ins):
     starts = sh._array_attr(op, "start_indices", [])
     ends = sh._array_attr(op, "limit_indices", [])

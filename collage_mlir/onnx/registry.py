@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..dialects import stablehlo as sh
 from ..ir import ir
-from .values import DTYPES, FLOATS
+from .values import DTYPES, FLOATS, MOVED_DTYPES
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class OnnxOp:
     when: tuple = ()
     nested: bool = False
     #: The rule also takes values with dynamic dims (a model's dynamic translation: ``translate(dynamic=
-    #: True)``), where ``known_types`` stands in for ``static_known_types``.
+    #: True)``), where ``known_types`` stands in for ``static_known_types`` and ``static_moved_types``.
     dynamic: bool = False
     #: The rule takes a dynamic translation's unexpanded broadcasts (``_Builder.lazy``): its ONNX node
     #: broadcasts its inputs (numpy rules), so computes the same unexpanded (a broadcast of one is a
@@ -67,6 +67,16 @@ def static_known_types(op: ir.Operation) -> str | None:
         if tt is None:
             return "needs static-shaped tensors"
         if tt[1] not in DTYPES:
+            return f"element type {tt[1]} has no ONNX mapping here"
+    return None
+
+
+def static_moved_types(op: ir.Operation) -> str | None:
+    """static shapes of f32, f64, bf16, i32, i64, i1, or 8-, 16- and unsigned integers (data movement)"""
+    for tt in _types(op):
+        if tt is None:
+            return "needs static-shaped tensors"
+        if tt[1] not in MOVED_DTYPES:
             return f"element type {tt[1]} has no ONNX mapping here"
     return None
 

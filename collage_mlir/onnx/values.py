@@ -24,9 +24,12 @@ FLOATS = ("f32", "f64", "bf16")
 WIDENED = {"bf16": 16}
 #: Element types a region's inputs and outputs may have: ``DTYPES`` (a widened one as itself), and those
 #: only an ONNX node kept as ONNX computes on (the translated ops are held to ``DTYPES`` by their constraints).
-BOUNDARY_DTYPES = {**DTYPES, "bf16": (ml_dtypes.bfloat16, WIDENED["bf16"]), "f16": (np.float16, 10),
-                   "i8": (np.int8, 3), "i16": (np.int16, 5), "ui8": (np.uint8, 2), "ui16": (np.uint16, 4),
-                   "ui32": (np.uint32, 12), "ui64": (np.uint64, 13)}
+#: ``DTYPES`` and the narrow and unsigned integers that only data movement and constants take (reshape,
+#: transpose, gather, ...: the uint8 embedding table of an ``onnxruntime.quantization.quantize_dynamic``
+#: model, read by a ``DequantizeLinear`` kept as ONNX); arithmetic stays on ``DTYPES``.
+MOVED_DTYPES = {**DTYPES, "i8": (np.int8, 3), "i16": (np.int16, 5), "ui8": (np.uint8, 2), "ui16": (np.uint16, 4),
+                "ui32": (np.uint32, 12), "ui64": (np.uint64, 13)}
+BOUNDARY_DTYPES = {**MOVED_DTYPES, "bf16": (ml_dtypes.bfloat16, WIDENED["bf16"]), "f16": (np.float16, 10)}
 
 
 def _shape(v: ir.Value) -> list[int]:

@@ -168,6 +168,42 @@ def test_a_qoperator_op_without_a_qdq_form_is_kept_as_onnx(tmp_path):
     np.testing.assert_array_equal(got, want)
 
 
+def test_a_dynamically_quantized_model_keeps_its_int8_matmuls(tmp_path):
+    """``onnxruntime.quantization.quantize_dynamic`` (BERT's quantization in ONNX Runtime's tutorials): the
+    activations quantized at run time (``DynamicQuantizeLinear``), ``MatMulInteger`` and a uint8 embedding
+    table. The integer matmuls are kept as ONNX (torch-mlir widens them to 32-bit matmuls no engine runs in
+    int8, between which ONNX Runtime got 18 regions of a small BERT) and the table's gather is translated:
+    ``whole:ort`` is one region, which ONNX Runtime fuses into its dynamic int8 matmul kernels, and the
+    program equals ONNX Runtime on the source within float rounding."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 32), torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 16)).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    torch.onnx.export(model, (ids,), str(tmp_path / "f32.onnx"), dynamo=False, input_names=["ids"], opset_version=17)
+    quantize_dynamic(str(tmp_path / "f32.onnx"), str(tmp_path / "dq.onnx"), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gather"])
+    ops = collections.Counter(n.op_type for n in onnx.load(tmp_path / "dq.onnx").graph.node)
+    assert ops["MatMulInteger"] == 2 and ops["DynamicQuantizeLinear"] >= 1 and ops["Gather"] == 1, ops
+    result = _compile(tmp_path / "dq.onnx", "whole:ort", tmp_path / "ort")
+    (entry,) = result.manifest.regions
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "ort" / entry.artifact), options, providers=["CPUExecutionProvider"])
+    fused = collections.Counter(n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node)
+    assert fused["DynamicQuantizeMatMul"] + fused["MatMulIntegerToFloat"] + fused["MatMulInteger"] == 2, fused
+    assert "MatMul" not in fused, fused
+    x = np.random.default_rng(0).integers(0, 50, (2, 8)).astype(np.int64)
+    (want,) = ort.InferenceSession(str(tmp_path / "dq.onnx"), providers=["CPUExecutionProvider"]).run(None, {"ids": x})
+    for plan in ("whole:ort", "default"):
+        if plan != "whole:ort":
+            _compile(tmp_path / "dq.onnx", plan, tmp_path / plan)
+        with collage_runtime.load(tmp_path / ("ort" if plan == "whole:ort" else plan)) as program:
+            (got,) = program.invoke("main", x)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=plan)
+
+
 #: How much the calibration images are dimmed in the --max-drop test: enough to change held-out classes.
 DIM = 0.85
 
