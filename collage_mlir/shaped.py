@@ -320,6 +320,8 @@ def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_i
             except CollageError as exc:  # named by the user's model, not the temporary copy
                 raise CollageError(str(exc).replace(f"{static}: ", "").replace(f"{where}: ", ""),
                                    where=where) from None
+            if collage.OnnxSource.of(module) is not None:  # the user's file, which outlives the copy
+                collage.OnnxSource.of_file(path, tuple(values.items())).attach(module)
     number_ops(module)
     return module
 

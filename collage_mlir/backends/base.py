@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 
 from collage_runtime.types import NumberFormat, Platform, Tolerance  # noqa: F401  (re-exported: backends state theirs)
 
+from ..dialects.collage import OnnxSource
 from ..dialects.stablehlo import const_expr_ops
 from ..graph import Graph, Precision
 from ..ir import ir
@@ -57,6 +58,16 @@ class Candidate:
     @cached_property
     def key(self) -> RegionKey:
         return RegionKey(self.backend, self.ops, self.precision)
+
+
+@dataclass(frozen=True)
+class WholeModel:
+    """A region that is the whole model imported from an ONNX file (``passes.lower.whole_model``):
+    argument k of the region is the model's input ``inputs[k]``, result k its output ``outputs[k]``."""
+
+    source: OnnxSource
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,11 @@ class Backend:
     def build(self, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact:
         """Builds the outlined region function ``func`` into a file under ``out_dir``."""
         raise TypeError(f"backend {self.name} runs inside the IREE program and builds no artifact")
+
+    def build_source(self, whole: "WholeModel", func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact | None:
+        """Builds the region ``func``, which is the whole model of an ONNX file, from that file rather than
+        from ``func``; None where this backend does not (then ``build``)."""
+        return None
 
 
 #: Element types that cannot cross into a ``collage_rt`` function: IREE demotes f64 to f32 and refuses

@@ -46,3 +46,20 @@ class OrtBackend(OnnxGraphBackend):
         import onnxruntime
 
         return f"onnxruntime-{onnxruntime.__version__}"
+
+    def loads(self, model) -> bool:
+        """Where ONNX Runtime has a kernel for every node of the user's model (a session is made, unoptimized:
+        a bf16 model has few CPU kernels, where the translation computes bf16 in f32), a whole-model region
+        runs the user's file: ONNX Runtime fuses its own exporter's patterns (attention, SkipLayerNorm, int8
+        MatMulIntegerToFloat) and not all of the translation's. BERT-base, 1x64, whole on ONNX Runtime:
+        1.09x faster than the translation in f32 and in dynamic int8 (2026-11-29, Zen 5)."""
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 4
+        try:
+            onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001  (any refusal: the translation serves)
+            return False
+        return True

@@ -10,6 +10,7 @@
 - ``collage.iree_flags`` (array of strings on the module): IREE flags the program needs (a second device).
 - ``collage.float64`` (unit on the module): float64 crosses its signature or a kept node: no f64 demotion.
 - ``collage.onnx_tail`` (dictionary on the module): ONNX nodes run after ``@main`` (``OnnxTail``).
+- ``collage.onnx_source`` (dictionary on the module): the ONNX file ``@main`` was imported from (``OnnxSource``).
 
 One op form is collage's own: ``stablehlo.custom_call @collage.onnx_node`` is an ONNX node kept as ONNX (an
 op the ONNX importer cannot lower), its ``backend_config`` the node as a one-node ONNX model (inputs
@@ -19,7 +20,12 @@ op the ONNX importer cannot lower), its ``backend_config`` the node as a one-nod
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+
+from collage_runtime.manifest import sha256_file
 
 from ..ir import ir
 
@@ -112,6 +118,64 @@ class OnnxTail:
         """Drops the tail of ``module`` (a copy made to capture ``@main``'s own results)."""
         if ONNX_TAIL in module.operation.attributes:
             del module.operation.attributes[ONNX_TAIL]
+
+
+ONNX_SOURCE = "collage.onnx_source"
+
+
+@dataclass(frozen=True)
+class OnnxSource:
+    """The ONNX file a module's ``@main`` computes exactly (set by the ONNX frontend where no tail was split
+    off): ``path``, its ``sha256`` when imported, and ``dims``, the values its dynamic dims were fixed to for
+    the import (a shape bucket's). An ONNX engine whose region is all of ``@main`` runs this file instead of
+    the region's translation (``backends.onnx_engine``): the engine's own graph fusions match its own
+    exporter's patterns, not the translation's."""
+
+    path: str
+    sha256: str
+    dims: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of_file(cls, path: str | Path, dims: tuple[tuple[str, int], ...] = ()) -> "OnnxSource":
+        return cls(str(Path(path).resolve()), sha256_file(Path(path)), dims)
+
+    def attach(self, module: ir.Module) -> None:
+        with module.context:
+            module.operation.attributes[ONNX_SOURCE] = _to_attr(
+                {"path": self.path, "sha256": self.sha256, "dims": [[n, v] for n, v in self.dims]})
+
+    @classmethod
+    def of(cls, module: ir.Module | ir.Operation) -> "OnnxSource | None":
+        """The source attached to ``module``, or None."""
+        data = json_attr(module.operation, ONNX_SOURCE)
+        if data is None:
+            return None
+        return cls(data["path"], data["sha256"], tuple((n, v) for n, v in data["dims"]))
+
+    def unchanged(self) -> bool:
+        """Whether the file is still there with the content it was imported from."""
+        return Path(self.path).is_file() and sha256_file(Path(self.path)) == self.sha256
+
+    @staticmethod
+    def detach(module: ir.Module | ir.Operation) -> None:
+        """Drops the source of ``module`` (a pass made it compute something else)."""
+        if ONNX_SOURCE in module.operation.attributes:
+            del module.operation.attributes[ONNX_SOURCE]
+
+    @staticmethod
+    @contextmanager
+    def detached(module: ir.Module | ir.Operation) -> Iterator[None]:
+        """``module`` without its source for the block (what a structural hash reads: the same model at
+        another path is the same model)."""
+        attrs = module.operation.attributes
+        saved = attrs[ONNX_SOURCE] if ONNX_SOURCE in attrs else None
+        if saved is not None:
+            del attrs[ONNX_SOURCE]
+        try:
+            yield
+        finally:
+            if saved is not None:
+                attrs[ONNX_SOURCE] = saved
 
 
 def mark_float64(module: ir.Module) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import CollageError
 from ..ir import ir
-from ..dialects.collage import OnnxTail
+from ..dialects.collage import OnnxSource, OnnxTail
 from . import onnx_kept, onnx_tail, stablehlo
 from .onnx import fold_shapes, import_onnx
 
@@ -19,10 +19,13 @@ def load_model(path: str | Path, context: ir.Context, *, isolated: bool = True,
     ``isolated``: see ``frontends.onnx``), ``.mlir``/``.mlirbc`` with their function calls inlined
     (``frontends.stablehlo``). ``keep``: outputs of ONNX nodes to keep as ONNX even where torch-mlir
     lowers them (the import check found them computed wrong); integer kernels are kept too
-    (``onnx_kept.INTEGER_KERNELS``)."""
+    (``onnx_kept.INTEGER_KERNELS``). An ONNX model's module names its file (``collage.OnnxSource``)."""
     if Path(path).suffix == ".onnx":
         keep = keep | onnx_kept.integer_kernel_outputs(Path(path))
-        return stablehlo.normalize(_import_onnx_folding(Path(path), context, isolated, keep), where=str(path))
+        module = stablehlo.normalize(_import_onnx_folding(Path(path), context, isolated, keep), where=str(path))
+        if OnnxTail.of(module) is None:  # else @main computes only the model's head
+            OnnxSource.of_file(path).attach(module)
+        return module
     return stablehlo.load(path, context)
 
 

@@ -168,7 +168,8 @@ def structural_hash(module: ir.Module) -> str:
     constants count by value (also ``dense_resource`` blobs, whose names differ between models); larger
     ones by type only."""
     limit = HASHED_ELEMENTS * 8 + 16
-    text = module.operation.get_asm(large_elements_limit=HASHED_ELEMENTS, large_resource_limit=limit)
+    with collage.OnnxSource.detached(module):  # where the model was read from is not what it computes
+        text = module.operation.get_asm(large_elements_limit=HASHED_ELEMENTS, large_resource_limit=limit)
     body, _, resources = text.partition("{-#")
     blobs = {name: hashlib.sha256(data.encode()).hexdigest()[:16] for name, data in _RESOURCE_BLOB.findall(resources)}
     body = _RESOURCE_USE.sub(lambda m: f"dense_resource<{blobs.get(m.group(1), 'elided')}>", body)

@@ -34,3 +34,5 @@ class FloatRegionsPass(ModulePass):
             for ops in regions.values():
                 for op in sh.dequantize_pairs(ops):
                     op.erase()
+            if regions:  # @main no longer computes the quantized file it was imported from
+                collage.OnnxSource.detach(module)

@@ -1,7 +1,8 @@
 """`collage-lower`: regions of codegen backends stay in the IREE program (IREE inlines them); a region of a
 kernel backend stays too, its body replaced by ``hal.dispatch.extern`` of its compiled kernel (written under
 ``kernels/``; iree-compile embeds it in the module); each region of a library or graph-level backend is built
-into a region artifact and its function becomes the import ``func.func private @collage_rt.<region>``, served
+into a region artifact (a graph engine's region that is the whole model of an ONNX file: that file,
+``Backend.build_source``) and its function becomes the import ``func.func private @collage_rt.<region>``, served
 at run time by the ``collage_rt`` module.
 
 Without ``artifact-dir`` the IR is rewritten and nothing is built (for inspecting the IR): a kernel
@@ -18,6 +19,7 @@ from collage_runtime.types import TensorSpec
 from iree.compiler.dialects import func as func_d
 
 from ..backends import BackendKind, get_backend
+from ..backends.base import WholeModel
 from ..backends.kernel import KernelBackend
 from ..dialects import collage
 from ..dialects.hal import dispatch_extern
@@ -53,7 +55,11 @@ class LowerPass(ModulePass):
                     continue
                 region = collage.str_attr(fn, collage.REGION)
                 ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
-                art = backend.build(fn, Path(self.artifact_dir), region) if self.artifact_dir is not None else None
+                art = None
+                if self.artifact_dir is not None:
+                    whole = whole_model(module, region)
+                    art = (whole is not None and backend.build_source(whole, fn, Path(self.artifact_dir), region)) \
+                        or backend.build(fn, Path(self.artifact_dir), region)
                 symbol = collage.region_symbol(region)
                 with fn.location, ir.InsertionPoint(fn):
                     decl = func_d.FuncOp(symbol, ftype, visibility="private").operation
@@ -121,6 +127,37 @@ def library_regions(module: ir.Module | ir.Operation) -> list[RegionEntry]:
                                    tuple(_spec(t) for t in ftype.results), backend.tolerance,
                                    collage.str_attr(decl, collage.ARTIFACT), collage.str_attr(decl, collage.EXECUTOR)))
     return entries
+
+
+def whole_model(module: ir.Module | ir.Operation, region: str) -> WholeModel | None:
+    """The region as the whole model of the ONNX file ``module`` was imported from (``collage.OnnxSource``):
+    where a public function is nothing but a call of the region on all its arguments, returning all the
+    call's results (in any order: outlining orders a region's inputs by first use)."""
+    source = collage.OnnxSource.of(module)
+    if source is None:
+        return None
+    for op in module_block(module).operations:
+        caller = op.operation
+        if not collage.is_public_func(caller):
+            continue
+        body = caller.regions[0].blocks[0]
+        ops = [o.operation for o in body.operations]
+        if len(ops) != 2 or ops[0].name != "func.call" or ops[1].name != "func.return":
+            continue
+        call, ret = ops
+        if ir.FlatSymbolRefAttr(call.attributes["callee"]).value != region:
+            continue
+        inputs = _permutation(list(call.operands), list(body.arguments))
+        outputs = _permutation(list(call.results), list(ret.operands))
+        if inputs is not None and outputs is not None:
+            return WholeModel(source, inputs, outputs)
+    return None
+
+
+def _permutation(values: list[ir.Value], of: list[ir.Value]) -> tuple[int, ...] | None:
+    """Where each of ``values`` is in ``of``, if they are all of ``of`` once each; else None."""
+    found = tuple(next((k for k, w in enumerate(of) if w == v), -1) for v in values)
+    return found if sorted(found) == list(range(len(of))) else None
 
 
 def _retarget_calls(block: ir.Block, old: str, new: str) -> None:
