@@ -3,7 +3,7 @@ spinning off: see ``collage_runtime.engines``).
 
 Inputs and outputs are bound zero-copy with I/O binding: the session reads the mapped IREE input
 buffers in place and writes its results straight into the pre-allocated mapped output buffers.
-Graph inputs are ``in0..`` and outputs ``out0..`` in argument / result order, bound with the model's
+Graph inputs (``in0..``, or a whole model's own names) and outputs are bound in argument / result order, with the model's
 own static shapes, which the region was built for. The binding and the CPU device
 are prepared at load; binding goes through the pybind layer under ``IOBinding``/``InferenceSession``: their
 Python wrappers build a device object and check graph-capture state on every bind and run (~2 µs more per
