@@ -106,7 +106,7 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
         # alive prints a leak report (test_exit_is_quiet_with_programs_and_results_alive).
         from .shaped import int8_plan
 
-        spec, _ = int8_plan(int8_model)
+        spec, _ = int8_plan(int8_model, module)
         if spec != "default":
             return PlanChoice(resolve_plan(spec, graph), "fastest int8 engine", {"plan": spec})
     if plan is None and not tune_budget:

@@ -36,7 +36,8 @@ from .backends.onnx_engine import OnnxGraphBackend
 from .dialects import collage
 from .errors import CollageError
 from .frontends import refine
-from .frontends.dims import PYTHON, DimPlan, check_declared, read_onnx_axes, specialise_onnx, workdir
+from .frontends.dims import (PYTHON, DimPlan, check_declared, input_values, read_onnx_axes, specialise_onnx,
+                              workdir)
 from .frontends.onnx_calibrate import openvino_ready
 from .graph import Graph, number_ops, public_funcs
 from .ir import ir, load_module, new_context
@@ -429,12 +430,17 @@ def _fastest(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequen
 INT8_ENGINES = (Fallback.ORT, Fallback.OPENVINO)
 
 
-def int8_plan(model: Path, repeats: int = 5) -> tuple[str, str]:
-    """The plan of the static int8 ONNX ``model`` where the user gave none, and the line saying why: the whole
-    model on the engine of ``INT8_ENGINES`` that runs it fastest (generated inputs; collage's translation runs at
-    the engine's own int8 speed, ``studies/int8``), else ``default`` where none runs it (IREE computes the
-    quantize/dequantize pairs in f32: ResNet-50 27x slower than OpenVINO's int8)."""
-    choice, problems = _fastest(model, read_onnx_axes(model)[0], {}, INT8_ENGINES, repeats)
+def int8_plan(model: Path, module: ir.Module, repeats: int = 5) -> tuple[str, str]:
+    """The plan of the int8 ONNX ``model``, imported as ``module`` (its dynamic dims fixed to an example's),
+    where the user gave none, and the line saying why: the whole model on the engine of ``INT8_ENGINES`` that
+    runs it fastest at ``module``'s shapes (generated inputs; collage's translation runs at the engine's own
+    int8 speed, ``studies/int8``), else ``default`` where none runs it (IREE computes the quantize/dequantize
+    pairs in f32: ResNet-50 27x slower than OpenVINO's int8)."""
+    axes = read_onnx_axes(model)[0]
+    values = input_values(axes, _argument_shapes(module)) if len(axes) == len(_argument_shapes(module)) else None
+    if values is None or any(n is not None and n not in values for names in axes for n in names):
+        return "default", "the int8 model's inputs are not the program's: IREE computes it in f32"
+    choice, problems = _fastest(model, axes, values, INT8_ENGINES, repeats)
     if choice is None:
         return "default", f"no int8 engine runs the model ({'; '.join(problems)}): IREE computes it in f32"
     plan = f"whole:{choice.chosen.value}"
@@ -520,10 +526,21 @@ def _between(dim, buckets: Sequence[int]) -> int:
     return lo + width // 2 if width > 1 else dim.opt
 
 
-def _result_shapes(module: ir.Module) -> list[tuple[int, ...]]:
+def _main_type(module: ir.Module) -> ir.FunctionType:
     func = next(f for f in public_funcs(module) if collage.symbol_name(f) == "main")
-    results = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results
-    return [tuple(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else () for t in results]
+    return ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+
+
+def _shapes(types) -> list[tuple[int, ...]]:
+    return [tuple(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else () for t in types]
+
+
+def _result_shapes(module: ir.Module) -> list[tuple[int, ...]]:
+    return _shapes(_main_type(module).results)
+
+
+def _argument_shapes(module: ir.Module) -> list[tuple[int, ...]]:
+    return _shapes(_main_type(module).inputs)
 
 
 def _digest(values: Mapping[str, int]) -> str:

@@ -324,11 +324,11 @@ def specialise_onnx(path: str | Path, values: Mapping[str, int], out_dir: str | 
 
 
 def input_values(axes: Axes, arrays: Sequence) -> dict[str, int]:
-    """The value of each dynamic dim in example ``arrays`` (numpy arrays or tensors; a CollageError where
-    they disagree)."""
+    """The value of each dynamic dim in example ``arrays`` (numpy arrays, tensors, or shapes as tuples; a
+    CollageError where they disagree)."""
     values: dict[str, int] = {}
     for k, (names, array) in enumerate(zip(axes, arrays)):
-        shape = tuple(array.shape) if hasattr(array, "shape") else np.shape(array)
+        shape = array if isinstance(array, tuple) else tuple(array.shape) if hasattr(array, "shape") else np.shape(array)
         if len(shape) != len(names):
             raise CollageError(f"example input {k} has shape {list(shape)}, the model's input {k} has rank "
                                f"{len(names)}", where="--input", exit_code=2)

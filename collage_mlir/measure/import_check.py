@@ -473,8 +473,11 @@ def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray], quantized: bool
         raise CollageError(f"onnxruntime cannot run the model: {' '.join(str(exc).split())[:300]}") from None
 
 
-#: Node types of a quantized ONNX model (QDQ or QOperator).
-QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm"})
+#: Node types of a quantized ONNX model: QDQ, QOperator, and dynamic quantization (``quantize_dynamic``:
+#: activations quantized at run time, integer kernels; ONNX Runtime's fused forms of them).
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm",
+                           "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul",
+                           "MatMulIntegerToFloat"})
 
 
 def _proto(model: "str | bytes"):
@@ -484,7 +487,7 @@ def _proto(model: "str | bytes"):
 
 
 def quantizes(proto) -> bool:
-    """Whether the ``onnx.ModelProto`` quantizes (QDQ or QOperator nodes)."""
+    """Whether the ``onnx.ModelProto`` quantizes (``QUANTIZED_OPS``)."""
     return any(n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear") for n in proto.graph.node)
 
 

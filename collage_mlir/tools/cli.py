@@ -48,7 +48,7 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     spec = tune_cmd.quantized_spec(args.model, tune_cmd.calibration_of(args))
     module, inputs = tune_cmd.load_model(spec, new_context(), load_input_arrays(args.input),
                                          check_import=not args.no_import_check)
-    plan = args.plan or ("tune" if args.tune else _default_plan(spec))
+    plan = args.plan or ("tune" if args.tune else _default_plan(spec, module))
     provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
     if plan == "tuned":  # the plan `collage tune` recorded for this module, else the default
         plan, provenance = _tuned_or_default(module)
@@ -75,22 +75,22 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     return 0
 
 
-def _default_plan(spec: str) -> str:
-    """The plan of a compile without ``--plan``: ``default`` (IREE), but for an int8 ONNX model the whole model on
-    the fastest int8 engine here, timed now (``shaped.int8_plan``)."""
+def _default_plan(spec: str, module) -> str:
+    """The plan of a compile without ``--plan``: ``default`` (IREE), but for an int8 ONNX model (imported as
+    ``module``) the whole model on the fastest int8 engine here, timed now (``shaped.int8_plan``)."""
     if not _quantizes(spec):
         return "default"
     from rich.console import Console
 
     from ..shaped import int8_plan
 
-    plan, line = int8_plan(Path(spec))
+    plan, line = int8_plan(Path(spec), module)
     Console(stderr=True).print(line, highlight=False)
     return plan
 
 
 def _quantizes(spec: str) -> bool:
-    """Whether ``spec`` is an ONNX model that quantizes (QDQ or QOperator nodes)."""
+    """Whether ``spec`` is an ONNX model that quantizes (``import_check.QUANTIZED_OPS``)."""
     if Path(spec).suffix != ".onnx":
         return False
     import onnx

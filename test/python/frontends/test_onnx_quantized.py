@@ -257,6 +257,24 @@ def test_precision_int8_quantizes_an_f32_model_from_calibration_samples(digits, 
     assert "of its nodes in f32" in r.stderr  # the fallback tried, up to half the quantized nodes
 
 
+def test_a_dynamic_batch_int8_model_compiled_for_an_example_goes_to_an_int8_engine(digits, tmp_path):
+    """A dynamically quantized CNN (``ConvInteger``) exported with a dynamic batch, compiled for an example's
+    shape without a plan: the int8 engines are timed at that shape (the timing read an undeclared dim: a
+    KeyError traceback) and the program agrees with ONNX Runtime on the file."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root, x, _, _ = digits
+    quantize_dynamic(str(root / "dynamic.onnx"), str(tmp_path / "dq.onnx"), weight_type=QuantType.QUInt8,
+                     op_types_to_quantize=["Conv", "MatMul", "Gemm"])
+    np.save(tmp_path / "x.npy", x[:4])
+    run = _cli("compile", str(tmp_path / "dq.onnx"), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    assert "int8 engines: " in run.stderr and "Traceback" not in run.stderr
+    (want,) = ort.InferenceSession(str(tmp_path / "dq.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x[:4]})
+    got = _run(tmp_path / "out", x[:4])
+    np.testing.assert_allclose(got, want, atol=0.02 * np.abs(want).max())
+
+
 def test_held_out_samples_of_another_shape_than_the_program_are_one_line(digits, tmp_path):
     """A model with a dynamic batch compiled for the --input's batch of 3, calibrated on samples of one image: the
     program check cannot run them (it was a traceback), so one line says so, and nothing is written."""
