@@ -104,9 +104,9 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
         # Imported here, as torch.py imports .shaped: loaded with this module, the runtime's shaped-program
         # machinery changes the order nanobind finds IREE's objects at exit, and a process exiting with a program
         # alive prints a leak report (test_exit_is_quiet_with_programs_and_results_alive).
-        from .shaped import int8_plan
+        from .shaped import int8_plan, module_values
 
-        spec, _ = int8_plan(int8_model, module)
+        spec, _ = int8_plan(int8_model, module_values(int8_model, module))
         if spec != "default":
             return PlanChoice(resolve_plan(spec, graph), "fastest int8 engine", {"plan": spec})
     if plan is None and not tune_budget:

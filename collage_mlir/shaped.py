@@ -430,22 +430,31 @@ def _fastest(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequen
 INT8_ENGINES = (Fallback.ORT, Fallback.OPENVINO)
 
 
-def int8_plan(model: Path, module: ir.Module, repeats: int = 5) -> tuple[str, str]:
-    """The plan of the int8 ONNX ``model``, imported as ``module`` (its dynamic dims fixed to an example's),
-    where the user gave none, and the line saying why: the whole model on the engine of ``INT8_ENGINES`` that
-    runs it fastest at ``module``'s shapes (generated inputs; collage's translation runs at the engine's own
-    int8 speed, ``studies/int8``), else ``default`` where none runs it (IREE computes the quantize/dequantize
-    pairs in f32: ResNet-50 27x slower than OpenVINO's int8)."""
-    axes = read_onnx_axes(model)[0]
-    values = input_values(axes, _argument_shapes(module)) if len(axes) == len(_argument_shapes(module)) else None
-    if values is None or any(n is not None and n not in values for names in axes for n in names):
+def int8_plan(model: Path, values: Mapping[str, int] | None, repeats: int = 5) -> tuple[str, str]:
+    """The plan of the int8 ONNX ``model`` where the user gave none, and the line saying why: the whole model
+    on the engine of ``INT8_ENGINES`` that runs it fastest with its dynamic dims at ``values``
+    (``module_values``; generated inputs; collage runs the engine's own int8 speed, ``studies/int8``), else
+    ``default`` where none runs it or ``values`` is None (IREE computes the quantize/dequantize pairs in
+    f32: ResNet-50 27x slower than OpenVINO's int8)."""
+    if values is None:
         return "default", "the int8 model's inputs are not the program's: IREE computes it in f32"
+    axes = read_onnx_axes(model)[0]
     choice, problems = _fastest(model, axes, values, INT8_ENGINES, repeats)
     if choice is None:
         return "default", f"no int8 engine runs the model ({'; '.join(problems)}): IREE computes it in f32"
     plan = f"whole:{choice.chosen.value}"
     return plan, (f"{choice.line('int8 engines')}: --plan {plan} (IREE computes int8 models in f32; --plan default "
                   "keeps it there)")
+
+
+def module_values(model: Path, module: ir.Module) -> dict[str, int] | None:
+    """The values ``module`` (the ONNX ``model`` imported at one shape) gives the model's dynamic dims; None
+    where its inputs are not the model's."""
+    axes, shapes = read_onnx_axes(model)[0], _argument_shapes(module)
+    if len(axes) != len(shapes) or any(len(a) != len(s) for a, s in zip(axes, shapes)):
+        return None
+    values = input_values(axes, shapes)
+    return values if all(n in values for names in axes for n in names if n is not None) else None
 
 
 def dynamic_ratio(model: Path, dim_plan: DimPlan, inputs: Axes, fallback: Fallback, repeats: int = 5) -> float:

@@ -326,7 +326,8 @@ def test_a_program_above_max_drop_is_not_written(digits, tmp_path):
 def test_int8_with_dims_checks_the_program_each_way_it_serves_a_batch(digits, tmp_path):
     """`collage compile dynamic.onnx --precision int8 --calibrate DATA --dim batch=...`: the program check runs
     the held-out samples through the shape-bucket artifact in batches of each bucket and of a size between
-    (padded), and reports it; the artifact classifies held-out digits."""
+    (padded), and reports it; the artifact classifies held-out digits. Without a plan, the buckets go whole to
+    the fastest int8 engine."""
     from collage_runtime.shapes import Bucket, DimRange, ShapeTable
     from collage_mlir.frontends.onnx_calibrate import across_batches
 
@@ -338,9 +339,10 @@ def test_int8_with_dims_checks_the_program_each_way_it_serves_a_batch(digits, tm
     root, x, labels, calibration = digits
     np.save(tmp_path / "calib.npy", calibration)
     r = _cli("compile", str(root / "dynamic.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "calib.npy"),
-             "--dim", "batch=1:4:8", "--bucket", "batch=4,8", "--pad", "batch", "--plan", "whole:ort", "-o",
-             str(tmp_path / "int8"))
+             "--dim", "batch=1:4:8", "--bucket", "batch=4,8", "--pad", "batch", "-o", str(tmp_path / "int8"))
     assert r.returncode == 0, r.stderr
+    # No fallback engine to follow and no plan: the int8 engines timed at the OPT shape take every bucket whole.
+    assert "int8 engines: " in r.stderr and r.stderr.count(": 1 plan regions") == 2, r.stderr
     assert "the program against f32 on 64 held-out samples: top class changed on" in " ".join(r.stderr.split())
     with collage_runtime.load(tmp_path / "int8") as program:
         assert program.served(x[:6]) == "padded to batch=8"
