@@ -156,7 +156,7 @@ class Backend:
         """Builds the outlined region function ``func`` into a file under ``out_dir``."""
         raise TypeError(f"backend {self.name} runs inside the IREE program and builds no artifact")
 
-    def build_source(self, whole: "WholeModel", func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact | None:
+    def build_source(self, whole: WholeModel, func: ir.Operation, out_dir: Path, region: str) -> RegionArtifact | None:
         """Builds the region ``func``, which is the whole model of an ONNX file, from that file rather than
         from ``func``; None where this backend does not (then ``build``)."""
         return None
