@@ -8,7 +8,8 @@ tensor; weights are transposed and reshaped at run time. The rewrites, repeated 
 - constants folded: a node whose inputs are all initializers is evaluated now (onnx's reference
   evaluator) — except ``Expand``, which would only make a big constant out of a small one, and
   ``DequantizeLinear``, whose 8-bit weight the engines' int8 kernels take;
-- an ``Expand`` feeding a broadcasting op is dropped when broadcasting gives the same result shape,
+- an ``Expand`` (or a ``Reshape`` of one value) feeding a broadcasting op is dropped when broadcasting gives
+  the same result shape,
   and a splat constant operand shrinks to a scalar (same rule);
 - a ``Cast`` of an i64 value moves before the ``Reshape``/``Transpose`` producing it (so a graph
   input is converted where it enters: OpenVINO reads an i64 input exactly only there);
@@ -220,6 +221,11 @@ def _drop_broadcasts(g: _Graph) -> bool:
             smaller = None
             p = producers.get(x)
             if p is not None and p.op_type == "Expand" and p.input[0] in g.shapes:
+                smaller = p.input[0]
+            elif p is not None and p.op_type == "Reshape" and p.input[0] in g.shapes and \
+                    int(np.prod(g.shapes[p.input[0]])) == 1:
+                # One value given the others' rank (a dynamically quantized matmul's scale product, which ONNX
+                # Runtime's MatMulIntegerToFloat fusion wants straight from its Mul).
                 smaller = p.input[0]
             elif x in g.consts and g.consts[x].size > 1 and np.all(g.consts[x] == g.consts[x].flat[0]):
                 smaller = g.fresh_const(np.asarray(g.consts[x].flat[0], g.consts[x].dtype), "splat")
