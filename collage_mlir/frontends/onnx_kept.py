@@ -215,10 +215,14 @@ INTEGER_KERNELS = frozenset({"MatMulInteger", "ConvInteger"})
 
 
 def integer_kernel_outputs(path: Path) -> frozenset[str]:
-    """The outputs of the ``INTEGER_KERNELS`` nodes of the main graph of the ONNX model at ``path``."""
+    """The outputs of the ``INTEGER_KERNELS`` nodes of the main graph of the ONNX model at ``path`` (none where
+    it cannot be read: the import says why)."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001  (a missing or malformed file: protobuf and onnx raise their own types)
+        return frozenset()
     return frozenset(o for n in graph.node if n.op_type in INTEGER_KERNELS for o in n.output if o)
 
 
