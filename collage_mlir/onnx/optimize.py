@@ -673,7 +673,7 @@ def _gemm(g: _Graph) -> bool:
             bias = g.fresh_const(g.consts[bias].reshape(-1), "bias")
         elif bias not in g.consts:  # a computed bias (a QDQ model's DequantizeLinear): a row vector only
             reshape = g.producer(bias)
-            if bshape[-1] != b[1] or any(d != 1 for d in bshape[:-1]):
+            if not bshape or bshape[-1] != b[1] or any(d != 1 for d in bshape[:-1]):
                 continue
             if len(bshape) == 2 and reshape is not None and reshape.op_type == "Reshape" and \
                     g.shapes.get(reshape.input[0]) == (b[1],):
