@@ -61,24 +61,23 @@ def _types(op: ir.Operation) -> list[tuple[tuple[int, ...], str] | None]:
     return [sh.tensor_type(v) for v in list(op.operands) + list(op.results)]
 
 
-def static_known_types(op: ir.Operation) -> str | None:
-    """static shapes of f32, f64, bf16, i32, i64 or i1"""
+def _static_of(op: ir.Operation, table: dict) -> str | None:
     for tt in _types(op):
         if tt is None:
             return "needs static-shaped tensors"
-        if tt[1] not in DTYPES:
+        if tt[1] not in table:
             return f"element type {tt[1]} has no ONNX mapping here"
     return None
+
+
+def static_known_types(op: ir.Operation) -> str | None:
+    """static shapes of f32, f64, bf16, i32, i64 or i1"""
+    return _static_of(op, DTYPES)
 
 
 def static_moved_types(op: ir.Operation) -> str | None:
     """static shapes of f32, f64, bf16, i32, i64, i1, or 8-, 16- and unsigned integers (data movement)"""
-    for tt in _types(op):
-        if tt is None:
-            return "needs static-shaped tensors"
-        if tt[1] not in MOVED_DTYPES:
-            return f"element type {tt[1]} has no ONNX mapping here"
-    return None
+    return _static_of(op, MOVED_DTYPES)
 
 
 def known_types(op: ir.Operation) -> str | None:
