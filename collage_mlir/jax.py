@@ -133,6 +133,8 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
         if "axes" not in state:
             state["axes"] = symbol_axes(exported, plan_of_dims.dims) if exported is not None \
                 else argument_axes(leaves, plan_of_dims.dims, PYTHON)
+            state["fixed"] = _fixed(exported, leaves, state["axes"])
+        _check_fixed(state["fixed"], leaves)
         axes = state["axes"]
         values = input_values(axes, leaves)
         plan_of_dims.check(values)
@@ -182,6 +184,28 @@ def _exported(fn: Callable, leaves: list, tree, axes: Axes):
                       f"({' '.join(str(exc).split())[:200]}); a shape between buckets compiles on first use",
                       stacklevel=3)
         return None
+
+
+def _fixed(exported, leaves: list, axes: Axes) -> list[tuple[np.dtype, tuple]]:
+    """Each flattened argument's dtype and shape, None on a declared dim's axis: an ``Exported``'s own
+    signature, else the first call's arrays (a declared range compiles once, so every other axis is fixed)."""
+    if exported is not None:
+        return [(np.dtype(aval.dtype), tuple(None if n is not None else d for d, n in zip(aval.shape, names)))
+                for aval, names in zip(exported.in_avals, axes)]
+    return [(a.dtype, tuple(None if n is not None else d for d, n in zip(a.shape, names)))
+            for a, names in zip(leaves, axes)]
+
+
+def _check_fixed(fixed: list[tuple[np.dtype, tuple]], leaves: list) -> None:
+    """One CollageError line unless ``leaves`` match ``fixed`` (``_fixed``) in count, dtype, rank and every
+    axis no declared dim names: no engine sees an array of another shape than the one it was built for."""
+    if len(leaves) != len(fixed):
+        raise CollageError(f"the function takes {len(fixed)} array argument(s), got {len(leaves)}", where="jit")
+    for k, ((dtype, shape), a) in enumerate(zip(fixed, leaves)):
+        if a.dtype != dtype or a.ndim != len(shape) or any(d is not None and d != n for d, n in zip(shape, a.shape)):
+            want = "x".join("?" if d is None else str(d) for d in shape)
+            raise CollageError(f"argument {k}: expected {dtype}[{want}] (? a declared dim), got {a.dtype}"
+                               f"[{'x'.join(map(str, a.shape))}]", where="jit")
 
 
 def _key(leaves: list, tree) -> tuple:

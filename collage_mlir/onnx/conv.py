@@ -14,6 +14,11 @@ from .registry import float_operands, numeric_operands, register, static_known_t
 from .values import DTYPES, _constant_of, _dtype, _shape
 
 
+def _dims(v: ir.Value) -> list[int | None]:
+    """``v``'s shape, None for a dynamic dim."""
+    return list(sh.ranked_type(v)[0])
+
+
 def _window_padding(op: ir.Operation, rank: int) -> list[tuple[int, int]]:
     if "padding" not in op.attributes:
         return [(0, 0)] * rank
@@ -37,7 +42,7 @@ def _cumsum_axis(op: ir.Operation) -> tuple[int, bool] | None:
     zero init value. Torch's ``cumsum`` lowers to this form (GPT-2's position ids)."""
     if len(op.operands) != 2 or sh.reduce_kind(op) != "add":
         return None
-    shape = _shape(op.operands[0])
+    shape = _dims(op.operands[0])
     dims = sh._array_attr(op, "window_dimensions", [])
     strides = sh._array_attr(op, "window_strides", [1] * len(dims))
     if any(d != 1 for name in ("base_dilations", "window_dilations") for d in sh._array_attr(op, name, [])):
@@ -84,10 +89,14 @@ def pool_window(op: ir.Operation) -> str | None:
     if kind == "max" and any(p != (0, 0) for p in pads):
         if init is None or not (np.isneginf(init).all() or (init == np.finfo(init.dtype).min).all()):
             return "padded max pooling needs a -inf init value"
+    shape = _dims(op.operands[0])
+    free = [a for a in range(len(shape)) if a not in pooled]
+    if any(shape[a] is None for a in pooled) or (len(free) != 2 and any(shape[a] is None for a in free)):
+        return "a dynamic dim only among the window's two independent dims (batch and channel)"
     return None
 
 
-@register("stablehlo.reduce_window", when=(static_known_types, supported_window))
+@register("stablehlo.reduce_window", when=(static_known_types, supported_window), dynamic=True)
 def _reduce_window(b: _Builder, op, ins):
     cumsum = _cumsum_axis(op)
     if cumsum is not None:
@@ -103,7 +112,7 @@ def _pool(b: _Builder, op, ins):
     rank = len(dims)
     strides = sh._array_attr(op, "window_strides", [1] * rank)
     pads = _window_padding(op, rank)
-    shape, out_shape = _shape(op.operands[0]), _shape(op.results[0])
+    shape, out_shape = _dims(op.operands[0]), _dims(op.results[0])
     pooled = _pooled_dims(op)
     free = [a for a in range(rank) if a not in pooled]
     perm = free + pooled
@@ -137,7 +146,7 @@ def _kernel_extent(op: ir.Operation, info: sh.ConvInfo) -> list[int]:
 
 def plain_convolution(op: ir.Operation) -> str | None:
     """1-3 spatial dims, any layout and groups; no batch groups or negative padding; lhs dilation as ConvTranspose
-    (then stride 1 and padding below the dilated kernel size)"""
+    (then stride 1 and padding below the dilated kernel size); a static kernel (the input's dims may be dynamic)"""
     try:
         info = sh.conv_info(op)
     except (ValueError, KeyError):
@@ -155,10 +164,12 @@ def plain_convolution(op: ir.Operation) -> str | None:
             return "input (lhs) dilation only with padding below the dilated kernel size"
     if "window_reversal" in op.attributes and "true" in str(op.attributes["window_reversal"]):
         return "no window reversal"
+    if sh.tensor_type(op.operands[1]) is None:
+        return "needs a static kernel shape"
     return None
 
 
-@register("stablehlo.convolution", when=(static_known_types, float_operands, plain_convolution))
+@register("stablehlo.convolution", when=(static_known_types, float_operands, plain_convolution), dynamic=True)
 def _convolution(b: _Builder, op, ins):
     info = sh.conv_info(op)
     n = info.spatial_rank

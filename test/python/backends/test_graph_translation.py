@@ -129,6 +129,48 @@ def test_jax_encoder_onnx_has_the_fused_forms(tmp_path):
                                    atol=1e-5)
 
 
+def test_jax_nhwc_cnn_translates_with_a_dynamic_batch(tmp_path):
+    """A JAX NHWC CNN (jax.nn, ``lax.conv_general_dilated``, max and average pooling over ``reduce_window``)
+    exported with a symbolic batch translates with the batch kept (the fallback between shape buckets on
+    ONNX Runtime or OpenVINO) and computes what jax does at any batch (rtol 1e-4, atol 1e-5); a pooling
+    window over the dynamic dim is refused by name."""
+    jax = pytest.importorskip("jax")
+    ort = pytest.importorskip("onnxruntime")
+    import jax.numpy as jnp
+
+    from collage_mlir.frontends import stablehlo
+    from collage_mlir.shaped import dynamic_onnx
+
+    rng = np.random.default_rng(0)
+    k1, k2 = (rng.standard_normal(s).astype(np.float32) * 0.2 for s in ((3, 3, 3, 8), (3, 3, 8, 16)))
+    nhwc = ("NHWC", "HWIO", "NHWC")
+
+    def cnn(x):
+        y = jax.nn.relu(jax.lax.conv_general_dilated(x, k1, (1, 1), "SAME", dimension_numbers=nhwc))
+        y = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        y = jax.nn.gelu(jax.lax.conv_general_dilated(y, k2, (2, 2), "SAME", dimension_numbers=nhwc))
+        y = jax.lax.reduce_window(y, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 1, 1, 1), "SAME") / 4
+        return jax.nn.log_softmax(y.mean(axis=(1, 2)))
+
+    (b,) = jax.export.symbolic_shape("b")
+    path = tmp_path / "cnn.mlir"
+    path.write_text(jax.export.export(jax.jit(cnn))(jax.ShapeDtypeStruct((b, 16, 16, 3), np.float32)).mlir_module())
+    model = dynamic_onnx(stablehlo.load(path, new_context()), str(path))
+    ops = {n.op_type for n in model.graph.node}
+    assert {"Conv", "MaxPool", "AveragePool"} <= ops, ops
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 3, 6):
+        x = rng.standard_normal((n, 16, 16, 3)).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"in0": x})[0], np.asarray(jax.jit(cnn)(x)), rtol=1e-4, atol=1e-5)
+
+    def batch_pool(x):  # a window across the batch: its rows are not independent
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 1, 1, 1), (1, 1, 1, 1), "VALID")
+
+    path.write_text(jax.export.export(jax.jit(batch_pool))(jax.ShapeDtypeStruct((b, 4, 4, 3), np.float32)).mlir_module())
+    with pytest.raises(CollageError, match="a dynamic dim only among the window's two independent dims"):
+        dynamic_onnx(stablehlo.load(path, new_context()), str(path))
+
+
 @pytest.fixture(scope="module")
 def references(torch, tmp_path_factory):
     """Per model: (input, IREE-alone output)."""

@@ -217,6 +217,9 @@ def test_jax_jit_declared_range_pads_between_buckets():
         np.testing.assert_allclose(got["total"], want["total"], rtol=1e-4, atol=1e-5)
     with pytest.raises(CollageError, match=r"dim '0.0' is 5, outside the declared range 1..4"):
         run(np.zeros((5, 8), np.float32), w)
+    # an axis no dim names stays as the first call had it: one line, not an engine's error
+    with pytest.raises(CollageError, match=r"argument 1: expected float32\[8x4\] \(\? a declared dim\), got float32\[8x5\]"):
+        run(np.zeros((3, 8), np.float32), np.zeros((8, 5), np.float32))
 
 
 def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypatch):
