@@ -312,6 +312,14 @@ def dynamo_backend(gm, example_inputs: Sequence, options: dict | None = None) ->
         options = dict(options or {})
         dims, pad = options.pop("dims", None), options.pop("pad", ())
         symbolic = any(not isinstance(e, torch.Tensor) for e in example_inputs)
+        if dims and not symbolic and torch._dynamo.config.assume_static_by_default:
+            # dynamo traced one shape (no dynamic=True): its guards send any other shape to a new trace, so
+            # this graph serves only this shape; a range built now would be built again at that trace
+            warnings.warn("collage: dims declared, but dynamo traced this graph at one shape (torch.compile "
+                          "without dynamic=True): compiled for that shape alone; pass dynamic=True to build the "
+                          "declared range at the first call", RuntimeWarning,
+                          stacklevel=2)
+            dims = None
         compiled = DynamicGraph(gm, example_inputs, options, dims, pad) if symbolic or dims \
             else DynamoGraph(gm, example_inputs, options)
     except (CollageError, Exception) as exc:  # noqa: BLE001  any failure falls back, as torch backends do

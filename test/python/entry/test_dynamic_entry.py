@@ -119,6 +119,29 @@ def test_torch_compile_declared_range_is_one_artifact(torch, monkeypatch):
             assert compiles == [1, 1]
 
 
+def test_torch_compile_declared_range_without_dynamic_true_says_so(torch, monkeypatch):
+    """Without ``dynamic=True`` dynamo traces the first call at its shape (its guards send another shape to a
+    new trace): that graph is compiled for its shape alone, with one warning naming the flag, not an export
+    of a specialised graph that fails; dynamo's next trace (dynamic) builds the range, once."""
+    import collage_mlir.torch as collage_torch
+
+    model = mlp()
+    compiles, real = [], collage_torch._compile_shaped
+    monkeypatch.setattr(collage_torch, "_compile_shaped", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    torch._dynamo.reset()
+    run = torch.compile(model, backend=lambda gm, ex: collage_torch.dynamo_backend(gm, ex, {"dims": {"0.0": (2, 4, 8)},
+                                                                                       "pad": ["0.0"]}))
+    x = torch.randn(4, 32)
+    with pytest.warns(RuntimeWarning, match="dims declared, but dynamo traced this graph at one shape .* pass "
+                                            "dynamic=True"):
+        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+    assert compiles == []
+    for batch in (3, 8, 5):
+        x = torch.randn(batch, 32)
+        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-5)
+    assert compiles == [1]
+
+
 def test_torch_compile_declared_range_of_a_graph_that_specialises_its_dim(torch):
     """A graph whose code fixes the declared dim (dynamo specialised it) does not export with it: one
     warning, and its shape compiles on first use; equal to eager."""
