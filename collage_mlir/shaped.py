@@ -25,7 +25,7 @@ import numpy as np
 from collage_runtime.engines import Engines, usable_cores
 from collage_runtime.manifest import sha256_file, write_manifest
 from collage_runtime.shaped import ShapedProgram, dynamic_runner
-from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, dims_label, write_shape_table
+from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, cut_to, dims_label, write_shape_table
 from collage_runtime.types import byte_dtype
 from collage_runtime.weights import WEIGHTS, WeightWriter
 
@@ -121,6 +121,8 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         if translated:  # checked on the staged artifact as it loads; not written where it disagrees
             opt = {d.name: d.opt for d in dim_plan.dims}
             check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]), source)
+        if dim_plan.pad:
+            check_padding(stage, source)
         if check is not None:
             check(stage)
     return ShapedResult(out, table, tuple(results))
@@ -295,6 +297,55 @@ def check_fallback(root: Path, bucket: Bucket, where: str) -> None:
         got = [np.array(g) for g in program.invoke_fallback(*arrays)]
     check_agrees(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its shape", got,
                  want, where, plan_slack(tolerances))
+
+
+def check_padding(root: Path, where: str) -> None:
+    """Each padded dim of the shaped artifact at ``root`` checked to index independent rows
+    (``check_rows_independent``) on its largest bucket's program, on generated inputs."""
+    with ShapedProgram(root) as program:
+        table = program.table
+        for dim in (d for d in table.dims if d.name in table.pad):
+            bucket = max(table.buckets, key=lambda b: b.values[dim.name])
+            run = program.program(bucket)
+            specs = run.signature("main").inputs
+            arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k)) for k, s in enumerate(specs)]
+            check_rows_independent(lambda xs: run.invoke("main", *xs), arrays, table.inputs, table.outputs,
+                                   bucket.values, dim.name, dim.min, where)
+
+
+def check_rows_independent(run: Callable[[list], Sequence], arrays: list, inputs: Axes, outputs: Axes,
+                           values: Mapping[str, int], name: str, first: int, where: str) -> None:
+    """That padding along dim ``name`` is exact, as ``--pad`` claims: ``run`` (a program at the shape
+    ``values``) on ``arrays``, then on the same arrays with the rows from ``first`` on along ``name`` replaced
+    by others; the first rows' results must not change (the same program at the same shape: ``compare``'s f32
+    tolerance). One CollageError naming the dim where they do: a statistic over it (dynamic quantization's
+    scale of a whole tensor, a batch norm in training mode, a sum over the batch) makes a zero-padded call
+    differ from the unpadded one."""
+    if first >= values[name]:
+        return
+    others = [generated_array(np.shape(a), np.asarray(a).dtype, np.random.default_rng(len(arrays) + k))
+              for k, a in enumerate(arrays)]
+    mixed = [np.where(_rows_past(np.shape(a), axes, name, first), o, a) for a, o, axes in zip(arrays, others, inputs)]
+    keep = {**values, name: first}
+
+    def cut(results):
+        return [np.array(cut_to(np.asarray(r), axes, keep)) for r, axes in zip(results, outputs)]
+
+    check_agrees(f"--pad {name}: rows are not independent along '{name}' (the first {first} change with the rows "
+                 f"after them at {dims_label(values)}: a statistic over the dim, such as dynamic quantization's "
+                 f"scale); padding would change the results, drop --pad {name}", cut(run(mixed)), cut(run(arrays)),
+                 where)
+
+
+def _rows_past(shape: tuple[int, ...], axes: tuple[str | None, ...], name: str, first: int) -> np.ndarray:
+    """A boolean mask of ``shape``: True where an index along an axis carrying ``name`` is ``first`` or more."""
+    mask = np.zeros(shape, dtype=bool)
+    for k, n in enumerate(axes):
+        if n == name:
+            index = [slice(None)] * len(shape)
+            index[k] = slice(first, None)
+            mask[tuple(index)] = True
+    return mask
 
 
 def plan_slack(tolerances: Sequence[float]) -> float:

@@ -243,6 +243,10 @@ def test_jax_jit_declared_range_pads_between_buckets():
     # an axis no dim names stays as the first call had it: one line, not an engine's error
     with pytest.raises(CollageError, match=r"argument 1: expected float32\[8x4\] \(\? a declared dim\), got float32\[8x5\]"):
         run(np.zeros((3, 8), np.float32), np.zeros((8, 5), np.float32))
+    # a statistic over the batch: padding would change every row, so pad is refused at the first call
+    centred = collage_mlir.jax.jit(lambda x: x - x.mean(axis=0), dims={"0.0": (1, 2, 4)}, pad=["0.0"])
+    with pytest.raises(CollageError, match=r"--pad 0.0: rows are not independent along '0.0'"):
+        centred(np.ones((3, 8), np.float32))
 
 
 def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypatch):

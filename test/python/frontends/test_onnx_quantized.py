@@ -283,6 +283,13 @@ def test_a_dynamic_batch_int8_model_compiled_for_an_example_goes_to_an_int8_engi
     (want,) = ort.InferenceSession(str(tmp_path / "dq.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x[:4]})
     got = _run(tmp_path / "out", x[:4])
     np.testing.assert_allclose(got, want, atol=0.02 * np.abs(want).max())
+    # Its batch is not paddable: each DynamicQuantizeLinear takes its scale from the whole tensor, padded rows
+    # included, so a padded call would differ from the unpadded one. --pad is refused in one line, nothing written.
+    run = _cli("compile", str(tmp_path / "dq.onnx"), "--dim", "batch=1:2:4", "--pad", "batch", "--plan", "whole:ort",
+               "-o", str(tmp_path / "padded"))
+    assert run.returncode == 1 and run.stderr.strip().splitlines()[-1].startswith("collage: error: "), run.stderr
+    assert "--pad batch: rows are not independent along 'batch'" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "padded").exists()
 
 
 def test_held_out_samples_of_another_shape_than_the_program_are_one_line(digits, tmp_path):
