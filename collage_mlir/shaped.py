@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from collage_runtime.engines import Engines, usable_cores
-from collage_runtime.manifest import sha256_file, write_manifest
+from collage_runtime.manifest import ArtifactError, sha256_file, write_manifest
+from collage_runtime.rt_module import RegionFailure
 from collage_runtime.shaped import ShapedProgram, dynamic_runner
 from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, cut_to, dims_label, write_shape_table
 from collage_runtime.types import byte_dtype
@@ -118,9 +119,10 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         write_shape_table(stage, table)
         if translated is None:
             translated = fallback_model is not None and fallback_model.suffix != ".onnx"
-        if translated:  # checked on the staged artifact as it loads; not written where it disagrees
+        if fallback_model is not None:  # checked on the staged artifact as it loads; not written where it fails
             opt = {d.name: d.opt for d in dim_plan.dims}
-            check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]), source)
+            check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]), source,
+                           compare=translated)
         if dim_plan.pad:
             check_padding(stage, source)
         if check is not None:
@@ -280,12 +282,19 @@ def _dynamic_file(module: Callable[[], ir.Module], kind: Fallback, directory: Pa
     return target
 
 
-def check_fallback(root: Path, bucket: Bucket, where: str) -> None:
-    """The fallback of the shaped artifact at ``root`` against ``bucket``'s program, at the bucket's shape
-    on generated inputs (``measure.import_check.compare``'s tolerance; where the bucket's plan has regions on
-    a backend looser than that, a bf16 one, the plan's own: 10x its loosest region's, as a tune validates
-    plans); one CollageError naming ``where`` (the model) where an output differs."""
-    with ShapedProgram(root) as program:
+def check_fallback(root: Path, bucket: Bucket, where: str, compare: bool = True) -> None:
+    """The fallback of the shaped artifact at ``root`` run at ``bucket``'s shape on generated inputs: one
+    CollageError naming ``where`` (the model) where its engine cannot load or run the model (an ONNX IR
+    version newer than the engine's, say) or, with ``compare`` (a fallback translated from the model), where
+    an output differs from the bucket's program (``measure.import_check.compare``'s tolerance; where the
+    bucket's plan has regions on a backend looser than that, a bf16 one, the plan's own: 10x its loosest
+    region's, as a tune validates plans)."""
+    try:
+        program = ShapedProgram(root)
+    except ArtifactError as exc:
+        raise CollageError(f"the fallback engine cannot load the model: {str(exc).replace(f'{root}/', '')}",
+                           where=where) from None
+    with program:
         kind = program.table.fallback
         bucket_program = program.program(bucket)
         tolerances = [r.tolerance.rtol for r in bucket_program.manifest.regions]
@@ -293,8 +302,13 @@ def check_fallback(root: Path, bucket: Bucket, where: str) -> None:
             tolerances.append(get_backend(kind.value).tolerance.rtol)
         arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k))
                   for k, s in enumerate(bucket_program.signature("main").inputs)]
+        try:
+            got = [np.array(g) for g in program.invoke_fallback(*arrays)]
+        except (ArtifactError, RegionFailure) as exc:
+            raise CollageError(f"the {kind.value} fallback cannot run the model: {exc}", where=where) from None
+        if not compare:
+            return
         want = [np.array(w) for w in bucket_program.invoke("main", *arrays)]
-        got = [np.array(g) for g in program.invoke_fallback(*arrays)]
     check_agrees(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its shape", got,
                  want, where, plan_slack(tolerances))
 

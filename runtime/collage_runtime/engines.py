@@ -134,7 +134,9 @@ class Engines:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if sole else "0")
         opts.add_session_config_entry("session.force_spinning_stop", "1" if sole else "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        opts.log_severity_level = 3
+        # Fatal only: an error a run meets comes back as the exception the runtime reports in one line
+        # (RegionFailure); ORT's own logger would print it a second time.
+        opts.log_severity_level = 4
         return opts
 
     def openvino_core(self):

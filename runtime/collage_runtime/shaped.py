@@ -18,6 +18,7 @@ from .engines import Engines, iree_device, usable_cores
 from .manifest import ArtifactError
 from .package import is_package, unpack
 from .program import InputError, Program, close_at_exit, mapped_array
+from .rt_module import RegionFailure
 from .shapes import Bucket, Fallback, ShapeTable, bucket_for, cut_to, dims_label, load_shape_table, pad_to
 from .types import NumberFormat
 from .weights import WEIGHTS, WeightStore
@@ -53,7 +54,7 @@ class ShapedProgram:
             except Exception as exc:  # noqa: BLE001  ORT and OpenVINO raise their own types
                 self.close()
                 raise ArtifactError(f"{self.root / self.table.fallback.file}: {self.table.fallback.value} cannot load "
-                                    f"the fallback model ({' '.join(str(exc).split())[:200]})") from None
+                                    f"the fallback model (...{' '.join(str(exc).split())[-200:]})") from None  # ORT's reason comes last
         self._lock = threading.Lock()
 
     def program(self, bucket: Bucket) -> Program:
@@ -128,16 +129,25 @@ class ShapedProgram:
             grown = [pad_to(np.asarray(a), axes, bucket.values) for a, axes in zip(arrays, self.table.inputs)]
             outs = self._programs[bucket.path].invoke(name, *grown)
             return tuple(cut_to(o, axes, values) for o, axes in zip(outs, self.table.outputs))
-        with self._lock:  # one call at a time, as a Program's
-            return self._fallback(arrays)
+        return self._run_fallback(arrays)
 
     def invoke_fallback(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """The fallback engine on ``arrays`` whatever their shape (a bucket's too): to check it against a
         bucket. An ArtifactError where the artifact has none."""
         if self._fallback is None:
             raise ArtifactError(f"{self.root}: the artifact has no fallback engine")
+        return self._run_fallback(arrays)
+
+    def _run_fallback(self, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The fallback engine on ``arrays``, one call at a time (as a Program's); what the engine raises (an
+        index out of an embedding's range, say) is a RegionFailure naming it, as a region's error is."""
         with self._lock:
-            return self._fallback(arrays)
+            try:
+                return self._fallback(arrays)
+            except ArtifactError:
+                raise
+            except Exception as exc:  # noqa: BLE001  each engine raises its own types
+                raise RegionFailure("fallback", self.table.fallback.value, exc) from None
 
     def close(self) -> None:
         for p in self._programs.values():

@@ -111,6 +111,37 @@ def test_cli_run_refuses_a_shape_out_of_range_in_one_line(dynamic_cnn, tmp_path)
         collage_runtime.load(art)
 
 
+def test_an_engine_error_in_the_fallback_is_one_line(tmp_path, capsys):
+    """An embedding lookup with a dynamic batch: ids out of the table's range make the fallback engine (ONNX
+    Runtime) raise; `collage run` says so in one line naming the fallback (it was a traceback). A fallback
+    its engine cannot load (an ONNX IR version newer than ONNX Runtime's) is refused at compile time (it was
+    written, and failed at every call between buckets)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"])], "embed",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 99
+    onnx.save(model, tmp_path / "embed.onnx")
+    art = tmp_path / "art"
+    assert collage(["compile", str(tmp_path / "embed.onnx"), "--dim", "batch=1:1:4", "--bucket", "batch=1,4",
+                    "--fallback", "ort", "-o", str(art)]) == 1
+    assert "the fallback engine cannot load the model: fallback/model.onnx: ort cannot load" in capsys.readouterr().err
+    assert not art.exists()
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "embed.onnx")
+    assert collage(["compile", str(tmp_path / "embed.onnx"), "--dim", "batch=1:1:4", "--bucket", "batch=1,4",
+                    "--fallback", "ort", "-o", str(art)]) == 0
+    np.save(tmp_path / "ids.npy", np.array([0, 99], np.int64))
+    run = subprocess.run([sys.executable, "-m", "collage_mlir.tools.cli", "run", str(art), "--input",
+                          str(tmp_path / "ids.npy")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert "region 'fallback' (ort) failed: " in run.stderr and "idx=99" in run.stderr
+
+
 def test_dynamic_onnx_needs_its_dims_declared_or_an_input(dynamic_cnn, tmp_path, capsys):
     assert collage(["compile", str(dynamic_cnn), "-o", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
