@@ -246,13 +246,35 @@ def program_on_held_out(f32: str | Path, held: HeldOut, program) -> Agreement:
     (``across_batches``)."""
     samples = held_out_samples(f32, held)
     table = getattr(program, "table", None)  # a shape-bucket artifact: every way it serves a batch
-    feeds = samples if table is None else across_batches(samples, table)
+    if table is not None:
+        feeds = across_batches(samples, table)
+    else:
+        signature = program.signature("main")
+        feeds = list(samples) if signature is None else regrouped(samples, signature.inputs)
     try:
         return program_agreement(f32, lambda f: program.invoke("main", *f.values())[0], feeds)
     except InputError as exc:  # a program specialised to another shape (--input) than the samples'
         raise CollageError(f"the held-out samples do not fit the compiled program ({exc}): give samples of the "
                            "shape it is compiled for, or declare the dynamic dims with --dim", where=str(held.data),
                            exit_code=2) from None
+
+
+def regrouped(samples: Sequence[Mapping[str, np.ndarray]], specs: Sequence) -> list[dict[str, np.ndarray]]:
+    """``samples`` stacked along the leading axis into feeds of a static program's own leading size, where
+    every input differs from the program's (``specs``: its ``TensorSpec`` inputs) there alone (samples of one
+    image, a program compiled for an ``--input`` batch of 8); the rows past the last whole feed are dropped.
+    As they are otherwise, or where they fill no feed (then the program check says they do not fit)."""
+    if not samples or len(specs) != len(samples[0]) or any(s is None or not s.shape for s in specs):
+        return list(samples)
+    size = specs[0].shape[0]
+    arrays = list(samples[0].values())
+    if size is None or any(s.shape[0] != size for s in specs) or not all(
+            a.ndim == len(s.shape) and a.shape[1:] == tuple(s.shape[1:]) and a.shape[0] != size
+            for a, s in zip(arrays, specs)):
+        return list(samples)
+    rows = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+    total = len(next(iter(rows.values())))
+    return [{k: v[i:i + size] for k, v in rows.items()} for i in range(0, total - size + 1, size)] or list(samples)
 
 
 def across_batches(samples: Sequence[Mapping[str, np.ndarray]], table: ShapeTable) -> list[dict[str, np.ndarray]]:

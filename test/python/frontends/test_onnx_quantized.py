@@ -292,17 +292,24 @@ def test_a_dynamic_batch_int8_model_compiled_for_an_example_goes_to_an_int8_engi
     assert not (tmp_path / "padded").exists()
 
 
-def test_held_out_samples_of_another_shape_than_the_program_are_one_line(digits, tmp_path):
-    """A model with a dynamic batch compiled for the --input's batch of 3, calibrated on samples of one image: the
-    program check cannot run them (it was a traceback), so one line says so, and nothing is written."""
+def test_held_out_samples_of_one_image_check_a_program_compiled_for_a_batch(digits, tmp_path):
+    """A model with a dynamic batch compiled for the --input's batch of 3, calibrated on samples of one image:
+    the program check stacks the held-out samples into batches of 3 (it refused them, after a whole tune in
+    `collage tune`). A batch larger than all held-out samples together cannot be checked: one line (it was a
+    traceback), and nothing is written."""
     root, x, _, calibration = digits
     np.save(tmp_path / "calib.npy", calibration)
     np.save(tmp_path / "x.npy", x[:3])
     r = _cli("compile", str(root / "dynamic.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "calib.npy"),
              "--input", str(tmp_path / "x.npy"), "--plan", "whole:ort", "-o", str(tmp_path / "art"))
+    assert r.returncode == 0, r.stderr
+    assert "the program against f32 on 63 held-out samples: top class changed on" in " ".join(r.stderr.split())
+    np.save(tmp_path / "x.npy", x[:100])  # 64 samples held out
+    r = _cli("compile", str(root / "dynamic.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "calib.npy"),
+             "--input", str(tmp_path / "x.npy"), "--plan", "whole:ort", "-o", str(tmp_path / "big"))
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("collage: error: ")
     assert "Traceback" not in r.stderr and "the held-out samples do not fit the compiled program" in r.stderr
-    assert not (tmp_path / "art").exists()
+    assert not (tmp_path / "big").exists()
 
 
 def test_a_missing_model_with_precision_int8_is_one_line(tmp_path):
