@@ -11,7 +11,14 @@ interleaved in one run, checked against PyTorch eager (`jax.jit` for JAX models)
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
+
+#: The pause before each contender's slice of interleaved timing: ONNX Runtime's default session (a user's)
+#: spins its idle workers for ~35 ms after its last call, so whichever contender was timed next ran beside it on
+#: 2 cores: a 4-layer BERT through two ORT sessions without spinning, interleaved with ORT's default session
+#: in 50 ms slices, measured 9.0-9.3 ms per call without this pause and 8.3-8.6 with it (2026-11-29, Zen 5).
+SETTLE_S = 0.05
 
 
 def round_order(labels: Sequence[str], r: int) -> list[str]:
@@ -21,3 +28,8 @@ def round_order(labels: Sequence[str], r: int) -> list[str]:
     BERT-base program timed right after Inductor's f32 BERT each round measured 1.085x the same program timed
     after another, 2026-11-29)."""
     return random.Random(r).sample(list(labels), len(labels))
+
+
+def settle() -> None:
+    """Waits ``SETTLE_S`` so the previous contender's threads are idle before the next one is timed."""
+    time.sleep(SETTLE_S)

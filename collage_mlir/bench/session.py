@@ -20,7 +20,7 @@ from ..errors import CollageError
 from ..measure.tasks import load_arrays
 from ..measure.validate import compare
 from ..measure.worker import Worker
-from . import round_order
+from . import round_order, settle
 from .contenders import COLLAGE, CONTENDERS, REFERENCES
 
 TASKS = "collage_mlir.bench.tasks"
@@ -190,7 +190,7 @@ def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict
                       options: BenchOptions, model: str, log: Callable[[str], None]
                       ) -> tuple[dict[str, list[float]], tuple[float, float], str]:
     """Warm-up, then rounds of one slice per contender, in an order shuffled each round (``round_order``),
-    until the time is spent.
+    each after a pause that lets the previous one's threads go idle (``settle``), until the time is spent.
     Returns seconds per call of each contender, the 1-minute load average before and after, and when
     the timing started."""
     samples: dict[str, list[float]] = {n: [] for n in live}
@@ -212,6 +212,7 @@ def _time_interleaved(live: list[str], workers: dict[str, Worker], results: dict
     start = time.perf_counter()
     for r in range(rounds):
         for n in round_order(live, r):
+            settle()
             samples[n] += take(n, options.slice_s, 1)
         if r + 1 >= options.min_rounds and time.perf_counter() - start > 3 * options.seconds:
             break  # slow contenders (one call longer than a slice) stretch rounds: keep the run bounded

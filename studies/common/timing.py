@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 
-from collage_mlir.bench import round_order
+from collage_mlir.bench import round_order, settle
 
 
 def interleaved_ms(runners: Mapping[str, Callable[[], object]], rounds: int, min_time: float = 0.2,
@@ -22,6 +22,7 @@ def interleaved_ms(runners: Mapping[str, Callable[[], object]], rounds: int, min
     for r in range(rounds):
         for label in round_order(runners, r):
             fn = runners[label]
+            settle()
             n, start = 0, time.perf_counter()
             while True:
                 fn()
