@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Iterable, Iterator
 
 import networkx as nx
+from collage_runtime.types import TensorSpec
 
 from .dialects import collage
 from .dialects.stablehlo import fold_identity_ops, fold_splat_math, split_complex_constants
@@ -41,6 +42,18 @@ def public_funcs(module: ir.Module | ir.Operation) -> Iterator[ir.Operation]:
     for op in module_block(module).operations:
         if collage.is_public_func(op):
             yield op.operation
+
+
+def main_inputs(module: ir.Module) -> list[TensorSpec | None]:
+    """The @main function's arguments as the compiled program's signature states them (None: not a ranked
+    tensor); empty where the module has no public @main."""
+    func = next((f for f in public_funcs(module) if collage.symbol_name(f) == "main"), None)
+    if func is None:
+        return []
+    types = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs
+    return [TensorSpec(tuple(None if ir.RankedTensorType(t).is_dynamic_dim(a) else ir.RankedTensorType(t).shape[a]
+                             for a in range(ir.RankedTensorType(t).rank)), str(ir.RankedTensorType(t).element_type))
+            if isinstance(t, ir.RankedTensorType) else None for t in types]
 
 
 def body_ops(func: ir.Operation) -> Iterator[ir.Operation]:

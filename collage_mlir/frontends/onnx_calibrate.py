@@ -250,13 +250,36 @@ def program_on_held_out(f32: str | Path, held: HeldOut, program) -> Agreement:
         feeds = across_batches(samples, table)
     else:
         signature = program.signature("main")
-        feeds = list(samples) if signature is None else regrouped(samples, signature.inputs)
+        feeds = list(samples) if signature is None else fitted(samples, signature.inputs, held)
     try:
         return program_agreement(f32, lambda f: program.invoke("main", *f.values())[0], feeds)
     except InputError as exc:  # a program specialised to another shape (--input) than the samples'
         raise CollageError(f"the held-out samples do not fit the compiled program ({exc}): give samples of the "
                            "shape it is compiled for, or declare the dynamic dims with --dim", where=str(held.data),
                            exit_code=2) from None
+
+
+def held_out_fits(f32: str | Path, held: HeldOut, specs: Sequence) -> None:
+    """That ``held``'s samples fit a static program whose inputs are ``specs`` (``fitted``): checked before a
+    tune spends its budget, not after it."""
+    fitted(held_out_samples(f32, held), specs, held)
+
+
+def fitted(samples: Sequence[Mapping[str, np.ndarray]], specs: Sequence, held: HeldOut) -> list[dict[str, np.ndarray]]:
+    """``samples`` as feeds of a static program whose inputs are ``specs`` (``regrouped``); one CollageError
+    line where they do not fit it."""
+    feeds = regrouped(samples, specs)
+    for feed in feeds:
+        arrays = [np.asarray(a) for a in feed.values()]
+        bad = next((f"input {k}: expected {s}, got {a.dtype}{list(a.shape)}" for k, (s, a) in enumerate(zip(specs, arrays))
+                    if s is not None and not s.accepts(a)), None)
+        if len(arrays) != len(specs):
+            bad = f"it takes {len(specs)} inputs, the samples hold {len(arrays)}"
+        if bad is not None:
+            raise CollageError(f"the held-out samples do not fit the compiled program ({bad}): give samples of the "
+                               "shape it is compiled for, or declare the dynamic dims with --dim",
+                               where=str(held.data), exit_code=2)
+    return feeds
 
 
 def regrouped(samples: Sequence[Mapping[str, np.ndarray]], specs: Sequence) -> list[dict[str, np.ndarray]]:

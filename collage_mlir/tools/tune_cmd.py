@@ -19,8 +19,9 @@ from collage_runtime.types import NumberFormat, Platform
 
 from ..errors import CollageError
 from ..frontends.dims import argument_axes, dynamic_dims, inputs_values, read_onnx_axes, resized
-from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, HeldOut, named_samples, program_on_held_out,
-                                        quantize_onnx)
+from ..frontends.onnx_calibrate import (Calibration, CalibrationMethod, HeldOut, held_out_fits, named_samples,
+                                        program_on_held_out, quantize_onnx)
+from ..graph import main_inputs
 from . import backend_names, load_input_arrays, positive_int
 from .dims_args import dim_plan_of
 
@@ -383,6 +384,8 @@ def _tune_one(args: argparse.Namespace, module, inputs: list, backends: list, bu
                           reuse=not args.search_again, platform=platform, cluster=args.cluster, started=started,
                           float_regions=not args.keep_quantized, carried=carried)
 
+    if held is not None and Path(args.model).suffix == ".onnx":  # samples that cannot be checked: before the search
+        held_out_fits(args.model, held, main_inputs(module))
     result, checked = search(backends), None
     if held is not None and not result.interrupted:
         result, agreement = _within_max_drop(args, result, pristine, held, backends, search)

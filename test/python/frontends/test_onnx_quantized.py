@@ -310,6 +310,13 @@ def test_held_out_samples_of_one_image_check_a_program_compiled_for_a_batch(digi
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("collage: error: ")
     assert "Traceback" not in r.stderr and "the held-out samples do not fit the compiled program" in r.stderr
     assert not (tmp_path / "big").exists()
+    # A tune finds out before its search (it found out after spending its budget)
+    r = _cli("tune", str(root / "dynamic.onnx"), "--precision", "int8", "--calibrate", str(tmp_path / "calib.npy"),
+             "--input", str(tmp_path / "x.npy"), "--budget", "600", "--db", str(tmp_path / "db.sqlite"),
+             "-o", str(tmp_path / "plan.json"))
+    assert r.returncode == 2 and "the held-out samples do not fit the compiled program (input 0: expected " \
+        "tensor<100x1x8x8xf32>" in " ".join(r.stderr.split()), r.stderr
+    assert "finalists" not in r.stderr and not (tmp_path / "plan.json").exists()
 
 
 def test_a_missing_model_with_precision_int8_is_one_line(tmp_path):
