@@ -29,7 +29,7 @@ from .frontends import stablehlo
 from .frontends.jax import import_jax
 from .ir import new_context
 from .measure.import_check import check_import as check, jax_source
-from .shaped import check_rows_independent, fastest_dynamic, output_axes, plan_slack
+from .shaped import batch_like, check_padding_exact, fastest_dynamic, output_axes, plan_slack
 
 
 class CompiledFunction:
@@ -149,11 +149,15 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
                     state["check"] = (grown, [np.array(r) for r in results], dims_label(bucket),
                                       plan_slack([r.tolerance.rtol for r in regions]))
             state["outputs"] = output_axes(plan_of_dims, plan_of_dims.grid(), shapes)
+            def flat(xs):
+                return jax.tree_util.tree_leaves(signature_call(xs, tree))
+
             for dim in (d for d in plan_of_dims.dims if d.name in plan_of_dims.pad):
                 top = max(plan_of_dims.grid(), key=lambda b: b[dim.name])
-                check_rows_independent(lambda xs: jax.tree_util.tree_leaves(signature_call(xs, tree)),
-                                       [_resize(a, names, top) for a, names in zip(leaves, axes)], axes,
-                                       state["outputs"], top, dim.name, dim.min, "jit")
+                small = {**top, dim.name: dim.min}  # MIN is a value of every grid: compiled
+                check_padding_exact(flat, None if batch_like(axes, dim.name) else flat,
+                                    [_resize(a, names, top) for a, names in zip(leaves, axes)], axes,
+                                    state["outputs"], top, small, dim.name, "jit")
             if plan_of_dims.unserved(fallback=False) is not None:
                 source = exported if exported is not None else _exported(fn, leaves, tree, axes)
                 if source is not None:

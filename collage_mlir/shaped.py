@@ -26,7 +26,8 @@ from collage_runtime.engines import Engines, usable_cores
 from collage_runtime.manifest import ArtifactError, sha256_file, write_manifest
 from collage_runtime.rt_module import RegionFailure
 from collage_runtime.shaped import ShapedProgram, dynamic_runner
-from collage_runtime.shapes import Axes, Bucket, Fallback, ShapeTable, cut_to, dims_label, write_shape_table
+from collage_runtime.shapes import (Axes, Bucket, Fallback, ShapeTable, cut_to, dims_label, pad_to,
+                                    write_shape_table)
 from collage_runtime.types import byte_dtype
 from collage_runtime.weights import WEIGHTS, WeightWriter
 
@@ -314,41 +315,69 @@ def check_fallback(root: Path, bucket: Bucket, where: str, compare: bool = True)
 
 
 def check_padding(root: Path, where: str) -> None:
-    """Each padded dim of the shaped artifact at ``root`` checked to index independent rows
-    (``check_rows_independent``) on its largest bucket's program, on generated inputs."""
+    """Each padded dim of the shaped artifact at ``root`` checked to pad exactly (``check_padding_exact``) on
+    generated inputs: from the smallest to the largest of two buckets that differ in that dim alone (else
+    from the dim's MIN within the largest bucket). A dim that leads every input carrying it is a batch: its
+    rows must be independent; another (a sequence) may instead be padded neutrally (``batch_like``)."""
     with ShapedProgram(root) as program:
         table = program.table
         for dim in (d for d in table.dims if d.name in table.pad):
-            bucket = max(table.buckets, key=lambda b: b.values[dim.name])
-            run = program.program(bucket)
-            specs = run.signature("main").inputs
+            pairs = [(a, b) for a, b in itertools.permutations(table.buckets, 2) if a.values[dim.name] <
+                     b.values[dim.name] and all(a.values[n] == b.values[n] for n in a.values if n != dim.name)]
+            small, big = min(pairs, key=lambda p: (p[0].values[dim.name], -p[1].values[dim.name]), default=(
+                None, max(table.buckets, key=lambda b: b.values[dim.name])))
+            programs = [program.program(b) for b in (small, big) if b is not None]
+            tolerances = [r.tolerance.rtol for p in programs for r in p.manifest.regions]
+            specs = programs[-1].signature("main").inputs
             arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k)) for k, s in enumerate(specs)]
-            check_rows_independent(lambda xs: run.invoke("main", *xs), arrays, table.inputs, table.outputs,
-                                   bucket.values, dim.name, dim.min, where)
+            check_padding_exact(lambda xs: programs[-1].invoke("main", *xs),
+                                None if small is None or batch_like(table.inputs, dim.name)
+                                else lambda xs: programs[0].invoke("main", *xs),
+                                arrays, table.inputs, table.outputs, big.values,
+                                {**big.values, dim.name: dim.min if small is None else small.values[dim.name]},
+                                dim.name, where, plan_slack(tolerances))
 
 
-def check_rows_independent(run: Callable[[list], Sequence], arrays: list, inputs: Axes, outputs: Axes,
-                           values: Mapping[str, int], name: str, first: int, where: str) -> None:
-    """That padding along dim ``name`` is exact, as ``--pad`` claims: ``run`` (a program at the shape
-    ``values``) on ``arrays``, then on the same arrays with the rows from ``first`` on along ``name`` replaced
-    by others; the first rows' results must not change (the same program at the same shape: ``compare``'s f32
-    tolerance). One CollageError naming the dim where they do: a statistic over it (dynamic quantization's
-    scale of a whole tensor, a batch norm in training mode, a sum over the batch) makes a zero-padded call
-    differ from the unpadded one."""
+def batch_like(inputs: Axes, name: str) -> bool:
+    """Whether dim ``name`` is the leading axis of every input that carries it (a batch: padding it is exact
+    only where its rows are independent; a sequence, padded under an attention mask, need not be)."""
+    return all(axes and axes[0] == name for axes in inputs if name in axes)
+
+
+def check_padding_exact(run: Callable[[list], Sequence], run_small: Callable[[list], Sequence] | None, arrays: list,
+                        inputs: Axes, outputs: Axes, values: Mapping[str, int], small: Mapping[str, int], name: str,
+                        where: str, slack: float = 0.0) -> None:
+    """That padding along dim ``name`` is exact, as ``--pad`` claims, in one of two ways: ``run`` (a program at
+    the shape ``values``) gives the first rows (up to ``small``'s value of the dim) the same results when the
+    rows after them are replaced by others (rows independent: a batch; the same program at the same shape, so
+    ``compare``'s f32 tolerance); or, where that fails and ``run_small`` runs the shape ``small``, ``run`` on
+    those first rows zero-padded gives what ``run_small`` gives on them (padding neutral: a sequence whose
+    padded positions an attention mask of 0 hides; two programs, so ``slack`` of each output's scale beyond
+    f32's as well; not asked of a batch, ``batch_like``: on generated inputs a statistic's zero-padded rows may
+    stay within the real rows' range and pass, where real data would not). One CollageError naming the dim where neither holds: a statistic over it (dynamic
+    quantization's int8 scale of a whole tensor, a mean over the batch) makes a padded call differ."""
+    first = small[name]
     if first >= values[name]:
         return
     others = [generated_array(np.shape(a), np.asarray(a).dtype, np.random.default_rng(len(arrays) + k))
               for k, a in enumerate(arrays)]
     mixed = [np.where(_rows_past(np.shape(a), axes, name, first), o, a) for a, o, axes in zip(arrays, others, inputs)]
-    keep = {**values, name: first}
 
     def cut(results):
-        return [np.array(cut_to(np.asarray(r), axes, keep)) for r, axes in zip(results, outputs)]
+        return [np.array(cut_to(np.asarray(r), axes, small)) for r, axes in zip(results, outputs)]
 
-    check_agrees(f"--pad {name}: rows are not independent along '{name}' (the first {first} change with the rows "
-                 f"after them at {dims_label(values)}: a statistic over the dim, such as dynamic quantization's "
-                 f"scale); padding would change the results, drop --pad {name}", cut(run(mixed)), cut(run(arrays)),
-                 where)
+    what = f"--pad {name}: padding changes the results (at {dims_label(values)} the first {first} rows along " \
+           f"'{name}' change with the rows after them"
+    why = f": a statistic over the dim, such as dynamic quantization's scale; drop --pad {name})"
+    try:
+        check_agrees(what + (why if run_small is None else ")"), cut(run(mixed)), cut(run(arrays)), where)
+    except CollageError:
+        if run_small is None:
+            raise
+        rows = [np.array(cut_to(a, axes, small)) for a, axes in zip(arrays, inputs)]
+        check_agrees(f"{what}, and zero-padded from {dims_label(small)} they differ from that shape's own{why}",
+                     cut(run([pad_to(a, axes, values) for a, axes in zip(rows, inputs)])),
+                     [np.asarray(r) for r in run_small(rows)], where, slack)
 
 
 def _rows_past(shape: tuple[int, ...], axes: tuple[str | None, ...], name: str, first: int) -> np.ndarray:

@@ -245,8 +245,34 @@ def test_jax_jit_declared_range_pads_between_buckets():
         run(np.zeros((3, 8), np.float32), np.zeros((8, 5), np.float32))
     # a statistic over the batch: padding would change every row, so pad is refused at the first call
     centred = collage_mlir.jax.jit(lambda x: x - x.mean(axis=0), dims={"0.0": (1, 2, 4)}, pad=["0.0"])
-    with pytest.raises(CollageError, match=r"--pad 0.0: rows are not independent along '0.0'"):
+    with pytest.raises(CollageError, match=r"--pad 0.0: padding changes the results"):
         centred(np.ones((3, 8), np.float32))
+
+
+def test_jax_jit_pads_a_masked_sequence_but_not_a_plain_mean_over_it():
+    """A sequence is paddable where zero padding is neutral (a mean under a mask of 0 past the real length),
+    though its positions are not independent; a plain mean over it is refused at the first call."""
+    import jax
+    import jax.numpy as jnp
+
+    import collage_mlir.jax
+    from collage_mlir.errors import CollageError
+
+    (s,) = jax.export.symbolic_shape("s")
+    specs = (jax.ShapeDtypeStruct((2, s, 4), np.float32), jax.ShapeDtypeStruct((2, s), np.float32))
+
+    def masked(x, mask):
+        return (x * mask[..., None]).sum(1) / jnp.maximum(mask.sum(1, keepdims=True), 1.0)
+
+    run = collage_mlir.jax.jit(jax.export.export(jax.jit(masked))(*specs), dims={"s": (2, 4, 8)}, pad=["s"])
+    rng = np.random.default_rng(0)
+    x, mask = rng.standard_normal((2, 3, 4)).astype(np.float32), np.ones((2, 3), np.float32)
+    mask[1, 2] = 0
+    np.testing.assert_allclose(run(x, mask), masked(x, mask), rtol=1e-5, atol=1e-6)
+    plain = jax.export.export(jax.jit(lambda x, mask: x.mean(1) + mask.sum()))(*specs)
+    with pytest.raises(CollageError, match=r"--pad s: padding changes the results .* and zero-padded from "
+                                           r"s=2 they differ from that shape's own"):
+        collage_mlir.jax.jit(plain, dims={"s": (2, 4, 8)}, pad=["s"])(x, mask)
 
 
 def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypatch):
