@@ -44,13 +44,22 @@ def public_funcs(module: ir.Module | ir.Operation) -> Iterator[ir.Operation]:
             yield op.operation
 
 
+def main_func(module: ir.Module | ir.Operation) -> ir.Operation | None:
+    """The module's public @main function; None where it has none."""
+    return next((f for f in public_funcs(module) if collage.symbol_name(f) == "main"), None)
+
+
+def main_type(module: ir.Module) -> ir.FunctionType | None:
+    """The type of the module's public @main function; None where it has none."""
+    func = main_func(module)
+    return None if func is None else ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+
+
 def main_inputs(module: ir.Module) -> list[TensorSpec | None]:
     """The @main function's arguments as the compiled program's signature states them (None: not a ranked
     tensor); empty where the module has no public @main."""
-    func = next((f for f in public_funcs(module) if collage.symbol_name(f) == "main"), None)
-    if func is None:
-        return []
-    types = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs
+    func_type = main_type(module)
+    types = [] if func_type is None else func_type.inputs
     return [TensorSpec(tuple(None if ir.RankedTensorType(t).is_dynamic_dim(a) else ir.RankedTensorType(t).shape[a]
                              for a in range(ir.RankedTensorType(t).rank)), str(ir.RankedTensorType(t).element_type))
             if isinstance(t, ir.RankedTensorType) else None for t in types]

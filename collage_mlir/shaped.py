@@ -41,7 +41,7 @@ from .frontends import refine
 from .frontends.dims import (PYTHON, DimPlan, check_declared, input_values, read_onnx_axes, specialise_onnx,
                               workdir)
 from .frontends.onnx_calibrate import openvino_ready
-from .graph import Graph, number_ops, public_funcs
+from .graph import Graph, main_func, main_type, number_ops
 from .ir import ir, load_module, new_context
 from .measure.import_check import FLOAT_TOLERANCE, compare, load_checked
 from .measure.reference import generated_array
@@ -188,7 +188,7 @@ def dynamic_onnx(module: ir.Module, where: str):
     then ``onnx.translate(dynamic=True)``): ONNX Runtime and OpenVINO run it between buckets. One
     CollageError naming the first op the translation does not take."""
     ready = refine.prepared(module, where=where)
-    main = next((f for f in public_funcs(ready) if collage.symbol_name(f) == "main"), None)
+    main = main_func(ready)
     if main is None:
         raise CollageError("the module has no @main function", where=where)
     return translate(main, dynamic=True)
@@ -613,8 +613,7 @@ def _example_inputs(model: Path, inputs: Axes, values: Mapping[str, int]) -> lis
                   [d.dim_value for d in t.type.tensor_type.shape.dim])
                  for t in proto.graph.input if t.name not in constants]
     else:
-        main = next(f for f in public_funcs(load_module(model, new_context())) if collage.symbol_name(f) == "main")
-        types = map(ir.RankedTensorType, ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs)
+        types = map(ir.RankedTensorType, main_type(load_module(model, new_context())).inputs)
         specs = [(byte_dtype(str(t.element_type)), [None if t.is_dynamic_dim(a) else t.get_dim_size(a)
                                                     for a in range(t.rank)]) for t in types]
     return [generated_array([values[n] if n is not None else size for n, size in zip(axes, shape)], dtype,
@@ -629,21 +628,16 @@ def _between(dim, buckets: Sequence[int]) -> int:
     return lo + width // 2 if width > 1 else dim.opt
 
 
-def _main_type(module: ir.Module) -> ir.FunctionType:
-    func = next(f for f in public_funcs(module) if collage.symbol_name(f) == "main")
-    return ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-
-
 def _shapes(types) -> list[tuple[int, ...]]:
     return [tuple(ir.RankedTensorType(t).shape) if isinstance(t, ir.RankedTensorType) else () for t in types]
 
 
 def _result_shapes(module: ir.Module) -> list[tuple[int, ...]]:
-    return _shapes(_main_type(module).results)
+    return _shapes(main_type(module).results)
 
 
 def _argument_shapes(module: ir.Module) -> list[tuple[int, ...]]:
-    return _shapes(_main_type(module).inputs)
+    return _shapes(main_type(module).inputs)
 
 
 def _digest(values: Mapping[str, int]) -> str:
