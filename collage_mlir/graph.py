@@ -60,9 +60,9 @@ def main_inputs(module: ir.Module) -> list[TensorSpec | None]:
     tensor); empty where the module has no public @main."""
     func_type = main_type(module)
     types = [] if func_type is None else func_type.inputs
-    return [TensorSpec(tuple(None if ir.RankedTensorType(t).is_dynamic_dim(a) else ir.RankedTensorType(t).shape[a]
-                             for a in range(ir.RankedTensorType(t).rank)), str(ir.RankedTensorType(t).element_type))
-            if isinstance(t, ir.RankedTensorType) else None for t in types]
+    ranked = [ir.RankedTensorType(t) if isinstance(t, ir.RankedTensorType) else None for t in types]
+    return [None if t is None else TensorSpec(tuple(None if t.is_dynamic_dim(a) else t.shape[a] for a in range(t.rank)),
+                                              str(t.element_type)) for t in ranked]
 
 
 def body_ops(func: ir.Operation) -> Iterator[ir.Operation]:

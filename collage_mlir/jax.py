@@ -198,11 +198,9 @@ def _exported(fn: Callable, leaves: list, tree, axes: Axes):
 def _fixed(exported, leaves: list, axes: Axes) -> list[tuple[np.dtype, tuple]]:
     """Each flattened argument's dtype and shape, None on a declared dim's axis: an ``Exported``'s own
     signature, else the first call's arrays (a declared range compiles once, so every other axis is fixed)."""
-    if exported is not None:
-        return [(np.dtype(aval.dtype), tuple(None if n is not None else d for d, n in zip(aval.shape, names)))
-                for aval, names in zip(exported.in_avals, axes)]
-    return [(a.dtype, tuple(None if n is not None else d for d, n in zip(a.shape, names)))
-            for a, names in zip(leaves, axes)]
+    given = exported.in_avals if exported is not None else leaves  # each has a dtype and a shape
+    return [(np.dtype(a.dtype), tuple(None if n is not None else d for d, n in zip(a.shape, names)))
+            for a, names in zip(given, axes)]
 
 
 def _check_fixed(fixed: list[tuple[np.dtype, tuple]], leaves: list) -> None:

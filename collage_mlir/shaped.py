@@ -120,12 +120,14 @@ def compile_shaped(dim_plan: DimPlan, inputs: Axes, bucket_model: Callable[[dict
         write_shape_table(stage, table)
         if translated is None:
             translated = fallback_model is not None and fallback_model.suffix != ".onnx"
-        if fallback_model is not None:  # checked on the staged artifact as it loads; not written where it fails
-            opt = {d.name: d.opt for d in dim_plan.dims}
-            check_fallback(stage, next((b for b in buckets if dict(b.values) == opt), buckets[0]), source,
-                           compare=translated)
-        if dim_plan.pad:
-            check_padding(stage, source)
+        if fallback_model is not None or dim_plan.pad:  # on the staged artifact, loaded once; not written if it fails
+            with _staged_program(stage, source) as program:
+                if fallback_model is not None:
+                    opt = {d.name: d.opt for d in dim_plan.dims}
+                    check_fallback(program, next((b for b in buckets if dict(b.values) == opt), buckets[0]), source,
+                                   compare=translated)
+                if dim_plan.pad:
+                    check_padding(program, source)
         if check is not None:
             check(stage)
     return ShapedResult(out, table, tuple(results))
@@ -283,59 +285,63 @@ def _dynamic_file(module: Callable[[], ir.Module], kind: Fallback, directory: Pa
     return target
 
 
-def check_fallback(root: Path, bucket: Bucket, where: str, compare: bool = True) -> None:
-    """The fallback of the shaped artifact at ``root`` run at ``bucket``'s shape on generated inputs: one
+def _staged_program(root: Path, where: str) -> ShapedProgram:
+    """The staged shaped artifact at ``root``, loaded; one CollageError naming ``where`` (the model) where the
+    fallback's engine cannot load its model (an ONNX IR version newer than the engine's, say)."""
+    try:
+        return ShapedProgram(root)
+    except ArtifactError as exc:
+        raise CollageError(f"the fallback engine cannot load the model: {str(exc).replace(f'{root}/', '')}",
+                           where=where) from None
+
+
+def check_fallback(program: ShapedProgram, bucket: Bucket, where: str, compare: bool = True) -> None:
+    """The fallback of the loaded shaped artifact ``program`` run at ``bucket``'s shape on generated inputs: one
     CollageError naming ``where`` (the model) where its engine cannot load or run the model (an ONNX IR
     version newer than the engine's, say) or, with ``compare`` (a fallback translated from the model), where
     an output differs from the bucket's program (``measure.import_check.compare``'s tolerance; where the
     bucket's plan has regions on a backend looser than that, a bf16 one, the plan's own: 10x its loosest
     region's, as a tune validates plans)."""
+    kind = program.table.fallback
+    bucket_program = program.program(bucket)
+    tolerances = [r.tolerance.rtol for r in bucket_program.manifest.regions]
+    if kind is Fallback.OPENVINO_BF16:
+        tolerances.append(get_backend(kind.value).tolerance.rtol)
+    arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k))
+              for k, s in enumerate(bucket_program.signature("main").inputs)]
     try:
-        program = ShapedProgram(root)
-    except ArtifactError as exc:
-        raise CollageError(f"the fallback engine cannot load the model: {str(exc).replace(f'{root}/', '')}",
-                           where=where) from None
-    with program:
-        kind = program.table.fallback
-        bucket_program = program.program(bucket)
-        tolerances = [r.tolerance.rtol for r in bucket_program.manifest.regions]
-        if kind is Fallback.OPENVINO_BF16:
-            tolerances.append(get_backend(kind.value).tolerance.rtol)
-        arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k))
-                  for k, s in enumerate(bucket_program.signature("main").inputs)]
-        try:
-            got = [np.array(g) for g in program.invoke_fallback(*arrays)]
-        except (ArtifactError, RegionFailure) as exc:
-            raise CollageError(f"the {kind.value} fallback cannot run the model: {exc}", where=where) from None
-        if not compare:
-            return
-        want = [np.array(w) for w in bucket_program.invoke("main", *arrays)]
+        got = [np.array(g) for g in program.invoke_fallback(*arrays)]
+    except (ArtifactError, RegionFailure) as exc:
+        raise CollageError(f"the {kind.value} fallback cannot run the model: {exc}", where=where) from None
+    if not compare:
+        return
+    want = [np.array(w) for w in bucket_program.invoke("main", *arrays)]
     check_agrees(f"the {kind.value} fallback disagrees with bucket {dims_label(bucket.values)} at its shape", got,
                  want, where, plan_slack(tolerances))
 
 
-def check_padding(root: Path, where: str) -> None:
-    """Each padded dim of the shaped artifact at ``root`` checked to pad exactly (``check_padding_exact``) on
-    generated inputs: from the smallest to the largest of two buckets that differ in that dim alone (else
-    from the dim's MIN within the largest bucket). A dim that leads every input carrying it is a batch: its
-    rows must be independent; another (a sequence) may instead be padded neutrally (``batch_like``)."""
-    with ShapedProgram(root) as program:
-        table = program.table
-        for dim in (d for d in table.dims if d.name in table.pad):
-            pairs = [(a, b) for a, b in itertools.permutations(table.buckets, 2) if a.values[dim.name] <
-                     b.values[dim.name] and all(a.values[n] == b.values[n] for n in a.values if n != dim.name)]
-            small, big = min(pairs, key=lambda p: (p[0].values[dim.name], -p[1].values[dim.name]), default=(
-                None, max(table.buckets, key=lambda b: b.values[dim.name])))
-            programs = [program.program(b) for b in (small, big) if b is not None]
-            tolerances = [r.tolerance.rtol for p in programs for r in p.manifest.regions]
-            specs = programs[-1].signature("main").inputs
-            arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k)) for k, s in enumerate(specs)]
-            check_padding_exact(lambda xs: programs[-1].invoke("main", *xs),
-                                None if small is None or batch_like(table.inputs, dim.name)
-                                else lambda xs: programs[0].invoke("main", *xs),
-                                arrays, table.inputs, table.outputs, big.values,
-                                {**big.values, dim.name: dim.min if small is None else small.values[dim.name]},
-                                dim.name, where, plan_slack(tolerances))
+def check_padding(program: ShapedProgram, where: str) -> None:
+    """Each padded dim of the loaded shaped artifact ``program`` checked to pad exactly
+    (``check_padding_exact``) on generated inputs: from the smallest to the largest of two buckets that differ
+    in that dim alone (else from the dim's MIN within the largest bucket). A dim that leads every input
+    carrying it is a batch: its rows must be independent; another (a sequence) may instead be padded
+    neutrally (``batch_like``)."""
+    table = program.table
+    for dim in (d for d in table.dims if d.name in table.pad):
+        pairs = [(a, b) for a, b in itertools.permutations(table.buckets, 2) if a.values[dim.name] <
+                 b.values[dim.name] and all(a.values[n] == b.values[n] for n in a.values if n != dim.name)]
+        small, big = min(pairs, key=lambda p: (p[0].values[dim.name], -p[1].values[dim.name]), default=(
+            None, max(table.buckets, key=lambda b: b.values[dim.name])))
+        programs = [program.program(b) for b in (small, big) if b is not None]
+        tolerances = [r.tolerance.rtol for p in programs for r in p.manifest.regions]
+        specs = programs[-1].signature("main").inputs
+        arrays = [generated_array(s.shape, s.dtype, np.random.default_rng(k)) for k, s in enumerate(specs)]
+        check_padding_exact(lambda xs: programs[-1].invoke("main", *xs),
+                            None if small is None or batch_like(table.inputs, dim.name)
+                            else lambda xs: programs[0].invoke("main", *xs),
+                            arrays, table.inputs, table.outputs, big.values,
+                            {**big.values, dim.name: dim.min if small is None else small.values[dim.name]},
+                            dim.name, where, plan_slack(tolerances))
 
 
 def batch_like(inputs: Axes, name: str) -> bool:
