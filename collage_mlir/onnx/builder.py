@@ -118,7 +118,7 @@ def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
         spec = OPS.get(op.name)
         when = () if spec is None else spec.when
         if spec is not None and b.dynamic and dynamic(op):
-            when = (lambda o: None if spec.dynamic else "no translation with dynamic dims",
+            when = (lambda o: None if spec.dynamic else f"{o.name} has no translation with dynamic dims",
                     *(known_types if c in (static_known_types, static_moved_types) else c for c in when))
         why = f"{op.name} has no ONNX translation" if spec is None else \
             next((r for r in (c(op) for c in when) if r), None)

@@ -12,8 +12,8 @@ from ..dialects import stablehlo as sh
 from ..errors import CollageError
 from ..ir import ir
 from .builder import _Builder
-from .registry import register, static_known_types, static_moved_types, static_result
-from .values import DTYPES, MOVED_DTYPES, _dtype, _int_attr, _shape
+from .registry import known_types, register, static_known_types, static_moved_types
+from .values import DTYPES, MOVED_DTYPES, _dims, _dtype, _int_attr, _shape
 
 
 def readable_constant(op: ir.Operation) -> str | None:
@@ -45,7 +45,23 @@ def _constant(b: _Builder, op, ins):
     return [b.const(value.astype(MOVED_DTYPES[_dtype(op.results[0])][0]).reshape(_shape(op.results[0])), "const")]
 
 
-@register("stablehlo.dynamic_iota", when=(static_result, static_known_types))
+@register("stablehlo.dynamic_iota", when=(known_types,), dynamic=True, broadcasts=True)
+def _dynamic_iota(b: _Builder, op, ins):
+    """A static result is the constant ``iota`` gives; with dynamic dims, ``Range`` up to the shape operand's
+    size along the iota's dim, unit axes around it, ``Expand`` to the shape waiting for a consumer that needs
+    it (as ``dynamic_broadcast_in_dim``'s: jax.nn.dot_product_attention's causal mask over a symbolic length)."""
+    if sh.tensor_type(op.results[0]) is not None:
+        return _iota(b, op, ins)
+    dim, rank = _int_attr(op, "iota_dimension"), len(_dims(op.results[0]))
+    shape = b.node("Cast", [ins[0]], to=DTYPES["i64"][1])
+    size = b.reshape(b.node("Slice", [shape, b.ints([dim]), b.ints([dim + 1])]), [])
+    dtype = DTYPES[_dtype(op.results[0])][1]
+    line = b.node("Cast", [b.node("Range", [b.const(np.int64(0)), size, b.const(np.int64(1))])], to=dtype)
+    x = b.node("Unsqueeze", [line, b.ints([a for a in range(rank) if a != dim])]) if rank > 1 else b.node("Identity", [line])
+    b.lazy[x] = ins[0]  # cast to i64 where expanded
+    return [x]
+
+
 @register("stablehlo.iota", when=(static_known_types,))
 def _iota(b: _Builder, op, ins):
     shape = _shape(op.results[0])

@@ -100,6 +100,11 @@ def _compare(b: _Builder, op, ins):
 
 @register("stablehlo.select", when=(static_known_types,), dynamic=True, broadcasts=True)
 def _select(b: _Builder, op, ins):
+    """``Where``; between i1 values (jnp.tril of a mask), which ONNX Runtime's ``Where`` does not take, its
+    logic: (c and x) or (not c and y)."""
+    if _dtype(op.results[0]) == "i1":
+        c, x, y = ins
+        return [b.node("Or", [b.node("And", [c, x]), b.node("And", [b.node("Not", [c]), y])])]
     return [b.node("Where", ins)]
 
 

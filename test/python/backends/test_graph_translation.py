@@ -171,6 +171,38 @@ def test_jax_nhwc_cnn_translates_with_a_dynamic_batch(tmp_path):
         dynamic_onnx(stablehlo.load(path, new_context()), str(path))
 
 
+def test_jax_dot_product_attention_translates_with_a_dynamic_sequence(tmp_path):
+    """``jax.nn.dot_product_attention`` (causal; four query heads over two key heads, and one each) exported
+    with a symbolic sequence translates with it kept: its dot_generals carry a size-1 free dim beside a
+    dynamic one (the query group), squeezed around ONNX's ``MatMul``; at every length the session computes
+    what jax does (rtol 1e-4, atol 1e-5)."""
+    jax = pytest.importorskip("jax")
+    ort = pytest.importorskip("onnxruntime")
+
+    from collage_mlir.frontends import stablehlo
+    from collage_mlir.shaped import dynamic_onnx
+
+    rng = np.random.default_rng(0)
+    wq, wkv = rng.standard_normal((32, 32)).astype(np.float32) * 0.2, rng.standard_normal((32, 16)).astype(np.float32) * 0.2
+
+    def attention(x, heads):  # x: [batch, seq, 32]; query heads of 8 over key/value heads of 8
+        b, s, _ = x.shape
+        q = (x @ wq).reshape(b, s, 4, 8)
+        kv = (x @ wkv).reshape(b, s, 2, 8) if heads == 2 else (x @ wq).reshape(b, s, 4, 8)
+        return jax.nn.dot_product_attention(q, kv, kv, is_causal=True).reshape(b, s, 32)
+
+    (s,) = jax.export.symbolic_shape("s")
+    for heads in (2, 4):
+        fn = jax.jit(lambda x: attention(x, heads))
+        path = tmp_path / f"attention{heads}.mlir"
+        path.write_text(jax.export.export(fn)(jax.ShapeDtypeStruct((2, s, 32), np.float32)).mlir_module())
+        model = dynamic_onnx(stablehlo.load(path, new_context()), str(path))
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for n in (1, 7, 20):
+            x = rng.standard_normal((2, n, 32)).astype(np.float32)
+            np.testing.assert_allclose(session.run(None, {"in0": x})[0], np.asarray(fn(x)), rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def references(torch, tmp_path_factory):
     """Per model: (input, IREE-alone output)."""

@@ -246,5 +246,5 @@ def test_dynamic_onnx_translation_keeps_the_dims_or_names_the_op_it_cannot_take(
     b, = jax.export.symbolic_shape("b")
     conv = jax.export.export(jax.jit(lambda x: jnp.sort(x, axis=-1)))(
         jax.ShapeDtypeStruct((b, 8), jnp.float32)).mlir_module()
-    with pytest.raises(CollageError, match="cannot export to ONNX: no translation with dynamic dims"):
+    with pytest.raises(CollageError, match="cannot export to ONNX: stablehlo.sort has no translation with dynamic dims"):
         dynamic_onnx(parse_module(conv, new_context()), "sort")
