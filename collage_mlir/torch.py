@@ -43,9 +43,10 @@ from .graph import number_ops
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
 
+#: The keywords of ``compile`` a program per shape bucket is compiled with (the rest quantize: ``Int8``).
+SHAPED_OPTIONS = ("plan", "tune_budget", "backends", "precision", "seed", "db", "threads", "check_import")
 #: ``torch.compile(..., options={...})`` keys the ``collage`` backend takes (``compile``'s keywords).
-DYNAMO_OPTIONS = ("plan", "tune_budget", "backends", "precision", "seed", "db", "threads", "check_import", "calibrate",
-                  "calibration_method", "max_drop")
+DYNAMO_OPTIONS = (*SHAPED_OPTIONS, "calibrate", "calibration_method", "max_drop")
 
 
 class CompiledModule:
@@ -115,8 +116,7 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         if kwargs:
             raise CollageError("the exported program takes keyword inputs: collage passes inputs by position")
         dims, axes = exported_dims(model, args)
-        options = dict(plan=plan, tune_budget=tune_budget, backends=backends, precision=precision, seed=seed, db=db,
-                       threads=threads, check_import=check_import)
+        options = dict(zip(SHAPED_OPTIONS, (plan, tune_budget, backends, precision, seed, db, threads, check_import)))
         if dims and int8:
             return _compile_int8_shaped(model, list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
                                         int8)
@@ -366,15 +366,18 @@ class DynamicGraph:
 
     ``dims`` (option ``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the graph's tensor inputs) declares
     ranges, served by one shape-bucket artifact (``ShapedModule``) built at the first call: the graph, its
-    weights frozen in and its sizes read off its tensors (``_sized_graph``), is exported with a
-    ``torch.export.Dim`` per dim and compiled as ``compile`` compiles an exported program: a program per
+    weights frozen in and its sizes read off its tensors (``_sized_graph``), is exported with a dynamic hint
+    per declared axis (declared axes the graph makes one size, such as token ids' and their mask's sequence,
+    become one dim, named by the first) and compiled as ``compile`` compiles an exported program (in int8
+    with ``precision="int8"``: quantized once for the range, ``_compile_int8_shaped``): a program per
     bucket (MIN, OPT and MAX of each dim), along the dims in ``pad`` (rows independent along them, such as a
     batch) the next bucket up, zero-padded, and between buckets the fastest engine on the graph with its
     dims kept. Nothing compiles at request time; a shape outside a range is a CollageError. A graph that does
     not export with symbolic dims (Python branching on a size) warns once and compiles the shapes no bucket
     or padding serves on first use. Without ``dims``, each shape is compiled as a static graph
     (``DynamoGraph`` of the graph with the sizes bound), once: programs are kept per shape, and
-    ``compile_cached`` keeps artifacts across processes."""
+    ``compile_cached`` keeps artifacts across processes; in int8 each shape is calibrated on the batches cut
+    or repeated to it (``_resized_batch``)."""
 
     def __init__(self, gm, example_inputs: Sequence, options: dict, dims: dict | None, pad: Sequence[str]):
         import torch
@@ -391,6 +394,8 @@ class DynamicGraph:
         # Per the sizes of the undeclared axes: the range's artifact, or None where the graph does not export.
         self._ranges: dict[tuple, ShapedModule | None] = {}
         self._seen: list | None = None
+        self._int8 = Int8.requested(options.get("precision"), options.get("calibrate"),
+                                    options.get("calibration_method", "minmax"), options.get("max_drop"), _arrays)
         if dims:
             self._plan = DimPlan.declared(dims, pad=pad)
             self._axes = argument_axes([example_inputs[t] for t in self._tensors], self._plan.dims, PYTHON)
@@ -403,10 +408,13 @@ class DynamicGraph:
         key = tuple(tuple(args[t].shape) for t in self._tensors)
         if key not in self._programs:
             sizes = {k: args[k] for k in self._sizes}
+            options = self._options
+            if self._int8 is not None:  # calibrated at this shape: the batches cut or repeated to it
+                options = options | {"calibrate": [_resized_batch(b, key) for b in self._options["calibrate"]]}
             try:
                 self._programs[key] = DynamoGraph(_BoundSizes(self._gm, sizes),
                                                   [a for k, a in enumerate(args) if k not in self._sizes],
-                                                  self._options, self._roles.without(self._sizes))
+                                                  options, self._roles.without(self._sizes))
             except Exception as exc:  # noqa: BLE001  any failure falls back, as torch backends do
                 why = " ".join(str(exc).split())[:200] or type(exc).__name__
                 warnings.warn(f"collage: running this graph eagerly at shape {list(key)}: {why}", RuntimeWarning,
@@ -441,27 +449,70 @@ class DynamicGraph:
         model = _sized_graph(self._gm, {k: args[k] for k in self._roles.weights}, self._roles.scalars, self._tensors,
                              self._size_axes)
         example = [args[t] for t in self._tensors]
-        symbols = {d.name: torch.export.Dim("d" + d.name.replace(".", "_"), min=d.min, max=d.max)
-                   for d in self._plan.dims}
-        shapes = tuple({a: symbols[name] for a, name in enumerate(names) if name} for names in self._axes)
+        # Hints, not named Dims: export finds the declared axes the graph makes one size (a model's token ids'
+        # and attention mask's sequence), where named Dims are a violated constraint.
+        ranges = {d.name: d for d in self._plan.dims}
+        shapes = tuple({a: torch.export.Dim.DYNAMIC(min=ranges[n].min, max=ranges[n].max) for a, n in enumerate(names)
+                        if n} for names in self._axes)
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
                 program = torch.export.export(model, tuple(example), dynamic_shapes=shapes)
         except Exception as exc:  # noqa: BLE001  torch.export raises many types (guards, constraints, unsupported)
             program = None
-            if self._plan.unserved(fallback=False) is not None:
+            if self._plan.unserved(fallback=False) is not None or self._int8:
                 why = " ".join(str(exc).split())[:160]
                 warnings.warn(f"collage: the graph does not export with symbolic dims ({why}); shapes no bucket "
                               "or padding serves compile on first use", RuntimeWarning, stacklevel=3)
                 return None
         defaults = {name: inspect.signature(compile).parameters[name].default for name in DYNAMO_OPTIONS}
+        options = defaults | self._options
         try:
-            return _compile_shaped(model, example, self._plan, self._axes, defaults | self._options, program=program)
+            if program is not None:
+                self._plan, self._axes = _one_per_size(program, example, self._plan, self._axes)
+            if self._int8 is not None:
+                return _compile_int8_shaped(program, example, self._plan, self._axes,
+                                            {k: options[k] for k in SHAPED_OPTIONS} | {"precision": None}, self._int8)
+            return _compile_shaped(model, example, self._plan, self._axes, options, program=program)
         except CollageError as exc:  # torch-mlir cannot import it with its dims, say: shape by shape, as above
             warnings.warn(f"collage: the declared range is not served by one artifact ({exc}); shapes compile on "
                           "first use", RuntimeWarning, stacklevel=3)
             return None
+
+
+def _resized_batch(batch, shapes: Sequence[tuple]):
+    """A calibration batch (a tensor, or a tuple of tensors) at ``shapes``: each tensor of the same rank cut, or
+    its entries repeated, along each axis of another size (an ids sequence of 32 tokens calibrates a call on 20
+    or 64); the rest left as they are, for ``compile`` to say what does not fit."""
+    tensors = batch if isinstance(batch, (tuple, list)) else (batch,)
+    out = []
+    for tensor, shape in zip(tensors, list(shapes) + [None] * len(tensors)):
+        if shape is not None and hasattr(tensor, "repeat_interleave") and tensor.dim() == len(shape):
+            for axis, n in enumerate(shape):
+                if tensor.shape[axis] != n:
+                    tensor = tensor.repeat_interleave(-(-n // tensor.shape[axis]), dim=axis).narrow(axis, 0, n)
+        out.append(tensor)
+    return tuple(out) if isinstance(batch, (tuple, list)) else out[0]
+
+
+def _one_per_size(program, example: Sequence, plan: DimPlan, axes):
+    """``plan`` and ``axes`` with the declared dims that ``program`` (exported with a hint per declared axis)
+    makes one size named once: by the first of them (one CollageError line where their ranges differ)."""
+    _, exported = exported_dims(program, example)
+    first: dict[str, str] = {}  # the export's name of a size → the first declared dim of that size
+    renamed = {n: first.setdefault(e, n) for names, sizes in zip(axes, exported) for n, e in zip(names, sizes)
+               if n is not None and e is not None}
+    if all(n == kept for n, kept in renamed.items()):
+        return plan, axes
+    ranges = {d.name: d for d in plan.dims}
+    for name, kept in renamed.items():
+        a, b = ranges[name], ranges[kept]
+        if (a.min, a.opt, a.max) != (b.min, b.opt, b.max):
+            raise CollageError(f"dims '{kept}' and '{name}' are one size in the graph: declare them with one range "
+                               f"(got {b} and {a})")
+    return (DimPlan.of([d for d in plan.dims if renamed.get(d.name, d.name) == d.name], {},
+                       list(dict.fromkeys(renamed.get(n, n) for n in plan.pad)), PYTHON),
+            tuple(tuple(renamed.get(n, n) if n else None for n in names) for names in axes))
 
 
 def _sized_graph(gm, weights: dict, scalars: frozenset, tensors: Sequence[int],

@@ -142,6 +142,87 @@ def test_torch_compile_declared_range_without_dynamic_true_says_so(torch, monkey
     assert compiles == [1]
 
 
+def test_torch_compile_declared_dims_the_graph_makes_one_size(torch):
+    """Token ids and their attention mask, each sequence axis declared (``0.1`` and ``1.1``): the graph makes
+    them one size, which named ``torch.export.Dim``s refused as a violated constraint (a warning, then a
+    compile per shape). Now one artifact at the first call, the two dims one (buckets 2, 4, 8 named ``0.1``),
+    the fallback between them; equal to eager (rtol 1e-4, atol 1e-5). In int8 (``precision``, ``calibrate``
+    at sequence 4), the range goes to the int8 path; a range declared twice differently is one line."""
+    import collage_mlir.torch as collage_torch
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(50, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, ids, mask):
+            h = self.embed(ids) * mask.unsqueeze(-1)
+            return self.head(h).sum(1) / mask.sum(1, keepdim=True)
+
+    torch.manual_seed(0)
+    model = Masked().eval()
+    graphs = []
+
+    def backend(options):
+        def build(gm, example_inputs):
+            graphs.append(collage_torch.dynamo_backend(gm, example_inputs, options))
+            return graphs[-1]
+        return build
+
+    def call(run, n):
+        ids, mask = torch.randint(0, 50, (2, n)), (torch.rand(2, n) > 0.3).float()
+        mask[:, 0] = 1
+        with torch.no_grad():
+            return run(ids, mask), model(ids, mask), ids
+
+    dims = {"0.1": (2, 4, 8), "1.1": (2, 4, 8)}
+    torch._dynamo.reset()
+    run = torch.compile(model, backend=backend({"dims": dims}), dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for n in (4, 3, 8, 5):
+            got, want, ids = call(run, n)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    (shaped,) = graphs[0]._ranges.values()
+    assert [dict(b.values) for b in shaped.program.table.buckets] == [{"0.1": 2}, {"0.1": 4}, {"0.1": 8}]
+    assert shaped.program.served(ids.numpy(), np.ones((2, 5), np.float32)).endswith(" fallback")
+    assert not graphs[0]._programs
+
+    # In int8: the range quantized once (the held-out batches checked: ``agreement``), still one artifact.
+    torch._dynamo.reset()
+    graphs.clear()
+    calibrate = [(torch.randint(0, 50, (2, 4)), torch.ones(2, 4)) for _ in range(8)]
+    run = torch.compile(model, backend=backend({"dims": dims, "precision": "int8", "calibrate": calibrate}), dynamic=True)
+    for n in (4, 3, 8):
+        got, want, _ = call(run, n)
+        torch.testing.assert_close(got, want, rtol=0, atol=0.1)
+    (shaped,) = graphs[0]._ranges.values()
+    assert shaped.agreement is not None and shaped.agreement.samples == 4 and not graphs[0]._programs
+
+    torch._dynamo.reset()
+    graphs.clear()
+    run = torch.compile(model, backend=backend({"dims": {"0.1": (2, 4, 8), "1.1": (2, 4, 6)}}), dynamic=True)
+    with pytest.warns(RuntimeWarning, match=r"dims '0.1' and '1.1' are one size in the graph: declare them with one "
+                                            r"range \(got 0.1=2:4:8 and 1.1=2:4:6\)"):
+        got, want, _ = call(run, 4)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_calibration_batch_is_resized_to_the_shape_compiled():
+    """``torch.compile(..., dynamic=True)`` in int8 without dims compiles each shape on its own: the calibration
+    batches (taken at one shape) are cut or repeated to it along the axes that differ; a tensor of another rank
+    stays as it is."""
+    torch = pytest.importorskip("torch")
+    from collage_mlir.torch import _resized_batch
+
+    ids, mask = torch.arange(6).reshape(1, 6), torch.ones(1, 6)
+    got = _resized_batch((ids, mask), [(1, 4), (1, 4)])
+    assert got[0].tolist() == [[0, 1, 2, 3]] and got[1].shape == (1, 4)
+    assert _resized_batch((ids, mask), [(2, 9), (2, 9)])[0].tolist() == [[0, 0, 1, 1, 2, 2, 3, 3, 4]] * 2
+    assert _resized_batch(ids, [(1, 3)]).tolist() == [[0, 1, 2]]
+    assert _resized_batch((ids, mask), [(1, 6, 1), (1, 6)])[0] is ids
+
+
 def test_torch_compile_declared_range_of_a_graph_that_specialises_its_dim(torch):
     """A graph whose code fixes the declared dim (dynamo specialised it) does not export with it: one
     warning, and its shape compiles on first use; equal to eager."""
