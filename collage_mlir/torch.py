@@ -35,7 +35,7 @@ from collage_runtime.types import NumberFormat
 from .entry import (Int8, PlanChoice, artifact_key, cached_artifact, cached_f32, choose_plan, compile_cached,
                     quantize, quantize_file)
 from .errors import CollageError
-from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, exported_dims, input_values,
+from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, dim_names, exported_dims, input_values,
                               named_onnx_dims, resized)
 from .frontends.onnx_calibrate import Agreement
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
@@ -93,7 +93,8 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
 
     ``model`` may be a ``torch.export.ExportedProgram`` (``example_inputs`` default: its own). With dynamic
     dims (``torch.export.Dim`` with a max) it compiles one program per shape bucket (``ShapedModule``): each
-    dim, named ``ARG.AXIS`` by its first axis, has the buckets ``buckets`` lists, else its MIN, the example's
+    dim, named by its ``Dim`` (``"seq"``; ``ARG.AXIS`` of an axis of it too, and alone where the program no
+    longer knows the name, a loaded one), has the buckets ``buckets`` lists, else its MIN, the example's
     size and its MAX; along the dims in ``pad`` a shape between buckets runs zero-padded on the next one up;
     a range some shape of which neither serves is refused. Each bucket's plan is chosen as above
     (``tune_budget`` shared between them).
@@ -115,7 +116,9 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         args, kwargs = model.example_inputs if example_inputs is None else (tuple(example_inputs), {})
         if kwargs:
             raise CollageError("the exported program takes keyword inputs: collage passes inputs by position")
-        dims, axes = exported_dims(model, args)
+        dims, axes = exported_dims(model, args, named=True)
+        alias = dim_names(axes)  # a Dim("seq") of argument 0's axis 1 is "seq" or "0.1"
+        buckets, pad = {alias.get(n, n): v for n, v in (buckets or {}).items()}, [alias.get(n, n) for n in pad]
         options = dict(zip(SHAPED_OPTIONS, (plan, tune_budget, backends, precision, seed, db, threads, check_import)))
         if dims and int8:
             return _compile_int8_shaped(model, list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,

@@ -374,11 +374,13 @@ def argument_axes(examples: Sequence, dims: Sequence[DimRange], words: "DimWords
     return tuple(tuple(named.get((k, a)) for a in range(len(e.shape))) for k, e in enumerate(examples))
 
 
-def exported_dims(program, examples: Sequence) -> tuple[list[DimRange], Axes]:
+def exported_dims(program, examples: Sequence, named: bool = False) -> tuple[list[DimRange], Axes]:
     """The dynamic dims of a ``torch.export.ExportedProgram`` and the axes of its (flattened, positional)
     user inputs that carry them: each symbol named ``ARG.AXIS`` by its first axis (axes sharing a
-    ``torch.export.Dim`` share it), its range the program's ``range_constraints``, its OPT the example
-    inputs' size. A derived size (``2*batch``) or a range without a bound is one CollageError line."""
+    ``torch.export.Dim`` share it), or with ``named`` by its ``Dim``'s own name where the program still
+    knows it (``Dim("seq")``: ``seq``; ``dim_names`` pairs the two), its range the program's
+    ``range_constraints``, its OPT the example inputs' size. A derived size (``2*batch``) or a range without a
+    bound is one CollageError line."""
     from torch.export.graph_signature import InputKind
     from torch.utils._sympy.numbers import int_oo
 
@@ -404,11 +406,30 @@ def exported_dims(program, examples: Sequence) -> tuple[list[DimRange], Axes]:
                     raise CollageError(f"input {k} axis {a} has no upper bound: give its torch.export.Dim a max",
                                        where="torch.export")
                 low, high = max(int(bounds.lower), 1), int(bounds.upper)
-                names[symbol] = f"{k}.{a}"
+                names[symbol] = (named and _dim_name(size, names.values())) or f"{k}.{a}"
                 dims.append(DimRange(names[symbol], low, min(max(int(example.shape[a]), low), high), high))
             row.append(names[symbol])
         axes.append(tuple(row))
     return dims, tuple(axes)
+
+
+def _dim_name(size, taken) -> str | None:
+    """The ``torch.export.Dim`` name the user gave the symbol of ``size`` (a SymInt of an exported program's
+    input), where its shape environment names every source of it so; None where it does not (a loaded
+    program, a name already taken, or one of the ``ARG.AXIS`` form)."""
+    env = getattr(size.node, "shape_env", None)
+    sources = getattr(env, "var_to_sources", {}).get(size.node.expr, [])
+    found = {getattr(env, "source_name_to_debug_name", {}).get(src.name) for src in sources}
+    name = found.pop() if len(found) == 1 else None
+    if not name or name in taken or re.fullmatch(r"\d+\.\d+", name):
+        return None
+    return name
+
+
+def dim_names(axes: Axes) -> dict[str, str]:
+    """``ARG.AXIS`` → the dim ``axes`` name that axis by: a dim named by its ``torch.export.Dim`` may be
+    called either way (``pad=["0.1"]`` or ``pad=["seq"]``)."""
+    return {f"{k}.{a}": name for k, row in enumerate(axes) for a, name in enumerate(row) if name is not None}
 
 
 def resized(examples: Sequence, axes: Axes, values: Mapping[str, int]) -> list:

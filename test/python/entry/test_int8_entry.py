@@ -159,7 +159,8 @@ def test_a_torch_factory_compiles_in_int8_from_the_command_line(torch, tmp_path)
 
 
 def test_an_exported_program_with_a_dynamic_batch_compiles_in_int8(torch):
-    """`torch.export` with a `Dim` and precision="int8": torch's ONNX export (its dim renamed `0.0`) quantized
+    """`torch.export` with a `Dim` and precision="int8": torch's ONNX export (its dim named `batch`, as the `Dim`,
+    or `0.0` by argument and axis) quantized
     once, one program per bucket from that int8 model (4 and 8, padded up to), the program check run
     across the batch sizes it serves; out of range is one line."""
     import collage_mlir.torch as ct
@@ -177,5 +178,5 @@ def test_an_exported_program_with_a_dynamic_batch_compiles_in_int8(torch):
             got, want = compiled(images[HELD][:n]).numpy(), model(images[HELD][:n]).numpy()
         assert got.shape == (n, 10)
         _close_but_int8(got, want)
-    with pytest.raises(InputError, match=r"dim '0.0'\) is 9, outside the declared range 1..8"):
+    with pytest.raises(InputError, match=r"dim 'batch'\) is 9, outside the declared range 1..8"):
         compiled(images[:9])
