@@ -358,6 +358,17 @@ def quantize_onnx(path: str | Path, calibration: Calibration) -> tuple[Path, Agr
         kept.append(min(trials, key=lambda n: (trials[n].top1_changed, trials[n].max_rel_error)))
 
 
+def _softmax_inputs(graph) -> list[str]:
+    """The Softmax nodes and the nodes whose results they read, kept in f32: an attention mask fills the
+    scores of padded keys with a huge negative value (``Where``, ``Add``), which a quantized tensor clamps
+    to its calibrated minimum, so padded keys took a share of every softmax (a DistilBERT's logits moved
+    1 % of their scale when its input was padded). In f32 they get none, and the probabilities the next
+    MatMul quantizes are exactly 0 there."""
+    softmax = [n for n in graph.node if n.op_type == "Softmax"]
+    feeding = {i for n in softmax for i in n.input}
+    return [n.name for n in graph.node if n.name and (n.op_type == "Softmax" or feeding & set(n.output))]
+
+
 def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kept: tuple[str, ...]) -> Path:
     import onnx
     import onnxruntime as ort
@@ -367,7 +378,7 @@ def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kep
     for batch in calibrate:
         for name in sorted(batch):
             digest.update(np.ascontiguousarray(batch[name]).tobytes())
-    digest.update(f"{method.value} {ort.__version__} {' '.join(kept)} scalar-pairs-folded".encode())
+    digest.update(f"{method.value} {ort.__version__} {' '.join(kept)} scalar-pairs-folded softmax-f32".encode())
     out = cache_dir() / "int8" / f"{digest.hexdigest()[:32]}.onnx"
     if out.is_file():
         return out
@@ -389,7 +400,8 @@ def _quantized(path: str | Path, calibrate: list, method: CalibrationMethod, kep
         with contextlib.redirect_stdout(io.StringIO()):
             q.quantize_static(str(path), str(tmp), Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
                               activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
-                              calibrate_method=q.CalibrationMethod[method.ort], nodes_to_exclude=list(kept))
+                              calibrate_method=q.CalibrationMethod[method.ort],
+                              nodes_to_exclude=[*kept, *_softmax_inputs(onnx.load(str(path)).graph)])
     except Exception as exc:  # noqa: BLE001  the quantizer raises any type
         raise CollageError(f"ONNX Runtime's quantizer failed: {' '.join(str(exc).split())[:300]}",
                            where=str(path)) from None

@@ -473,6 +473,44 @@ def test_a_users_own_int8_attention_gets_openvino_between_buckets(tmp_path, caps
     assert np.abs(got - want).max() <= QUANT_RTOL * np.abs(want).max()
 
 
+def test_a_masked_attention_in_int8_is_unchanged_by_padding(tmp_path):
+    """Attention with a padding mask (the scores of masked keys filled with the dtype's minimum, as Hugging Face
+    models do), quantized from batches without padding: the softmax and what it reads stay f32, so a padded key
+    gets no share of it and padding the int8 model leaves its results as they were (a DistilBERT's logits moved
+    1 % of their scale when the filled scores were quantized, clamped to their calibrated minimum)."""
+    from collage_mlir.frontends.onnx_calibrate import Calibration, quantize_onnx
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+
+        def forward(self, x, mask):
+            scores = torch.matmul(self.q(x), self.k(x).transpose(-1, -2)) * 0.25
+            scores = scores.masked_fill(mask[:, None, :] == 0, torch.finfo(torch.float32).min)
+            return torch.matmul(torch.softmax(scores, -1), self.v(x))[:, 0]
+
+    torch.manual_seed(0)
+    torch.onnx.export(Masked().eval(), (torch.randn(1, 8, 16), torch.ones(1, 8, dtype=torch.int64)),
+                      str(tmp_path / "f32.onnx"), dynamo=False, input_names=["x", "mask"],
+                      dynamic_axes={"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}, opset_version=17)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((16, 8, 16)).astype(np.float32),
+             mask=np.ones((16, 8), np.int64))
+    path, _, _ = quantize_onnx(tmp_path / "f32.onnx", Calibration(tmp_path / "calib.npz"))
+    graph = onnx.load(str(path)).graph
+    made = {o: n.op_type for n in graph.node for o in n.output}
+    softmax = [n for n in graph.node if n.op_type == "Softmax"]
+    assert softmax and all(made[n.input[0]] != "DequantizeLinear" for n in softmax)
+    assert "QuantizeLinear" in made.values()  # the matmuls are int8
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x, mask = rng.standard_normal((2, 5, 16)).astype(np.float32), np.ones((2, 5), np.int64)
+    padded = np.concatenate([x, rng.standard_normal((2, 11, 16)).astype(np.float32)], 1)
+    want = session.run(None, {"x": x, "mask": mask})[0]
+    got = session.run(None, {"x": padded, "mask": np.concatenate([mask, np.zeros((2, 11), np.int64)], 1)})[0]
+    np.testing.assert_array_equal(got, want)
+
+
 def test_folding_a_scalar_pair_keeps_its_value():
     """A constant through QuantizeLinear and DequantizeLinear (round half to even, saturated) folds to the value
     the pair computes: ONNX Runtime runs both graphs to the same bits."""
