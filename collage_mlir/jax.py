@@ -93,13 +93,15 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
 
 def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = None,
         backends: Sequence[str] | None = None, precision: str | None = None, db: str | Path | None = None,
-        check_import: bool = True, dims: Mapping[str, "int | tuple[int, int, int]"] | None = None,
+        check_import: bool = True, dims: Mapping["str | tuple[str, ...]", "int | tuple[int, int, int]"] | None = None,
         pad: Sequence[str] = ()) -> Callable[..., Any]:
     """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature, its plan
     chosen as ``compile`` chooses it (``plan``, ``tune_budget``, ``backends``, ``precision``, ``db``).
 
-    ``dims`` (``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the flattened array arguments; for a
-    ``jax.export.Exported`` with symbolic shapes, its symbols: ``{"b": (1, 8, 32)}``) declares ranges: a
+    ``dims`` (``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the flattened array arguments, a tuple of
+    them for axes of one size: ``{("0.1", "1.1"): (8, 64, 128)}``, token ids' and their mask's sequence, the
+    dim named by the first; for a ``jax.export.Exported`` with symbolic shapes, its symbols: ``{"b": (1, 8,
+    32)}``) declares ranges: a
     call out of range is a CollageError, every bucket (each dim's MIN, OPT and MAX) is compiled at the
     first call, and with ``pad`` (dims rows are independent along, such as a batch) a shape between
     buckets runs on the next bucket up, zero-padded, its results cut back: no compile per shape in range.
@@ -114,7 +116,9 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
     exported = fn if isinstance(fn, jax.export.Exported) else None
     fn = _callable(fn)  # an Exported: the function that calls it
     compiled: dict[tuple, CompiledFunction] = {}
-    plan_of_dims = DimPlan.declared(dims, pad=pad) if dims else None
+    each, same = _one_dim_per_key(dims or {}, exported is not None)
+    plan_of_dims = DimPlan.declared({n: v for n, v in each.items() if n not in same},
+                                    pad=[same.get(n, n) for n in pad]) if dims else None
     state: dict[str, Any] = {}
 
     def signature_call(leaves: list, tree):
@@ -132,11 +136,12 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
         leaves = [np.asarray(a) for a in leaves]
         if "axes" not in state:
             state["axes"] = symbol_axes(exported, plan_of_dims.dims) if exported is not None \
-                else argument_axes(leaves, plan_of_dims.dims, PYTHON)
+                else tuple(tuple(same.get(n, n) if n else None for n in row)
+                           for row in argument_axes(leaves, DimPlan.declared(each).dims, PYTHON))
             state["fixed"] = _fixed(exported, leaves, state["axes"])
         _check_fixed(state["fixed"], leaves)
         axes = state["axes"]
-        values = input_values(axes, leaves)
+        values = input_values(axes, leaves, "jit")
         plan_of_dims.check(values)
         if "outputs" not in state:  # every bucket compiled at once; which result axes carry the dims
             shapes, opt = [], {d.name: d.opt for d in plan_of_dims.dims}
@@ -173,6 +178,25 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
                                                        for r, names in zip(results, state["outputs"])])
 
     return call
+
+
+def _one_dim_per_key(dims: Mapping, exported: bool) -> tuple[dict, dict[str, str]]:
+    """``jit``'s ``dims`` with a key naming several axes (``("0.1", "1.1")``: token ids' and their mask's
+    sequence, one size) spread to each axis, and those after the first → the first (the dim's name)."""
+    each: dict = {}
+    same: dict[str, str] = {}
+    for key, value in dims.items():
+        names = (key,) if isinstance(key, str) else tuple(key)
+        if not names or not all(isinstance(n, str) for n in names) or (exported and len(names) > 1):
+            raise CollageError(f"dims: a key is an axis ('ARG.AXIS'){'' if exported else ' or a tuple of axes of one size'}"
+                               f"{', a symbol of the exported module' if exported else ''}; got {key!r}")
+        for name in names:
+            if name in each:
+                raise CollageError(f"dims: axis '{name}' is declared twice")
+            each[name] = value
+            if name != names[0]:
+                same[name] = names[0]
+    return each, same
 
 
 def _exported(fn: Callable, leaves: list, tree, axes: Axes):

@@ -430,7 +430,7 @@ class DynamicGraph:
         tensors = [args[t] for t in self._tensors]
         if self._plan is None:
             return self._run_per_shape(args)
-        values = input_values(self._axes, tensors)
+        values = input_values(self._axes, tensors, "torch.compile")
         self._plan.check(values)
         seen = self._roles.state(args)
         if seen != self._seen:  # the first call, or weights replaced or changed in place: built again

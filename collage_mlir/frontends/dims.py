@@ -323,19 +323,19 @@ def specialise_onnx(path: str | Path, values: Mapping[str, int], out_dir: str | 
     return fold_shapes(out, Path(out_dir))
 
 
-def input_values(axes: Axes, arrays: Sequence) -> dict[str, int]:
-    """The value of each dynamic dim in example ``arrays`` (numpy arrays, tensors, or shapes as tuples; a
-    CollageError where they disagree)."""
+def input_values(axes: Axes, arrays: Sequence, where: str = "--input") -> dict[str, int]:
+    """The value of each dynamic dim in ``arrays`` (numpy arrays, tensors, or shapes as tuples; a CollageError
+    where they disagree, located at ``where``: the command line's example inputs, or a call)."""
     values: dict[str, int] = {}
     for k, (names, array) in enumerate(zip(axes, arrays)):
         shape = array if isinstance(array, tuple) else tuple(array.shape) if hasattr(array, "shape") else np.shape(array)
         if len(shape) != len(names):
-            raise CollageError(f"example input {k} has shape {list(shape)}, the model's input {k} has rank "
-                               f"{len(names)}", where="--input", exit_code=2)
+            raise CollageError(f"input {k} has shape {list(shape)}, the model's input {k} has rank "
+                               f"{len(names)}", where=where, exit_code=2)
         for axis, name in enumerate(names):
             if name is not None and values.setdefault(name, shape[axis]) != shape[axis]:
-                raise CollageError(f"example input {k} gives dim '{name}' = {shape[axis]}, another input "
-                                   f"{values[name]}", where="--input", exit_code=2)
+                raise CollageError(f"input {k} gives dim '{name}' = {shape[axis]}, another input "
+                                   f"{values[name]}", where=where, exit_code=2)
     return values
 
 

@@ -348,6 +348,14 @@ def test_jax_jit_pads_a_masked_sequence_but_not_a_plain_mean_over_it():
     with pytest.raises(CollageError, match=r"--pad s: padding changes the results .* and zero-padded from "
                                            r"s=2 they differ from that shape's own"):
         collage_mlir.jax.jit(plain, dims={"s": (2, 4, 8)}, pad=["s"])(x, mask)
+    # The function itself: its two sequence axes are one dim, declared by a tuple of axes (declared apart, each
+    # bucket sized them apart: jax could not lower it at 0.1=2 with 1.1=4).
+    run = collage_mlir.jax.jit(masked, dims={("0.1", "1.1"): (2, 4, 8)}, pad=["0.1"])
+    np.testing.assert_allclose(run(x, mask), masked(x, mask), rtol=1e-5, atol=1e-6)
+    with pytest.raises(CollageError, match=r"^jit: input 1 gives dim '0.1' = 3, another input 4$"):
+        run(rng.standard_normal((2, 4, 4)).astype(np.float32), mask)
+    with pytest.raises(CollageError, match=r"dims: axis '1.1' is declared twice"):
+        collage_mlir.jax.jit(masked, dims={("0.1", "1.1"): (2, 4, 8), "1.1": (2, 4, 8)})
 
 
 def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypatch):
