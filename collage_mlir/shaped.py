@@ -547,6 +547,15 @@ def int8_plan(model: Path, values: Mapping[str, int] | None, repeats: int = 5) -
                   "keeps it there)")
 
 
+def int8_buckets_plan(model: Path, dim_plan: DimPlan, fallback: Fallback) -> tuple[str, str]:
+    """The plan of an int8 model's buckets where the user gave none, and the line saying why: whole on the int8
+    engine the fallback's timing chose, else on the int8 engine timed fastest at the OPT shape (``int8_plan``)."""
+    if fallback in INT8_ENGINES:
+        plan = f"whole:{fallback.value}"
+        return plan, f"int8 buckets: --plan {plan}, the faster int8 engine between buckets (--plan default keeps them on IREE)"
+    return int8_plan(model, {d.name: d.opt for d in dim_plan.dims})
+
+
 def module_values(model: Path, module: ir.Module) -> dict[str, int] | None:
     """The values ``module`` (the ONNX ``model`` imported at one shape) gives the model's dynamic dims; None
     where its inputs are not the model's."""

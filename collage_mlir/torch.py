@@ -273,7 +273,7 @@ def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, option
 
     import collage_runtime
 
-    from .shaped import compile_shaped, file_fallback, load_bucket, model_file_axes
+    from .shaped import compile_shaped, file_fallback, int8_buckets_plan, load_bucket, model_file_axes
 
     with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
         exported = export_onnx(program, (), Path(tmp) / "model.onnx", "the exported program")
@@ -288,11 +288,13 @@ def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, option
     def imported(values: dict[str, int], arrays: list[np.ndarray]):
         return load_bucket(int8_path, values, new_context(), check_import=options["check_import"], inputs=arrays)
 
+    fallback = file_fallback(dynamic_model, dim_plan, file_axes)
+    if options["plan"] is None and not options["tune_budget"]:  # IREE computes int8 in f32: an int8 engine
+        options = {**options, "plan": int8_buckets_plan(dynamic_model, dim_plan, fallback)[0]}
     grid, models, key = _planned_buckets(dim_plan, example, axes, {**options, "precision": None}, imported,
                                          seed=int8_path.name.encode())
     out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
-        fallback = file_fallback(dynamic_model, dim_plan, file_axes)
         compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
                        source=f"torch:{type(program).__name__} int8",
                        fallback_model=None if fallback is Fallback.NONE else dynamic_model)

@@ -111,7 +111,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     from ..measure.db import default_db_path
     from ..search import resolve_plan
     from ..search.transfer import TunedBuckets
-    from ..shaped import INT8_ENGINES, BucketModel, compile_shaped, int8_plan
+    from ..shaped import BucketModel, compile_shaped, int8_buckets_plan
 
     if args.input:
         raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
@@ -128,13 +128,8 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     platform = args.device and Platform(args.device)
     plan = args.plan or "default"
     if args.plan is None and not tuning and _quantizes(spec):  # IREE computes int8 in f32
-        if fallback in INT8_ENGINES:  # the int8 engine the fallback's timing chose
-            plan = f"whole:{fallback.value}"
-            Console(stderr=True).print(f"int8 buckets: --plan {plan}, the faster int8 engine between buckets "
-                                       "(--plan default keeps them on IREE)", highlight=False)
-        else:  # buckets and padding serve every shape: the engines timed at the OPT shape
-            plan, line = int8_plan(dynamic_model, {d.name: d.opt for d in dim_plan.dims})
-            Console(stderr=True).print(line, highlight=False)
+        plan, line = int8_buckets_plan(dynamic_model, dim_plan, fallback)
+        Console(stderr=True).print(line, highlight=False)
     buckets = dim_plan.grid()
     console = Console(stderr=True)
     tuned_before = TunedBuckets()

@@ -147,8 +147,9 @@ def test_torch_compile_declared_dims_the_graph_makes_one_size(torch):
     them one size, which named ``torch.export.Dim``s refused as a violated constraint (a warning, then a
     compile per shape). Now one artifact at the first call, the two dims one (buckets 2, 4, 8 named ``0.1``;
     a masked sequence pads neutrally); equal to eager (rtol 1e-4, atol 1e-5). In int8 (``precision``,
-    ``calibrate`` at sequence 4) the range is quantized once (it was compiled as f32); a range declared twice
-    differently is one warning."""
+    ``calibrate`` at sequence 4) the range is quantized once (it was compiled as f32), its buckets whole on an
+    int8 engine (they were IREE's, which computes int8 in f32); a range declared twice differently is one
+    warning."""
     import collage_mlir.torch as collage_torch
 
     class Masked(torch.nn.Module):
@@ -195,6 +196,8 @@ def test_torch_compile_declared_dims_the_graph_makes_one_size(torch):
         torch.testing.assert_close(*call(run, n), rtol=0, atol=0.1)
     (shaped,) = graphs[0]._ranges.values()
     assert shaped.agreement is not None and shaped.agreement.samples == 4 and not graphs[0]._programs
+    for bucket in shaped.program.table.buckets:  # no plan given: an int8 engine (IREE computes int8 in f32)
+        assert [r.backend for r in shaped.program.program(bucket).manifest.regions] in (["ort"], ["openvino"])
 
     run = compiled({"dims": {"0.1": (2, 4, 8), "1.1": (2, 4, 6)}})
     with pytest.warns(RuntimeWarning, match=r"dims '0.1' and '1.1' are one size in the graph: declare them with one "
