@@ -263,9 +263,10 @@ def _planned_buckets(dim_plan: DimPlan, example: list, axes, options: dict, impo
 
 def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, options: dict, int8: Int8) -> ShapedModule:
     """An exported program with dynamic dims, in int8: torch's ONNX exporter writes it with its dims kept (each
-    renamed ``ARG.AXIS``), quantized once from the calibration batches (``entry.quantize_file``: one set of
-    scales for every shape), then compiled as ``collage compile --dim`` compiles a quantized ONNX model: each
-    bucket given its plan as ``compile`` gives it, the faster of ONNX Runtime and OpenVINO on the int8 model
+    renamed as ``axes`` names them), quantized once from the calibration batches (``entry.quantize_file``: one
+    set of scales for every shape), then compiled as ``collage compile --dim`` compiles a quantized ONNX model:
+    each bucket given its plan as ``compile`` gives it (none given: whole on an int8 engine,
+    ``shaped.int8_buckets_plan``), the faster of ONNX Runtime and OpenVINO on the int8 model
     with its dims between buckets (where buckets and padding leave a gap); checked on the held-out batches,
     batched each way the artifact serves a batch."""
     import torch
