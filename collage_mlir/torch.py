@@ -289,13 +289,16 @@ def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, option
     def imported(values: dict[str, int], arrays: list[np.ndarray]):
         return load_bucket(int8_path, values, new_context(), check_import=options["check_import"], inputs=arrays)
 
-    fallback = file_fallback(dynamic_model, dim_plan, file_axes)
+    fallback = None  # timed where needed: for the plan, or for an artifact not compiled before
     if options["plan"] is None and not options["tune_budget"]:  # IREE computes int8 in f32: an int8 engine
+        fallback = file_fallback(dynamic_model, dim_plan, file_axes)
         options = {**options, "plan": int8_buckets_plan(dynamic_model, dim_plan, fallback)[0]}
     grid, models, key = _planned_buckets(dim_plan, example, axes, {**options, "precision": None}, imported,
                                          seed=int8_path.name.encode())
     out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
+        if fallback is None:
+            fallback = file_fallback(dynamic_model, dim_plan, file_axes)
         compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
                        source=f"torch:{type(program).__name__} int8",
                        fallback_model=None if fallback is Fallback.NONE else dynamic_model)
