@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collage_runtime.engines import Engines, usable_cores
+from collage_runtime.engines import Engines, engine_message, usable_cores
 from collage_runtime.manifest import ArtifactError, sha256_file, write_manifest
 from collage_runtime.rt_module import RegionFailure
 from collage_runtime.shaped import ShapedProgram, dynamic_runner
@@ -613,7 +613,7 @@ def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: S
             run(arrays)
             times[kind] = _median_seconds(run, arrays, repeats)
         except Exception as exc:  # noqa: BLE001  an engine that cannot run the model is left out
-            problems.append(f"{kind.value}: {' '.join(str(exc).split())[:120]}")
+            problems.append(f"{kind.value}: {engine_message(exc, 160)}")
     return times, problems
 
 

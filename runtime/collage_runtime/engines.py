@@ -36,6 +36,7 @@ Engine objects are created on first use, so a program without OpenVINO regions n
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -199,3 +200,11 @@ def _xla_client():
     from jax._src.lib import xla_client as xc
 
     return xc.make_cpu_client(asynchronous=False)
+
+
+def engine_message(exc: BaseException, limit: int = 200) -> str:
+    """An engine's error as one line of at most ``limit`` characters: OpenVINO's chain of source locations
+    ("Exception from src/inference/src/cpp/core.cpp:117:") dropped, as its reason comes after them, and of a
+    longer text the end kept (ONNX Runtime's reason comes last)."""
+    text = " ".join(re.sub(r"Exception from src/\S+:\d+:", " ", str(exc)).split()) or type(exc).__name__
+    return text if len(text) <= limit else "..." + text[-limit:]

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .engines import Engines, iree_device, usable_cores
+from .engines import Engines, engine_message, iree_device, usable_cores
 from .manifest import ArtifactError
 from .package import is_package, unpack
 from .program import InputError, Program, close_at_exit, mapped_array
@@ -54,7 +54,7 @@ class ShapedProgram:
             except Exception as exc:  # noqa: BLE001  ORT and OpenVINO raise their own types
                 self.close()
                 raise ArtifactError(f"{self.root / self.table.fallback.file}: {self.table.fallback.value} cannot load "
-                                    f"the fallback model (...{' '.join(str(exc).split())[-200:]})") from None  # ORT's reason comes last
+                                    f"the fallback model ({engine_message(exc)})") from None
         self._lock = threading.Lock()
 
     def program(self, bucket: Bucket) -> Program:

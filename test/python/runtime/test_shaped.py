@@ -111,6 +111,21 @@ def test_cli_run_refuses_a_shape_out_of_range_in_one_line(dynamic_cnn, tmp_path)
         collage_runtime.load(art)
 
 
+@pytest.mark.fast
+def test_an_engines_error_keeps_its_reason():
+    """OpenVINO's reason comes after a chain of its source locations, which a cut at the front kept alone
+    ("openvino: Exception from src/inference/src/cpp/core.cpp:117: Exception from src/inference/src/dev/plugin.cpp:54:
+    Exception from sr"); ONNX Runtime's comes last."""
+    from collage_runtime.engines import engine_message
+
+    chain = RuntimeError("Exception from src/inference/src/cpp/core.cpp:117:\nException from "
+                         "src/inference/src/dev/plugin.cpp:54:\nCheck 'index < m_inputs.size()' failed")
+    assert engine_message(chain) == "Check 'index < m_inputs.size()' failed"
+    long = RuntimeError("[ONNXRuntimeError] : 1 : FAIL : " + "x" * 300 + " Unsupported model IR version: 14")
+    assert engine_message(long, 60).endswith("Unsupported model IR version: 14") and len(engine_message(long, 60)) == 63
+    assert engine_message(ValueError()) == "ValueError"
+
+
 def test_an_engine_error_in_the_fallback_is_one_line(tmp_path, capsys):
     """An embedding lookup with a dynamic batch: ids out of the table's range make the fallback engine (ONNX
     Runtime) raise; `collage run` says so in one line naming the fallback (it was a traceback). A fallback
