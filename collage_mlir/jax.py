@@ -24,7 +24,7 @@ from collage_runtime.shapes import Axes, bucket_for, cut_to, dims_label, pad_to
 from .entry import Int8, PlanChoice, choose_plan, compile_cached, quantize
 from .errors import CollageError
 from .frontends.onnx_calibrate import Agreement
-from .frontends.dims import PYTHON, DimPlan, argument_axes, check_declared, input_values
+from .frontends.dims import PYTHON, DimPlan, argument_axes, check_declared, input_values, renamed_axes
 from .frontends import stablehlo
 from .frontends.jax import import_jax
 from .ir import new_context
@@ -136,8 +136,7 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
         leaves = [np.asarray(a) for a in leaves]
         if "axes" not in state:
             state["axes"] = symbol_axes(exported, plan_of_dims.dims) if exported is not None \
-                else tuple(tuple(same.get(n, n) if n else None for n in row)
-                           for row in argument_axes(leaves, DimPlan.declared(each).dims, PYTHON))
+                else renamed_axes(argument_axes(leaves, DimPlan.declared(each).dims, PYTHON), same)
             state["fixed"] = _fixed(exported, leaves, state["axes"])
         _check_fixed(state["fixed"], leaves)
         axes = state["axes"]

@@ -36,7 +36,7 @@ from .entry import (Int8, PlanChoice, artifact_key, cached_artifact, cached_f32,
                     quantize, quantize_file)
 from .errors import CollageError
 from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, dim_names, exported_dims, input_values,
-                              named_onnx_dims, resized)
+                              named_onnx_dims, renamed_axes, resized)
 from .frontends.onnx_calibrate import Agreement
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
 from .graph import number_ops
@@ -491,16 +491,15 @@ class DynamicGraph:
 
 def _resized_batch(batch, shapes: Sequence[tuple]):
     """A calibration batch (a tensor, or a tuple of tensors) at ``shapes``: each tensor of the same rank cut, or
-    its entries repeated, along each axis of another size (an ids sequence of 32 tokens calibrates a call on 20
-    or 64); the rest left as they are, for ``compile`` to say what does not fit."""
-    tensors = batch if isinstance(batch, (tuple, list)) else (batch,)
-    out = []
-    for tensor, shape in zip(tensors, list(shapes) + [None] * len(tensors)):
-        if shape is not None and hasattr(tensor, "repeat_interleave") and tensor.dim() == len(shape):
-            for axis, n in enumerate(shape):
-                if tensor.shape[axis] != n:
-                    tensor = tensor.repeat_interleave(-(-n // tensor.shape[axis]), dim=axis).narrow(axis, 0, n)
-        out.append(tensor)
+    its entries repeated, along each axis of another size (``resized``: an ids sequence of 32 tokens calibrates
+    a call on 20 or 64); the rest left as they are, for ``compile`` to say what does not fit."""
+    tensors = list(batch) if isinstance(batch, (tuple, list)) else [batch]
+    fits = [hasattr(t, "repeat_interleave") and k < len(shapes) and t.dim() == len(shapes[k])
+            for k, t in enumerate(tensors)]
+    axes = tuple(tuple(f"{k}.{a}" if ok and t.shape[a] != shapes[k][a] else None for a in range(len(t.shape)))
+                 if ok else () for k, (t, ok) in enumerate(zip(tensors, fits)))
+    values = {name: shapes[k][a] for k, row in enumerate(axes) for a, name in enumerate(row) if name}
+    out = [r if ok else t for t, r, ok in zip(tensors, resized(tensors, axes, values), fits)]
     return tuple(out) if isinstance(batch, (tuple, list)) else out[0]
 
 
@@ -521,7 +520,7 @@ def _one_per_size(program, example: Sequence, plan: DimPlan, axes):
                                f"(got {b} and {a})")
     return (DimPlan.of([d for d in plan.dims if renamed.get(d.name, d.name) == d.name], {},
                        list(dict.fromkeys(renamed.get(n, n) for n in plan.pad)), PYTHON),
-            tuple(tuple(renamed.get(n, n) if n else None for n in names) for names in axes))
+            renamed_axes(axes, renamed))
 
 
 def _sized_graph(gm, weights: dict, scalars: frozenset, tensors: Sequence[int],

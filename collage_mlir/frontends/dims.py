@@ -432,6 +432,11 @@ def dim_names(axes: Axes) -> dict[str, str]:
     return {f"{k}.{a}": name for k, row in enumerate(axes) for a, name in enumerate(row) if name is not None}
 
 
+def renamed_axes(axes: Axes, names: Mapping[str, str]) -> Axes:
+    """``axes`` with each dim ``names`` maps renamed (axes declared apart that are one dim)."""
+    return tuple(tuple(names.get(n, n) if n else None for n in row) for row in axes)
+
+
 def resized(examples: Sequence, axes: Axes, values: Mapping[str, int]) -> list:
     """The example tensors at a bucket's shape (repeated or cut along each dynamic axis)."""
     out = []

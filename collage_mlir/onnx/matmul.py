@@ -61,8 +61,7 @@ def _dot_general(b: _Builder, op, ins):
         at |= {("l", m): nb + len(lx) + len(rx), ("r", n): nb + len(lx) + len(rx) + 1}
         return [b.transpose(y, list(range(nb)) + [at["l", i] for i in lfree] + [at["r", i] for i in rfree])]
     ls, rs = _shape(op.operands[0]), _shape(op.operands[1])
-    lfree = [i for i in range(len(ls)) if i not in d.lhs_batch + d.lhs_contract]
-    rfree = [i for i in range(len(rs)) if i not in d.rhs_batch + d.rhs_contract]
+    lfree, rfree = _free(op)
     batch = [ls[i] for i in d.lhs_batch]
     m = int(np.prod([ls[i] for i in lfree], dtype=np.int64))
     k = int(np.prod([ls[i] for i in d.lhs_contract], dtype=np.int64))
@@ -75,4 +74,3 @@ def _dot_general(b: _Builder, op, ins):
     c = b.reshape(c, batch + [k, n], [rs[i] for i in rperm])
     y = b.node("MatMul", [a, c])
     return [b.reshape(y, _shape(op.results[0]), batch + [m, n])]
-
