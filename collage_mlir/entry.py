@@ -13,17 +13,19 @@ import json
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from collage_runtime.shapes import Fallback
 from collage_runtime.types import NumberFormat
 
 from .backends import get_backend
 from .errors import CollageError
 from .dialects import collage
 from .frontends import cache_dir, write_cache
+from .frontends.dims import PYTHON, DimPlan, check_declared
 from .frontends.onnx_calibrate import (Agreement, Calibration, CalibrationMethod, program_on_held_out,
                                        quantize_onnx, samples_file)
 from .graph import Graph, number_ops, public_funcs
@@ -41,6 +43,23 @@ from .search.tune import tune
 
 #: Search budget of ``plan="tune"`` when no ``tune_budget`` is given.
 DEFAULT_TUNE_BUDGET_S = 60.0
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How an entry point places and builds a module, or each bucket of a declared range (``compile``'s
+    keywords): the plan (None: tuned before, else a tune within ``tune_budget``, else the default), the
+    backends and precision a tune takes, its seed and cost DB, the cores the program's engines share, and
+    whether each import is checked against the framework."""
+
+    plan: str | None = None
+    tune_budget: float | None = None
+    backends: Sequence[str] | None = None
+    precision: str | None = None
+    seed: int = 0
+    db: str | Path | None = None
+    threads: int | None = None
+    check_import: bool = True
 
 
 @dataclass(frozen=True)
@@ -273,3 +292,61 @@ def compile_cached(module: ir.Module, choice: PlanChoice, source: str) -> Path:
     if not out.exists():
         compile_module(module, choice.plan, out, source=source, provenance=choice.provenance)
     return out
+
+
+def planned_buckets(dim_plan: DimPlan, arrays_at: Callable[[dict[str, int]], list[np.ndarray]], options: BuildOptions,
+                    imported: Callable, seed: bytes):
+    """Every bucket of ``dim_plan``: the module ``imported(values, arrays)`` gives for it (``arrays``:
+    ``arrays_at(values)``, the example inputs at the bucket's shape), numbered and given its plan as ``compile``
+    gives it (``tune_budget`` shared between the buckets). (the grid, the ``BucketModel``s, the artifact key:
+    ``seed``, the declared dims and each bucket's ``artifact_key``)."""
+    from .shaped import BucketModel  # when used: see choose_plan
+
+    grid = dim_plan.grid()
+    budget = options.tune_budget and options.tune_budget / len(grid)
+    declared = [[d.name, d.min, d.opt, d.max] for d in dim_plan.dims] + [list(dim_plan.pad)]
+    models, key = [], hashlib.sha256(seed + json.dumps(declared).encode())
+    for values in grid:
+        arrays = arrays_at(values)
+        module = imported(values, arrays)
+        number_ops(module)
+        tuning = options.plan == "tune" or bool(budget)
+        choice = choose_plan(module, options.plan, tune_budget=budget, backends=options.backends, seed=options.seed,
+                             db=options.db, examples={"main": arrays} if tuning else None,
+                             precision=options.precision)
+        models.append(BucketModel(module, choice.plan, choice.provenance))
+        key.update(artifact_key(module, choice).encode())
+    return grid, models, key
+
+
+def compile_int8_range(f32: bytes, dim_plan: DimPlan, arrays_at: Callable[[dict[str, int]], list[np.ndarray]],
+                       options: BuildOptions, request: Int8, source: str) -> tuple[Path, Quantized]:
+    """A model with dynamic dims in int8, from ``f32`` (its f32 ONNX form, each ``dim_param`` named as the
+    declared dims name it): quantized once from ``request``'s batches (``quantize_file``: one set of scales
+    for every shape), then compiled as ``collage compile --dim`` compiles a quantized ONNX model: each bucket
+    (``arrays_at(values)``: the example inputs at its shape, for the import check and a tune) given its plan
+    as ``compile`` gives it (none given: whole on an int8 engine, ``shaped.int8_buckets_plan``), the faster of
+    ONNX Runtime and OpenVINO on the int8 model with its dims between buckets (where buckets and padding leave
+    a gap). The artifact, in the compile cache, and the ``Quantized`` model its program is checked with."""
+    from .shaped import compile_shaped, file_fallback, int8_buckets_plan, load_bucket, model_file_axes
+
+    quantized = quantize_file(cached_f32(f32, lambda: f32), request)
+    file_axes, dynamic_model = model_file_axes(quantized.int8)
+    check_declared(file_axes, dim_plan.dims, PYTHON)
+
+    def imported(values: dict[str, int], arrays: list[np.ndarray]):
+        return load_bucket(quantized.int8, values, new_context(), check_import=options.check_import, inputs=arrays)
+
+    fallback = None  # timed where needed: for the plan, or for an artifact not compiled before
+    if options.plan is None and not options.tune_budget:  # IREE computes int8 in f32: an int8 engine
+        fallback = file_fallback(dynamic_model, dim_plan, file_axes)
+        options = replace(options, plan=int8_buckets_plan(dynamic_model, dim_plan, fallback)[0])
+    grid, models, key = planned_buckets(dim_plan, arrays_at, replace(options, precision=None), imported,
+                                        seed=quantized.int8.name.encode())
+    out = cached_artifact(key.hexdigest()[:16])
+    if not out.exists():
+        if fallback is None:
+            fallback = file_fallback(dynamic_model, dim_plan, file_axes)
+        compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
+                       source=f"{source} int8", fallback_model=None if fallback is Fallback.NONE else dynamic_model)
+    return out, quantized

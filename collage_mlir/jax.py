@@ -13,7 +13,9 @@ directory.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,10 +23,11 @@ import numpy as np
 
 from collage_runtime.shapes import Axes, bucket_for, cut_to, dims_label, pad_to
 
-from .entry import Int8, PlanChoice, choose_plan, compile_cached, quantize
+from .entry import BuildOptions, Int8, PlanChoice, choose_plan, compile_cached, compile_int8_range, quantize
 from .errors import CollageError
 from .frontends.onnx_calibrate import Agreement
-from .frontends.dims import PYTHON, DimPlan, argument_axes, check_declared, input_values, renamed_axes
+from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, input_values, named_onnx_dims,
+                              renamed_axes, resized_batch)
 from .frontends import stablehlo
 from .frontends.jax import import_jax
 from .ir import new_context
@@ -66,37 +69,46 @@ def compile(fn: Callable, *example_args, plan: str | None = None, tune_budget: f
     arguments' shapes (the last quarter held out; ``max_drop`` bounds the share of them whose top class
     changes, checked on the compiled program too: ``agreement``). Weights ``fn`` closes over are constants,
     quantized per channel; weights passed as arguments are quantized as activations."""
+    int8 = Int8.requested(precision, calibrate, calibration_method, max_drop, _leaves)
+    return _compile(fn, example_args, BuildOptions(plan, tune_budget, backends, None if int8 else precision, db=db,
+                                                   threads=threads, check_import=check_import), int8)
+
+
+def _compile(fn: Callable, example_args: tuple, options: BuildOptions, int8: Int8 | None) -> CompiledFunction:
+    """``compile``'s work, its keywords as ``options`` (an int8 module is tuned at its own precision: None) and
+    ``int8``'s batches, each the flattened arguments."""
     import jax
 
     import collage_runtime
 
-    int8 = Int8.requested(precision, calibrate, calibration_method, max_drop,
-                          lambda b: [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(b))])
-    precision = None if int8 else precision  # an int8 module is tuned at its own precision
     fn = _callable(fn)
+    name = f"jax:{getattr(fn, '__name__', 'fn')}"
     module = import_jax(fn, example_args, new_context())
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
     leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(example_args)]
-    # device_put: the dtypes jax canonicalizes to (no x64: int64 becomes int32), as lowered
-    canonical = [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(example_args))]
-    if check_import:
-        check(module, jax_source(fn, example_args), canonical, where=f"jax:{getattr(fn, '__name__', 'fn')}")
+    canonical = _leaves(example_args)
+    if options.check_import:
+        check(module, jax_source(fn, example_args), canonical, where=name)
     quantized = None
     if int8 is not None:
-        module, quantized = quantize(module, int8, canonical, check_import=check_import)
-    choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, db=db, examples={"main": leaves},
-                         precision=precision, int8_model=quantized and quantized.int8)
-    out = compile_cached(module, choice, source=f"jax:{getattr(fn, '__name__', 'fn')}")
-    program = collage_runtime.load(out, threads=threads)
+        module, quantized = quantize(module, int8, canonical, check_import=options.check_import)
+    choice = choose_plan(module, options.plan, tune_budget=options.tune_budget, backends=options.backends,
+                         db=options.db, examples={"main": leaves}, precision=options.precision,
+                         int8_model=quantized and quantized.int8)
+    out = compile_cached(module, choice, source=name)
+    program = collage_runtime.load(out, threads=options.threads)
     return CompiledFunction(program, out_tree, choice, quantized.check(program) if quantized else None)
 
 
 def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = None,
         backends: Sequence[str] | None = None, precision: str | None = None, db: str | Path | None = None,
         check_import: bool = True, dims: Mapping["str | tuple[str, ...]", "int | tuple[int, int, int]"] | None = None,
-        pad: Sequence[str] = ()) -> Callable[..., Any]:
+        pad: Sequence[str] = (), calibrate: Sequence | None = None, calibration_method: str = "minmax",
+        max_drop: float | None = None) -> Callable[..., Any]:
     """Like ``jax.jit``: compiles ``fn`` with collage on the first call for each input signature, its plan
-    chosen as ``compile`` chooses it (``plan``, ``tune_budget``, ``backends``, ``precision``, ``db``).
+    chosen as ``compile`` chooses it (``plan``, ``tune_budget``, ``backends``, ``precision``, ``db``;
+    ``precision="int8"`` with ``calibrate``, ``calibration_method`` and ``max_drop`` as ``compile`` takes them,
+    the batches cut or repeated to each signature's shapes: ``dims.resized_batch``).
 
     ``dims`` (``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the flattened array arguments, a tuple of
     them for axes of one size: ``{("0.1", "1.1"): (8, 64, 128)}``, token ids' and their mask's sequence, the
@@ -110,11 +122,16 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
     OpenVINO; built with the buckets and checked against the OPT bucket): an ``Exported``'s own module, or
     ``fn`` exported with a symbol per declared dim. Where jax cannot export
     ``fn`` so (its Python depends on a dim's value), a warning says why and such a shape is compiled on
-    first use, as ``jax.jit`` does."""
+    first use, as ``jax.jit`` does. In int8 a declared range is one artifact (``entry.compile_int8_range``):
+    the module with its symbolic dims translated to ONNX and quantized once, its buckets and what serves
+    between them on the int8 engines; where it cannot be built, a warning says why and each shape is
+    compiled on first use."""
     import jax
 
+    int8 = Int8.requested(precision, calibrate, calibration_method, max_drop, _leaves)
+    options = BuildOptions(plan, tune_budget, backends, None if int8 else precision, db=db, check_import=check_import)
     exported = fn if isinstance(fn, jax.export.Exported) else None
-    fn = _callable(fn)  # an Exported: the function that calls it
+    fn = _callable(fn)
     compiled: dict[tuple, CompiledFunction] = {}
     each, same = _one_dim_per_key(dims or {}, exported is not None)
     plan_of_dims = DimPlan.declared({n: v for n, v in each.items() if n not in same},
@@ -124,9 +141,9 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
     def signature_call(leaves: list, tree):
         key = _key(leaves, tree)
         if key not in compiled:
-            compiled[key] = compile(fn, *jax.tree_util.tree_unflatten(tree, leaves), plan=plan,
-                                    tune_budget=tune_budget, backends=backends, precision=precision, db=db,
-                                    check_import=check_import)
+            shapes = [np.shape(a) for a in leaves]
+            at_shape = int8 and replace(int8, samples=tuple(resized_batch(b, shapes) for b in int8.samples))
+            compiled[key] = _compile(fn, jax.tree_util.tree_unflatten(tree, leaves), options, at_shape)
         return compiled[key](*jax.tree_util.tree_unflatten(tree, leaves))
 
     def call(*args):
@@ -142,6 +159,15 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
         axes = state["axes"]
         values = input_values(axes, leaves, "jit")
         plan_of_dims.check(values)
+        if int8 is not None and "range" not in state:
+            source = exported if exported is not None else _exported(fn, leaves, tree, axes)
+            state["range"] = source and _int8_range(source, fn, args, plan_of_dims, axes, options, int8)
+            state["out_tree"] = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
+        if state.get("range") is not None:
+            program = state["range"]
+            return jax.tree_util.tree_unflatten(state["out_tree"], list(program.invoke(program.table.function, *leaves)))
+        if int8 is not None:  # the range did not build: each shape compiled on first use
+            return signature_call(leaves, tree)
         if "outputs" not in state:  # every bucket compiled at once; which result axes carry the dims
             shapes, opt = [], {d.name: d.opt for d in plan_of_dims.dims}
             for bucket in plan_of_dims.grid():
@@ -177,6 +203,37 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
                                                        for r, names in zip(results, state["outputs"])])
 
     return call
+
+
+def _int8_range(exported, fn: Callable, args: tuple, dim_plan: DimPlan, axes: Axes, options: BuildOptions,
+                int8: Int8):
+    """The declared range in int8 as one loaded artifact (``entry.compile_int8_range``): ``exported``'s module
+    (symbolic dims) translated to ONNX with its dims kept (``shaped.dynamic_onnx``), named as ``axes`` names
+    them, checked on the held-out batches (above ``max_drop``: the CollageError stands). None, with a warning
+    saying why, where the module does not translate or its buckets do not build."""
+    import warnings
+
+    import collage_runtime
+
+    from .shaped import dynamic_onnx  # when used: see entry.choose_plan
+
+    name = f"jax:{getattr(fn, '__name__', 'fn')}"
+    leaves = _leaves(args)
+    try:
+        model = dynamic_onnx(stablehlo.parse(exported.mlir_module(), new_context(), where=name), name)
+        with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
+            (Path(tmp) / "model.onnx").write_bytes(model.SerializeToString())
+            data = named_onnx_dims(Path(tmp) / "model.onnx", axes)
+        out, quantized = compile_int8_range(data, dim_plan, lambda values: [_resize(a, names, values)
+                                                                             for a, names in zip(leaves, axes)],
+                                            options, int8, source=name)
+    except CollageError as exc:
+        warnings.warn(f"collage_mlir.jax.jit: the int8 range is not one artifact ({exc}); each shape compiles on "
+                      "first use", RuntimeWarning, stacklevel=3)
+        return None
+    program = collage_runtime.load(out, threads=options.threads)
+    quantized.check(program)
+    return program
 
 
 def _one_dim_per_key(dims: Mapping, exported: bool) -> tuple[dict, dict[str, str]]:
@@ -257,6 +314,14 @@ def _dynamic_runner(exported, arrays: list, want: list, bucket: str, slack: floa
                           bucket, Path(directory.name), slack=slack)
     weakref.finalize(run, directory.cleanup)  # the engine's file lives as long as its runner
     return run
+
+
+def _leaves(args) -> list[np.ndarray]:
+    """``args``' flattened arrays in the dtypes jax canonicalizes them to (``device_put``; no x64: int64 becomes
+    int32), as they are lowered."""
+    import jax
+
+    return [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_put(args))]
 
 
 def _callable(fn):

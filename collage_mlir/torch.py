@@ -17,13 +17,10 @@ frozen back in (``DynamoGraph``): the same module as ``compile(model, ...)``, so
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
 import tempfile
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -32,19 +29,18 @@ import numpy as np
 from collage_runtime.shapes import Fallback, dims_label
 from collage_runtime.types import NumberFormat
 
-from .entry import (Int8, PlanChoice, artifact_key, cached_artifact, cached_f32, choose_plan, compile_cached,
-                    quantize, quantize_file)
+from .entry import (BuildOptions, Int8, PlanChoice, cached_artifact, choose_plan, compile_cached, compile_int8_range,
+                    planned_buckets, quantize)
 from .errors import CollageError
-from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, dim_names, exported_dims, input_values,
-                              named_onnx_dims, renamed_axes, resized)
+from .frontends.dims import (PYTHON, DimPlan, argument_axes, dim_names, exported_dims, input_values,
+                              named_onnx_dims, renamed_axes, resized, resized_batch)
 from .frontends.onnx_calibrate import Agreement
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
-from .graph import number_ops
 from .ir import new_context
 from .measure.import_check import check_import as check, torch_source
 
 #: The keywords of ``compile`` a program per shape bucket is compiled with (the rest quantize: ``Int8``).
-SHAPED_OPTIONS = ("plan", "tune_budget", "backends", "precision", "seed", "db", "threads", "check_import")
+SHAPED_OPTIONS = tuple(f.name for f in fields(BuildOptions))
 #: ``torch.compile(..., options={...})`` keys the ``collage`` backend takes (``compile``'s keywords).
 DYNAMO_OPTIONS = (*SHAPED_OPTIONS, "calibrate", "calibration_method", "max_drop")
 
@@ -119,7 +115,7 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
         dims, axes = exported_dims(model, args, named=True)
         alias = dim_names(axes)  # a Dim("seq") of argument 0's axis 1 is "seq" or "0.1"
         buckets, pad = {alias.get(n, n): v for n, v in (buckets or {}).items()}, [alias.get(n, n) for n in pad]
-        options = dict(zip(SHAPED_OPTIONS, (plan, tune_budget, backends, precision, seed, db, threads, check_import)))
+        options = BuildOptions(plan, tune_budget, backends, precision, seed, db, threads, check_import)
         if dims and int8:
             return _compile_int8_shaped(model, list(args), DimPlan.of(dims, buckets or {}, pad, PYTHON), axes, options,
                                         int8)
@@ -174,7 +170,7 @@ class ShapedModule:
         return pytree.tree_unflatten([to_torch(o) for o in outs], self._out_spec)
 
 
-def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict, program=None) -> ShapedModule:
+def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: BuildOptions, program=None) -> ShapedModule:
     """Every bucket of ``dim_plan`` imported, checked and given its plan, then compiled into one artifact of
     shape buckets under the cache directory (keyed by the buckets' modules and plans). Shapes between
     buckets that padding does not serve run on the exported ``program`` with its dynamic dims kept:
@@ -204,19 +200,20 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
     def imported(values: dict[str, int], arrays: list[np.ndarray]):
         inputs = resized(example, axes, values)
         module = import_torch(model, inputs, new_context())
-        if options["check_import"]:
+        if options.check_import:
             check(module, torch_source(model, inputs), arrays, where=f"torch:{type(model).__name__} at "
                                                                  f"{dims_label(values)}")
         return module
 
-    grid, models, key = _planned_buckets(dim_plan, example, axes, options, imported, seed=b"")
+    grid, models, key = planned_buckets(dim_plan, lambda values: [to_numpy(a) for a in resized(example, axes, values)],
+                                        options, imported, seed=b"")
     if needed:
         key.update(dynamic.operation.get_asm(binary=True) if dynamic is not None else program.graph_module.code.encode())
     out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
         with tempfile.TemporaryDirectory(prefix="collage-dynamic-") as tmp:
             fallback, kind = None, Fallback.NONE
-            bf16 = options["precision"] == NumberFormat.BF16.value  # the fallback may compute in bf16 too
+            bf16 = options.precision == NumberFormat.BF16.value  # the fallback may compute in bf16 too
             if dynamic is not None:  # the fastest engine that runs it: IREE, or its ONNX translation
                 fallback = Path(tmp) / "dynamic.mlirbc"
                 with open(fallback, "wb") as f:
@@ -234,75 +231,28 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: dict
             compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,
                            source=f"torch:{type(model).__name__}", fallback_model=fallback, fallback=kind,
                            translated=fallback is not None)
-    return ShapedModule(collage_runtime.load(out, threads=options["threads"]), out_spec)
+    return ShapedModule(collage_runtime.load(out, threads=options.threads), out_spec)
 
 
-def _planned_buckets(dim_plan: DimPlan, example: list, axes, options: dict, imported, seed: bytes):
-    """Every bucket of ``dim_plan``: the module ``imported(values, arrays)`` gives for it (``arrays``: the example
-    inputs resized to the bucket), numbered and given its plan as ``compile`` gives it (``tune_budget`` shared
-    between the buckets). (the grid, the ``BucketModel``s, the artifact key: ``seed``, the declared dims and each
-    bucket's ``artifact_key``)."""
-    from .shaped import BucketModel  # when used: see _compile_shaped
-
-    grid = dim_plan.grid()
-    budget = options["tune_budget"] and options["tune_budget"] / len(grid)
-    declared = [[d.name, d.min, d.opt, d.max] for d in dim_plan.dims] + [list(dim_plan.pad)]
-    models, key = [], hashlib.sha256(seed + json.dumps(declared).encode())
-    for values in grid:
-        arrays = [to_numpy(a) for a in resized(example, axes, values)]
-        module = imported(values, arrays)
-        number_ops(module)
-        tuning = options["plan"] == "tune" or bool(budget)
-        choice = choose_plan(module, options["plan"], tune_budget=budget, backends=options["backends"],
-                             seed=options["seed"], db=options["db"], examples={"main": arrays} if tuning else None,
-                             precision=options["precision"])
-        models.append(BucketModel(module, choice.plan, choice.provenance))
-        key.update(artifact_key(module, choice).encode())
-    return grid, models, key
-
-
-def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, options: dict, int8: Int8) -> ShapedModule:
+def _compile_int8_shaped(program, example: list, dim_plan: DimPlan, axes, options: BuildOptions,
+                         int8: Int8) -> ShapedModule:
     """An exported program with dynamic dims, in int8: torch's ONNX exporter writes it with its dims kept (each
-    renamed as ``axes`` names them), quantized once from the calibration batches (``entry.quantize_file``: one
-    set of scales for every shape), then compiled as ``collage compile --dim`` compiles a quantized ONNX model:
-    each bucket given its plan as ``compile`` gives it (none given: whole on an int8 engine,
-    ``shaped.int8_buckets_plan``), the faster of ONNX Runtime and OpenVINO on the int8 model
-    with its dims between buckets (where buckets and padding leave a gap); checked on the held-out batches,
-    batched each way the artifact serves a batch."""
+    renamed as ``axes`` names them), then ``entry.compile_int8_range`` quantizes it once and compiles its
+    buckets and what serves between them; checked on the held-out batches, batched each way the artifact
+    serves a batch."""
     import torch
     from torch.utils import _pytree as pytree
 
     import collage_runtime
 
-    from .shaped import compile_shaped, file_fallback, int8_buckets_plan, load_bucket, model_file_axes
-
     with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
         exported = export_onnx(program, (), Path(tmp) / "model.onnx", "the exported program")
         data = named_onnx_dims(exported, axes)
-    quantized = quantize_file(cached_f32(data, lambda: data), int8)
-    int8_path = quantized.int8
-    file_axes, dynamic_model = model_file_axes(int8_path)
-    check_declared(file_axes, dim_plan.dims, PYTHON)
     with torch.no_grad():
         _, out_spec = pytree.tree_flatten(program.module()(*example))
-
-    def imported(values: dict[str, int], arrays: list[np.ndarray]):
-        return load_bucket(int8_path, values, new_context(), check_import=options["check_import"], inputs=arrays)
-
-    fallback = None  # timed where needed: for the plan, or for an artifact not compiled before
-    if options["plan"] is None and not options["tune_budget"]:  # IREE computes int8 in f32: an int8 engine
-        fallback = file_fallback(dynamic_model, dim_plan, file_axes)
-        options = {**options, "plan": int8_buckets_plan(dynamic_model, dim_plan, fallback)[0]}
-    grid, models, key = _planned_buckets(dim_plan, example, axes, {**options, "precision": None}, imported,
-                                         seed=int8_path.name.encode())
-    out = cached_artifact(key.hexdigest()[:16])
-    if not out.exists():
-        if fallback is None:
-            fallback = file_fallback(dynamic_model, dim_plan, file_axes)
-        compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
-                       source=f"torch:{type(program).__name__} int8",
-                       fallback_model=None if fallback is Fallback.NONE else dynamic_model)
-    compiled = collage_runtime.load(out, threads=options["threads"])
+    out, quantized = compile_int8_range(data, dim_plan, lambda values: [to_numpy(a) for a in resized(example, axes, values)],
+                                        options, int8, source=f"torch:{type(program).__name__}")
+    compiled = collage_runtime.load(out, threads=options.threads)
     return ShapedModule(compiled, out_spec, quantized.check(compiled))
 
 
@@ -386,7 +336,7 @@ class DynamicGraph:
     or padding serves on first use. Without ``dims``, each shape is compiled as a static graph
     (``DynamoGraph`` of the graph with the sizes bound), once: programs are kept per shape, and
     ``compile_cached`` keeps artifacts across processes; in int8 each shape is calibrated on the batches cut
-    or repeated to it (``_resized_batch``)."""
+    or repeated to it (``dims.resized_batch``)."""
 
     def __init__(self, gm, example_inputs: Sequence, options: dict, dims: dict | None, pad: Sequence[str]):
         import torch
@@ -419,7 +369,7 @@ class DynamicGraph:
             sizes = {k: args[k] for k in self._sizes}
             options = self._options
             if self._int8 is not None:  # calibrated at this shape: the batches cut or repeated to it
-                options = options | {"calibrate": [_resized_batch(b, key) for b in self._options["calibrate"]]}
+                options = options | {"calibrate": [resized_batch(b, key) for b in self._options["calibrate"]]}
             try:
                 self._programs[key] = DynamoGraph(_BoundSizes(self._gm, sizes),
                                                   [a for k, a in enumerate(args) if k not in self._sizes],
@@ -474,33 +424,18 @@ class DynamicGraph:
                 warnings.warn(f"collage: the graph does not export with symbolic dims ({why}); shapes no bucket "
                               "or padding serves compile on first use", RuntimeWarning, stacklevel=3)
                 return None
-        defaults = {name: inspect.signature(compile).parameters[name].default for name in DYNAMO_OPTIONS}
-        options = defaults | self._options
+        options = BuildOptions(**{k: v for k, v in self._options.items() if k in SHAPED_OPTIONS})
         try:
             if program is not None:
                 self._plan, self._axes = _one_per_size(program, example, self._plan, self._axes)
             if self._int8 is not None:
-                return _compile_int8_shaped(program, example, self._plan, self._axes,
-                                            {k: options[k] for k in SHAPED_OPTIONS} | {"precision": None}, self._int8)
+                return _compile_int8_shaped(program, example, self._plan, self._axes, replace(options, precision=None),
+                                            self._int8)
             return _compile_shaped(model, example, self._plan, self._axes, options, program=program)
         except CollageError as exc:  # torch-mlir cannot import it with its dims, say: shape by shape, as above
             warnings.warn(f"collage: the declared range is not served by one artifact ({exc}); shapes compile on "
                           "first use", RuntimeWarning, stacklevel=3)
             return None
-
-
-def _resized_batch(batch, shapes: Sequence[tuple]):
-    """A calibration batch (a tensor, or a tuple of tensors) at ``shapes``: each tensor of the same rank cut, or
-    its entries repeated, along each axis of another size (``resized``: an ids sequence of 32 tokens calibrates
-    a call on 20 or 64); the rest left as they are, for ``compile`` to say what does not fit."""
-    tensors = list(batch) if isinstance(batch, (tuple, list)) else [batch]
-    fits = [hasattr(t, "repeat_interleave") and k < len(shapes) and t.dim() == len(shapes[k])
-            for k, t in enumerate(tensors)]
-    axes = tuple(tuple(f"{k}.{a}" if ok and t.shape[a] != shapes[k][a] else None for a in range(len(t.shape)))
-                 if ok else () for k, (t, ok) in enumerate(zip(tensors, fits)))
-    values = {name: shapes[k][a] for k, row in enumerate(axes) for a, name in enumerate(row) if name}
-    out = [r if ok else t for t, r, ok in zip(tensors, resized(tensors, axes, values), fits)]
-    return tuple(out) if isinstance(batch, (tuple, list)) else out[0]
 
 
 def _one_per_size(program, example: Sequence, plan: DimPlan, axes):

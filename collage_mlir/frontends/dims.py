@@ -438,16 +438,34 @@ def renamed_axes(axes: Axes, names: Mapping[str, str]) -> Axes:
 
 
 def resized(examples: Sequence, axes: Axes, values: Mapping[str, int]) -> list:
-    """The example tensors at a bucket's shape (repeated or cut along each dynamic axis)."""
+    """The example arrays (numpy arrays or torch tensors) at a bucket's shape: each entry repeated, then cut,
+    along each dynamic axis."""
     out = []
     for tensor, names in zip(examples, axes):
         for axis, name in enumerate(names):
             if name is not None:
                 n = values[name]
                 reps = -(-n // tensor.shape[axis])
-                tensor = tensor.repeat_interleave(reps, dim=axis).narrow(axis, 0, n)
+                if isinstance(tensor, np.ndarray):
+                    tensor = np.repeat(tensor, reps, axis=axis).take(np.arange(n), axis=axis)
+                else:
+                    tensor = tensor.repeat_interleave(reps, dim=axis).narrow(axis, 0, n)
         out.append(tensor)
     return out
+
+
+def resized_batch(batch, shapes: Sequence[tuple]):
+    """A calibration batch (an array or tensor, or a tuple of them: the model's inputs) at ``shapes``: each of
+    the same rank cut, or its entries repeated, along each axis of another size (``resized``: an ids sequence of
+    32 tokens calibrates a call on 20 or 64); the rest left as they are, for the compile to say what does not
+    fit."""
+    arrays = list(batch) if isinstance(batch, (tuple, list)) else [batch]
+    fits = [hasattr(t, "shape") and k < len(shapes) and len(t.shape) == len(shapes[k]) for k, t in enumerate(arrays)]
+    axes = tuple(tuple(f"{k}.{a}" if ok and t.shape[a] != shapes[k][a] else None for a in range(len(t.shape)))
+                 if ok else () for k, (t, ok) in enumerate(zip(arrays, fits)))
+    values = {name: shapes[k][a] for k, row in enumerate(axes) for a, name in enumerate(row) if name}
+    out = [r if ok else t for t, r, ok in zip(arrays, resized(arrays, axes, values), fits)]
+    return tuple(out) if isinstance(batch, (tuple, list)) else out[0]
 
 
 def workdir() -> tempfile.TemporaryDirectory:

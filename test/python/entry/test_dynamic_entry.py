@@ -208,16 +208,16 @@ def test_torch_compile_declared_dims_the_graph_makes_one_size(torch):
 def test_a_calibration_batch_is_resized_to_the_shape_compiled():
     """``torch.compile(..., dynamic=True)`` in int8 without dims compiles each shape on its own: the calibration
     batches (taken at one shape) are cut or repeated to it along the axes that differ; a tensor of another rank
-    stays as it is."""
+    stays as it is. The same for numpy arrays (``collage_mlir.jax.jit``'s batches)."""
     torch = pytest.importorskip("torch")
-    from collage_mlir.torch import _resized_batch
+    from collage_mlir.frontends.dims import resized_batch
 
-    ids, mask = torch.arange(6).reshape(1, 6), torch.ones(1, 6)
-    got = _resized_batch((ids, mask), [(1, 4), (1, 4)])
-    assert got[0].tolist() == [[0, 1, 2, 3]] and got[1].shape == (1, 4)
-    assert _resized_batch((ids, mask), [(2, 9), (2, 9)])[0].tolist() == [[0, 0, 1, 1, 2, 2, 3, 3, 4]] * 2
-    assert _resized_batch(ids, [(1, 3)]).tolist() == [[0, 1, 2]]
-    assert _resized_batch((ids, mask), [(1, 6, 1), (1, 6)])[0] is ids
+    for ids, mask in ((torch.arange(6).reshape(1, 6), torch.ones(1, 6)), (np.arange(6).reshape(1, 6), np.ones((1, 6)))):
+        got = resized_batch((ids, mask), [(1, 4), (1, 4)])
+        assert got[0].tolist() == [[0, 1, 2, 3]] and tuple(got[1].shape) == (1, 4)
+        assert resized_batch((ids, mask), [(2, 9), (2, 9)])[0].tolist() == [[0, 0, 1, 1, 2, 2, 3, 3, 4]] * 2
+        assert resized_batch(ids, [(1, 3)]).tolist() == [[0, 1, 2]]
+        assert resized_batch((ids, mask), [(1, 6, 1), (1, 6)])[0] is ids
 
 
 def test_torch_compile_declared_range_of_a_graph_that_specialises_its_dim(torch):
@@ -374,8 +374,8 @@ def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypat
     def f(x, w):
         return {"y": jnp.tanh(x @ w), "total": jnp.sum(w)}
 
-    compiled, real = [], entry.compile
-    monkeypatch.setattr(entry, "compile", lambda *a, **k: compiled.append(np.shape(a[1])) or real(*a, **k))
+    compiled, real = [], entry._compile  # (fn, example arguments, options, int8)
+    monkeypatch.setattr(entry, "_compile", lambda *a: compiled.append(np.shape(a[1][0])) or real(*a))
     run = entry.jit(f, dims={"0.0": (1, 2, 6)})
     for batch in (3, 1, 5, 6, 4):
         x = np.random.default_rng(batch).standard_normal((batch, 8)).astype(np.float32)

@@ -78,7 +78,10 @@ def test_int8_keywords_are_checked_in_one_line(torch):
         ct.compile(dynamic, [images[:64]])
 
 
-def test_a_jax_model_compiles_in_int8_from_calibration_batches():
+def test_a_jax_model_compiles_in_int8_from_calibration_batches(monkeypatch):
+    """``compile`` at the batches' shape; ``jit`` at another (the batches cut to it); ``jit`` with a declared
+    batch range: one artifact (the module exported with a symbolic batch, translated to ONNX and quantized
+    once), nothing compiled per shape in range."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     optax = pytest.importorskip("optax")

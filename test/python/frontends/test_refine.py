@@ -125,8 +125,8 @@ def test_jax_jit_of_an_exported_function_takes_its_symbols(monkeypatch):
     # Without pad: IREE's dynamic program of the exported module between buckets, nothing compiled per shape.
     import collage_mlir.jax as entry
 
-    compiled, real_compile = [], entry.compile
-    monkeypatch.setattr(entry, "compile", lambda *a, **k: compiled.append(a[1:]) or real_compile(*a, **k))
+    compiled, real_compile = [], entry._compile  # (fn, example arguments, options, int8)
+    monkeypatch.setattr(entry, "_compile", lambda *a: compiled.append(a[1]) or real_compile(*a))
     dynamic = collage_mlir.jax.jit(exported, dims={"b": (1, 2, 8)})
     for batch in (3, 5, 1, 8):
         x, mask = rng.standard_normal((batch, 16), np.float32), rng.standard_normal((batch, 2), np.float32)
