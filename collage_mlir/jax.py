@@ -14,6 +14,7 @@ directory.
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collage_runtime.shapes import Axes, bucket_for, cut_to, dims_label, pad_to
+from collage_runtime.shapes import Axes, DimRange, bucket_for, cut_to, dims_label, pad_to
 
 from .entry import BuildOptions, Int8, PlanChoice, choose_plan, compile_cached, compile_int8_range, quantize
 from .errors import CollageError
@@ -160,7 +161,7 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
         values = input_values(axes, leaves, "jit")
         plan_of_dims.check(values)
         if int8 is not None and "range" not in state:
-            source = exported if exported is not None else _exported(fn, leaves, tree, axes)
+            source = exported if exported is not None else _exported(fn, leaves, tree, axes, plan_of_dims.dims)
             state["range"] = source and _int8_range(source, fn, args, plan_of_dims, axes, options, int8)
             state["out_tree"] = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
         if state.get("range") is not None:
@@ -189,9 +190,13 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
                                     [_resize(a, names, top) for a, names in zip(leaves, axes)], axes,
                                     state["outputs"], top, small, dim.name, "jit")
             if plan_of_dims.unserved(fallback=False) is not None:
-                source = exported if exported is not None else _exported(fn, leaves, tree, axes)
+                source = exported if exported is not None else _exported(fn, leaves, tree, axes, plan_of_dims.dims)
                 if source is not None:
-                    state["dynamic"] = _dynamic_runner(source, *state.pop("check"))
+                    try:
+                        state["dynamic"] = _dynamic_runner(source, *state.pop("check"))
+                    except CollageError as exc:  # no engine takes its dims (a dynamic_gather): as jax.jit does
+                        warnings.warn(f"collage_mlir.jax.jit: {exc}; a shape between buckets compiles on first use",
+                                      RuntimeWarning, stacklevel=2)
         target = bucket_for(plan_of_dims.grid(), values, plan_of_dims.pad)
         if target is None and "dynamic" in state:
             return jax.tree_util.tree_unflatten(state["out_tree"], list(state["dynamic"](leaves)))
@@ -211,7 +216,6 @@ def _int8_range(exported, fn: Callable, args: tuple, dim_plan: DimPlan, axes: Ax
     (symbolic dims) translated to ONNX with its dims kept (``shaped.dynamic_onnx``), named as ``axes`` names
     them, checked on the held-out batches (above ``max_drop``: the CollageError stands). None, with a warning
     saying why, where the module does not translate or its buckets do not build."""
-    import warnings
 
     import collage_runtime
 
@@ -255,15 +259,18 @@ def _one_dim_per_key(dims: Mapping, exported: bool) -> tuple[dict, dict[str, str
     return each, same
 
 
-def _exported(fn: Callable, leaves: list, tree, axes: Axes):
+def _exported(fn: Callable, leaves: list, tree, axes: Axes, dims: Sequence[DimRange]):
     """``fn`` exported by ``jax.export`` for ``leaves``' dtypes and shapes with a symbol for each declared dim
-    (``d0``, ``d1``, ... in the order the axes name them), or None with a warning where jax refuses."""
-    import warnings
-
+    (``d0``, ``d1``, ... in the order the axes name them), constrained to its declared range (``x[:n]`` of a
+    table of 128 rows exports for ``n <= 128``), or None with a warning where jax refuses."""
     import jax
 
     names = list(dict.fromkeys(n for names in axes for n in names if n is not None))
-    symbols = dict(zip(names, jax.export.symbolic_shape(", ".join(f"d{k}" for k in range(len(names))))))
+    ranges = {d.name: d for d in dims}
+    constraints = [c for k, n in enumerate(names) if n in ranges
+                   for c in (f"d{k} >= {ranges[n].min}", f"d{k} <= {ranges[n].max}")]
+    symbols = dict(zip(names, jax.export.symbolic_shape(", ".join(f"d{k}" for k in range(len(names))),
+                                                        constraints=constraints)))
     specs = [jax.ShapeDtypeStruct(tuple(symbols[n] if n is not None else size for n, size in zip(names_, np.shape(a))),
                                   np.asarray(a).dtype) for a, names_ in zip(leaves, axes)]
     try:
@@ -310,8 +317,12 @@ def _dynamic_runner(exported, arrays: list, want: list, bucket: str, slack: floa
 
     where = "jax.export"
     directory = tempfile.TemporaryDirectory(prefix="collage-dynamic-")
-    run = fastest_dynamic(stablehlo.parse(exported.mlir_module(), new_context(), where=where), where, arrays, want,
-                          bucket, Path(directory.name), slack=slack)
+    try:
+        run = fastest_dynamic(stablehlo.parse(exported.mlir_module(), new_context(), where=where), where, arrays, want,
+                              bucket, Path(directory.name), slack=slack)
+    except BaseException:
+        directory.cleanup()
+        raise
     weakref.finalize(run, directory.cleanup)  # the engine's file lives as long as its runner
     return run
 

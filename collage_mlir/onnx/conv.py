@@ -11,12 +11,7 @@ from ..ir import ir
 from .builder import _Builder
 from .movement import _flip
 from .registry import float_operands, numeric_operands, register, static_known_types
-from .values import DTYPES, _constant_of, _dtype, _shape
-
-
-def _dims(v: ir.Value) -> list[int | None]:
-    """``v``'s shape, None for a dynamic dim."""
-    return list(sh.ranked_type(v)[0])
+from .values import DTYPES, _constant_of, _dims, _dtype, _shape
 
 
 def _window_padding(op: ir.Operation, rank: int) -> list[tuple[int, int]]:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dialects import stablehlo as sh
+from ..errors import CollageError
 from ..ir import ir
 from .builder import _Builder
 from .registry import register, static_moved_types
-from .values import DTYPES, _dtype, _shape
+from .values import DTYPES, _dims, _dtype
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def row_gather(op: ir.Operation) -> str | None:
         g = gather_info(op)
     except (KeyError, ValueError):
         return "unrecognised gather attributes"
-    operand, indices, result = _shape(op.operands[0]), _shape(op.operands[1]), _shape(op.results[0])
+    operand, indices, result = _dims(op.operands[0]), _dims(op.operands[1]), _dims(op.results[0])
     if g.batching_dims:
         return "no batching dims"
     if sorted(g.collapsed_slice_dims) != sorted(g.start_index_map):
@@ -65,11 +66,13 @@ def row_gather(op: ir.Operation) -> str | None:
 F32_EXACT = 2 ** 24
 
 
-@register("stablehlo.gather", when=(static_moved_types, row_gather))
+@register("stablehlo.gather", when=(static_moved_types, row_gather), dynamic=True)
 def _gather(b: _Builder, op, ins):
     g = gather_info(op)
-    operand, indices = _shape(op.operands[0]), _shape(op.operands[1])
+    operand, indices = _dims(op.operands[0]), _dims(op.operands[1])
     k = len(g.start_index_map)
+    if None in [operand[d] for d in g.start_index_map]:  # the clamp's bound is the indexed dims' size
+        raise CollageError(f"{op.location}: cannot export to ONNX: a gather along a dynamic dim")
     # StableHLO clamps start indices into range; ONNX would read out of bounds (or wrap negatives).
     hi = [operand[d] - 1 for d in g.start_index_map]
     idx = ins[1]
@@ -83,18 +86,16 @@ def _gather(b: _Builder, op, ins):
     else:
         idx = b.node("Cast", [idx], to=DTYPES["i64"][1]) if _dtype(op.operands[1]) != "i64" else idx
         idx = b.node("Min", [b.node("Max", [idx, b.ints([0])]), b.const(np.asarray(hi, np.int64), "hi")])
-    if g.index_vector_dim == len(indices):
-        indices = indices + [1]
-        idx = b.reshape(idx, indices)
+    implicit = g.index_vector_dim == len(indices)  # each index a scalar, not a vector of one
     rest = [d for d in range(len(operand)) if d not in g.start_index_map]
     x = b.transpose(ins[0], g.start_index_map + rest)
     if k == 1:  # a row lookup (embeddings): Gather, which every engine has a fast kernel for
-        y = b.node("Gather", [x, b.reshape(idx, indices[:-1], indices)], axis=0)
+        y = b.node("Gather", [x, idx if implicit else b.node("Squeeze", [idx, b.ints([len(indices) - 1])])], axis=0)
     else:
-        y = b.node("GatherND", [x, idx])
+        y = b.node("GatherND", [x, b.node("Unsqueeze", [idx, b.ints([len(indices)])]) if implicit else idx])
     # y is (index batch dims..., rest...); the result puts rest at offset_dims, batch dims in the others
     # (JAX's take_along_axis keeps a leading dim of size 1 as an offset dim).
-    rank = len(_shape(op.results[0]))
+    rank = len(_dims(op.results[0]))
     batch_pos = [p for p in range(rank) if p not in g.offset_dims]
     perm = [rank - len(rest) + g.offset_dims.index(p) if p in g.offset_dims else batch_pos.index(p)
             for p in range(rank)]

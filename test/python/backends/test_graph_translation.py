@@ -203,6 +203,43 @@ def test_jax_dot_product_attention_translates_with_a_dynamic_sequence(tmp_path):
             np.testing.assert_allclose(session.run(None, {"in0": x})[0], np.asarray(fn(x)), rtol=1e-4, atol=1e-5)
 
 
+def test_jax_embedding_lookups_translate_with_dynamic_ids(tmp_path):
+    """Token ids of a symbolic batch and length: ``table[ids]`` translates with the dims kept (``Gather`` on the
+    ids with their index vector of one squeezed), clamped into range as StableHLO clamps them; a gather along a
+    dynamic dim is one line. At every shape the session computes what jax does."""
+    jax = pytest.importorskip("jax")
+    ort = pytest.importorskip("onnxruntime")
+    import jax.numpy as jnp
+
+    from collage_mlir.frontends import stablehlo
+    from collage_mlir.shaped import dynamic_onnx
+
+    table = jnp.asarray(np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32))
+
+    def embed(ids, scores):
+        return table[ids].sum(-1) * scores
+
+    b, s = jax.export.symbolic_shape("b, s")
+    exported = jax.export.export(jax.jit(embed))(jax.ShapeDtypeStruct((b, s), np.int32),
+                                                 jax.ShapeDtypeStruct((b, s), np.float32))
+    path = tmp_path / "embed.mlir"
+    path.write_text(exported.mlir_module())
+    session = ort.InferenceSession(dynamic_onnx(stablehlo.load(path, new_context()), str(path)).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for shape in ((1, 5), (3, 12)):
+        ids = rng.integers(-3, 60, shape).astype(np.int32)  # out of range: clamped
+        scores = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"in0": ids, "in1": scores})[0], np.asarray(embed(ids, scores)),
+                                   rtol=1e-5, atol=1e-6)
+
+    rows = jax.export.export(jax.jit(lambda t, i: t[i]))(jax.ShapeDtypeStruct((s, 4), np.float32),
+                                                         jax.ShapeDtypeStruct((3,), np.int32))
+    path.write_text(rows.mlir_module())
+    with pytest.raises(CollageError, match="cannot export to ONNX: a gather along a dynamic dim"):
+        dynamic_onnx(stablehlo.load(path, new_context()), str(path))
+
+
 @pytest.fixture(scope="module")
 def references(torch, tmp_path_factory):
     """Per model: (input, IREE-alone output)."""

@@ -393,6 +393,21 @@ def test_jax_jit_declared_range_without_pad_compiles_nothing_per_shape(monkeypat
         assert np.asarray(stepwise(np.ones((5, 4), np.float32)))[0, 0] == 2.0
     assert (5, 4) in compiled
 
+    # Rows of a table cut to the length (positions): exported for lengths up to the declared MAX (a symbol
+    # unbounded above does not export); no engine takes its dynamic_gather, so a length between buckets
+    # compiles on first use, with one warning.
+    pos = jnp.asarray(np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32))
+
+    def positions(x):
+        return jnp.tanh(x + pos[:x.shape[1]])
+
+    compiled.clear()
+    with pytest.warns(RuntimeWarning, match="dynamic_gather has no ONNX translation.*compiles on first use"):
+        cut = entry.jit(positions, dims={"0.1": (2, 8, 16)})
+        x = np.ones((3, 5, 4), np.float32)
+        np.testing.assert_allclose(cut(x), positions(x), rtol=1e-5, atol=1e-6)
+    assert sorted(shape[1] for shape in compiled) == [2, 5, 8, 16]
+
 
 def test_jax_jit_with_bf16_buckets_checks_its_dynamic_engine_at_their_tolerance():
     """`collage_mlir.jax.jit(fn, dims=..., plan="whole:openvino-bf16")`: an f32 function whose buckets compute

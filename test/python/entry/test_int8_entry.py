@@ -183,3 +183,36 @@ def test_an_exported_program_with_a_dynamic_batch_compiles_in_int8(torch):
         _close_but_int8(got, want)
     with pytest.raises(InputError, match=r"dim 'batch'\) is 9, outside the declared range 1..8"):
         compiled(images[:9])
+
+
+def test_an_int8_engine_that_disagrees_with_the_quantized_model_is_left_out():
+    """OpenVINO's int8 kernels compute a masked mean over a sequence (``(h * mask).sum(1) / mask.sum(1)``, how a
+    transformer pools its output) far from ONNX Runtime, the quantizer's own engine: where no plan is given,
+    the int8 engine is chosen among those that agree with it (``shaped._engine_times``), so the program is
+    ONNX Runtime's and within ``QUANT_RTOL`` of f32, whichever engine is faster."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import collage_mlir.jax as cj
+    from collage_mlir.entry import Int8, quantize
+    from collage_mlir.frontends.jax import import_jax
+    from collage_mlir.ir import new_context
+    from collage_mlir.shaped import int8_plan
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (jnp.asarray(rng.standard_normal(s).astype(np.float32) * 0.3) for s in ((16, 16), (16, 3)))
+
+    def pool(x, mask):
+        return ((x @ w1) * mask[..., None]).sum(1) / mask.sum(1, keepdims=True) @ w2
+
+    def batch(seed):
+        return np.random.default_rng(seed).standard_normal((2, 8, 16)).astype(np.float32), np.ones((2, 8), np.float32)
+
+    calibrate = [batch(i) for i in range(8)]
+    _, quantized = quantize(import_jax(pool, batch(100), new_context()), Int8(tuple(calibrate)), list(batch(100)))
+    spec, line = int8_plan(quantized.int8, {})
+    assert spec == "whole:ort" and "openvino: disagrees with ort on the int8 model" in line
+    compiled = cj.compile(pool, *batch(100), precision="int8", calibrate=calibrate)
+    assert compiled.plan_how == "fastest int8 engine" and compiled.plan.regions[0].backend == "ort"
+    got, want = compiled(*batch(7)), np.asarray(pool(*batch(7)))
+    assert np.abs(got - want).max() <= QUANT_RTOL * np.abs(want).max()
