@@ -93,8 +93,8 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
     seconds when given, over ``backends`` (default: every available one) and, with ``precision="bf16"``,
     every usable backend computing in bf16 (``collage tune --precision bf16``; None: the model's own,
     ``search.tune_backends``); else the default plan, or for a module quantized from ``int8_model`` (its int8
-    ONNX form) the whole module on the int8 engine that runs that model fastest (``shaped.int8_plan``:
-    IREE computes int8 in f32)."""
+    ONNX form) the whole module on the int8 engine that runs that model fastest of those agreeing with ONNX
+    Runtime on ``examples`` (``shaped.int8_plan``: IREE computes int8 in f32)."""
     try:
         precision = None if precision is None else NumberFormat(precision)
     except ValueError:
@@ -125,7 +125,7 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
         # alive prints a leak report (test_exit_is_quiet_with_programs_and_results_alive).
         from .shaped import int8_plan, module_values
 
-        spec, _ = int8_plan(int8_model, module_values(int8_model, module))
+        spec, _ = int8_plan(int8_model, module_values(int8_model, module), agree_on=(examples or {}).get("main"))
         if spec != "default":
             return PlanChoice(resolve_plan(spec, graph), "fastest int8 engine", {"plan": spec})
     if plan is None and not tune_budget:
@@ -338,15 +338,16 @@ def compile_int8_range(f32: bytes, dim_plan: DimPlan, arrays_at: Callable[[dict[
         return load_bucket(quantized.int8, values, new_context(), check_import=options.check_import, inputs=arrays)
 
     fallback = None  # timed where needed: for the plan, or for an artifact not compiled before
+    sample = list(request.samples[-1])  # the engines must agree with ONNX Runtime on the user's data
     if options.plan is None and not options.tune_budget:  # IREE computes int8 in f32: an int8 engine
-        fallback = file_fallback(dynamic_model, dim_plan, file_axes)
-        options = replace(options, plan=int8_buckets_plan(dynamic_model, dim_plan, fallback)[0])
+        fallback = file_fallback(dynamic_model, dim_plan, file_axes, agree_on=sample)
+        options = replace(options, plan=int8_buckets_plan(dynamic_model, dim_plan, fallback, agree_on=sample)[0])
     grid, models, key = planned_buckets(dim_plan, arrays_at, replace(options, precision=None), imported,
                                         seed=quantized.int8.name.encode())
     out = cached_artifact(key.hexdigest()[:16])
     if not out.exists():
         if fallback is None:
-            fallback = file_fallback(dynamic_model, dim_plan, file_axes)
+            fallback = file_fallback(dynamic_model, dim_plan, file_axes, agree_on=sample)
         compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
                        source=f"{source} int8", fallback_model=None if fallback is Fallback.NONE else dynamic_model)
     return out, quantized

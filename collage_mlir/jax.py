@@ -86,7 +86,6 @@ def _compile(fn: Callable, example_args: tuple, options: BuildOptions, int8: Int
     name = f"jax:{getattr(fn, '__name__', 'fn')}"
     module = import_jax(fn, example_args, new_context())
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
-    leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(example_args)]
     canonical = _leaves(example_args)
     if options.check_import:
         check(module, jax_source(fn, example_args), canonical, where=name)
@@ -94,7 +93,7 @@ def _compile(fn: Callable, example_args: tuple, options: BuildOptions, int8: Int
     if int8 is not None:
         module, quantized = quantize(module, int8, canonical, check_import=options.check_import)
     choice = choose_plan(module, options.plan, tune_budget=options.tune_budget, backends=options.backends,
-                         db=options.db, examples={"main": leaves}, precision=options.precision,
+                         db=options.db, examples={"main": canonical}, precision=options.precision,
                          int8_model=quantized and quantized.int8)
     out = compile_cached(module, choice, source=name)
     program = collage_runtime.load(out, threads=options.threads)

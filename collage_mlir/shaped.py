@@ -43,7 +43,7 @@ from .frontends.dims import (PYTHON, DimPlan, check_declared, input_values, read
 from .frontends.onnx_calibrate import openvino_ready
 from .graph import Graph, main_func, main_type, number_ops
 from .ir import ir, load_module, new_context
-from .measure.import_check import FLOAT_TOLERANCE, compare, load_checked
+from .measure.import_check import FLOAT_TOLERANCE, compare, load_checked, quantizes
 from .measure.reference import generated_array
 from .measure.validate import QUANT_RTOL
 from .onnx import translate
@@ -428,12 +428,13 @@ def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_i
     return module
 
 
-def file_fallback(dynamic_model: Path, dim_plan: DimPlan, axes: Axes) -> Fallback:
+def file_fallback(dynamic_model: Path, dim_plan: DimPlan, axes: Axes, agree_on: Sequence[np.ndarray] | None = None
+                  ) -> Fallback:
     """What serves the shapes between ``dim_plan``'s buckets of a model file: none where buckets and padding
     serve every shape, else the fastest engine on ``dynamic_model`` (``choose_fallback``)."""
     if dim_plan.unserved(fallback=False) is None:
         return Fallback.NONE
-    return choose_fallback(dynamic_model, dim_plan, axes).chosen
+    return choose_fallback(dynamic_model, dim_plan, axes, agree_on=agree_on).chosen
 
 
 def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan", out_dir: str | Path, *,
@@ -502,28 +503,29 @@ class FallbackChoice:
 
 
 def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequence[Fallback] | None = None,
-                    repeats: int = 5) -> FallbackChoice:
+                    repeats: int = 5, agree_on: Sequence[np.ndarray] | None = None) -> FallbackChoice:
     """The engine of ``kinds`` (default ``fallback_kinds(model)``, f32 ones) that runs ``model`` (dynamic dims kept)
     fastest, timed at a shape between buckets (each dim at the middle of its widest gap, or its OPT value
-    where there is none). An engine that fails to load or run is left out (and said why); a CollageError
-    when none runs."""
+    where there is none). An engine that fails to load or run, or on a quantized model disagrees with ONNX
+    Runtime (on ``agree_on``, the user's inputs, where given: ``_engine_times``), is left out (and said why); a
+    CollageError when none runs."""
     kinds = tuple(kinds or fallback_kinds(model))
     if len(kinds) == 1:  # nothing to choose; compile_shaped builds it first and checks it
         return FallbackChoice(kinds[0], {})
     values = {d.name: _between(d, dim_plan.values[d.name]) for d in dim_plan.dims}
-    choice, problems = _fastest(model, inputs, values, kinds, repeats)
+    choice, problems = _fastest(model, inputs, values, kinds, repeats, agree_on)
     if choice is None:
         raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
                            "list every value with --bucket, or declare --pad", where=str(model))
     return choice
 
 
-def _fastest(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback], repeats: int
-             ) -> tuple[FallbackChoice | None, list[str]]:
+def _fastest(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback], repeats: int,
+             agree_on: Sequence[np.ndarray] | None = None) -> tuple[FallbackChoice | None, list[str]]:
     """The engine of ``kinds`` that runs ``model`` fastest at the dims ``values`` (``_engine_times``), None where
     none runs; what went wrong with those that did not."""
     with workdir() as tmp:
-        times, problems = _engine_times(model, inputs, values, kinds, repeats, Path(tmp))
+        times, problems = _engine_times(model, inputs, values, kinds, repeats, Path(tmp), agree_on=agree_on)
     return (FallbackChoice(min(times, key=times.get), times, tuple(problems)) if times else None), problems
 
 
@@ -531,7 +533,8 @@ def _fastest(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequen
 INT8_ENGINES = (Fallback.ORT, Fallback.OPENVINO)
 
 
-def int8_plan(model: Path, values: Mapping[str, int] | None, repeats: int = 5) -> tuple[str, str]:
+def int8_plan(model: Path, values: Mapping[str, int] | None, repeats: int = 5,
+              agree_on: Sequence[np.ndarray] | None = None) -> tuple[str, str]:
     """The plan of the int8 ONNX ``model`` where the user gave none, and the line saying why: the whole model
     on the engine of ``INT8_ENGINES`` that runs it fastest with its dynamic dims at ``values``
     (``module_values``; generated inputs; collage runs the engine's own int8 speed, ``studies/int8``), else
@@ -540,7 +543,7 @@ def int8_plan(model: Path, values: Mapping[str, int] | None, repeats: int = 5) -
     if values is None:
         return "default", "the int8 model's inputs are not the program's: IREE computes it in f32"
     axes = read_onnx_axes(model)[0]
-    choice, problems = _fastest(model, axes, values, INT8_ENGINES, repeats)
+    choice, problems = _fastest(model, axes, values, INT8_ENGINES, repeats, agree_on)
     if choice is None:
         return "default", f"no int8 engine runs the model ({'; '.join(problems)}): IREE computes it in f32"
     plan = f"whole:{choice.chosen.value}"
@@ -548,13 +551,14 @@ def int8_plan(model: Path, values: Mapping[str, int] | None, repeats: int = 5) -
                   "keeps it there)")
 
 
-def int8_buckets_plan(model: Path, dim_plan: DimPlan, fallback: Fallback) -> tuple[str, str]:
+def int8_buckets_plan(model: Path, dim_plan: DimPlan, fallback: Fallback, agree_on: Sequence[np.ndarray] | None = None
+                      ) -> tuple[str, str]:
     """The plan of an int8 model's buckets where the user gave none, and the line saying why: whole on the int8
     engine the fallback's timing chose, else on the int8 engine timed fastest at the OPT shape (``int8_plan``)."""
     if fallback in INT8_ENGINES:
         plan = f"whole:{fallback.value}"
         return plan, f"int8 buckets: --plan {plan}, the faster int8 engine between buckets (--plan default keeps them on IREE)"
-    return int8_plan(model, {d.name: d.opt for d in dim_plan.dims})
+    return int8_plan(model, {d.name: d.opt for d in dim_plan.dims}, agree_on=agree_on)
 
 
 def module_values(model: Path, module: ir.Module) -> dict[str, int] | None:
@@ -601,24 +605,27 @@ def dynamic_ratio(model: Path, dim_plan: DimPlan, inputs: Axes, fallback: Fallba
 
 
 def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback], repeats: int,
-                  directory: Path, runnable: Path | None = None) -> tuple[dict[Fallback, float], list[str]]:
+                  directory: Path, runnable: Path | None = None, agree_on: Sequence[np.ndarray] | None = None
+                  ) -> tuple[dict[Fallback, float], list[str]]:
     """Median seconds per call of each engine of ``kinds`` on ``model`` at the dims ``values`` (inputs
     generated), and what went wrong with those that did not run. ``directory``: where IREE's program of a
     StableHLO module is compiled (``_runnable``); ``runnable``: a file to run instead (a static program).
     A quantized ONNX model's results on each engine must agree with ONNX Runtime's, its quantizer's own
-    engine, within ``QUANT_RTOL`` of the output's scale (``_int8_disagreement``); one that does not is left out
-    (OpenVINO's int8 kernels on a masked mean of a transformer's output: 46 % of the scale off)."""
+    engine, within ``QUANT_RTOL`` of the output's scale (``_int8_disagreement``), on ``agree_on`` (the user's
+    inputs: a mask of ones where generated data is random integers) where given, else on the generated inputs;
+    one that does not is left out (OpenVINO's int8 kernels on a masked mean of a transformer's output: 46-97 % of
+    the scale off)."""
     arrays = _example_inputs(model, inputs, values)
     threads = usable_cores()
     times, problems, results = {}, [], {}
     for kind in kinds:
         try:
             run = dynamic_runner(kind, runnable or _runnable(model, kind, directory), Engines(threads, sole=kind.value))
-            results[kind] = run(arrays)
+            results[kind] = run(arrays if agree_on is None else agree_on)
             times[kind] = _median_seconds(run, arrays, repeats)
         except Exception as exc:  # noqa: BLE001  an engine that cannot run the model is left out
             problems.append(f"{kind.value}: {engine_message(exc, 160)}")
-    if Fallback.ORT in results and model.suffix == ".onnx" and _quantized_onnx(model):
+    if Fallback.ORT in results and quantizes_file(model):
         for kind in [k for k in times if k is not Fallback.ORT]:
             error = _int8_disagreement(results[kind], results[Fallback.ORT])
             if error > QUANT_RTOL:
@@ -628,12 +635,13 @@ def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: S
     return times, problems
 
 
-def _quantized_onnx(model: Path) -> bool:
-    """Whether the ONNX ``model`` quantizes (a QuantizeLinear, or a QOperator node)."""
+def quantizes_file(model: str | Path) -> bool:
+    """Whether ``model`` is an ONNX file that quantizes (``import_check.quantizes``)."""
+    if Path(model).suffix != ".onnx":
+        return False
     import onnx
 
-    ops = {n.op_type for n in onnx.load(str(model), load_external_data=False).graph.node}
-    return bool(ops & {"QuantizeLinear", "DynamicQuantizeLinear"}) or any(o.startswith("QLinear") for o in ops)
+    return quantizes(onnx.load(str(model), load_external_data=False))
 
 
 def _int8_disagreement(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:

@@ -138,8 +138,7 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     quantized = None
     if int8 is not None:
         module, quantized = quantize(module, int8, arrays, check_import=check_import)
-    tuning = plan == "tune" or bool(tune_budget)  # only a tune needs the inputs' values
-    examples = {"main": arrays} if tuning else None
+    examples = {"main": arrays}  # a tune's inputs; an int8 engine must agree with ONNX Runtime on them
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
                          examples=examples, precision=precision, int8_model=quantized and quantized.int8)
     out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")

@@ -100,3 +100,36 @@ def _gather(b: _Builder, op, ins):
     perm = [rank - len(rest) + g.offset_dims.index(p) if p in g.offset_dims else batch_pos.index(p)
             for p in range(rank)]
     return [b.transpose(y, perm)]
+
+
+def slice_gather(op: ir.Operation) -> str | None:
+    """a ``dynamic_gather`` that is a slice (``table[:n]`` of a length ``n``): one start index vector, nothing
+    collapsed, every operand dim a result dim in order, the operand static"""
+    try:
+        g = gather_info(op)
+    except (KeyError, ValueError):
+        return "unrecognised gather attributes"
+    operand, indices = _dims(op.operands[0]), _dims(op.operands[1])
+    if g.batching_dims or g.collapsed_slice_dims:
+        return "no batching or collapsed dims"
+    if len(indices) != 1 or g.index_vector_dim != 0:
+        return "one start index vector"
+    if g.offset_dims != list(range(len(operand))) or None in operand:
+        return "a slice of a static operand, its dims in order"
+    return None
+
+
+@register("stablehlo.dynamic_gather", when=(static_moved_types, slice_gather), dynamic=True)
+def _dynamic_gather(b: _Builder, op, ins):
+    """``Slice`` from the start indices (0 on dims they do not name) for ``slice_sizes`` (an operand), the
+    starts clamped into ``[0, dim - size]`` as StableHLO clamps them."""
+    g = gather_info(op)
+    operand = _dims(op.operands[0])
+    sizes = b.node("Cast", [ins[2]], to=DTYPES["i64"][1])
+    index = b.node("Cast", [ins[1]], to=DTYPES["i64"][1])
+    pieces = [b.node("Slice", [index, b.ints([g.start_index_map.index(d)]), b.ints([g.start_index_map.index(d) + 1])])
+              if d in g.start_index_map else b.ints([0]) for d in range(len(operand))]
+    starts = b.node("Concat", pieces, axis=0) if len(pieces) > 1 else pieces[0]
+    starts = b.node("Min", [b.node("Max", [starts, b.ints([0])]), b.node("Sub", [b.ints(operand), sizes])])
+    ends = b.node("Add", [starts, sizes])
+    return [b.node("Slice", [ins[0], starts, ends, b.ints(range(len(operand)))])]

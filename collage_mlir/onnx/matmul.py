@@ -53,7 +53,8 @@ def _dot_general(b: _Builder, op, ins):
         c = b.transpose(ins[1], d.rhs_batch + rx + d.rhs_contract + [n])
         if rx:
             a = b.node("Unsqueeze", [a, b.ints(range(nb + len(lx), nb + len(lx) + len(rx)))])
-        if lx:
+        if lx and nb:  # with no batch dims MatMul broadcasts c's missing leading dims itself: a weight stays
+            # 2-D, as ONNX Runtime's int8 MatMul takes a per-channel weight only
             c = b.node("Unsqueeze", [c, b.ints(range(nb, nb + len(lx)))])
         y = b.node("MatMul", [a, c])
         # y: [batch, lx, rx, m, n]; dot_general's: [batch, lfree, rfree]

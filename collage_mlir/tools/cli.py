@@ -78,26 +78,17 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
 def _default_plan(spec: str, module) -> str:
     """The plan of a compile without ``--plan``: ``default`` (IREE), but for an int8 ONNX model (imported as
     ``module``) the whole model on the fastest int8 engine here, timed now (``shaped.int8_plan``)."""
-    if not _quantizes(spec):
+    if Path(spec).suffix != ".onnx":
         return "default"
     from rich.console import Console
 
-    from ..shaped import int8_plan, module_values
+    from ..shaped import int8_plan, module_values, quantizes_file
 
+    if not quantizes_file(spec):
+        return "default"
     plan, line = int8_plan(Path(spec), module_values(Path(spec), module))
     Console(stderr=True).print(line, highlight=False)
     return plan
-
-
-def _quantizes(spec: str) -> bool:
-    """Whether ``spec`` is an ONNX model that quantizes (``import_check.QUANTIZED_OPS``)."""
-    if Path(spec).suffix != ".onnx":
-        return False
-    import onnx
-
-    from ..measure.import_check import quantizes
-
-    return quantizes(onnx.load(spec, load_external_data=False))
 
 
 def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan) -> int:
@@ -111,7 +102,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     from ..measure.db import default_db_path
     from ..search import resolve_plan
     from ..search.transfer import TunedBuckets
-    from ..shaped import BucketModel, compile_shaped, int8_buckets_plan
+    from ..shaped import BucketModel, compile_shaped, int8_buckets_plan, quantizes_file
 
     if args.input:
         raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
@@ -127,7 +118,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     dim_plan = dims_args.traced_plan(args, dynamic_model, dim_plan, axes, fallback)
     platform = args.device and Platform(args.device)
     plan = args.plan or "default"
-    if args.plan is None and not tuning and _quantizes(spec):  # IREE computes int8 in f32
+    if args.plan is None and not tuning and quantizes_file(spec):  # IREE computes int8 in f32
         plan, line = int8_buckets_plan(dynamic_model, dim_plan, fallback)
         Console(stderr=True).print(line, highlight=False)
     buckets = dim_plan.grid()

@@ -205,8 +205,9 @@ def test_jax_dot_product_attention_translates_with_a_dynamic_sequence(tmp_path):
 
 def test_jax_embedding_lookups_translate_with_dynamic_ids(tmp_path):
     """Token ids of a symbolic batch and length: ``table[ids]`` translates with the dims kept (``Gather`` on the
-    ids with their index vector of one squeezed), clamped into range as StableHLO clamps them; a gather along a
-    dynamic dim is one line. At every shape the session computes what jax does."""
+    ids with their index vector of one squeezed), clamped into range as StableHLO clamps them; ``table[:n]``
+    (a ``dynamic_gather``) as a ``Slice``; a gather along a dynamic dim is one line. At every shape the
+    session computes what jax does."""
     jax = pytest.importorskip("jax")
     ort = pytest.importorskip("onnxruntime")
     import jax.numpy as jnp
@@ -233,11 +234,59 @@ def test_jax_embedding_lookups_translate_with_dynamic_ids(tmp_path):
         np.testing.assert_allclose(session.run(None, {"in0": ids, "in1": scores})[0], np.asarray(embed(ids, scores)),
                                    rtol=1e-5, atol=1e-6)
 
+    # table[:n] (positions cut to the length): a dynamic_gather, a Slice, its start clamped.
+    (n,) = jax.export.symbolic_shape("n", constraints=["n <= 50"])
+    cut = jax.export.export(jax.jit(lambda x: x + table[:x.shape[0]]))(jax.ShapeDtypeStruct((n, 8), np.float32))
+    path.write_text(cut.mlir_module())
+    session = ort.InferenceSession(dynamic_onnx(stablehlo.load(path, new_context()), str(path)).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    for length in (1, 50, 17):
+        x = rng.standard_normal((length, 8)).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"in0": x})[0], x + np.asarray(table)[:length], rtol=1e-6)
+
     rows = jax.export.export(jax.jit(lambda t, i: t[i]))(jax.ShapeDtypeStruct((s, 4), np.float32),
                                                          jax.ShapeDtypeStruct((3,), np.int32))
     path.write_text(rows.mlir_module())
     with pytest.raises(CollageError, match="cannot export to ONNX: a gather along a dynamic dim"):
         dynamic_onnx(stablehlo.load(path, new_context()), str(path))
+
+
+def test_a_weight_stays_two_dimensional_in_a_matmul_with_dynamic_dims(tmp_path):
+    """``x @ w`` with ``x`` of a symbolic batch and length: the weight is ``MatMul``'s 2-D input (its missing
+    leading dims broadcast by MatMul itself, not unsqueezed), so ONNX Runtime's int8 ``MatMul`` takes it
+    quantized per channel (a 3-D weight: "weight zero point must be a scalar ..." at every shape)."""
+    jax = pytest.importorskip("jax")
+    ort = pytest.importorskip("onnxruntime")
+    from onnxruntime import quantization
+
+    from collage_mlir.frontends import stablehlo
+    from collage_mlir.shaped import dynamic_onnx
+
+    w = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
+    b, s = jax.export.symbolic_shape("b, s")
+    exported = jax.export.export(jax.jit(lambda x: x @ w))(jax.ShapeDtypeStruct((b, s, 8), np.float32))
+    path = tmp_path / "linear.mlir"
+    path.write_text(exported.mlir_module())
+    model = dynamic_onnx(stablehlo.load(path, new_context()), str(path))
+    weights = {t.name: t for t in model.graph.initializer}
+    (matmul,) = [n for n in model.graph.node if n.op_type == "MatMul"]
+    assert list(weights[matmul.input[1]].dims) == [8, 6]
+    rng = np.random.default_rng(1)
+
+    class Batches(quantization.CalibrationDataReader):
+        def __init__(self):
+            self.left = [{"in0": rng.standard_normal((2, 5, 8)).astype(np.float32)} for _ in range(4)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    (tmp_path / "f32.onnx").write_bytes(model.SerializeToString())
+    quantization.quantize_static(str(tmp_path / "f32.onnx"), str(tmp_path / "int8.onnx"), Batches(), per_channel=True,
+                                 quant_format=quantization.QuantFormat.QDQ)
+    session = ort.InferenceSession(str(tmp_path / "int8.onnx"), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((3, 7, 8)).astype(np.float32)
+    got = session.run(None, {"in0": x})[0]
+    assert got.shape == (3, 7, 6) and np.abs(got - x @ w).max() <= 0.1 * np.abs(x @ w).max()
 
 
 @pytest.fixture(scope="module")
