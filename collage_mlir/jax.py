@@ -28,7 +28,7 @@ from .entry import BuildOptions, Int8, PlanChoice, choose_plan, compile_cached, 
 from .errors import CollageError
 from .frontends.onnx_calibrate import Agreement
 from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, input_values, named_onnx_dims,
-                              renamed_axes, resized_batch)
+                              renamed_axes, resized, resized_batch)
 from .frontends import stablehlo
 from .frontends.jax import import_jax
 from .ir import new_context
@@ -227,9 +227,10 @@ def _int8_range(exported, fn: Callable, args: tuple, dim_plan: DimPlan, axes: Ax
         with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
             (Path(tmp) / "model.onnx").write_bytes(model.SerializeToString())
             data = named_onnx_dims(Path(tmp) / "model.onnx", axes)
-        out, quantized = compile_int8_range(data, dim_plan, lambda values: [_resize(a, names, values)
-                                                                             for a, names in zip(leaves, axes)],
-                                            options, int8, source=name)
+        # Each bucket's import is checked on the first call's arrays with their entries repeated or cut to its
+        # shape (zero rows would be an all-masked sequence: 0/0 in a masked mean, no number to compare)
+        out, quantized = compile_int8_range(data, dim_plan, lambda values: resized(leaves, axes, values), options,
+                                            int8, source=name)
     except CollageError as exc:
         warnings.warn(f"collage_mlir.jax.jit: the int8 range is not one artifact ({exc}); each shape compiles on "
                       "first use", RuntimeWarning, stacklevel=3)
