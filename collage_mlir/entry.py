@@ -337,17 +337,14 @@ def compile_int8_range(f32: bytes, dim_plan: DimPlan, arrays_at: Callable[[dict[
     def imported(values: dict[str, int], arrays: list[np.ndarray]):
         return load_bucket(quantized.int8, values, new_context(), check_import=options.check_import, inputs=arrays)
 
-    fallback = None  # timed where needed: for the plan, or for an artifact not compiled before
-    sample = list(request.samples[-1])  # the engines must agree with ONNX Runtime on the user's data
     if options.plan is None and not options.tune_budget:  # IREE computes int8 in f32: an int8 engine
-        fallback = file_fallback(dynamic_model, dim_plan, file_axes, agree_on=sample)
-        options = replace(options, plan=int8_buckets_plan(dynamic_model, dim_plan, fallback, agree_on=sample)[0])
+        opt = {d.name: d.opt for d in dim_plan.dims}  # agreeing with ONNX Runtime on the user's data at OPT
+        options = replace(options, plan=int8_buckets_plan(dynamic_model, dim_plan, agree_on=arrays_at(opt))[0])
     grid, models, key = planned_buckets(dim_plan, arrays_at, replace(options, precision=None), imported,
                                         seed=quantized.int8.name.encode())
     out = cached_artifact(key.hexdigest()[:16])
-    if not out.exists():
-        if fallback is None:
-            fallback = file_fallback(dynamic_model, dim_plan, file_axes, agree_on=sample)
+    if not out.exists():  # between buckets, the engines must agree with ONNX Runtime on a held-out batch
+        fallback = file_fallback(dynamic_model, dim_plan, file_axes, agree_on=list(request.samples[-1]))
         compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
                        source=f"{source} int8", fallback_model=None if fallback is Fallback.NONE else dynamic_model)
     return out, quantized

@@ -119,7 +119,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     platform = args.device and Platform(args.device)
     plan = args.plan or "default"
     if args.plan is None and not tuning and quantizes_file(spec):  # IREE computes int8 in f32
-        plan, line = int8_buckets_plan(dynamic_model, dim_plan, fallback)
+        plan, line = int8_buckets_plan(dynamic_model, dim_plan)
         Console(stderr=True).print(line, highlight=False)
     buckets = dim_plan.grid()
     console = Console(stderr=True)
