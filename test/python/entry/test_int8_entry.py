@@ -190,7 +190,7 @@ def test_an_int8_engine_that_disagrees_with_the_quantized_model_is_left_out():
     transformer pools its output) far from ONNX Runtime, the quantizer's own engine: where no plan is given,
     the int8 engine is chosen among those that agree with it (``shaped._engine_times``), so the program is
     ONNX Runtime's and within ``QUANT_RTOL`` of f32, whichever engine is faster."""
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
 
     import collage_mlir.jax as cj
