@@ -467,13 +467,14 @@ def run_onnx(model: "str | bytes", inputs: Sequence[np.ndarray], quantized: bool
     try:
         outputs = [np.asarray(o) for o in session.run(None, feeds)]
         spread = None
-        if quantized if quantized is not None else quantizes(_proto(model)):
-            nudged = _nudged_scales(_proto(model))
+        proto = _proto(model) if quantized is not False else None
+        if quantized if quantized is not None else quantizes(proto):
+            nudged = _nudged_scales(proto)
             others = [] if nudged is None else [ort.InferenceSession(nudged, options, providers=["CPUExecutionProvider"])]
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             others.append(ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]))
             runs = [other.run(None, feeds) for other in others]
-            steps = _output_steps(_proto(model))
+            steps = _output_steps(proto)
             spread = tuple(max([step, *(float(np.abs(np.asarray(run[k], np.float64) - o).max()) for run in runs)])
                            if o.dtype.kind == "f" and o.size else 0.0 for k, (o, step) in enumerate(zip(outputs, steps)))
         return SourceRun("onnxruntime", outputs, spread)
