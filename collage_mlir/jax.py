@@ -13,7 +13,6 @@ directory.
 
 from __future__ import annotations
 
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -83,7 +82,7 @@ def _compile(fn: Callable, example_args: tuple, options: BuildOptions, int8: Int
     import collage_runtime
 
     fn = _callable(fn)
-    name = f"jax:{getattr(fn, '__name__', 'fn')}"
+    name = _source_name(fn)
     module = import_jax(fn, example_args, new_context())
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args))
     canonical = _leaves(example_args)
@@ -215,18 +214,15 @@ def _int8_range(exported, fn: Callable, args: tuple, dim_plan: DimPlan, axes: Ax
     (symbolic dims) translated to ONNX with its dims kept (``shaped.dynamic_onnx``), named as ``axes`` names
     them, checked on the held-out batches (above ``max_drop``: the CollageError stands). None, with a warning
     saying why, where the module does not translate or its buckets do not build."""
-
     import collage_runtime
 
     from .shaped import dynamic_onnx  # when used: see entry.choose_plan
 
-    name = f"jax:{getattr(fn, '__name__', 'fn')}"
+    name = _source_name(fn)
     leaves = _leaves(args)
     try:
         model = dynamic_onnx(stablehlo.parse(exported.mlir_module(), new_context(), where=name), name)
-        with tempfile.TemporaryDirectory(prefix="collage-int8-") as tmp:
-            (Path(tmp) / "model.onnx").write_bytes(model.SerializeToString())
-            data = named_onnx_dims(Path(tmp) / "model.onnx", axes)
+        data = named_onnx_dims(model, axes)
         # Each bucket's import is checked on the first call's arrays with their entries repeated or cut to its
         # shape (zero rows would be an all-masked sequence: 0/0 in a masked mean, no number to compare)
         out, quantized = compile_int8_range(data, dim_plan, lambda values: resized(leaves, axes, values), options,
@@ -325,6 +321,11 @@ def _dynamic_runner(exported, arrays: list, want: list, bucket: str, slack: floa
         raise
     weakref.finalize(run, directory.cleanup)  # the engine's file lives as long as its runner
     return run
+
+
+def _source_name(fn: Callable) -> str:
+    """What an artifact and an error name the function by: ``jax:NAME``."""
+    return f"jax:{getattr(fn, '__name__', 'fn')}"
 
 
 def _leaves(args) -> list[np.ndarray]:

@@ -613,7 +613,8 @@ def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: S
     generated), and what went wrong with those that did not run. ``directory``: where IREE's program of a
     StableHLO module is compiled (``_runnable``); ``runnable``: a file to run instead (a static program).
     A quantized ONNX model's results on each engine must agree with ONNX Runtime's, its quantizer's own
-    engine, within ``QUANT_RTOL`` of the output's scale (``_int8_disagreement``), on ``agree_on`` (the user's
+    engine, within ``QUANT_RTOL`` of the output's scale beyond f32's tolerance (``import_check.compare``), on
+    ``agree_on`` (the user's
     inputs: a mask of ones where generated data is random integers) where given, else on the generated inputs;
     one that does not is left out (OpenVINO's int8 kernels on a masked mean of a transformer's output: 46-97 % of
     the scale off)."""
@@ -629,11 +630,11 @@ def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: S
             problems.append(f"{kind.value}: {engine_message(exc, 160)}")
     if Fallback.ORT in results and quantizes_file(model):
         for kind in [k for k in times if k is not Fallback.ORT]:
-            error = _int8_disagreement(results[kind], results[Fallback.ORT])
-            if error > QUANT_RTOL:
+            off = next((c for c in (compare(k, f"result {k}", g, w, scale_slack=QUANT_RTOL) for k, (g, w)
+                                    in enumerate(zip(results[kind], results[Fallback.ORT]))) if not c.ok), None)
+            if off is not None:
                 del times[kind]
-                problems.append(f"{kind.value}: disagrees with ort on the int8 model (max error {error:.0%} of the "
-                                "output's scale)")
+                problems.append(f"{kind.value}: disagrees with ort on the int8 model ({off.name}: {off.detail})")
     return times, problems
 
 
@@ -644,14 +645,6 @@ def quantizes_file(model: str | Path) -> bool:
     import onnx
 
     return quantizes(onnx.load(str(model), load_external_data=False))
-
-
-def _int8_disagreement(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
-    """The largest difference of ``got`` from ``want``, output by output, as a share of that output's scale."""
-    shares = [float(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)).max(initial=0.0))
-              / max(float(np.abs(np.asarray(w, np.float64)).max(initial=0.0)), 1e-30)
-              for g, w in zip(got, want) if np.issubdtype(np.asarray(w).dtype, np.floating)]
-    return max(shares, default=0.0)
 
 
 def _example_inputs(model: Path, inputs: Axes, values: Mapping[str, int]) -> list[np.ndarray]:

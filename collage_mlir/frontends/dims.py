@@ -243,13 +243,14 @@ def read_onnx_axes(path: str | Path) -> tuple[Axes, list[str]]:
     return onnx_axes(model)[0], [i.name for i in model.graph.input if i.name not in constants]
 
 
-def named_onnx_dims(path: str | Path, axes: Axes) -> bytes:
-    """The ONNX model at ``path`` with its inputs' ``dim_param``s renamed as ``axes`` names their axes (an
-    exporter's symbols, torch's ``s31``, become the names the caller declared ranges for), everywhere they
-    appear (inputs, outputs, value infos); serialized."""
+def named_onnx_dims(model, axes: Axes) -> bytes:
+    """The ONNX model (at a path, or an ``onnx.ModelProto``, renamed in place) with its inputs' ``dim_param``s
+    renamed as ``axes`` names their axes (an exporter's symbols, torch's ``s31``, become the names the caller
+    declared ranges for), everywhere they appear (inputs, outputs, value infos); serialized."""
     import onnx
 
-    model = onnx.load(str(path))
+    if isinstance(model, (str, Path)):
+        model = onnx.load(str(model))
     constants = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in constants]
     names = {}
