@@ -14,11 +14,11 @@ import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
 
-from collage_runtime.shapes import Fallback
 from collage_runtime.types import NumberFormat
 
 from .backends import get_backend
@@ -62,12 +62,23 @@ class BuildOptions:
     check_import: bool = True
 
 
+class PlanHow(str, Enum):
+    """Where the plan an entry point compiles came from."""
+
+    GIVEN = "given"
+    TUNED_BEFORE = "tuned before"
+    TUNED_NOW = "tuned now"
+    INT8_ENGINE = "fastest int8 engine"  # precision="int8", no plan: whole on the fastest int8 engine
+    F32_FASTER = "faster in f32"  # precision="int8", no plan: an engine runs the f32 model faster still
+    DEFAULT = "default"
+
+
 @dataclass(frozen=True)
 class PlanChoice:
     """The plan an entry point compiles, and where it came from (the artifact's provenance)."""
 
     plan: Plan
-    how: str  # "given", "tuned before", "tuned now", "fastest int8 engine" or "default"
+    how: PlanHow
     provenance: dict
 
 
@@ -87,14 +98,12 @@ def record_tuned_plan(db_path: str | Path | None, key: str, tuned: TunedPlan) ->
 def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budget: float | None = None,
                 backends: Sequence[str] | None = None, seed: int = 0, db: str | Path | None = None,
                 examples: Mapping[str, Sequence[np.ndarray]] | None = None,
-                precision: str | NumberFormat | None = None, int8_model: Path | None = None) -> PlanChoice:
+                precision: str | NumberFormat | None = None) -> PlanChoice:
     """The plan for ``module`` (numbered in place): ``plan`` when given (``"tune"`` tunes now); else the
     plan tuned before (same structure, this device) from the cost DB; else a tune within ``tune_budget``
     seconds when given, over ``backends`` (default: every available one) and, with ``precision="bf16"``,
     every usable backend computing in bf16 (``collage tune --precision bf16``; None: the model's own,
-    ``search.tune_backends``); else the default plan, or for a module quantized from ``int8_model`` (its int8
-    ONNX form) the whole module on the int8 engine that runs that model fastest of those agreeing with ONNX
-    Runtime on ``examples`` (``shaped.int8_plan``: IREE computes int8 in f32)."""
+    ``search.tune_backends``); else the default plan (an int8 module: ``compile_int8``)."""
     try:
         precision = None if precision is None else NumberFormat(precision)
     except ValueError:
@@ -104,41 +113,42 @@ def choose_plan(module: ir.Module, plan: str | Plan | None = None, *, tune_budge
     graph = Graph(module)
     if plan is not None and plan != "tune":
         resolved = resolve_plan(plan, graph)
-        return PlanChoice(resolved, "given", {"plan": resolved.source})
+        return PlanChoice(resolved, PlanHow.GIVEN, {"plan": resolved.source})
     db_path = Path(db or default_db_path())
-    device = device_fingerprint()[0]
-    if plan is None and db_path.is_file():  # looking up never creates a DB
-        with CostDB(db_path) as cost_db:
-            document = cost_db.get_plan(key, device)
-        if document is not None:
-            tuned = TunedPlan.from_json(document, source=f"{db_path}: tuned plan {key[:12]}")
-            stored = tuned.plan
-            try:
-                stored.validate(graph)
-            except CollageError as exc:  # e.g. a backend it used is not installed any more
-                warnings.warn(f"collage: not reusing the tuned plan: {exc}", RuntimeWarning, stacklevel=3)
-            else:
-                return PlanChoice(stored, "tuned before", _provenance(tuned, db_path, key))
-    if plan is None and not tune_budget and int8_model is not None:
-        # Imported here, as torch.py imports .shaped: loaded with this module, the runtime's shaped-program
-        # machinery changes the order nanobind finds IREE's objects at exit, and a process exiting with a program
-        # alive prints a leak report (test_exit_is_quiet_with_programs_and_results_alive).
-        from .shaped import int8_plan, module_values
-
-        spec, _ = int8_plan(int8_model, module_values(int8_model, module), agree_on=(examples or {}).get("main"))
-        if spec != "default":
-            return PlanChoice(resolve_plan(spec, graph), "fastest int8 engine", {"plan": spec})
+    if plan is None and (stored := tuned_before(module, db_path)) is not None:
+        return stored
     if plan is None and not tune_budget:
-        return PlanChoice(Plan(source="default"), "default", {"plan": "default"})
+        return PlanChoice(Plan(source="default"), PlanHow.DEFAULT, {"plan": "default"})
     chosen = tune_backends(module, [get_backend(b) for b in backends] if backends else available_backends(),
                            precision)
     budget = tune_budget or DEFAULT_TUNE_BUDGET_S
+    device = device_fingerprint()[0]
     # Tuned on a copy: the search may annotate the module it measures.
     copy = parse_module(module.operation.get_asm(binary=True), new_context())
     with CostDB(db_path) as cost_db, tempfile.TemporaryDirectory(prefix="collage-tune-") as work:
         result = tune(copy, chosen, cost_db, work, budget_s=budget, seed=seed, examples=examples)
         cost_db.put_plan(key, device, result.tuned.to_json())
-    return PlanChoice(result.plan, "tuned now", _provenance(result.tuned, db_path, key))
+    return PlanChoice(result.plan, PlanHow.TUNED_NOW, _provenance(result.tuned, db_path, key))
+
+
+def tuned_before(module: ir.Module, db: str | Path | None = None) -> PlanChoice | None:
+    """The plan tuned before for ``module`` (numbered in place: ``module_key``) on this device, from the cost DB
+    (``db``, default the user's), where one is stored and still valid for it (else a warning says why not)."""
+    db_path = Path(db or default_db_path())
+    if not db_path.is_file():  # looking up never creates a DB
+        return None
+    key = module_key(module)
+    with CostDB(db_path) as cost_db:
+        document = cost_db.get_plan(key, device_fingerprint()[0])
+    if document is None:
+        return None
+    tuned = TunedPlan.from_json(document, source=f"{db_path}: tuned plan {key[:12]}")
+    try:
+        tuned.plan.validate(Graph(module))
+    except CollageError as exc:  # e.g. a backend it used is not installed any more
+        warnings.warn(f"collage: not reusing the tuned plan: {exc}", RuntimeWarning, stacklevel=4)
+        return None
+    return PlanChoice(tuned.plan, PlanHow.TUNED_BEFORE, _provenance(tuned, db_path, key))
 
 
 #: The ``precision`` that quantizes an f32 model (``Int8``, ``quantize``); the others are ``NumberFormat``s.
@@ -295,12 +305,13 @@ def compile_cached(module: ir.Module, choice: PlanChoice, source: str) -> Path:
 
 
 def planned_buckets(dim_plan: DimPlan, arrays_at: Callable[[dict[str, int]], list[np.ndarray]], options: BuildOptions,
-                    imported: Callable, seed: bytes):
+                    imported: Callable, seed: bytes, placed: Callable | None = None):
     """Every bucket of ``dim_plan``: the module ``imported(values, arrays)`` gives for it (``arrays``:
     ``arrays_at(values)``, the example inputs at the bucket's shape), numbered and given its plan as ``compile``
-    gives it (``tune_budget`` shared between the buckets). (the grid, the ``BucketModel``s, the artifact key:
-    ``seed``, the declared dims and each bucket's ``artifact_key``)."""
-    from .shaped import BucketModel  # when used: see choose_plan
+    gives it (``tune_budget`` shared between the buckets), or, where given, the module and ``PlanChoice`` that
+    ``placed(values, arrays)`` gives. (the grid, the ``BucketModel``s, the artifact key: ``seed``, the declared
+    dims and each bucket's ``artifact_key``)."""
+    from .shaped import BucketModel  # when used: see compile_int8
 
     grid = dim_plan.grid()
     budget = options.tune_budget and options.tune_budget / len(grid)
@@ -308,15 +319,55 @@ def planned_buckets(dim_plan: DimPlan, arrays_at: Callable[[dict[str, int]], lis
     models, key = [], hashlib.sha256(seed + json.dumps(declared).encode())
     for values in grid:
         arrays = arrays_at(values)
-        module = imported(values, arrays)
-        number_ops(module)
-        tuning = options.plan == "tune" or bool(budget)
-        choice = choose_plan(module, options.plan, tune_budget=budget, backends=options.backends, seed=options.seed,
-                             db=options.db, examples={"main": arrays} if tuning else None,
-                             precision=options.precision)
+        if placed is not None:
+            module, choice = placed(values, arrays)
+        else:
+            module = imported(values, arrays)
+            number_ops(module)
+            tuning = options.plan == "tune" or bool(budget)
+            choice = choose_plan(module, options.plan, tune_budget=budget, backends=options.backends,
+                                 seed=options.seed, db=options.db, examples={"main": arrays} if tuning else None,
+                                 precision=options.precision)
         models.append(BucketModel(module, choice.plan, choice.provenance))
         key.update(artifact_key(module, choice).encode())
     return grid, models, key
+
+
+def int8_choice(module: ir.Module, choice) -> PlanChoice:
+    """The plan of an int8 program where the user gave none: whole on the engine ``choice`` (``shaped``'s
+    ``EngineChoice`` of ``int8_plan``) timed fastest, for ``module``: the int8 module, or where ``choice.f32``
+    the module it was quantized from (faster there: f32 is within any accuracy bound)."""
+    number_ops(module)
+    how = PlanHow.DEFAULT if choice.chosen is None else PlanHow.F32_FASTER if choice.f32 else PlanHow.INT8_ENGINE
+    provenance = {"plan": choice.plan, "precision": "f32" if choice.f32 else INT8}
+    return PlanChoice(resolve_plan(choice.plan, Graph(module)), how, provenance)
+
+
+def compile_int8(module: ir.Module, request: Int8, examples: Sequence[np.ndarray], options: BuildOptions,
+                 source: str) -> tuple[Path, PlanChoice, Quantized]:
+    """``module`` (f32, at one shape) in int8: quantized from ``request``'s batches (``quantize``), then placed as
+    ``choose_plan`` places a module, but where no plan is given (and none was tuned before) whole on the fastest
+    int8 engine of those agreeing with ONNX Runtime on ``examples``, or on an engine running the f32 module where
+    that is faster still (``shaped.int8_plan``, ``int8_choice``: IREE computes int8 in f32). The artifact, in the
+    compile cache, the plan chosen, and the ``Quantized`` model its program is checked with."""
+    # Imported here, as torch.py imports .shaped: loaded with this module, the runtime's shaped-program machinery
+    # changes the order nanobind finds IREE's objects at exit, and a process exiting with a program alive prints a
+    # leak report (test_exit_is_quiet_with_programs_and_results_alive).
+    from .shaped import int8_plan, module_values
+
+    int8, quantized = quantize(module, request, examples, check_import=options.check_import)
+    target, choice = int8, None
+    if options.plan is None and not options.tune_budget:
+        choice = tuned_before(int8, options.db)
+        if choice is None:
+            picked = int8_plan(quantized.int8, module_values(quantized.int8, int8), agree_on=examples,
+                               f32=quantized.f32)
+            target = module if picked.f32 else int8
+            choice = int8_choice(target, picked)
+    if choice is None:
+        choice = choose_plan(int8, options.plan, tune_budget=options.tune_budget, backends=options.backends,
+                             seed=options.seed, db=options.db, examples={"main": list(examples)})
+    return compile_cached(target, choice, source=source), choice, quantized
 
 
 def compile_int8_range(f32: bytes, dim_plan: DimPlan, arrays_at: Callable[[dict[str, int]], list[np.ndarray]],
@@ -324,27 +375,33 @@ def compile_int8_range(f32: bytes, dim_plan: DimPlan, arrays_at: Callable[[dict[
     """A model with dynamic dims in int8, from ``f32`` (its f32 ONNX form, each ``dim_param`` named as the
     declared dims name it): quantized once from ``request``'s batches (``quantize_file``: one set of scales
     for every shape), then compiled as ``collage compile --dim`` compiles a quantized ONNX model: each bucket
-    (``arrays_at(values)``: the example inputs at its shape, for the import check and a tune) given its plan
-    as ``compile`` gives it (none given: whole on an int8 engine, ``shaped.int8_buckets_plan``), the faster of
-    ONNX Runtime and OpenVINO on the int8 model with its dims between buckets (where buckets and padding leave
-    a gap). The artifact, in the compile cache, and the ``Quantized`` model its program is checked with."""
-    from .shaped import compile_shaped, file_fallback, int8_buckets_plan, load_bucket, model_file_axes
+    (``arrays_at(values)``: the example inputs at its shape, for the import check, a tune, and the int8
+    engines' agreement with ONNX Runtime) given its plan as ``compile`` gives it (none given: whole on the
+    fastest int8 engine at its shape, or on an engine running the f32 model where faster,
+    ``shaped.int8_bucket_plan``), and between buckets (where buckets and padding leave a gap) the fastest of
+    ONNX Runtime and OpenVINO on the int8 model with its dims, or on the f32 one. The artifact, in the compile
+    cache, and the ``Quantized`` model its program is checked with."""
+    from .shaped import compile_shaped, file_fallback, int8_bucket_plan, load_bucket, model_file_axes  # see compile_int8
 
     quantized = quantize_file(cached_f32(f32, lambda: f32), request)
     file_axes, dynamic_model = model_file_axes(quantized.int8)
     check_declared(file_axes, dim_plan.dims, PYTHON)
 
-    def imported(values: dict[str, int], arrays: list[np.ndarray]):
-        return load_bucket(quantized.int8, values, new_context(), check_import=options.check_import, inputs=arrays)
+    def imported(values: dict[str, int], arrays: list[np.ndarray], path: Path = quantized.int8):
+        return load_bucket(path, values, new_context(), check_import=options.check_import, inputs=arrays)
 
-    if options.plan is None and not options.tune_budget:  # IREE computes int8 in f32: an int8 engine
-        opt = {d.name: d.opt for d in dim_plan.dims}  # agreeing with ONNX Runtime on the user's data at OPT
-        options = replace(options, plan=int8_buckets_plan(dynamic_model, dim_plan, agree_on=arrays_at(opt))[0])
+    def placed(values: dict[str, int], arrays: list[np.ndarray]) -> tuple[ir.Module, PlanChoice]:
+        choice = int8_bucket_plan(dynamic_model, values, agree_on=arrays, f32=quantized.f32)
+        module = imported(values, arrays, quantized.f32 if choice.f32 else quantized.int8)
+        return module, int8_choice(module, choice)
+
+    chooses = options.plan is None and not options.tune_budget  # IREE computes int8 in f32: an engine per bucket
     grid, models, key = planned_buckets(dim_plan, arrays_at, replace(options, precision=None), imported,
-                                        seed=quantized.int8.name.encode())
+                                        seed=quantized.int8.name.encode(), placed=placed if chooses else None)
     out = cached_artifact(key.hexdigest()[:16])
-    if not out.exists():  # between buckets, the engines must agree with ONNX Runtime on a held-out batch
-        fallback = file_fallback(dynamic_model, dim_plan, file_axes, agree_on=list(request.samples[-1]))
+    if not out.exists():  # between buckets, the int8 engines must agree with ONNX Runtime on a held-out batch
+        fallback, model = file_fallback(dynamic_model, dim_plan, file_axes, agree_on=list(request.samples[-1]),
+                                        f32=quantized.f32)
         compile_shaped(dim_plan, file_axes, lambda values: models[grid.index(values)], out, fallback=fallback,
-                       source=f"{source} int8", fallback_model=None if fallback is Fallback.NONE else dynamic_model)
+                       source=f"{source} int8", fallback_model=model)
     return out, quantized

@@ -23,7 +23,7 @@ import numpy as np
 
 from collage_runtime.shapes import Axes, DimRange, bucket_for, cut_to, dims_label, pad_to
 
-from .entry import BuildOptions, Int8, PlanChoice, choose_plan, compile_cached, compile_int8_range, quantize
+from .entry import BuildOptions, Int8, PlanChoice, choose_plan, compile_cached, compile_int8, compile_int8_range
 from .errors import CollageError
 from .frontends.onnx_calibrate import Agreement
 from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, input_values, named_onnx_dims,
@@ -41,7 +41,7 @@ class CompiledFunction:
     def __init__(self, program, out_tree, choice: PlanChoice, agreement: Agreement | None = None):
         self.program = program
         self.plan = choice.plan
-        self.plan_how = choice.how  # "given", "tuned before", "tuned now", "fastest int8 engine" or "default"
+        self.plan_how = choice.how  # entry.PlanHow: "given", "tuned before", "faster in f32", ...
         #: int8 (``precision="int8"``): the program against the f32 model on the held-out samples.
         self.agreement = agreement
         self._out_tree = out_tree
@@ -88,15 +88,14 @@ def _compile(fn: Callable, example_args: tuple, options: BuildOptions, int8: Int
     canonical = _leaves(example_args)
     if options.check_import:
         check(module, jax_source(fn, example_args), canonical, where=name)
-    quantized = None
     if int8 is not None:
-        module, quantized = quantize(module, int8, canonical, check_import=options.check_import)
+        out, choice, quantized = compile_int8(module, int8, canonical, options, name)
+        program = collage_runtime.load(out, threads=options.threads)
+        return CompiledFunction(program, out_tree, choice, quantized.check(program))
     choice = choose_plan(module, options.plan, tune_budget=options.tune_budget, backends=options.backends,
-                         db=options.db, examples={"main": canonical}, precision=options.precision,
-                         int8_model=quantized and quantized.int8)
-    out = compile_cached(module, choice, source=name)
-    program = collage_runtime.load(out, threads=options.threads)
-    return CompiledFunction(program, out_tree, choice, quantized.check(program) if quantized else None)
+                         db=options.db, examples={"main": canonical}, precision=options.precision)
+    program = collage_runtime.load(compile_cached(module, choice, source=name), threads=options.threads)
+    return CompiledFunction(program, out_tree, choice)
 
 
 def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = None,
@@ -216,7 +215,7 @@ def _int8_range(exported, fn: Callable, args: tuple, dim_plan: DimPlan, axes: Ax
     saying why, where the module does not translate or its buckets do not build."""
     import collage_runtime
 
-    from .shaped import dynamic_onnx  # when used: see entry.choose_plan
+    from .shaped import dynamic_onnx  # when used: see entry.compile_int8
 
     name = _source_name(fn)
     leaves = _leaves(args)

@@ -17,7 +17,7 @@ import hashlib
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -241,18 +241,23 @@ def fastest_dynamic(module: ir.Module, where: str, arrays: Sequence[np.ndarray],
     if not runners:
         raise CollageError(f"no engine runs the module with its dynamic dims ({'; '.join(problems)}); list every "
                            "value among the buckets, or declare the dim paddable", where=where)
-    times = {kind: _median_seconds(run, arrays, repeats) for kind, run in runners.items()}
+    times = _median_times(runners, arrays, repeats)
     return runners[min(times, key=times.get)]
 
 
-def _median_seconds(run: Callable, arrays: Sequence[np.ndarray], repeats: int) -> float:
-    """Median seconds of ``repeats`` calls of ``run(arrays)``."""
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _median_times(runners: Mapping, arrays: Sequence[np.ndarray], repeats: int) -> dict:
+    """Median seconds per call of each of ``runners`` (key → ``run(arrays)``), after one call each to warm it
+    (an engine with dynamic dims compiles for a new shape on its first call), in ``repeats`` interleaved
+    rounds: a machine that slows for a while slows every engine alike."""
+    samples: dict = {key: [] for key in runners}
+    for run in runners.values():
         run(arrays)
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
+    for _ in range(repeats):
+        for key, run in runners.items():
+            start = time.perf_counter()
+            run(arrays)
+            samples[key].append(time.perf_counter() - start)
+    return {key: float(np.median(s)) for key, s in samples.items()}
 
 
 def check_agrees(what: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], where: str,
@@ -428,13 +433,15 @@ def load_bucket(path: str | Path, values: Mapping[str, int], context, *, check_i
     return module
 
 
-def file_fallback(dynamic_model: Path, dim_plan: DimPlan, axes: Axes, agree_on: Sequence[np.ndarray] | None = None
-                  ) -> Fallback:
-    """What serves the shapes between ``dim_plan``'s buckets of a model file: none where buckets and padding
-    serve every shape, else the fastest engine on ``dynamic_model`` (``choose_fallback``)."""
+def file_fallback(dynamic_model: Path, dim_plan: DimPlan, axes: Axes, agree_on: Sequence[np.ndarray] | None = None,
+                  f32: Path | None = None) -> tuple[Fallback, Path | None]:
+    """What serves the shapes between ``dim_plan``'s buckets of a model file, and the model it runs: none where
+    buckets and padding serve every shape, else the fastest engine on ``dynamic_model``, or on ``f32`` (the f32
+    model an int8 one was quantized from) where that is faster (``choose_fallback``)."""
     if dim_plan.unserved(fallback=False) is None:
-        return Fallback.NONE
-    return choose_fallback(dynamic_model, dim_plan, axes, agree_on=agree_on).chosen
+        return Fallback.NONE, None
+    choice = choose_fallback(dynamic_model, dim_plan, axes, agree_on=agree_on, f32=f32)
+    return choice.chosen, f32 if choice.f32 else dynamic_model
 
 
 def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan", out_dir: str | Path, *,
@@ -446,7 +453,7 @@ def compile_file_shaped(path: str | Path, dim_plan: DimPlan, plan: "str | Plan",
     axes, dynamic_model = model_file_axes(path)
     check_declared(axes, dim_plan.dims, PYTHON)  # the Python API's
     if fallback is None:
-        fallback = file_fallback(dynamic_model, dim_plan, axes)
+        fallback = file_fallback(dynamic_model, dim_plan, axes)[0]
 
     def bucket(values: dict[str, int]) -> BucketModel:
         module = load_bucket(path, values, new_context(), check_import=check_import)
@@ -488,45 +495,83 @@ def output_axes(dim_plan: DimPlan, buckets: list[Mapping[str, int]], shapes: lis
 
 
 @dataclass(frozen=True)
-class FallbackChoice:
-    """What ``choose_fallback`` found: the engine chosen, the seconds per call of each engine that ran (empty where
-    only one engine takes the model: not timed) and why each other one did not run."""
+class EngineChoice:
+    """The engine timed fastest on a model (``choose_fallback`` between buckets, ``int8_plan`` for an int8 model's
+    program): ``chosen`` (None: none ran) on the model itself or, with ``f32``, on the f32 model an int8 one was
+    quantized from; the seconds per call of each engine that ran on the model (``times``) and on the f32 model
+    (``f32_times``: empty where it was not timed), and why each other one did not run."""
 
-    chosen: Fallback
-    times: Mapping[Fallback, float]
+    chosen: Fallback | None
+    times: Mapping[Fallback, float] = field(default_factory=dict)
     failed: tuple[str, ...] = ()
+    f32_times: Mapping[Fallback, float] = field(default_factory=dict)
+    f32: bool = False
+
+    @property
+    def plan(self) -> str:
+        """The plan of an int8 model's program: whole on the engine chosen, else IREE's default."""
+        return "default" if self.chosen is None else f"whole:{self.chosen.value}"
 
     def line(self, where: str = "between buckets") -> str:
         """The choice as the CLI prints it."""
-        ran = [f"{k.value} {v * 1e3:.2f} ms" for k, v in self.times.items()]
-        return f"{where}: " + ", ".join(ran + [f"{p} (failed)" for p in self.failed]) + f" → {self.chosen.value}"
+        ran = ", ".join([f"{k.value} {v * 1e3:.2f} ms" for k, v in self.times.items()]
+                        + [f"{p} (failed)" for p in self.failed])
+        if self.f32_times:
+            ran += "; on the f32 model: " + ", ".join(f"{k.value} {v * 1e3:.2f} ms" for k, v in self.f32_times.items())
+        chosen = "none" if self.chosen is None else self.chosen.value + (" on the f32 model" if self.f32 else "")
+        return f"{where}: {ran} → {chosen}"
+
+    def int8_line(self, where: str = "int8 engines") -> str:
+        """The choice of an int8 model's program as the CLI prints it (``int8_plan``)."""
+        if self.chosen is None:
+            return f"no int8 engine runs the model ({'; '.join(self.failed)}): IREE computes it in f32"
+        if self.f32:
+            return (f"{self.line(where)}: the program computes in f32, faster here than every int8 engine (and "
+                    "within any accuracy bound)")
+        return f"{self.line(where)}: --plan {self.plan} (IREE computes int8 models in f32; --plan default keeps it there)"
 
 
 def choose_fallback(model: Path, dim_plan: DimPlan, inputs: Axes, kinds: Sequence[Fallback] | None = None,
-                    repeats: int = 5, agree_on: Sequence[np.ndarray] | None = None) -> FallbackChoice:
+                    repeats: int = 5, agree_on: Sequence[np.ndarray] | None = None, f32: Path | None = None
+                    ) -> EngineChoice:
     """The engine of ``kinds`` (default ``fallback_kinds(model)``, f32 ones) that runs ``model`` (dynamic dims kept)
     fastest, timed at a shape between buckets (each dim at the middle of its widest gap, or its OPT value
-    where there is none). An engine that fails to load or run, or on a quantized model disagrees with ONNX
-    Runtime (on ``agree_on``, the user's inputs, where given: ``_engine_times``), is left out (and said why); a
+    where there is none); of an int8 model, on ``f32`` too, the f32 model it was quantized from, where given
+    (``_fastest``). An engine that fails to load or run, or on a quantized model disagrees with ONNX
+    Runtime (on ``agree_on``, the user's inputs, where given: ``_runners``), is left out (and said why); a
     CollageError when none runs."""
     kinds = tuple(kinds or fallback_kinds(model))
-    if len(kinds) == 1:  # nothing to choose; compile_shaped builds it first and checks it
-        return FallbackChoice(kinds[0], {})
+    if len(kinds) == 1 and f32 is None:  # nothing to choose; compile_shaped builds it first and checks it
+        return EngineChoice(kinds[0])
     values = {d.name: _between(d, dim_plan.values[d.name]) for d in dim_plan.dims}
-    choice, problems = _fastest(model, inputs, values, kinds, repeats, agree_on)
-    if choice is None:
-        raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(problems)}); "
+    choice = _fastest(model, inputs, values, kinds, repeats, agree_on, f32)
+    if choice.chosen is None:
+        raise CollageError(f"no fallback engine runs the model with dynamic dims ({'; '.join(choice.failed)}); "
                            "list every value with --bucket, or declare --pad", where=str(model))
     return choice
 
 
 def _fastest(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback], repeats: int,
-             agree_on: Sequence[np.ndarray] | None = None) -> tuple[FallbackChoice | None, list[str]]:
-    """The engine of ``kinds`` that runs ``model`` fastest at the dims ``values`` (``_engine_times``), None where
-    none runs; what went wrong with those that did not."""
-    with workdir() as tmp:
-        times, problems = _engine_times(model, inputs, values, kinds, repeats, Path(tmp), agree_on=agree_on)
-    return (FallbackChoice(min(times, key=times.get), times, tuple(problems)) if times else None), problems
+             agree_on: Sequence[np.ndarray] | None = None, f32: Path | None = None) -> EngineChoice:
+    """The engine of ``kinds`` that runs ``model`` fastest at the dims ``values`` (``_runners``, ``_median_times``);
+    with ``f32`` (the f32 model the int8 ``model`` was quantized from: the same inputs), the engines on it too,
+    timed in the same rounds: f32 is within any accuracy bound, so where an engine runs it faster than every
+    int8 engine runs the int8 model (ONNX Runtime's int8 on a transformer: 2x its f32), it is chosen."""
+    with workdir() as name:
+        tmp = Path(name)
+        runners, arrays, problems = _runners(model, inputs, values, kinds, tmp, agree_on=agree_on)
+        runs = {(k, False): r for k, r in runners.items()}
+        if f32 is not None:
+            (tmp / "f32").mkdir()
+            more, _, failed = _runners(f32, inputs, values, kinds, tmp / "f32")
+            runs |= {(k, True): r for k, r in more.items()}
+            problems += [f"{p} on the f32 model" for p in failed]
+        times = _median_times(runs, arrays, repeats)
+    if not times:
+        return EngineChoice(None, failed=tuple(problems))
+    kind, in_f32 = min(times, key=times.get)
+    return EngineChoice(kind, {k: v for (k, f), v in times.items() if not f}, tuple(problems),
+                        {k: v for (k, f), v in times.items() if f}, in_f32)
 
 
 #: The engines that run an int8 model's integer kernels (IREE computes its quantize/dequantize pairs in f32).
@@ -534,33 +579,30 @@ INT8_ENGINES = (Fallback.ORT, Fallback.OPENVINO)
 
 
 def int8_plan(model: Path, values: Mapping[str, int] | None, repeats: int = 5,
-              agree_on: Sequence[np.ndarray] | None = None) -> tuple[str, str]:
-    """The plan of the int8 ONNX ``model`` where the user gave none, and the line saying why: the whole model
-    on the engine of ``INT8_ENGINES`` that runs it fastest with its dynamic dims at ``values``
-    (``module_values``; generated inputs; collage runs the engine's own int8 speed, ``studies/int8``) of those
-    agreeing with ONNX Runtime (``_engine_times``; on ``agree_on``, the user's inputs, where given), else
-    ``default`` where none runs it or ``values`` is None (IREE computes the quantize/dequantize pairs in
-    f32: ResNet-50 27x slower than OpenVINO's int8)."""
+              agree_on: Sequence[np.ndarray] | None = None, f32: Path | None = None) -> EngineChoice:
+    """Where the program of the int8 ONNX ``model`` runs when the user gives no plan (``.plan``, said by
+    ``.int8_line()``): the whole model on the engine of ``INT8_ENGINES`` that runs it fastest at the dims
+    ``values`` (``module_values``; generated inputs; collage runs the engine's own int8 speed, ``studies/int8``)
+    of those agreeing with ONNX Runtime (``_runners``; on ``agree_on``, the user's inputs, where given); with
+    ``f32``, the f32 model it was quantized from, on an engine of those where that is faster still (``_fastest``:
+    precision placed as engines are); else IREE's ``default`` where none runs it or ``values`` is None (IREE
+    computes the quantize/dequantize pairs in f32: ResNet-50 27x slower than OpenVINO's int8)."""
     if values is None:
-        return "default", "the int8 model's inputs are not the program's: IREE computes it in f32"
-    axes = read_onnx_axes(model)[0]
-    choice, problems = _fastest(model, axes, values, INT8_ENGINES, repeats, agree_on)
-    if choice is None:
-        return "default", f"no int8 engine runs the model ({'; '.join(problems)}): IREE computes it in f32"
-    plan = f"whole:{choice.chosen.value}"
-    return plan, (f"{choice.line('int8 engines')}: --plan {plan} (IREE computes int8 models in f32; --plan default "
-                  "keeps it there)")
+        return EngineChoice(None, failed=("the int8 model's inputs are not the program's",))
+    return _fastest(model, read_onnx_axes(model)[0], values, INT8_ENGINES, repeats, agree_on, f32)
 
 
-def int8_buckets_plan(model: Path, dim_plan: DimPlan, agree_on: Sequence[np.ndarray] | None = None) -> tuple[str, str]:
-    """The plan of an int8 model's buckets where the user gave none, and the line saying why: whole on the int8
-    engine that runs the model specialised to the OPT shape fastest, of those agreeing with ONNX Runtime there
-    (``int8_plan``; on ``agree_on``, the user's inputs at that shape, where given). Static, not with its dims:
-    OpenVINO's int8 kernels computed a JAX transformer's masked mean right with the dims kept and 84 % of the
-    output's scale off at a static length."""
-    opt = {d.name: d.opt for d in dim_plan.dims}
-    with workdir() as tmp:
-        return int8_plan(specialise_onnx(model, opt, tmp), opt, agree_on=agree_on)
+def int8_bucket_plan(model: Path, values: Mapping[str, int], agree_on: Sequence[np.ndarray] | None = None,
+                     f32: Path | None = None) -> EngineChoice:
+    """``int8_plan`` of the int8 ``model`` with dynamic dims (and of ``f32``, the model it was quantized from) at
+    one bucket's ``values`` (``agree_on``: the user's inputs at that shape): each specialised to it first, so
+    static, as the bucket runs: OpenVINO's int8 kernels computed a JAX transformer's masked mean right with the
+    dims kept and 84 % of the output's scale off at a static length."""
+    with workdir() as name:
+        tmp = Path(name)
+        (tmp / "f32").mkdir()
+        return int8_plan(specialise_onnx(model, values, tmp), values, agree_on=agree_on,
+                         f32=None if f32 is None else specialise_onnx(f32, values, tmp / "f32"))
 
 
 def module_values(model: Path, module: ir.Module) -> dict[str, int] | None:
@@ -610,32 +652,41 @@ def _engine_times(model: Path, inputs: Axes, values: Mapping[str, int], kinds: S
                   directory: Path, runnable: Path | None = None, agree_on: Sequence[np.ndarray] | None = None
                   ) -> tuple[dict[Fallback, float], list[str]]:
     """Median seconds per call of each engine of ``kinds`` on ``model`` at the dims ``values`` (inputs
-    generated), and what went wrong with those that did not run. ``directory``: where IREE's program of a
-    StableHLO module is compiled (``_runnable``); ``runnable``: a file to run instead (a static program).
-    A quantized ONNX model's results on each engine must agree with ONNX Runtime's, its quantizer's own
-    engine, within ``QUANT_RTOL`` of the output's scale beyond f32's tolerance (``import_check.compare``), on
-    ``agree_on`` (the user's
-    inputs: a mask of ones where generated data is random integers) where given, else on the generated inputs;
-    one that does not is left out (OpenVINO's int8 kernels on a masked mean of a transformer's output: 46-97 % of
-    the scale off)."""
+    generated; ``_runners`` loads them, ``_median_times`` times them), and what went wrong with those that did
+    not run."""
+    runners, arrays, problems = _runners(model, inputs, values, kinds, directory, runnable, agree_on)
+    return _median_times(runners, arrays, repeats), problems
+
+
+def _runners(model: Path, inputs: Axes, values: Mapping[str, int], kinds: Sequence[Fallback], directory: Path,
+             runnable: Path | None = None, agree_on: Sequence[np.ndarray] | None = None
+             ) -> tuple[dict[Fallback, Callable], list[np.ndarray], list[str]]:
+    """Each engine of ``kinds`` loaded on ``model`` and run once; the generated inputs at the dims ``values``
+    (``_example_inputs``) and what went wrong with the engines that did not load or run. ``directory``: where
+    IREE's program of a StableHLO module is compiled (``_runnable``); ``runnable``: a file to run instead (a
+    static program). A quantized ONNX model's results on each engine must agree with ONNX Runtime's, its
+    quantizer's own engine, within ``QUANT_RTOL`` of the output's scale beyond f32's tolerance
+    (``import_check.compare``), on ``agree_on`` (the user's inputs: a mask of ones where generated data is
+    random integers) where given, else on the generated inputs; one that does not is left out (OpenVINO's int8
+    kernels on a masked mean of a transformer's output: 46-97 % of the scale off)."""
     arrays = _example_inputs(model, inputs, values)
     threads = usable_cores()
-    times, problems, results = {}, [], {}
+    runners, problems, results = {}, [], {}
     for kind in kinds:
         try:
             run = dynamic_runner(kind, runnable or _runnable(model, kind, directory), Engines(threads, sole=kind.value))
             results[kind] = run(arrays if agree_on is None else agree_on)
-            times[kind] = _median_seconds(run, arrays, repeats)
+            runners[kind] = run
         except Exception as exc:  # noqa: BLE001  an engine that cannot run the model is left out
             problems.append(f"{kind.value}: {engine_message(exc, 160)}")
     if Fallback.ORT in results and quantizes_file(model):
-        for kind in [k for k in times if k is not Fallback.ORT]:
+        for kind in [k for k in runners if k is not Fallback.ORT]:
             off = next((c for c in (compare(k, f"result {k}", g, w, scale_slack=QUANT_RTOL) for k, (g, w)
                                     in enumerate(zip(results[kind], results[Fallback.ORT]))) if not c.ok), None)
             if off is not None:
-                del times[kind]
+                del runners[kind]
                 problems.append(f"{kind.value}: disagrees with ort on the int8 model ({off.name}: {off.detail})")
-    return times, problems
+    return runners, arrays, problems
 
 
 def quantizes_file(model: str | Path) -> bool:

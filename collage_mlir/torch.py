@@ -29,8 +29,8 @@ import numpy as np
 from collage_runtime.shapes import Fallback, dims_label
 from collage_runtime.types import NumberFormat
 
-from .entry import (BuildOptions, Int8, PlanChoice, cached_artifact, choose_plan, compile_cached, compile_int8_range,
-                    planned_buckets, quantize)
+from .entry import (BuildOptions, Int8, PlanChoice, cached_artifact, choose_plan, compile_cached, compile_int8,
+                    compile_int8_range, planned_buckets)
 from .errors import CollageError
 from .frontends.dims import (PYTHON, DimPlan, argument_axes, dim_names, exported_dims, input_values,
                               named_onnx_dims, renamed_axes, resized, resized_batch)
@@ -57,7 +57,7 @@ class CompiledModule:
     def __init__(self, program, out_spec, choice: PlanChoice, agreement: Agreement | None = None):
         self.program = program
         self.plan = choice.plan
-        self.plan_how = choice.how  # "given", "tuned before", "tuned now", "fastest int8 engine" or "default"
+        self.plan_how = choice.how  # entry.PlanHow: "given", "tuned before", "faster in f32", ...
         #: int8 (``precision="int8"``): the program against the f32 model on the held-out samples.
         self.agreement = agreement
         self._out_spec = out_spec
@@ -135,15 +135,16 @@ def compile(model, example_inputs: Sequence | None = None, *, plan: str | None =
     arrays = [to_numpy(a) for a in example_inputs]
     if check_import:
         check(module, torch_source(model, list(example_inputs), eager), arrays, where=f"torch:{type(model).__name__}")
-    quantized = None
-    if int8 is not None:
-        module, quantized = quantize(module, int8, arrays, check_import=check_import)
-    examples = {"main": arrays}  # a tune's inputs; an int8 engine must agree with ONNX Runtime on them
+    source = f"torch:{type(model).__name__}"
+    if int8 is not None:  # an int8 engine must agree with ONNX Runtime on the example inputs
+        options = BuildOptions(plan, tune_budget, backends, None, seed, db, threads, check_import)
+        out, choice, quantized = compile_int8(module, int8, arrays, options, source)
+        program = collage_runtime.load(out, threads=threads)
+        return CompiledModule(program, out_spec, choice, quantized.check(program))
     choice = choose_plan(module, plan, tune_budget=tune_budget, backends=backends, seed=seed, db=db,
-                         examples=examples, precision=precision, int8_model=quantized and quantized.int8)
-    out = compile_cached(module, choice, source=f"torch:{type(model).__name__}")
-    program = collage_runtime.load(out, threads=threads)
-    return CompiledModule(program, out_spec, choice, quantized.check(program) if quantized else None)
+                         examples={"main": arrays}, precision=precision)
+    program = collage_runtime.load(compile_cached(module, choice, source=source), threads=threads)
+    return CompiledModule(program, out_spec, choice)
 
 
 def _arrays(batch) -> list[np.ndarray]:

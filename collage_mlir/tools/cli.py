@@ -48,8 +48,10 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     spec = tune_cmd.quantized_spec(args.model, tune_cmd.calibration_of(args))
     module, inputs = tune_cmd.load_model(spec, new_context(), load_input_arrays(args.input),
                                          check_import=not args.no_import_check)
-    plan = args.plan or ("tune" if args.tune else _default_plan(spec, module))
-    provenance = plan_provenance(plan)  # kept in the manifest: `collage report` shows it
+    plan, precision = args.plan or ("tune" if args.tune else None), {}
+    if plan is None:
+        plan, module, precision = _default_plan(args, spec, module, inputs)
+    provenance = plan_provenance(plan) | precision  # kept in the manifest: `collage report` shows it
     if plan == "tuned":  # the plan `collage tune` recorded for this module, else the default
         plan, provenance = _tuned_or_default(module)
     if (args.tune or plan == "tune") and args.device not in (None, Platform.CPU.value):
@@ -75,20 +77,27 @@ def _cmd_compile(args: argparse.Namespace, passthrough: list[str]) -> int:
     return 0
 
 
-def _default_plan(spec: str, module) -> str:
-    """The plan of a compile without ``--plan``: ``default`` (IREE), but for an int8 ONNX model (imported as
-    ``module``) the whole model on the fastest int8 engine here, timed now (``shaped.int8_plan``)."""
+def _default_plan(args: argparse.Namespace, spec: str, module, inputs: list):
+    """The plan of a compile without ``--plan``, the module it places, and the precision it computes in (for the
+    manifest's provenance): ``default`` (IREE), but for an int8 ONNX model ``spec`` (imported as ``module``) the
+    whole model on the fastest int8 engine here of those agreeing with ONNX Runtime (on ``--input``, where
+    given), timed now, or, where ``spec`` was quantized now from the f32 model (``--precision int8``) and an
+    engine runs that faster, the f32 model on it (``shaped.int8_plan``)."""
     if Path(spec).suffix != ".onnx":
-        return "default"
+        return "default", module, {}
     from rich.console import Console
 
+    from ..ir import new_context
     from ..shaped import int8_plan, module_values, quantizes_file
 
     if not quantizes_file(spec):
-        return "default"
-    plan, line = int8_plan(Path(spec), module_values(Path(spec), module))
-    Console(stderr=True).print(line, highlight=False)
-    return plan
+        return "default", module, {}
+    f32 = Path(args.model) if spec != args.model else None
+    choice = int8_plan(Path(spec), module_values(Path(spec), module), agree_on=inputs or None, f32=f32)
+    Console(stderr=True).print(choice.int8_line(), highlight=False)
+    if choice.f32:
+        module, _ = tune_cmd.load_model(args.model, new_context(), inputs, check_import=not args.no_import_check)
+    return choice.plan, module, {"precision": "f32" if choice.f32 else "int8"}
 
 
 def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan) -> int:
@@ -102,7 +111,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     from ..measure.db import default_db_path
     from ..search import resolve_plan
     from ..search.transfer import TunedBuckets
-    from ..shaped import BucketModel, compile_shaped, int8_buckets_plan, quantizes_file
+    from ..shaped import BucketModel, compile_shaped, int8_bucket_plan, quantizes_file
 
     if args.input:
         raise CollageError("--input fixes one shape; with --dim the buckets' shapes are generated", where="--input",
@@ -114,19 +123,26 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
     calibration = tune_cmd.calibration_of(args)
     spec = tune_cmd.quantized_spec(args.model, calibration)
     axes, dynamic_model = dims_args.model_axes(spec, dim_plan)
-    fallback = dims_args.fallback_of(args, dynamic_model, dim_plan, axes)
-    dim_plan = dims_args.traced_plan(args, dynamic_model, dim_plan, axes, fallback)
+    # An int8 model quantized now (--precision int8) may run in f32 where an engine runs that faster.
+    f32 = Path(args.model) if spec != args.model else None
+    fallback, fallback_model = dims_args.fallback_of(args, dynamic_model, dim_plan, axes, f32)
+    dim_plan = dims_args.traced_plan(args, fallback_model, dim_plan, axes, fallback)
     platform = args.device and Platform(args.device)
     plan = args.plan or "default"
-    if args.plan is None and not tuning and quantizes_file(spec):  # IREE computes int8 in f32
-        plan, line = int8_buckets_plan(dynamic_model, dim_plan)
-        Console(stderr=True).print(line, highlight=False)
+    int8 = args.plan is None and not tuning and quantizes_file(spec)  # IREE computes int8 in f32: an engine per bucket
     buckets = dim_plan.grid()
     console = Console(stderr=True)
     tuned_before = TunedBuckets()
 
     def bucket_model(values: dict[str, int]) -> BucketModel:
         label = dims_label(values)
+        if int8:
+            choice = int8_bucket_plan(dynamic_model, values, f32=f32)
+            console.print(choice.int8_line(f"bucket {label}"), highlight=False)
+            module, _ = tune_cmd.load_model(str(f32) if choice.f32 else spec, new_context(), [],
+                                            check_import=not args.no_import_check, dims=values)
+            return BucketModel(module, resolve_plan(choice.plan, Graph(module), platform),
+                               plan_provenance(choice.plan) | {"precision": "f32" if choice.f32 else "int8"})
         module, inputs = tune_cmd.load_model(spec, new_context(), [], check_import=not args.no_import_check,
                                              dims=values)
         if tuning:  # the default budget shared by the buckets, each seeded with the plans tuned before it
@@ -151,12 +167,13 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
         passthrough = [*passthrough, f"--iree-cuda-target={args.cuda_target}"]
     with console.status(f"compiling {args.model} for {len(buckets)} shape buckets"):
         result = compile_shaped(dim_plan, axes, bucket_model, args.output, fallback=fallback,
-                                fallback_model=dynamic_model if fallback is not Fallback.NONE else None,
+                                fallback_model=fallback_model,
                                 source=str(args.model), on_bucket=compiled, iree_args=passthrough,
                                 check=tune_cmd.program_check(args.model, tune_cmd.held_out_of(args)))
     rest = ("padding to the next bucket along " + ", ".join(dim_plan.pad)) if dim_plan.pad else ""
     if fallback is not Fallback.NONE:
-        rest = (rest + "; else " if rest else "") + f"{fallback.value} on the model with dynamic dims"
+        model = "the f32 model" if fallback_model == f32 else "the model"
+        rest = (rest + "; else " if rest else "") + f"{fallback.value} on {model} with dynamic dims"
     ranges = ", ".join(f"{d.name} {d.min}..{d.max}" for d in dim_plan.dims)
     between = f"; between them: {rest}" if rest else ""
     print(f"wrote {result.out_dir} ({len(result.table.buckets)} buckets for {ranges}{between})")
@@ -168,10 +185,10 @@ def _tuned_or_default(module):
     hash, as the entry points find it), else the default, said in one line."""
     from rich.console import Console
 
-    from ..entry import choose_plan
+    from ..entry import PlanHow, choose_plan
 
     choice = choose_plan(module)
-    if choice.how != "tuned before":
+    if choice.how is not PlanHow.TUNED_BEFORE:
         Console(stderr=True).print("no tuned plan for this model in the cost DB (`collage tune` first): the "
                                    "default plan", highlight=False)
     return choice.plan, choice.provenance

@@ -38,14 +38,16 @@ def add_dim_arguments(parser: argparse.ArgumentParser) -> None:
                              "--precision bf16; none: refuse such shapes)")
 
 
-def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan, axes: Axes) -> Fallback:
-    """The engine that serves shapes between buckets: none where buckets and padding serve every shape or
-    the model is not a file (a torch factory); else the one named, or (auto) the faster of those that take
-    the model (``fallback_kinds``), timed on it."""
+def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan, axes: Axes,
+                f32: Path | None = None) -> tuple[Fallback, Path | None]:
+    """The engine that serves shapes between buckets, and the model it runs: none where buckets and padding
+    serve every shape or the model is not a file (a torch factory); else the one named, or (auto) the faster of
+    those that take the model (``fallback_kinds``), timed on it, and on ``f32`` too (the f32 model an int8 one
+    was quantized from now) where given: that model where it runs faster."""
     from rich.console import Console
 
     if model is None or args.fallback == Fallback.NONE.value or dim_plan.unserved(fallback=False) is None:
-        return Fallback.NONE
+        return Fallback.NONE, None
     kinds = fallback_kinds(model, bf16=args.precision == NumberFormat.BF16.value
                            or args.fallback == Fallback.OPENVINO_BF16.value)
     if args.fallback != "auto":
@@ -55,12 +57,12 @@ def fallback_of(args: argparse.Namespace, model: Path | None, dim_plan: DimPlan,
         if Fallback(args.fallback) not in kinds:
             raise CollageError(f"{args.fallback} does not run this model with its dynamic dims; "
                                + " or ".join(k.value for k in kinds) + " does", where="--fallback", exit_code=2)
-        return Fallback(args.fallback)
+        return Fallback(args.fallback), model
     with Console(stderr=True).status("timing the fallback engines on the model with dynamic dims"):
-        choice = choose_fallback(model, dim_plan, axes, kinds)
+        choice = choose_fallback(model, dim_plan, axes, kinds, f32=f32)
     if choice.times:
         Console(stderr=True).print(choice.line(), highlight=False)
-    return choice.chosen
+    return choice.chosen, f32 if choice.f32 else model
 
 
 def dim_plan_of(args: argparse.Namespace) -> DimPlan | None:
