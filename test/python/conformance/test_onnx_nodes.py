@@ -62,9 +62,9 @@ def _check(names, modules, plans, tmp_path, across) -> list:
     dirs, refused, _ = prepare(names, modules, tmp_path)
     if across is None:
         rows = expand(refused, plans) + run_parallel(dirs, plans, jobs=2)
-    else:
-        rows = expand(refused, plans) + run_parallel(dirs, plans[:1], jobs=2)
-        rows += run_parallel([d for d in dirs if d.name in across], plans[1:], jobs=2)
+    else:  # each case imported and checked once, in the child that runs it under all its plans
+        rows = expand(refused, plans) + run_parallel([d for d in dirs if d.name in across], plans, jobs=2)
+        rows += run_parallel([d for d in dirs if d.name not in across], plans[:1], jobs=2)
     cases = names or {r.case for r in rows}
     assert {(r.case, r.plan) for r in rows if runs(r.case, r.plan)} == {(n, p) for n in cases for p in plans
                                                                        if runs(n, p)}
