@@ -72,6 +72,9 @@ class PlanHow(str, Enum):
     F32_FASTER = "faster in f32"  # precision="int8", no plan: an engine runs the f32 model faster still
     DEFAULT = "default"
 
+    def __str__(self) -> str:
+        return self.value
+
 
 @dataclass(frozen=True)
 class PlanChoice:

@@ -29,7 +29,7 @@ from ..ir import ir, new_context, parse_module
 from . import cache_dir, write_cache
 from .onnx import import_onnx
 from .refine import SYMBOLIC_DIMS
-from . import wide_sums
+from . import torch_fastpath, wide_sums
 
 
 def to_numpy(t) -> np.ndarray:
@@ -182,7 +182,8 @@ def import_torch(model, example_inputs: Sequence, context: ir.Context, *, func_n
         with torch.no_grad(), _persistent_buffers(model), warnings.catch_warnings():
             # torch.export (2.13) warns about its own use of a deprecated pytree class: nothing to act on.
             warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
-            imported = fx.export_and_import(model, *example_inputs, output_type="stablehlo", func_name=func_name)
+            imported = fx.export_and_import(model, *example_inputs, output_type="stablehlo", func_name=func_name,
+                                            decomposition_table=torch_fastpath.decompositions())
         buf = io.BytesIO()
         imported.operation.write_bytecode(buf)
         data = buf.getvalue()
@@ -206,7 +207,8 @@ def import_exported_dynamic(program, context: ir.Context) -> ir.Module:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
         try:
-            imported = fx.export_and_import(program, output_type="stablehlo")
+            imported = fx.export_and_import(program, output_type="stablehlo",
+                                            decomposition_table=torch_fastpath.decompositions())
         except Exception as exc:  # noqa: BLE001  torch-mlir's import errors have several types
             raise CollageError(f"torch-mlir cannot import the program with its dynamic dims, so no fallback serves "
                                f"the shapes between buckets ({' '.join(str(exc).split())[:160]}); list every value "
