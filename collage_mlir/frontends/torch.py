@@ -133,6 +133,8 @@ def export_onnx(model, args: tuple, path: Path, what: str) -> Path:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
+            if isinstance(model, torch.export.ExportedProgram):  # a graph dynamo captured may hold fast paths
+                model = model.run_decompositions(torch_fastpath.fast_paths())
             torch.onnx.export(model, args, str(path), dynamo=True)
     except Exception as exc:  # noqa: BLE001  the exporter raises any type
         raise CollageError(f"cannot export {what} to ONNX: {' '.join(str(exc).split())[:300]}") from None

@@ -13,13 +13,20 @@ import math
 
 
 def decompositions() -> dict:
-    """torch-mlir's decomposition table, and the fast paths' (``multi_head_attention``, ``encoder_layer``)."""
-    import torch
+    """torch-mlir's decomposition table, and the fast paths' (``fast_paths``)."""
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
+    return get_decomposition_table() | fast_paths()
+
+
+def fast_paths() -> dict:
+    """The fast paths' decompositions alone (``multi_head_attention``, ``encoder_layer``): for
+    ``run_decompositions`` before torch's ONNX exporter, which has no function for them either."""
+    import torch
+
     aten = torch.ops.aten
-    return get_decomposition_table() | {aten._native_multi_head_attention.default: multi_head_attention,
-                                        aten._transformer_encoder_layer_fwd.default: encoder_layer}
+    return {aten._native_multi_head_attention.default: multi_head_attention,
+            aten._transformer_encoder_layer_fwd.default: encoder_layer}
 
 
 def multi_head_attention(query, key, value, embed_dim: int, num_head: int, qkv_weight, qkv_bias, proj_weight,

@@ -79,3 +79,35 @@ def test_torch_compile_takes_a_transformer_encoder_under_no_grad(torch):
         warnings.simplefilter("error", RuntimeWarning)  # "collage: running this graph eagerly" before
         want, got = model(ids), compiled(ids)
     assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_an_exported_program_holding_a_fast_path_exports_to_onnx(torch, tmp_path):
+    """An exported program whose graph holds the encoder layer's fast path (as dynamo's graph of an
+    ``nn.TransformerEncoder`` under ``torch.no_grad()`` does) written by torch's ONNX exporter, which has no
+    function for it either: ``torch.compile(..., options={"precision": "int8", "dims": ...})`` quantizes that
+    ONNX model for the range (it fell back to a compile per shape). ONNX Runtime runs it as eager does."""
+    import onnxruntime as ort
+
+    from collage_mlir.frontends.torch import export_onnx
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
+    a = layer.self_attn
+    weights = (a.in_proj_weight, a.in_proj_bias, a.out_proj.weight, a.out_proj.bias, False, False, layer.norm1.eps,
+               layer.norm1.weight, layer.norm1.bias, layer.norm2.weight, layer.norm2.bias, layer.linear1.weight,
+               layer.linear1.bias, layer.linear2.weight, layer.linear2.bias)
+
+    class FastPath(torch.nn.Module):
+        def forward(self, x):
+            return torch._transformer_encoder_layer_fwd(x, 16, 4, *weights)
+
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        program = torch.export.export(FastPath(), (x,), dynamic_shapes=({1: torch.export.Dim("seq", max=64)},))
+        want = layer(torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(1)))
+    assert any("_transformer_encoder_layer_fwd" in str(n.target) for n in program.graph.nodes)
+    path = export_onnx(program, (), tmp_path / "m.onnx", "the program")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name:
+                                torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(1)).numpy()})
+    assert abs(got - want.numpy()).max() <= 1e-5 * abs(want.numpy()).max()
