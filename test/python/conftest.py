@@ -25,6 +25,19 @@ def pytest_configure(config):
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker and os.environ["COLLAGE_CACHE_DIR"] == os.path.join(tempfile.gettempdir(), "collage-test-cache"):
         os.environ["COLLAGE_CACHE_DIR"] += f"-{worker}"
+    if worker and os.environ.get("COLLAGE_TEST_PIN", "1") == "1":
+        _pin(int(config.workerinput["workerid"].removeprefix("gw")), int(config.workerinput["workercount"]))
+
+
+def _pin(index: int, count: int) -> None:
+    """Each xdist worker on its own share of the CPUs (its processes inherit it): every engine sizes its threads
+    by the affinity mask (``engines.usable_cores``), so two workers on two cores each ran two spinning threads
+    per engine, four on two cores, and a test took 3-4x its time alone."""
+    cores = sorted(os.sched_getaffinity(0))
+    if count < 2 or len(cores) < 2:
+        return
+    share = [c for k, c in enumerate(cores) if k % count == index % len(cores)] or cores
+    os.sched_setaffinity(0, share)
 
 
 def _write_bytecode() -> None:
