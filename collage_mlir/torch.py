@@ -346,8 +346,12 @@ class DynamicGraph:
         self._roles = _Roles.of(gm, example_inputs)  # now: dynamo drops the placeholders' grapharg after the backend
         self._sizes = [k for k, e in enumerate(example_inputs) if not isinstance(e, torch.Tensor)]
         self._tensors = [k for k in range(len(holders)) if k not in self._roles.weights and k not in self._sizes]
-        # Each size argument is the size of some tensor input's axis: its symbol names it.
-        self._size_axes = {k: _axis_of(holders[k], [holders[t] for t in self._tensors]) for k in self._sizes}
+        # Each size argument the graph computes with is the size of some tensor input's axis: its symbol names it.
+        # One it does not use (a view's storage offset, made symbolic when another module compiled in this process,
+        # its frame shared, saw other shapes) is dropped.
+        self._unused = {k: 0 for k in self._sizes if not holders[k].users}
+        self._size_axes = {k: _axis_of(holders[k], [holders[t] for t in self._tensors]) for k in self._sizes
+                           if k not in self._unused}
         self._programs: dict[tuple, DynamoGraph | None] = {}  # None: eager at that shape
         self._plan = None
         # Per the sizes of the undeclared axes: the range's artifact, or None where the graph does not export.
@@ -406,7 +410,7 @@ class DynamicGraph:
         import torch
 
         model = _sized_graph(self._gm, {k: args[k] for k in self._roles.weights}, self._roles.scalars, self._tensors,
-                             self._size_axes)
+                             self._size_axes, self._unused)
         example = [args[t] for t in self._tensors]
         # Hints, not named Dims: export finds the declared axes the graph makes one size (a model's token ids'
         # and attention mask's sequence), where named Dims are a violated constraint.
@@ -459,11 +463,12 @@ def _one_per_size(program, example: Sequence, plan: DimPlan, axes):
 
 
 def _sized_graph(gm, weights: dict, scalars: frozenset, tensors: Sequence[int],
-                 size_axes: Mapping[int, tuple[int, int, bool]]):
+                 size_axes: Mapping[int, tuple[int, int, bool]], fixed: Mapping[int, int]):
     """Dynamo graph ``gm`` with ``weights`` frozen in (``freeze_weights``) as a graph of its tensor inputs
     alone: each size placeholder (``size_axes``: its position → (tensor input position, axis, whether a
     stride)) becomes that axis's size (or stride) read off the tensor, so that torch.export traces it as the
-    axis's symbol (a contiguous input's stride: a product of sizes)."""
+    axis's symbol (a contiguous input's stride: a product of sizes); those of ``fixed`` (position → value)
+    become constants."""
     import torch
 
     frozen = freeze_weights(gm, weights, scalars)
@@ -475,6 +480,9 @@ def _sized_graph(gm, weights: dict, scalars: frozenset, tensors: Sequence[int],
             size = frozen.graph.call_function(read, (holders[tensors[position]], axis))
             holders[k].replace_all_uses_with(size)
             frozen.graph.erase_node(holders[k])
+    for k, value in fixed.items():
+        _substitute(holders[k], value)
+        frozen.graph.erase_node(holders[k])
     frozen.recompile()
     return frozen
 

@@ -139,3 +139,21 @@ def test_torch_compile_finds_the_plan_tuned_for_the_model(torch, tmp_path, monke
     run(x)
     assert len(compiled) == 2  # compiled again once, for the changed weights
     torch._dynamo.reset()
+
+
+def test_a_second_module_called_on_a_view_compiles(torch):
+    """Dynamo shares one frame between the modules ``torch.compile`` wraps: once one has run at a shape, the next
+    is traced with dynamic sizes, and a view's (``images[k:k + 4]``) storage offset becomes a size argument the
+    graph never uses. It ran eagerly ("size argument s63 is not the size or stride of any input's axis"); now it
+    compiles, and equals eager."""
+    import collage_mlir  # noqa: F401  registers the backend
+
+    torch.manual_seed(0)
+    first = torch.nn.Linear(8, 4).eval()
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 3))
+    images = torch.randn(16, 1, 8, 8)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no eager fallback
+        torch.compile(first, backend="collage")(torch.randn(3, 8))
+        got = torch.compile(model.eval(), backend="collage")(images[8:12])
+        torch.testing.assert_close(got, model(images[8:12]), rtol=1e-4, atol=1e-5)
