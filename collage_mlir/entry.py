@@ -342,7 +342,7 @@ def int8_choice(module: ir.Module, choice) -> PlanChoice:
     the module it was quantized from (faster there: f32 is within any accuracy bound)."""
     number_ops(module)
     how = PlanHow.DEFAULT if choice.chosen is None else PlanHow.F32_FASTER if choice.f32 else PlanHow.INT8_ENGINE
-    provenance = {"plan": choice.plan, "precision": "f32" if choice.f32 else INT8}
+    provenance = {"plan": choice.plan, "precision": choice.precision}
     return PlanChoice(resolve_plan(choice.plan, Graph(module)), how, provenance)
 
 

@@ -512,6 +512,11 @@ class EngineChoice:
         """The plan of an int8 model's program: whole on the engine chosen, else IREE's default."""
         return "default" if self.chosen is None else f"whole:{self.chosen.value}"
 
+    @property
+    def precision(self) -> str:
+        """What an int8 model's program computes in, as its manifest's provenance records it."""
+        return "f32" if self.f32 else "int8"
+
     def line(self, where: str = "between buckets") -> str:
         """The choice as the CLI prints it."""
         ran = ", ".join([f"{k.value} {v * 1e3:.2f} ms" for k, v in self.times.items()]

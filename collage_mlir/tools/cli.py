@@ -97,7 +97,7 @@ def _default_plan(args: argparse.Namespace, spec: str, module, inputs: list):
     Console(stderr=True).print(choice.int8_line(), highlight=False)
     if choice.f32:
         module, _ = tune_cmd.load_model(args.model, new_context(), inputs, check_import=not args.no_import_check)
-    return choice.plan, module, {"precision": "f32" if choice.f32 else "int8"}
+    return choice.plan, module, {"precision": choice.precision}
 
 
 def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan) -> int:
@@ -142,7 +142,7 @@ def _compile_buckets(args: argparse.Namespace, passthrough: list[str], dim_plan)
             module, _ = tune_cmd.load_model(str(f32) if choice.f32 else spec, new_context(), [],
                                             check_import=not args.no_import_check, dims=values)
             return BucketModel(module, resolve_plan(choice.plan, Graph(module), platform),
-                               plan_provenance(choice.plan) | {"precision": "f32" if choice.f32 else "int8"})
+                               plan_provenance(choice.plan) | {"precision": choice.precision})
         module, inputs = tune_cmd.load_model(spec, new_context(), [], check_import=not args.no_import_check,
                                              dims=values)
         if tuning:  # the default budget shared by the buckets, each seeded with the plans tuned before it
