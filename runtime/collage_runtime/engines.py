@@ -63,6 +63,16 @@ SMALL_REGION_MACS = 4_000_000
 #: IREE task workers per driver, as asked by the first program of this process (see ``iree_device``).
 IREE_POOLS: dict[str, int] = {}
 _DEVICES: dict[str, rt.HalDevice] = {}
+#: Programs holding each driver's device (``iree_device``, ``release_device``).
+_HOLDERS: dict[str, int] = {}
+
+#: Drivers whose device goes when the last program holding it is closed or collected; the others' stays for
+#: the process. An idle IREE Vulkan device on Mesa's lavapipe keeps two of IREE's threads polling the driver
+#: (half a core of a 2-core machine, for as long as the device lives): kept for the process, one Vulkan
+#: program loaded and closed left every later engine of that process on half the cores it was given (IREE
+#: 3.13, Mesa 22.3; creating the device again costs ~45 ms). The CPU drivers' devices cost nothing idle, and
+#: local-task's pool is sized once per process (``IREE_POOLS``).
+RELEASED_DRIVERS = frozenset({"vulkan"})
 
 #: Drivers whose devices get IREE's caching allocator. Not vulkan: with it every program fails in its first
 #: ``hal.device.queue.alloca`` ("allocator cannot allocate a Vulkan buffer with the given parameters;
@@ -74,7 +84,8 @@ CACHING_DRIVERS = frozenset({"local-task", "local-sync", "cuda"})
 
 
 def iree_device(driver: str, threads: int, sync_allocations: bool = False) -> rt.HalDevice:
-    """The process's IREE device of ``driver``, with IREE's caching allocator where it works
+    """The process's IREE device of ``driver`` for one more holder (a program: ``release_device`` when it
+    is done with it), with IREE's caching allocator where it works
     (``CACHING_DRIVERS``): a region's result buffers are allocated on every call, and a freed buffer is
     reused instead of mapping fresh pages (a 16 MB result: 480 µs of page faults per call without it,
     36 µs with it). local-task creates its task executor with the driver, once per process, from
@@ -95,7 +106,16 @@ def iree_device(driver: str, threads: int, sync_allocations: bool = False) -> rt
             IREE_POOLS[driver] = threads
         allocators = ["caching"] if driver in CACHING_DRIVERS else None
         _DEVICES[driver] = rt.get_driver(driver).create_default_device(allocators=allocators)
+    _HOLDERS[driver] = _HOLDERS.get(driver, 0) + 1
     return _DEVICES[driver]
+
+
+def release_device(driver: str) -> None:
+    """One holder of ``driver``'s device is done with it; the last one's release drops the device of a
+    ``RELEASED_DRIVERS`` driver (what still holds its buffers keeps it alive until they go)."""
+    _HOLDERS[driver] = max(0, _HOLDERS.get(driver, 0) - 1)
+    if not _HOLDERS[driver] and driver in RELEASED_DRIVERS:
+        _DEVICES.pop(driver, None)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from iree.runtime.dtypes import map_dtype_to_hal_element_type
 
 from .manifest import MANIFEST, ArtifactError, load_manifest
 from .package import is_package, unpack
-from .engines import Engines, iree_device, usable_cores
+from .engines import Engines, iree_device, release_device, usable_cores
 from .shapes import bucket_store
 from .weights import WeightStore
 from .rt_module import (DLPACK_PLATFORMS, DLPackView, RegionFailure, RegionTimer,  # noqa: F401  (RegionFailure: raised by invoke)
@@ -93,8 +93,10 @@ class Program:
         self.engines = Engines(usable_cores() if threads is None else threads,
                                sole=regions[0].backend if len(regions) == 1 else None, weights=weights)
         self.platform: Platform = self.manifest.platform
-        self.config = rt.Config(device=iree_device(driver or self.platform.driver, self.engines.threads,
-                                                   sync_allocations=bool(regions)))
+        driver = driver or self.platform.driver
+        self.config = rt.Config(device=iree_device(driver, self.engines.threads, sync_allocations=bool(regions)))
+        # Once, when the program is closed or collected (a Vulkan device goes with its last program).
+        self._device_held = weakref.finalize(self, release_device, driver)
         # The CPU drivers' buffers are host memory: mapped in place, DLPack tensors imported and exported
         # in place. A device platform's are device-only: the host reads and writes them through copies.
         self._host_memory = self.platform.host_memory
@@ -323,10 +325,12 @@ class Program:
         another thread finishes first; later calls raise ProgramClosed."""
         with self._lock:
             self._direct_calls.clear()  # they hold the context
-            for attr in ("_functions", "_context", "_main", "_modules", "config"):
+            for attr in ("_functions", "_context", "_main", "_modules", "_transfers", "config"):
                 if hasattr(self, attr):
                     delattr(self, attr)
             gc.collect()
+        if hasattr(self, "_device_held"):
+            self._device_held()
         _OPEN.discard(self)
         self._tail = None
         if hasattr(self, "_cleanup"):

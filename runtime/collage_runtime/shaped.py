@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .engines import Engines, engine_message, iree_device, usable_cores
+from .engines import Engines, engine_message, iree_device, release_device, usable_cores
 from .manifest import ArtifactError
 from .package import is_package, unpack
 from .program import InputError, Program, close_at_exit, mapped_array
@@ -214,6 +214,7 @@ class IreeRunner:
         import iree.runtime as rt
 
         config = rt.Config(device=iree_device("local-task", engines.threads))
+        self._device_held = weakref.finalize(self, release_device, "local-task")
         module = rt.VmModule.mmap(config.vm_instance, str(path))
         self._context = rt.SystemContext(vm_modules=[module], config=config)
         self._main = getattr(self._context.modules, module.name)["main"]
@@ -228,4 +229,5 @@ class IreeRunner:
 
     def close(self) -> None:
         self._main = self._context = None
+        self._device_held()
 
