@@ -27,6 +27,7 @@ from .entry import BuildOptions, Int8, PlanChoice, choose_plan, compile_cached, 
 from .errors import CollageError
 from .frontends.onnx_calibrate import Agreement
 from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, input_values, named_onnx_dims,
+                              one_dim_per_key,
                               renamed_axes, resized, resized_batch)
 from .frontends import stablehlo
 from .frontends.jax import import_jax
@@ -131,7 +132,7 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
     exported = fn if isinstance(fn, jax.export.Exported) else None
     fn = _callable(fn)
     compiled: dict[tuple, CompiledFunction] = {}
-    each, same = _one_dim_per_key(dims or {}, exported is not None)
+    each, same = one_dim_per_key(dims or {}, exported is not None)
     plan_of_dims = DimPlan.declared({n: v for n, v in each.items() if n not in same},
                                     pad=[same.get(n, n) for n in pad]) if dims else None
     state: dict[str, Any] = {}
@@ -233,25 +234,6 @@ def _int8_range(exported, fn: Callable, args: tuple, dim_plan: DimPlan, axes: Ax
     program = collage_runtime.load(out, threads=options.threads)
     quantized.check(program)
     return program
-
-
-def _one_dim_per_key(dims: Mapping, exported: bool) -> tuple[dict, dict[str, str]]:
-    """``jit``'s ``dims`` with a key naming several axes (``("0.1", "1.1")``: token ids' and their mask's
-    sequence, one size) spread to each axis, and those after the first → the first (the dim's name)."""
-    each: dict = {}
-    same: dict[str, str] = {}
-    for key, value in dims.items():
-        names = (key,) if isinstance(key, str) else tuple(key)
-        if not names or not all(isinstance(n, str) for n in names) or (exported and len(names) > 1):
-            raise CollageError(f"dims: a key is an axis ('ARG.AXIS'){'' if exported else ' or a tuple of axes of one size'}"
-                               f"{', a symbol of the exported module' if exported else ''}; got {key!r}")
-        for name in names:
-            if name in each:
-                raise CollageError(f"dims: axis '{name}' is declared twice")
-            each[name] = value
-            if name != names[0]:
-                same[name] = names[0]
-    return each, same
 
 
 def _exported(fn: Callable, leaves: list, tree, axes: Axes, dims: Sequence[DimRange]):

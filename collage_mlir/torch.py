@@ -33,7 +33,7 @@ from .entry import (BuildOptions, Int8, PlanChoice, cached_artifact, choose_plan
                     compile_int8_range, planned_buckets)
 from .errors import CollageError
 from .frontends.dims import (PYTHON, DimPlan, argument_axes, dim_names, exported_dims, input_values,
-                              named_onnx_dims, renamed_axes, resized, resized_batch)
+                              named_onnx_dims, one_dim_per_key, renamed_axes, resized, resized_batch)
 from .frontends.onnx_calibrate import Agreement
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
 from .ir import new_context
@@ -323,8 +323,9 @@ class DynamicGraph:
     """A graph dynamo captured with dynamic shapes (``torch.compile(..., dynamic=True)``, or a second
     shape): its size arguments (SymInts) and tensor axes take a new value on each call.
 
-    ``dims`` (option ``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the graph's tensor inputs) declares
-    ranges, served by one shape-bucket artifact (``ShapedModule``) built at the first call: the graph, its
+    ``dims`` (option ``{"ARG.AXIS": (MIN, OPT, MAX)}``, ``ARG`` counting the graph's tensor inputs, a tuple of
+    them for axes of one size: ``{("0.1", "1.1"): (8, 64, 128)}``, token ids' and their mask's sequence, the
+    dim named by the first) declares ranges, served by one shape-bucket artifact (``ShapedModule``) built at the first call: the graph, its
     weights frozen in and its sizes read off its tensors (``_sized_graph``), is exported with a dynamic hint
     per declared axis (declared axes the graph makes one size, such as token ids' and their mask's sequence,
     become one dim, named by the first) and compiled as ``compile`` compiles an exported program (in int8
@@ -360,8 +361,11 @@ class DynamicGraph:
         self._int8 = Int8.requested(options.get("precision"), options.get("calibrate"),
                                     options.get("calibration_method", "minmax"), options.get("max_drop"), _arrays)
         if dims:
-            self._plan = DimPlan.declared(dims, pad=pad)
-            self._axes = argument_axes([example_inputs[t] for t in self._tensors], self._plan.dims, PYTHON)
+            each, same = one_dim_per_key(dims)
+            self._plan = DimPlan.declared({n: v for n, v in each.items() if n not in same},
+                                          pad=[same.get(n, n) for n in pad])
+            self._axes = renamed_axes(argument_axes([example_inputs[t] for t in self._tensors],
+                                                    DimPlan.declared(each).dims, PYTHON), same)
         elif pad:
             raise CollageError("the 'pad' option goes with 'dims'")
 
@@ -437,9 +441,22 @@ class DynamicGraph:
                                             self._int8)
             return _compile_shaped(model, example, self._plan, self._axes, options, program=program)
         except CollageError as exc:  # torch-mlir cannot import it with its dims, say: shape by shape, as above
-            warnings.warn(f"collage: the declared range is not served by one artifact ({exc}); shapes compile on "
-                          "first use", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"collage: the declared range is not served by one artifact ({exc}){_one_size_hint(self._plan)}"
+                          "; shapes compile on first use", RuntimeWarning, stacklevel=3)
             return None
+
+
+def _one_size_hint(plan: DimPlan) -> str:
+    """Where ``plan`` declares dims of equal ranges apart, that they may be one size (token ids' and their mask's
+    sequence: the buckets cross them, and the model fails where they differ) and how to declare them so."""
+    ranges: dict[tuple, list[str]] = {}
+    for d in plan.dims:
+        ranges.setdefault((d.min, d.opt, d.max), []).append(d.name)
+    tied = next((names for names in ranges.values() if len(names) > 1), None)
+    if tied is None:
+        return ""
+    return (f"; if axes {', '.join(tied)} are one size (token ids' and their mask's sequence), declare them as one "
+            f"dim: {{{tuple(tied)!r}: (MIN, OPT, MAX)}}")
 
 
 def _one_per_size(program, example: Sequence, plan: DimPlan, axes):

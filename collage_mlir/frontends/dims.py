@@ -360,6 +360,26 @@ def undeclared_line(axes: Axes, input_names: Sequence[str]) -> str:
 # --- torch and JAX (positional inputs) ----------------------------------------------------------------------
 
 
+def one_dim_per_key(dims: Mapping, exported: bool = False) -> tuple[dict, dict[str, str]]:
+    """Declared ``dims`` (``jax.jit``'s, ``torch.compile``'s option) with a key naming several axes
+    (``("0.1", "1.1")``: token ids' and their mask's sequence, one size) spread to each axis, and those after
+    the first → the first (the dim's name). ``exported``: keys are an exported module's symbols, one each."""
+    each: dict = {}
+    same: dict[str, str] = {}
+    for key, value in dims.items():
+        names = (key,) if isinstance(key, str) else tuple(key)
+        if not names or not all(isinstance(n, str) for n in names) or (exported and len(names) > 1):
+            raise CollageError(f"dims: a key is an axis ('ARG.AXIS'){'' if exported else ' or a tuple of axes of one size'}"
+                               f"{', a symbol of the exported module' if exported else ''}; got {key!r}")
+        for name in names:
+            if name in each:
+                raise CollageError(f"dims: axis '{name}' is declared twice")
+            each[name] = value
+            if name != names[0]:
+                same[name] = names[0]
+    return each, same
+
+
 def argument_axes(examples: Sequence, dims: Sequence[DimRange], words: "DimWords | None" = None) -> Axes:
     """The axes of positional example inputs (a torch factory's tensors, a JAX function's flattened
     arrays) that ``dims`` name (``ARG.AXIS``)."""

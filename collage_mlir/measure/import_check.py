@@ -639,8 +639,14 @@ def torch_source(model, example_inputs: Sequence, result=None) -> Source:
     from ..frontends.torch import model_key, to_numpy
 
     if result is None:
-        with torch.no_grad():
-            result = model(*example_inputs)
+        try:
+            with torch.no_grad():
+                result = model(*example_inputs)
+        except Exception as exc:  # noqa: BLE001  the user's model: whatever it raises is one line
+            why = " ".join(str(exc).split())[:200]
+            raise CollageError(f"the model itself fails on inputs of shapes "
+                               f"{[list(getattr(x, 'shape', ())) for x in example_inputs]}: "
+                               f"{type(exc).__name__}: {why}") from None
     leaves = [(pytree.keystr(p), t) for p, t in pytree.tree_flatten_with_path(result)[0] if isinstance(t, torch.Tensor)]
 
     spread = _quantized_spread(model, example_inputs, [t for _, t in leaves]) if pt2e_quantized(model) else None

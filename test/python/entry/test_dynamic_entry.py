@@ -205,6 +205,58 @@ def test_torch_compile_declared_dims_the_graph_makes_one_size(torch):
         torch.testing.assert_close(*call(run, 4), rtol=1e-4, atol=1e-5)
 
 
+def test_torch_compile_axes_of_one_size_declared_as_one_key(torch):
+    """Hugging Face's attention masks index the mask by the token ids' positions (``mask[:, arange(n)]``): the
+    graph never says the two sequences are one size, so declared apart they are two dims whose buckets cross,
+    and at ids longer than the mask the model itself fails. That was an IndexError traceback out of the call;
+    now one warning naming the failure and the one-key form, and the shape compiles on first use. Declared as
+    one key (``{("0.1", "1.1"): range}``, as ``collage_mlir.jax.jit`` takes it; it was an internal error, then
+    eager), one artifact at the first call: buckets 2, 4, 8 named ``0.1``, 3 padded to 4; equal to eager."""
+    import collage_mlir.torch as collage_torch
+
+    class Indexed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(50, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, ids, mask):
+            keep = mask[:, torch.arange(ids.shape[1])]
+            return (self.head(self.embed(ids)) * keep.unsqueeze(-1)).sum(1)
+
+    torch.manual_seed(0)
+    model = Indexed().eval()
+    graphs = []
+
+    def compiled(options):
+        torch._dynamo.reset()
+        graphs.clear()
+
+        def backend(gm, example_inputs):
+            graphs.append(collage_torch.dynamo_backend(gm, example_inputs, options))
+            return graphs[-1]
+        return torch.compile(model, backend=backend, dynamic=True)
+
+    def call(run, n):
+        ids, mask = torch.randint(0, 50, (2, n)), (torch.rand(2, n) > 0.3).float()
+        with torch.no_grad():
+            return run(ids, mask), model(ids, mask)
+
+    run = compiled({"dims": {"0.1": (2, 4, 8), "1.1": (2, 4, 8)}, "pad": ["0.1", "1.1"]})
+    with pytest.warns(RuntimeWarning, match=r"the model itself fails on inputs of shapes .*IndexError.* declare them "
+                                            r"as one dim: \{\('0.1', '1.1'\): \(MIN, OPT, MAX\)\}"):
+        torch.testing.assert_close(*call(run, 4), rtol=1e-4, atol=1e-5)
+
+    run = compiled({"dims": {("0.1", "1.1"): (2, 4, 8)}, "pad": ["0.1"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for n in (4, 3):
+            torch.testing.assert_close(*call(run, n), rtol=1e-4, atol=1e-5)
+    (shaped,) = graphs[0]._ranges.values()
+    assert [dict(b.values) for b in shaped.program.table.buckets] == [{"0.1": 2}, {"0.1": 4}, {"0.1": 8}]
+    assert shaped.program.served(np.ones((2, 3), np.int64), np.ones((2, 3), np.float32)) == "padded to 0.1=4"
+    assert not graphs[0]._programs
+
+
 def test_a_calibration_batch_is_resized_to_the_shape_compiled():
     """``torch.compile(..., dynamic=True)`` in int8 without dims compiles each shape on its own: the calibration
     batches (taken at one shape) are cut or repeated to it along the axes that differ; a tensor of another rank
