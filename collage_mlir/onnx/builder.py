@@ -123,7 +123,7 @@ def _translate_ops(b: _Builder, ops: list[ir.Operation]) -> None:
         why = f"{op.name} has no ONNX translation" if spec is None else \
             next((r for r in (c(op) for c in when) if r), None)
         if why:
-            raise CollageError(f"{op.location}: cannot export to ONNX: {why}")
+            raise CollageError(f"{op.location}: cannot export to ONNX: {why}" + ("" if op.name in why else f" ({op.name})"))
         outer, oid = b.op_id, collage.op_id(op)
         b.op_id = outer if oid is None else oid
         try:
