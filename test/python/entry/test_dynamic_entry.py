@@ -142,6 +142,20 @@ def test_torch_compile_declared_range_without_dynamic_true_says_so(torch, monkey
     assert compiles == [1]
 
 
+def _collage_compiled(torch, model, options: dict, graphs: list):
+    """``torch.compile(model, dynamic=True)`` on collage's backend with ``options``, dynamo reset first; each graph
+    the backend gets is appended to ``graphs`` (cleared first), so that a test reads its ranges and programs."""
+    import collage_mlir.torch as collage_torch
+
+    torch._dynamo.reset()
+    graphs.clear()
+
+    def backend(gm, example_inputs):
+        graphs.append(collage_torch.dynamo_backend(gm, example_inputs, options))
+        return graphs[-1]
+    return torch.compile(model, backend=backend, dynamic=True)
+
+
 def test_torch_compile_declared_dims_the_graph_makes_one_size(torch):
     """Token ids and their attention mask, each sequence axis declared (``0.1`` and ``1.1``): the graph makes
     them one size, which named ``torch.export.Dim``s refused as a violated constraint (a warning, then a
@@ -150,7 +164,6 @@ def test_torch_compile_declared_dims_the_graph_makes_one_size(torch):
     ``calibrate`` at sequence 4) the range is quantized once (it was compiled as f32), its buckets whole on an
     int8 engine (they were IREE's, which computes int8 in f32); a range declared twice differently is one
     warning."""
-    import collage_mlir.torch as collage_torch
 
     class Masked(torch.nn.Module):
         def __init__(self):
@@ -165,13 +178,7 @@ def test_torch_compile_declared_dims_the_graph_makes_one_size(torch):
     graphs = []
 
     def compiled(options):
-        torch._dynamo.reset()
-        graphs.clear()
-
-        def backend(gm, example_inputs):
-            graphs.append(collage_torch.dynamo_backend(gm, example_inputs, options))
-            return graphs[-1]
-        return torch.compile(model, backend=backend, dynamic=True)
+        return _collage_compiled(torch, model, options, graphs)
 
     def call(run, n):
         ids, mask = torch.randint(0, 50, (2, n)), (torch.rand(2, n) > 0.3).float()
@@ -212,7 +219,6 @@ def test_torch_compile_axes_of_one_size_declared_as_one_key(torch):
     now one warning naming the failure and the one-key form, and the shape compiles on first use. Declared as
     one key (``{("0.1", "1.1"): range}``, as ``collage_mlir.jax.jit`` takes it; it was an internal error, then
     eager), one artifact at the first call: buckets 2, 4, 8 named ``0.1``, 3 padded to 4; equal to eager."""
-    import collage_mlir.torch as collage_torch
 
     class Indexed(torch.nn.Module):
         def __init__(self):
@@ -228,13 +234,7 @@ def test_torch_compile_axes_of_one_size_declared_as_one_key(torch):
     graphs = []
 
     def compiled(options):
-        torch._dynamo.reset()
-        graphs.clear()
-
-        def backend(gm, example_inputs):
-            graphs.append(collage_torch.dynamo_backend(gm, example_inputs, options))
-            return graphs[-1]
-        return torch.compile(model, backend=backend, dynamic=True)
+        return _collage_compiled(torch, model, options, graphs)
 
     def call(run, n):
         ids, mask = torch.randint(0, 50, (2, n)), (torch.rand(2, n) > 0.3).float()
@@ -264,7 +264,6 @@ def test_torch_compile_range_falls_back_to_torchs_onnx_export_where_it_runs_fast
     program is timed on ONNX Runtime and OpenVINO too, and serves where one is faster (times fixed here:
     ``shaped._median_times`` stands in, IREE 1 ms, ONNX Runtime 0.5 ms, OpenVINO 2 ms); equal to eager."""
     import collage_mlir.shaped as shaped
-    import collage_mlir.torch as collage_torch
     from collage_runtime.shapes import Fallback
 
     class Positions(torch.nn.Module):
@@ -289,13 +288,7 @@ def test_torch_compile_range_falls_back_to_torchs_onnx_export_where_it_runs_fast
     torch.manual_seed(0)
     model = Positions().eval()
     graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(collage_torch.dynamo_backend(gm, example_inputs, {"dims": {"0.1": (2, 4, 8)}}))
-        return graphs[-1]
-
-    torch._dynamo.reset()
-    run = torch.compile(model, backend=backend, dynamic=True)
+    run = _collage_compiled(torch, model, {"dims": {"0.1": (2, 4, 8)}}, graphs)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         for n in (4, 3, 6):
