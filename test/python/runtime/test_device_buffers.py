@@ -6,6 +6,7 @@ its tensors taken over without copies. CUDA needs a GPU and is not tested here."
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -131,13 +132,14 @@ def test_the_last_vulkan_program_closed_releases_the_device(tmp_path):
     _need_vulkan()
     vk = _compile(TWO, [], tmp_path / "vk", "iree-vulkan")
     a, b = np.eye(16, 8, dtype=np.float32), np.eye(8, dtype=np.float32)
+    gc.collect()  # what earlier tests left to collect goes now, not while this one counts threads
     before = _threads()
     first, second = collage_runtime.load(vk), collage_runtime.load(vk)
     assert first.config.device is second.config.device and _threads() > before
     first.close()
     np.testing.assert_array_equal(second.invoke("two", a, b)[0], a)  # the device stays for the second
     second.close()
-    assert _threads() == before
+    assert _threads() <= before
     cpu = time.process_time()
     time.sleep(0.5)
     assert time.process_time() - cpu < 0.05  # was ~0.25 s in 0.5 s
