@@ -26,9 +26,8 @@ from collage_runtime.shapes import Axes, DimRange, bucket_for, cut_to, dims_labe
 from .entry import BuildOptions, Int8, PlanChoice, choose_plan, compile_cached, compile_int8, compile_int8_range
 from .errors import CollageError
 from .frontends.onnx_calibrate import Agreement
-from .frontends.dims import (PYTHON, DimPlan, argument_axes, check_declared, input_values, named_onnx_dims,
-                              one_dim_per_key,
-                              renamed_axes, resized, resized_batch)
+from .frontends.dims import (PYTHON, DimPlan, check_declared, input_values, named_onnx_dims,
+                              positional_dims, resized, resized_batch)
 from .frontends import stablehlo
 from .frontends.jax import import_jax
 from .ir import new_context
@@ -132,9 +131,8 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
     exported = fn if isinstance(fn, jax.export.Exported) else None
     fn = _callable(fn)
     compiled: dict[tuple, CompiledFunction] = {}
-    each, same = one_dim_per_key(dims or {}, exported is not None)
-    plan_of_dims = DimPlan.declared({n: v for n, v in each.items() if n not in same},
-                                    pad=[same.get(n, n) for n in pad]) if dims else None
+    declared = positional_dims(dims, pad, exported is not None) if dims else None
+    plan_of_dims = declared and declared.plan
     state: dict[str, Any] = {}
 
     def signature_call(leaves: list, tree):
@@ -152,7 +150,7 @@ def jit(fn: Callable, *, plan: str | None = None, tune_budget: float | None = No
         leaves = [np.asarray(a) for a in leaves]
         if "axes" not in state:
             state["axes"] = symbol_axes(exported, plan_of_dims.dims) if exported is not None \
-                else renamed_axes(argument_axes(leaves, DimPlan.declared(each).dims, PYTHON), same)
+                else declared.axes(leaves)
             state["fixed"] = _fixed(exported, leaves, state["axes"])
         _check_fixed(state["fixed"], leaves)
         axes = state["axes"]

@@ -33,8 +33,8 @@ from collage_runtime.types import NumberFormat
 from .entry import (BuildOptions, Int8, PlanChoice, cached_artifact, choose_plan, compile_cached, compile_int8,
                     compile_int8_range, planned_buckets)
 from .errors import CollageError
-from .frontends.dims import (PYTHON, DimPlan, argument_axes, dim_names, exported_dims, input_values,
-                              named_onnx_dims, one_dim_per_key, renamed_axes, resized, resized_batch)
+from .frontends.dims import (PYTHON, DimPlan, dim_names, exported_dims, input_values,
+                              named_onnx_dims, positional_dims, renamed_axes, resized, resized_batch)
 from .frontends.onnx_calibrate import Agreement
 from .frontends.torch import export_onnx, import_exported_dynamic, import_torch, to_numpy, to_torch
 from .ir import new_context
@@ -217,6 +217,11 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: Buil
         with tempfile.TemporaryDirectory(prefix="collage-dynamic-") as tmp:
             fallback, kind = None, Fallback.NONE
             bf16 = options.precision == NumberFormat.BF16.value  # the fallback may compute in bf16 too
+
+            def torch_export():  # torch's own ONNX export, dims kept, and its fastest engine
+                onnx = export_onnx(program, (), Path(tmp) / "dynamic.onnx", "the exported program")
+                return onnx, choose_fallback(onnx, dim_plan, axes, fallback_kinds(onnx, bf16))
+
             if dynamic is not None:  # the fastest engine that runs it: IREE, or its ONNX translation
                 fallback = Path(tmp) / "dynamic.mlirbc"
                 with open(fallback, "wb") as f:
@@ -230,16 +235,15 @@ def _compile_shaped(model, example: list, dim_plan: DimPlan, axes, options: Buil
                     # ONNX Runtime and OpenVINO could not take its ONNX translation (torch-mlir's dynamic lowering
                     # leaves shape arithmetic): on torch's own export of the program, where they run it faster.
                     try:
-                        onnx = export_onnx(program, (), Path(tmp) / "dynamic.onnx", "the exported program")
-                        other = choose_fallback(onnx, dim_plan, axes, fallback_kinds(onnx, bf16))
+                        onnx, other = torch_export()
+                        if other.times.get(other.chosen, math.inf) < choice.times[Fallback.IREE]:
+                            fallback, kind = onnx, other.chosen
                     except CollageError:
-                        other = None
-                    if other is not None and other.times.get(other.chosen, math.inf) < choice.times[Fallback.IREE]:
-                        fallback, kind = onnx, other.chosen
-            if needed and fallback is None:  # torch's own ONNX export, dims kept, on ORT or OpenVINO
+                        pass
+            if needed and fallback is None:
                 try:
-                    fallback = export_onnx(program, (), Path(tmp) / "dynamic.onnx", "the exported program")
-                    kind = choose_fallback(fallback, dim_plan, axes, fallback_kinds(fallback, bf16)).chosen
+                    fallback, other = torch_export()
+                    kind = other.chosen
                 except CollageError as exc:
                     raise CollageError(f"{refused}; and {exc}") from None
             compile_shaped(dim_plan, axes, lambda values: models[grid.index(values)], out,
@@ -375,11 +379,8 @@ class DynamicGraph:
         self._int8 = Int8.requested(options.get("precision"), options.get("calibrate"),
                                     options.get("calibration_method", "minmax"), options.get("max_drop"), _arrays)
         if dims:
-            each, same = one_dim_per_key(dims)
-            self._plan = DimPlan.declared({n: v for n, v in each.items() if n not in same},
-                                          pad=[same.get(n, n) for n in pad])
-            self._axes = renamed_axes(argument_axes([example_inputs[t] for t in self._tensors],
-                                                    DimPlan.declared(each).dims, PYTHON), same)
+            declared = positional_dims(dims, pad)
+            self._plan, self._axes = declared.plan, declared.axes([example_inputs[t] for t in self._tensors])
         elif pad:
             raise CollageError("the 'pad' option goes with 'dims'")
 

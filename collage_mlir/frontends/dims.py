@@ -360,10 +360,25 @@ def undeclared_line(axes: Axes, input_names: Sequence[str]) -> str:
 # --- torch and JAX (positional inputs) ----------------------------------------------------------------------
 
 
-def one_dim_per_key(dims: Mapping, exported: bool = False) -> tuple[dict, dict[str, str]]:
-    """Declared ``dims`` (``jax.jit``'s, ``torch.compile``'s option) with a key naming several axes
-    (``("0.1", "1.1")``: token ids' and their mask's sequence, one size) spread to each axis, and those after
-    the first → the first (the dim's name). ``exported``: keys are an exported module's symbols, one each."""
+@dataclass(frozen=True)
+class PositionalDims:
+    """Declared dims of positional inputs (``jax.jit``'s ``dims``, ``torch.compile``'s option): ``plan``, one dim
+    per key; ``each`` declared axis (``ARG.AXIS``) → its range; ``same``: an axis declared with others → the
+    first of its key (the dim's name)."""
+
+    plan: DimPlan
+    each: Mapping[str, "int | tuple[int, int, int]"]
+    same: Mapping[str, str]
+
+    def axes(self, examples: Sequence) -> Axes:
+        """The axes of ``examples`` (positional arrays or tensors) the dims name, each by its key's first axis."""
+        return renamed_axes(argument_axes(examples, DimPlan.declared(self.each).dims, PYTHON), self.same)
+
+
+def positional_dims(dims: Mapping, pad: Sequence[str] = (), exported: bool = False) -> PositionalDims:
+    """Declared ``dims`` with a key naming several axes (``("0.1", "1.1")``: token ids' and their mask's
+    sequence, one size) as one dim, named by its first axis; ``pad`` names dims by any of their axes.
+    ``exported``: keys are an exported module's symbols, one each."""
     each: dict = {}
     same: dict[str, str] = {}
     for key, value in dims.items():
@@ -377,7 +392,8 @@ def one_dim_per_key(dims: Mapping, exported: bool = False) -> tuple[dict, dict[s
             each[name] = value
             if name != names[0]:
                 same[name] = names[0]
-    return each, same
+    plan = DimPlan.declared({n: v for n, v in each.items() if n not in same}, pad=[same.get(n, n) for n in pad])
+    return PositionalDims(plan, each, same)
 
 
 def argument_axes(examples: Sequence, dims: Sequence[DimRange], words: "DimWords | None" = None) -> Axes:

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> None:
             ms = interleaved_ms({k: (lambda f=f: f(**x)) for k, f in contenders.items()}, args.rounds)
             rows.append({"length": n, "bucket": n in (8, 64, 128), "ms": ms})
             print(n, {k: round(v, 2) for k, v in ms.items()})
-    labels = list(contenders)
-    lines = [f"# {args.name}", "", f"Command: `{header(args.name)['command']}`; {header(args.name)['device']}.", "",
+    labels, head = list(contenders), header(args.name)
+    lines = [f"# {args.name}", "", f"Command: `{head['command']}`; {head['device']}.", "",
              "First call (build) s: " + ", ".join(f"{k} {v:.1f}" for k, v in built.items()) + ".",
              "Fallback engine of each collage range: " + ", ".join(sorted(set(served.values()))) + ".", "",
              "| tokens (batch 2) | served | " + " | ".join(labels) + " |",
@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         lines.append(f"| {r['length']} | {'bucket' if r['bucket'] else 'between'} | "
                      + " | ".join(f"{r['ms'][k]:.2f}" for k in labels) + " |")
-    write_report(Path(__file__).parent, args.name, header(args.name) | {"rows": rows, "built_s": built,
-                                                                       "fallbacks": served},
+    write_report(Path(__file__).parent, args.name, head | {"rows": rows, "built_s": built, "fallbacks": served},
                  "\n".join(lines) + "\n")
 
 
